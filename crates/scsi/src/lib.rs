@@ -1,0 +1,57 @@
+//! The SCSI device server: SPC-4 / SBC-3 for thin logical units.
+//!
+//! Transport-independent: the iSCSI layer hands over a CDB, the gathered Data-Out bytes and
+//! the I_T nexus, and gets back a status, sense data and Data-In bytes. Storage is reached only
+//! through [`sliver_volume::Volume`].
+//!
+//! Layout follows the standards: `cdb` parses (no I/O), `spc` / `sbc` / `pr` execute one
+//! command family each, `sense` is the single table of sense codes.
+
+pub mod sense;
+
+pub use sense::{Sense, SenseKey, SenseReason, Status};
+
+/// An I_T nexus: one SCSI initiator port talking through one SCSI target port.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Nexus {
+    /// SCSI initiator port name; for iSCSI "<initiator name>,i,0x<ISID as 12 hex digits>".
+    pub initiator_port: String,
+    /// iSCSI initiator name alone (PR TransportIDs may name it without ISID).
+    pub initiator_name: String,
+    /// Relative target port identifier (1-based) of the port the command arrived on.
+    pub relative_target_port: u16,
+}
+
+/// SAM task attribute from the transport.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TaskAttr {
+    Simple,
+    Ordered,
+    HeadOfQueue,
+    Aca,
+}
+
+/// One command as the transport delivers it.
+#[derive(Debug)]
+pub struct Request<'a> {
+    pub nexus: &'a Nexus,
+    pub cdb: &'a [u8],
+    /// All Data-Out bytes the initiator sent (the transport gathers them before execution).
+    pub data_out: &'a [u8],
+    pub attr: TaskAttr,
+    /// LUNs this nexus may see, for REPORT LUNS.
+    pub luns: &'a [u64],
+}
+
+/// The outcome of one command.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Response {
+    pub status: Status,
+    /// Sense data (fixed or descriptor format); empty unless status is CHECK CONDITION.
+    pub sense: Vec<u8>,
+    /// Data-In bytes, already limited by the CDB's allocation length / transfer length.
+    pub data_in: Vec<u8>,
+    /// Bytes of Data-Out the CDB asked for (0 for commands without Data-Out), so the
+    /// transport can compute write residuals against its expected transfer length.
+    pub data_out_expected: usize,
+}
