@@ -1,1 +1,12 @@
-//! placeholder
+//! The sliver server: the only crate that knows about sockets and tokio.
+//!
+//! It listens on the iSCSI portals, drives one sans-I/O [`sliver_iscsi::Connection`] per TCP
+//! connection, keeps the session registry (TSIH allocation, session reinstatement), resolves
+//! LUNs through the [`array::Array`] and runs SCSI commands on the blocking thread pool.
+
+pub mod array;
+mod session;
+mod target;
+
+pub use array::{Array, ArrayError};
+pub use target::{Server, ServerOptions};

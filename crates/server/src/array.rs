@@ -1,0 +1,501 @@
+//! The array: volumes, hosts and the connections (LUN mappings) between them.
+//!
+//! Configuration lives in `<data-dir>/array.json`, rewritten atomically (temp file, fsync,
+//! rename, fsync of the directory) on every change, so a crash leaves either the old or the
+//! new configuration, never a torn one. Volume data lives beside it, one file per
+//! passthrough volume under `volumes/`.
+
+use serde::{Deserialize, Serialize};
+use sliver_scsi::{LogicalUnit, LuConfig};
+use sliver_volume::{FileVolume, Volume};
+use std::collections::BTreeMap;
+use std::fs;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, RwLock};
+
+/// The host name that matches every initiator (labs and the demo).
+pub const ANY_HOST: &str = "*";
+const CONFIG_FILE: &str = "array.json";
+const FORMAT_VERSION: u32 = 1;
+/// The product identification reported for every LUN (ESXi requires one value across LUNs
+/// for XCOPY between them).
+pub const PRODUCT: &str = "sliver";
+pub const VENDOR: &str = "SLIVER";
+/// Locally chosen 24-bit company ID (the IEEE "CID" form: X bit set) for NAA type 6 names.
+const NAA_COMPANY_ID: u32 = 0xDA_5C_11;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ArrayError {
+    #[error("volume '{0}' does not exist")]
+    NoSuchVolume(String),
+    #[error("host '{0}' does not exist")]
+    NoSuchHost(String),
+    #[error("a volume named '{0}' already exists")]
+    VolumeExists(String),
+    #[error("a host named '{0}' already exists")]
+    HostExists(String),
+    #[error("invalid name '{0}': use 1-63 characters from A-Z a-z 0-9 . _ -")]
+    InvalidName(String),
+    #[error("invalid size {0}: it must be a non-zero multiple of the block size")]
+    InvalidSize(u64),
+    #[error("LUN {lun} is already used for host '{host}'")]
+    LunInUse { host: String, lun: u64 },
+    #[error("volume '{volume}' is already connected to host '{host}'")]
+    AlreadyConnected { volume: String, host: String },
+    #[error("array configuration {path}: {message}")]
+    Config { path: PathBuf, message: String },
+    #[error("volume error: {0}")]
+    Volume(#[from] sliver_volume::VolumeError),
+    #[error("I/O error on {path}: {source}")]
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+}
+
+pub type Result<T> = std::result::Result<T, ArrayError>;
+
+/// CHAP credentials as stored in the configuration.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct ChapSecret {
+    pub user: String,
+    pub secret: String,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum VolumeKind {
+    /// Data stored byte for byte in a file (sparse) or block device.
+    Passthrough { path: PathBuf },
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct VolumeRecord {
+    pub name: String,
+    /// 128-bit random identity, hex; the source of the serial number and NAA designator, so
+    /// hosts see the same disk after a rename or restart.
+    pub id: String,
+    pub size_bytes: u64,
+    pub block_size: u32,
+    pub kind: VolumeKind,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct HostRecord {
+    pub name: String,
+    pub iqns: Vec<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub chap: Option<ChapSecret>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct ConnectionRecord {
+    pub volume: String,
+    pub host: String,
+    pub lun: u64,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct ArrayConfig {
+    format_version: u32,
+    target_name: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    target_chap: Option<ChapSecret>,
+    volumes: Vec<VolumeRecord>,
+    hosts: Vec<HostRecord>,
+    connections: Vec<ConnectionRecord>,
+}
+
+/// A mapped LUN as one initiator sees it.
+#[derive(Clone)]
+pub struct MappedLun {
+    pub lun: u64,
+    pub volume: String,
+    pub unit: Arc<LogicalUnit>,
+}
+
+/// How an initiator may log in.
+pub enum Access {
+    /// No host matches the initiator.
+    Unknown,
+    /// Allowed; CHAP required when credentials are present.
+    Allowed(Option<ChapSecret>),
+}
+
+pub struct Array {
+    dir: PathBuf,
+    config: RwLock<ArrayConfig>,
+    units: RwLock<BTreeMap<String, Arc<LogicalUnit>>>,
+}
+
+impl Array {
+    /// Open the array in `dir`, creating an empty one with `target_name` if none exists.
+    pub fn open(dir: &Path, target_name: &str) -> Result<Self> {
+        let io = |path: &Path| {
+            let path = path.to_path_buf();
+            move |source| ArrayError::Io { path, source }
+        };
+        fs::create_dir_all(dir.join("volumes")).map_err(io(dir))?;
+        let path = dir.join(CONFIG_FILE);
+        let config = match fs::read(&path) {
+            Ok(bytes) => {
+                let config: ArrayConfig =
+                    serde_json::from_slice(&bytes).map_err(|e| ArrayError::Config {
+                        path: path.clone(),
+                        message: e.to_string(),
+                    })?;
+                if config.format_version != FORMAT_VERSION {
+                    return Err(ArrayError::Config {
+                        path,
+                        message: format!(
+                            "format version {} is not supported (expected {FORMAT_VERSION})",
+                            config.format_version
+                        ),
+                    });
+                }
+                config
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => ArrayConfig {
+                format_version: FORMAT_VERSION,
+                target_name: target_name.to_string(),
+                target_chap: None,
+                volumes: vec![],
+                hosts: vec![],
+                connections: vec![],
+            },
+            Err(e) => return Err(io(&path)(e)),
+        };
+        let array = Array {
+            dir: dir.to_path_buf(),
+            config: RwLock::new(config),
+            units: RwLock::new(BTreeMap::new()),
+        };
+        let volumes = array.config.read().unwrap().volumes.clone();
+        for record in &volumes {
+            let unit = array.open_unit(record)?;
+            array
+                .units
+                .write()
+                .unwrap()
+                .insert(record.name.clone(), unit);
+        }
+        array.save()?;
+        Ok(array)
+    }
+
+    pub fn data_dir(&self) -> &Path {
+        &self.dir
+    }
+
+    pub fn target_name(&self) -> String {
+        self.config.read().unwrap().target_name.clone()
+    }
+
+    pub fn target_chap(&self) -> Option<ChapSecret> {
+        self.config.read().unwrap().target_chap.clone()
+    }
+
+    pub fn volumes(&self) -> Vec<VolumeRecord> {
+        self.config.read().unwrap().volumes.clone()
+    }
+
+    pub fn hosts(&self) -> Vec<HostRecord> {
+        self.config.read().unwrap().hosts.clone()
+    }
+
+    pub fn connections(&self) -> Vec<ConnectionRecord> {
+        self.config.read().unwrap().connections.clone()
+    }
+
+    pub fn unit(&self, volume: &str) -> Option<Arc<LogicalUnit>> {
+        self.units.read().unwrap().get(volume).cloned()
+    }
+
+    /// Create a thin passthrough volume of `size_bytes`.
+    pub fn create_volume(&self, name: &str, size_bytes: u64, block_size: u32) -> Result<()> {
+        validate_name(name)?;
+        if size_bytes == 0 || size_bytes % block_size as u64 != 0 {
+            return Err(ArrayError::InvalidSize(size_bytes));
+        }
+        let mut config = self.config.write().unwrap();
+        if config.volumes.iter().any(|v| v.name == name) {
+            return Err(ArrayError::VolumeExists(name.into()));
+        }
+        let id = format!("{:032x}", rand::random::<u128>());
+        let record = VolumeRecord {
+            name: name.into(),
+            id: id.clone(),
+            size_bytes,
+            block_size,
+            kind: VolumeKind::Passthrough {
+                path: PathBuf::from("volumes").join(format!("{id}.img")),
+            },
+        };
+        let unit = self.open_unit(&record)?;
+        config.volumes.push(record);
+        self.save_locked(&config)?;
+        self.units.write().unwrap().insert(name.into(), unit);
+        Ok(())
+    }
+
+    pub fn create_host(&self, name: &str, iqns: Vec<String>, chap: Option<ChapSecret>) -> Result<()> {
+        if name != ANY_HOST {
+            validate_name(name)?;
+        }
+        let mut config = self.config.write().unwrap();
+        if config.hosts.iter().any(|h| h.name == name) {
+            return Err(ArrayError::HostExists(name.into()));
+        }
+        config.hosts.push(HostRecord {
+            name: name.into(),
+            iqns,
+            chap,
+        });
+        self.save_locked(&config)
+    }
+
+    /// Connect `volume` to `host` at `lun` (the lowest free LUN when `None`). Returns the LUN.
+    pub fn connect(&self, volume: &str, host: &str, lun: Option<u64>) -> Result<u64> {
+        let mut config = self.config.write().unwrap();
+        if !config.volumes.iter().any(|v| v.name == volume) {
+            return Err(ArrayError::NoSuchVolume(volume.into()));
+        }
+        if host != ANY_HOST && !config.hosts.iter().any(|h| h.name == host) {
+            return Err(ArrayError::NoSuchHost(host.into()));
+        }
+        let used: Vec<u64> = config
+            .connections
+            .iter()
+            .filter(|c| c.host == host)
+            .map(|c| c.lun)
+            .collect();
+        if config
+            .connections
+            .iter()
+            .any(|c| c.host == host && c.volume == volume)
+        {
+            return Err(ArrayError::AlreadyConnected {
+                volume: volume.into(),
+                host: host.into(),
+            });
+        }
+        let lun = match lun {
+            Some(l) if used.contains(&l) => {
+                return Err(ArrayError::LunInUse {
+                    host: host.into(),
+                    lun: l,
+                })
+            }
+            Some(l) => l,
+            None => (0..).find(|l| !used.contains(l)).unwrap_or(0),
+        };
+        config.connections.push(ConnectionRecord {
+            volume: volume.into(),
+            host: host.into(),
+            lun,
+        });
+        self.save_locked(&config)?;
+        Ok(lun)
+    }
+
+    /// How `initiator` may log in: through a host listing its IQN, or the `*` host.
+    pub fn access(&self, initiator: &str) -> Access {
+        let config = self.config.read().unwrap();
+        if let Some(host) = config
+            .hosts
+            .iter()
+            .find(|h| h.iqns.iter().any(|i| i == initiator))
+        {
+            return Access::Allowed(host.chap.clone());
+        }
+        let any_host = config.hosts.iter().find(|h| h.name == ANY_HOST);
+        let any_connected = config.connections.iter().any(|c| c.host == ANY_HOST);
+        match any_host {
+            Some(h) => Access::Allowed(h.chap.clone()),
+            None if any_connected => Access::Allowed(None),
+            None => Access::Unknown,
+        }
+    }
+
+    /// LUNs `initiator` may address, sorted by LUN. A host's own mapping wins over `*` for the
+    /// same LUN number.
+    pub fn luns_for(&self, initiator: &str) -> Vec<MappedLun> {
+        let config = self.config.read().unwrap();
+        let units = self.units.read().unwrap();
+        let own_hosts: Vec<&str> = config
+            .hosts
+            .iter()
+            .filter(|h| h.iqns.iter().any(|i| i == initiator))
+            .map(|h| h.name.as_str())
+            .collect();
+        let mut map: BTreeMap<u64, MappedLun> = BTreeMap::new();
+        for pass_own in [false, true] {
+            for c in &config.connections {
+                let matches = if pass_own {
+                    own_hosts.contains(&c.host.as_str())
+                } else {
+                    c.host == ANY_HOST
+                };
+                if let (true, Some(unit)) = (matches, units.get(&c.volume)) {
+                    map.insert(
+                        c.lun,
+                        MappedLun {
+                            lun: c.lun,
+                            volume: c.volume.clone(),
+                            unit: unit.clone(),
+                        },
+                    );
+                }
+            }
+        }
+        map.into_values().collect()
+    }
+
+    fn open_unit(&self, record: &VolumeRecord) -> Result<Arc<LogicalUnit>> {
+        let VolumeKind::Passthrough { path } = &record.kind;
+        let path = self.dir.join(path);
+        let volume: Arc<dyn Volume> =
+            Arc::new(FileVolume::open(&path, record.size_bytes, record.block_size)?);
+        let state_dir = self.dir.join("units").join(&record.id);
+        fs::create_dir_all(&state_dir).map_err(|source| ArrayError::Io {
+            path: state_dir.clone(),
+            source,
+        })?;
+        let config = LuConfig {
+            vendor: VENDOR.into(),
+            product: PRODUCT.into(),
+            revision: env!("CARGO_PKG_VERSION").chars().take(4).collect(),
+            serial: record.id[..16].to_string(),
+            naa: naa_designator(&record.id),
+            target_name: self.target_name(),
+            target_port_group: 1,
+            state_dir: Some(state_dir),
+        };
+        Ok(Arc::new(LogicalUnit::new(volume, config)))
+    }
+
+    fn save(&self) -> Result<()> {
+        let config = self.config.read().unwrap();
+        self.save_locked(&config)
+    }
+
+    fn save_locked(&self, config: &ArrayConfig) -> Result<()> {
+        let bytes = serde_json::to_vec_pretty(config).expect("config serialises");
+        write_atomically(&self.dir, CONFIG_FILE, &bytes)
+    }
+}
+
+/// NAA IEEE Registered Extended designator: NAA=6, 24-bit company ID, then 100 bits taken from
+/// the volume's random id.
+fn naa_designator(id_hex: &str) -> [u8; 16] {
+    let id = u128::from_str_radix(id_hex, 16).unwrap_or(0);
+    let vendor = id >> 28; // 100 bits of vendor-specific identifier + extension
+    let value = (6u128 << 124) | ((NAA_COMPANY_ID as u128) << 100) | vendor;
+    value.to_be_bytes()
+}
+
+fn validate_name(name: &str) -> Result<()> {
+    let ok = !name.is_empty()
+        && name.len() <= 63
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b));
+    if ok {
+        Ok(())
+    } else {
+        Err(ArrayError::InvalidName(name.into()))
+    }
+}
+
+/// Replace `dir/name` with `bytes` so that a crash leaves the old or the new content.
+fn write_atomically(dir: &Path, name: &str, bytes: &[u8]) -> Result<()> {
+    let tmp = dir.join(format!(".{name}.tmp"));
+    let target = dir.join(name);
+    let io = |path: &Path| {
+        let path = path.to_path_buf();
+        move |source| ArrayError::Io { path, source }
+    };
+    let mut f = fs::File::create(&tmp).map_err(io(&tmp))?;
+    f.write_all(bytes).map_err(io(&tmp))?;
+    f.sync_all().map_err(io(&tmp))?;
+    fs::rename(&tmp, &target).map_err(io(&target))?;
+    fs::File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(io(dir))?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn volumes_hosts_and_luns_persist() {
+        let dir = tempfile::tempdir().unwrap();
+        {
+            let a = Array::open(dir.path(), "iqn.2026-11.test:a").unwrap();
+            a.create_volume("v1", 1 << 20, 512).unwrap();
+            a.create_volume("v2", 1 << 20, 512).unwrap();
+            a.create_host("esx1", vec!["iqn.1998-01.com.vmware:esx1".into()], None)
+                .unwrap();
+            assert_eq!(a.connect("v1", "*", None).unwrap(), 0);
+            assert_eq!(a.connect("v2", "esx1", Some(5)).unwrap(), 5);
+            assert!(matches!(
+                a.connect("v1", "esx1", Some(5)),
+                Err(ArrayError::LunInUse { .. })
+            ));
+        }
+        let a = Array::open(dir.path(), "ignored").unwrap();
+        assert_eq!(a.target_name(), "iqn.2026-11.test:a");
+        let esx: Vec<u64> = a
+            .luns_for("iqn.1998-01.com.vmware:esx1")
+            .iter()
+            .map(|l| l.lun)
+            .collect();
+        assert_eq!(esx, vec![0, 5]);
+        let other: Vec<String> = a
+            .luns_for("iqn.other")
+            .into_iter()
+            .map(|l| l.volume)
+            .collect();
+        assert_eq!(other, vec!["v1".to_string()]);
+    }
+
+    #[test]
+    fn bad_names_and_sizes_are_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let a = Array::open(dir.path(), "iqn.2026-11.test:a").unwrap();
+        assert!(matches!(
+            a.create_volume("a/b", 1 << 20, 512),
+            Err(ArrayError::InvalidName(_))
+        ));
+        assert!(matches!(
+            a.create_volume("ok", 1000, 512),
+            Err(ArrayError::InvalidSize(1000))
+        ));
+        a.create_volume("ok", 4096, 512).unwrap();
+        assert!(matches!(
+            a.create_volume("ok", 4096, 512),
+            Err(ArrayError::VolumeExists(_))
+        ));
+    }
+
+    #[test]
+    fn unknown_initiator_without_any_host_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let a = Array::open(dir.path(), "iqn.2026-11.test:a").unwrap();
+        a.create_volume("v", 4096, 512).unwrap();
+        assert!(matches!(a.access("iqn.x"), Access::Unknown));
+        a.connect("v", ANY_HOST, None).unwrap();
+        assert!(matches!(a.access("iqn.x"), Access::Allowed(None)));
+    }
+
+    #[test]
+    fn naa_designator_is_type_6_and_stable() {
+        let d = naa_designator("0123456789abcdef0123456789abcdef");
+        assert_eq!(d[0] >> 4, 6);
+        assert_eq!(d, naa_designator("0123456789abcdef0123456789abcdef"));
+        assert_ne!(d, naa_designator("f123456789abcdef0123456789abcdef"));
+    }
+}

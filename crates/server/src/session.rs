@@ -1,0 +1,358 @@
+//! One TCP connection: socket I/O around a sans-I/O [`Connection`], SCSI commands on the
+//! blocking pool, task management bookkeeping.
+
+use crate::array::MappedLun;
+use crate::target::{ConnectionAuthority, Server};
+use sliver_iscsi::{
+    Command, CommandResult, Connection, Event, SessionInfo, SessionType, TaskManagement,
+    TmfFunction, TmfResponse,
+};
+use sliver_scsi::{LogicalUnit, Nexus, Request, Reset, TaskAttr};
+use std::collections::{HashMap, HashSet};
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tokio::sync::{mpsc, watch, Notify};
+
+/// Interval between keepalive NOP-In pings on an idle logged-in connection; a ping still
+/// unanswered at the next tick drops the connection.
+const KEEPALIVE: Duration = Duration::from_secs(15);
+/// Bounded queue of output chunks between the protocol loop and the socket writer.
+const WRITE_QUEUE: usize = 64;
+
+struct InFlight {
+    lun: u64,
+    /// Set when a task management function aborted this task: its result is dropped.
+    aborted: bool,
+}
+
+/// A task management response waiting for aborted tasks to finish.
+struct PendingTmf {
+    itt: u32,
+    waiting: HashSet<u32>,
+    close_after: bool,
+}
+
+struct Session {
+    server: Arc<Server>,
+    info: Option<SessionInfo>,
+    nexus: Option<Nexus>,
+    in_flight: HashMap<u32, InFlight>,
+    pending_tmfs: Vec<PendingTmf>,
+    /// Logical units this session touched, told about nexus loss at the end.
+    touched: HashMap<u64, Arc<LogicalUnit>>,
+    results: mpsc::UnboundedSender<(u32, CommandResult)>,
+    close_after_output: bool,
+}
+
+pub(crate) async fn drive(
+    server: Arc<Server>,
+    stream: TcpStream,
+    peer: SocketAddr,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    let local = match stream.local_addr() {
+        Ok(a) => a,
+        Err(_) => return,
+    };
+    let kill = Arc::new(Notify::new());
+    let authority = Arc::new(ConnectionAuthority {
+        server: server.clone(),
+        local,
+        kill: kill.clone(),
+    });
+    let mut conn = Connection::new(server.settings.clone(), authority);
+    let (mut reader, mut writer) = stream.into_split();
+    let (out_tx, mut out_rx) = mpsc::channel::<Vec<u8>>(WRITE_QUEUE);
+    let writer_task = tokio::spawn(async move {
+        while let Some(chunk) = out_rx.recv().await {
+            if writer.write_all(&chunk).await.is_err() {
+                break;
+            }
+        }
+        let _ = writer.shutdown().await;
+    });
+    let (results_tx, mut results_rx) = mpsc::unbounded_channel();
+    let mut s = Session {
+        server: server.clone(),
+        info: None,
+        nexus: None,
+        in_flight: HashMap::new(),
+        pending_tmfs: Vec::new(),
+        touched: HashMap::new(),
+        results: results_tx,
+        close_after_output: false,
+    };
+    let mut buf = vec![0u8; 256 * 1024];
+    let mut keepalive = tokio::time::interval(KEEPALIVE);
+    keepalive.tick().await;
+    tracing::debug!(%peer, "connection opened");
+    loop {
+        tokio::select! {
+            read = reader.read(&mut buf) => {
+                let n = match read {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => n,
+                };
+                keepalive.reset();
+                if let Err(e) = conn.receive(&buf[..n]) {
+                    tracing::warn!(%peer, "protocol error, closing: {e}");
+                    s.close_after_output = true;
+                }
+                while let Some(event) = conn.next_event() {
+                    s.handle_event(&mut conn, event);
+                }
+            }
+            Some((itt, result)) = results_rx.recv() => {
+                s.finish(&mut conn, itt, result);
+            }
+            _ = keepalive.tick(), if s.info.is_some() => {
+                if !conn.ping() {
+                    tracing::warn!(%peer, "keepalive unanswered, closing");
+                    break;
+                }
+            }
+            _ = kill.notified() => {
+                tracing::info!(%peer, "session reinstated by a new login, closing");
+                break;
+            }
+            _ = shutdown.changed() => {
+                conn.request_logout();
+            }
+        }
+        if conn.has_output() {
+            let mut out = Vec::new();
+            conn.take_output(&mut out);
+            if out_tx.send(out).await.is_err() {
+                break;
+            }
+        }
+        if conn.is_closing() || s.close_after_output {
+            break;
+        }
+    }
+    drop(out_tx);
+    let _ = writer_task.await;
+    s.end();
+    tracing::debug!(%peer, "connection closed");
+}
+
+impl Session {
+    fn handle_event(&mut self, conn: &mut Connection, event: Event) {
+        match event {
+            Event::LoggedIn(info) => {
+                tracing::info!(
+                    initiator = %info.initiator_name,
+                    tsih = info.tsih,
+                    discovery = matches!(info.session_type, SessionType::Discovery),
+                    "login"
+                );
+                let isid: String = info.isid.iter().map(|b| format!("{b:02x}")).collect();
+                self.nexus = Some(Nexus {
+                    initiator_port: format!("{},i,0x{isid}", info.initiator_name),
+                    initiator_name: info.initiator_name.clone(),
+                    relative_target_port: 1,
+                });
+                self.info = Some(info);
+            }
+            Event::Command(cmd) => self.start_command(conn, cmd),
+            Event::TaskManagement(tmf) => self.task_management(conn, tmf),
+            Event::LoggedOut => self.close_after_output = true,
+        }
+    }
+
+    fn luns(&self) -> Vec<MappedLun> {
+        match &self.info {
+            Some(info) if matches!(info.session_type, SessionType::Normal) => {
+                self.server.array.luns_for(&info.initiator_name)
+            }
+            _ => vec![],
+        }
+    }
+
+    fn start_command(&mut self, conn: &mut Connection, cmd: Command) {
+        let Some(nexus) = self.nexus.clone() else {
+            return;
+        };
+        let luns = self.luns();
+        let unit = luns.iter().find(|l| l.lun == cmd.lun).map(|l| l.unit.clone());
+        let lun_numbers: Vec<u64> = luns.iter().map(|l| l.lun).collect();
+        if let Some(unit) = &unit {
+            self.touched.entry(cmd.lun).or_insert_with(|| unit.clone());
+        }
+        if self.in_flight.contains_key(&cmd.itt) {
+            // An initiator reusing a live ITT is broken; answer without running anything.
+            tracing::warn!(itt = cmd.itt, "duplicate initiator task tag");
+            conn.complete_command(
+                cmd.itt,
+                CommandResult {
+                    status: sliver_scsi::Status::Busy as u8,
+                    sense: vec![],
+                    data_in: vec![],
+                    data_out_expected: 0,
+                },
+            );
+            return;
+        }
+        self.in_flight.insert(
+            cmd.itt,
+            InFlight {
+                lun: cmd.lun,
+                aborted: false,
+            },
+        );
+        let results = self.results.clone();
+        tokio::task::spawn_blocking(move || {
+            let req = Request {
+                nexus: &nexus,
+                cdb: &cmd.cdb,
+                data_out: &cmd.data_out,
+                attr: task_attr(&cmd),
+                luns: &lun_numbers,
+            };
+            let resp = match &unit {
+                Some(unit) => unit.execute(&req),
+                None => sliver_scsi::execute_without_lu(&req),
+            };
+            let _ = results.send((
+                cmd.itt,
+                CommandResult {
+                    status: resp.status as u8,
+                    sense: resp.sense,
+                    data_in: resp.data_in,
+                    data_out_expected: resp.data_out_expected,
+                },
+            ));
+        });
+    }
+
+    fn finish(&mut self, conn: &mut Connection, itt: u32, result: CommandResult) {
+        let Some(task) = self.in_flight.remove(&itt) else {
+            return;
+        };
+        if !task.aborted {
+            conn.complete_command(itt, result);
+            return;
+        }
+        let mut done = Vec::new();
+        for (i, tmf) in self.pending_tmfs.iter_mut().enumerate() {
+            tmf.waiting.remove(&itt);
+            if tmf.waiting.is_empty() {
+                done.push(i);
+            }
+        }
+        for i in done.into_iter().rev() {
+            let tmf = self.pending_tmfs.remove(i);
+            conn.complete_task_management(tmf.itt, TmfResponse::FunctionComplete);
+            if tmf.close_after {
+                self.close_after_output = true;
+            }
+        }
+    }
+
+    /// Abort this session's tasks matching `filter`; returns the ITTs still executing.
+    fn abort_where(&mut self, filter: impl Fn(u32, &InFlight) -> bool) -> HashSet<u32> {
+        let mut waiting = HashSet::new();
+        for (itt, task) in self.in_flight.iter_mut() {
+            if filter(*itt, task) {
+                task.aborted = true;
+                waiting.insert(*itt);
+            }
+        }
+        waiting
+    }
+
+    fn task_management(&mut self, conn: &mut Connection, tmf: TaskManagement) {
+        let luns = self.luns();
+        let unit = luns
+            .iter()
+            .find(|l| l.lun == tmf.lun)
+            .map(|l| l.unit.clone());
+        let nexus = self.nexus.clone();
+        let mut close_after = false;
+        let waiting = match tmf.function {
+            // ESXi drops the connection when ABORT TASK is refused: a task that already
+            // finished (or that the protocol core dropped) is reported aborted as well.
+            TmfFunction::AbortTask => {
+                let referenced = tmf.referenced_task_tag;
+                self.abort_where(|itt, _| itt == referenced)
+            }
+            TmfFunction::AbortTaskSet | TmfFunction::ClearTaskSet => {
+                let Some(unit) = unit else {
+                    conn.complete_task_management(tmf.itt, TmfResponse::LunDoesNotExist);
+                    return;
+                };
+                if let (TmfFunction::ClearTaskSet, Some(n)) = (&tmf.function, &nexus) {
+                    unit.task_set_cleared(n);
+                }
+                let lun = tmf.lun;
+                self.abort_where(|_, t| t.lun == lun)
+            }
+            TmfFunction::LogicalUnitReset => {
+                let Some(unit) = unit else {
+                    conn.complete_task_management(tmf.itt, TmfResponse::LunDoesNotExist);
+                    return;
+                };
+                unit.reset(Reset::LogicalUnit);
+                let lun = tmf.lun;
+                self.abort_where(|_, t| t.lun == lun)
+            }
+            TmfFunction::TargetWarmReset | TmfFunction::TargetColdReset => {
+                let cold = matches!(tmf.function, TmfFunction::TargetColdReset);
+                for l in &luns {
+                    l.unit.reset(if cold {
+                        Reset::TargetCold
+                    } else {
+                        Reset::TargetWarm
+                    });
+                }
+                // A cold reset ends every connection of the target's nexus; ours after the
+                // response is sent.
+                close_after = cold;
+                self.abort_where(|_, _| true)
+            }
+            TmfFunction::TaskReassign => {
+                conn.complete_task_management(tmf.itt, TmfResponse::ReassignNotSupported);
+                return;
+            }
+            TmfFunction::ClearAca | TmfFunction::Unknown(_) => {
+                conn.complete_task_management(tmf.itt, TmfResponse::NotSupported);
+                return;
+            }
+        };
+        if waiting.is_empty() {
+            conn.complete_task_management(tmf.itt, TmfResponse::FunctionComplete);
+            if close_after {
+                self.close_after_output = true;
+            }
+        } else {
+            self.pending_tmfs.push(PendingTmf {
+                itt: tmf.itt,
+                waiting,
+                close_after,
+            });
+        }
+    }
+
+    fn end(&mut self) {
+        if let (Some(info), Some(nexus)) = (&self.info, &self.nexus) {
+            for unit in self.touched.values() {
+                unit.nexus_lost(nexus);
+            }
+            self.server
+                .unregister(&info.initiator_name, info.isid, info.tsih);
+        }
+    }
+}
+
+fn task_attr(cmd: &Command) -> TaskAttr {
+    use sliver_iscsi::TaskAttr as I;
+    match cmd.attr {
+        I::Untagged | I::Simple => TaskAttr::Simple,
+        I::Ordered => TaskAttr::Ordered,
+        I::HeadOfQueue => TaskAttr::HeadOfQueue,
+        I::Aca => TaskAttr::Aca,
+    }
+}
