@@ -1,0 +1,163 @@
+//! Access control and CHAP, judged by an independent initiator (libiscsi's command-line
+//! tools from Debian's libiscsi-bin) against a real listener on loopback.
+
+use sliver_server::array::ChapSecret;
+use sliver_server::{Array, Server, ServerOptions};
+use std::net::SocketAddr;
+use std::process::{Command, Output};
+use std::sync::Arc;
+
+const TARGET: &str = "iqn.2026-11.test.sliver:access";
+const HOST_A: &str = "iqn.2026-11.test:host-a";
+const HOST_B: &str = "iqn.2026-11.test:host-b";
+
+struct Running {
+    addr: SocketAddr,
+    server: Arc<Server>,
+    thread: Option<std::thread::JoinHandle<()>>,
+    _dir: tempfile::TempDir,
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        self.server.shutdown();
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+fn start(setup: impl FnOnce(&Array)) -> Running {
+    let dir = tempfile::tempdir().unwrap();
+    let array = Arc::new(Array::open(dir.path(), TARGET).unwrap());
+    setup(&array);
+    let server = Server::new(array);
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let listeners = runtime
+        .block_on(server.bind(&ServerOptions {
+            portals: vec!["127.0.0.1:0".parse().unwrap()],
+        }))
+        .unwrap();
+    let addr = server.portals()[0];
+    let s = server.clone();
+    let thread = std::thread::spawn(move || runtime.block_on(s.run(listeners)));
+    Running {
+        addr,
+        server,
+        thread: Some(thread),
+        _dir: dir,
+    }
+}
+
+fn run(tool: &str, args: &[&str]) -> Output {
+    let out = Command::new(tool)
+        .args(args)
+        .output()
+        .unwrap_or_else(|e| panic!("{tool} must be installed (Debian libiscsi-bin): {e}"));
+    eprintln!(
+        "$ {tool} {}\n{}{}",
+        args.join(" "),
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
+fn two_hosts(array: &Array) {
+    for (v, size) in [("a0", 1 << 20), ("a3", 2 << 20), ("b0", 4 << 20)] {
+        array.create_volume(v, size, 512).unwrap();
+    }
+    array
+        .create_host("host-a", vec![HOST_A.into()], None)
+        .unwrap();
+    array
+        .create_host("host-b", vec![HOST_B.into()], None)
+        .unwrap();
+    array.connect("a0", "host-a", Some(0)).unwrap();
+    array.connect("a3", "host-a", Some(3)).unwrap();
+    array.connect("b0", "host-b", Some(0)).unwrap();
+}
+
+#[test]
+fn report_luns_shows_only_the_hosts_volumes() {
+    let t = start(two_hosts);
+    let portal = format!("iscsi://{}", t.addr);
+    let out = run("iscsi-ls", &["-i", HOST_A, "-s", &portal]);
+    assert!(out.status.success());
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains(TARGET), "{text}");
+    let luns: Vec<&str> = text
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix("Lun:"))
+        .collect();
+    assert_eq!(luns.len(), 2, "host-a must see exactly its two LUNs: {text}");
+    assert!(luns[0].starts_with('0') && luns[1].starts_with('3'), "{text}");
+    // 1 MiB and 2 MiB volumes, never host-b's 4 MiB one.
+    assert!(!text.contains("4M"), "{text}");
+}
+
+#[test]
+fn unmapped_lun_cannot_be_addressed() {
+    let t = start(two_hosts);
+    let url = |lun: u32| format!("iscsi://{}/{TARGET}/{lun}", t.addr);
+    let ok = run("iscsi-readcapacity16", &["-i", HOST_A, &url(3)]);
+    assert!(ok.status.success());
+    assert!(
+        String::from_utf8_lossy(&ok.stdout).contains("Total size:2097152"),
+        "LUN 3 of host-a is the 2 MiB volume"
+    );
+    let refused = run("iscsi-readcapacity16", &["-i", HOST_A, &url(1)]);
+    assert!(!refused.status.success(), "LUN 1 is not mapped for host-a");
+}
+
+#[test]
+fn unknown_initiator_is_refused_login() {
+    let t = start(two_hosts);
+    let url = format!("iscsi://{}/{TARGET}/0", t.addr);
+    let out = run("iscsi-inq", &["-i", "iqn.2026-11.test:stranger", &url]);
+    assert!(!out.status.success());
+}
+
+#[test]
+fn chap_secret_is_checked() {
+    let t = start(|array| {
+        array.create_volume("v", 1 << 20, 512).unwrap();
+        array
+            .create_host(
+                "h",
+                vec![HOST_A.into()],
+                Some(ChapSecret {
+                    user: "alice".into(),
+                    secret: "correct-horse-battery".into(),
+                }),
+            )
+            .unwrap();
+        array.connect("v", "h", Some(0)).unwrap();
+    });
+    let url = |cred: &str| format!("iscsi://{cred}@{}/{TARGET}/0", t.addr);
+    let good = run("iscsi-inq", &["-i", HOST_A, &url("alice%correct-horse-battery")]);
+    assert!(good.status.success(), "right secret logs in");
+    let bad = run("iscsi-inq", &["-i", HOST_A, &url("alice%wrong-secret-123")]);
+    assert!(!bad.status.success(), "wrong secret is refused");
+    let none = run(
+        "iscsi-inq",
+        &["-i", HOST_A, &format!("iscsi://{}/{TARGET}/0", t.addr)],
+    );
+    assert!(!none.status.success(), "no CHAP where CHAP is required is refused");
+}
+
+#[test]
+fn wildcard_host_serves_any_initiator() {
+    let t = start(|array| {
+        array.create_volume("demo", 8 << 20, 512).unwrap();
+        array.connect("demo", "*", Some(0)).unwrap();
+    });
+    let url = format!("iscsi://{}/{TARGET}/0", t.addr);
+    let out = run("iscsi-readcapacity16", &["-i", "iqn.2026-11.test:anyone", &url]);
+    assert!(out.status.success());
+    assert!(String::from_utf8_lossy(&out.stdout).contains("Total size:8388608"));
+}

@@ -1,0 +1,146 @@
+#!/usr/bin/env python3
+"""Write the seed corpus of every fuzz target: valid inputs the fuzzer mutates from.
+
+Run from the fuzz/ directory: python3 make_corpus.py. The files are checked in; this script
+documents what they are and regenerates them.
+"""
+import os
+import struct
+
+TARGET = b"iqn.2026-11.dev.sliver:array"
+
+
+def pad4(b):
+    return b + b"\0" * (-len(b) % 4)
+
+
+def bhs(opcode, flags, data_len, rest_24_48, lun=b"\0" * 8, itt=1):
+    """48-byte BHS: opcode, flags, 2 bytes opcode-specific, AHS len 0, 3-byte data length,
+    LUN / opcode-specific (8), ITT (4), then 28 opcode-specific bytes."""
+    h = bytes([opcode, flags, 0, 0, 0]) + data_len.to_bytes(3, "big") + lun
+    h += struct.pack(">I", itt) + rest_24_48
+    assert len(h) == 48, len(h)
+    return h
+
+
+def keys(*pairs):
+    return b"".join(k + b"=" + v + b"\0" for k, v in pairs)
+
+
+def login(data, csg=1, nsg=3, transit=True, isid=b"\x40\0\0\x01\0\x01", cmdsn=0):
+    flags = (0x80 if transit else 0) | (csg << 2) | nsg
+    # version max/min in bytes 2-3 are 0 already; ISID, TSIH, ITT, CID, CmdSN, ExpStatSN
+    h = bytes([0x43, flags, 0, 0, 0]) + len(data).to_bytes(3, "big")
+    h += isid + b"\0\0"  # ISID + TSIH
+    h += struct.pack(">IHHII", 1, 0, 0, cmdsn, 0) + b"\0" * 16
+    assert len(h) == 48
+    return h + pad4(data)
+
+
+def scsi_cmd(cdb, edtl, read=True, write=False, itt=2, cmdsn=1, data=b""):
+    flags = 0x80 | (0x40 if read else 0) | (0x20 if write else 0) | 0x01
+    cdb = cdb + b"\0" * (16 - len(cdb))
+    rest = struct.pack(">III", edtl, cmdsn, 1) + cdb
+    h = bytes([0x01, flags, 0, 0, 0]) + len(data).to_bytes(3, "big") + b"\0" * 8
+    h += struct.pack(">I", itt) + rest
+    assert len(h) == 48
+    return h + pad4(data)
+
+
+def nop_out(cmdsn, data=b"ping"):
+    h = bytes([0x40 | 0x00, 0x80, 0, 0, 0]) + len(data).to_bytes(3, "big") + b"\0" * 8
+    h += struct.pack(">IIII", 3, 0xFFFFFFFF, cmdsn, 1) + b"\0" * 16
+    return h + pad4(data)
+
+
+def logout(cmdsn):
+    h = bytes([0x46, 0x80, 0, 0, 0, 0, 0, 0]) + b"\0" * 8
+    h += struct.pack(">IHHII", 4, 0, 0, cmdsn, 1) + b"\0" * 16
+    return h
+
+
+normal_login = keys(
+    (b"InitiatorName", b"iqn.2026-11.test:fuzz"),
+    (b"SessionType", b"Normal"),
+    (b"TargetName", TARGET),
+    (b"HeaderDigest", b"None"),
+    (b"DataDigest", b"None"),
+    (b"MaxRecvDataSegmentLength", b"262144"),
+    (b"ImmediateData", b"Yes"),
+    (b"InitialR2T", b"No"),
+    (b"FirstBurstLength", b"65536"),
+    (b"MaxBurstLength", b"262144"),
+    (b"ErrorRecoveryLevel", b"0"),
+)
+discovery_login = keys(
+    (b"InitiatorName", b"iqn.2026-11.test:fuzz"),
+    (b"SessionType", b"Discovery"),
+)
+security_login = keys(
+    (b"InitiatorName", b"iqn.2026-11.test:fuzz"),
+    (b"TargetName", TARGET),
+    (b"AuthMethod", b"CHAP,None"),
+)
+
+inquiry = bytes([0x12, 0, 0, 0, 96, 0])
+read10 = bytes([0x28, 0, 0, 0, 0, 0, 0, 0, 8, 0])
+write10 = bytes([0x2A, 0, 0, 0, 0, 16, 0, 0, 1, 0])
+
+corpus = {
+    "pdu_stream": {
+        "login_inquiry": login(normal_login) + scsi_cmd(inquiry, 96),
+        "login_write_read": login(normal_login)
+        + scsi_cmd(write10, 512, read=False, write=True, data=b"\xab" * 512)
+        + scsi_cmd(read10, 4096, itt=3, cmdsn=2),
+        "login_nop_logout": login(normal_login) + nop_out(1) + logout(1),
+        "discovery": login(discovery_login)
+        + bytes([0x04, 0x80, 0, 0, 0, 0, 0, 16]) + b"\0" * 8
+        + struct.pack(">IIII", 5, 0xFFFFFFFF, 0, 1) + b"\0" * 16
+        + pad4(b"SendTargets=All\0"),
+        "security_stage": login(security_login, csg=0, nsg=1),
+    },
+    "text_keys": {
+        "normal": normal_login,
+        "discovery": discovery_login,
+        "chap": keys((b"CHAP_A", b"5"), (b"CHAP_N", b"alice"),
+                     (b"CHAP_R", b"0x" + b"ab" * 16), (b"CHAP_I", b"7"),
+                     (b"CHAP_C", b"0b" + b"QUJDREVGR0hJSktMTU5PUA==")),
+        "odd": b"X-vendor.key=Irrelevant\0MaxConnections=1\0OFMarker=No\0Reject=\0",
+    },
+    "cdb": {
+        # first byte: CDB length, then the CDB, then Data-Out
+        "inquiry": bytes([6]) + inquiry,
+        "inquiry_vpd_b0": bytes([6, 0x12, 1, 0xB0, 0, 255, 0]),
+        "read10": bytes([10]) + read10,
+        "write10": bytes([10]) + write10 + b"\x5a" * 512,
+        "read_capacity16": bytes([16, 0x9E, 0x10] + [0] * 10 + [32, 0, 0]),
+        "compare_and_write": bytes([16, 0x89, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0])
+        + b"\0" * 1024,
+        "write_same16_unmap": bytes([16, 0x93, 0x08] + [0] * 8 + [0, 0, 0, 64, 0, 0])
+        + b"\0" * 512,
+        "get_lba_status": bytes([16, 0x9E, 0x12] + [0] * 8 + [0, 0, 0, 32, 0, 0]),
+        "report_opcodes": bytes([12, 0xA3, 0x0C, 0, 0, 0, 0, 0, 0, 0x10, 0, 0, 0]),
+        "sync_cache16": bytes([16, 0x91] + [0] * 15),
+    },
+    "parameter_lists": {
+        # first byte selects the command (mod 5): 0 UNMAP, 1 PR OUT, 2 MODE SELECT(6),
+        # 3 MODE SELECT(10), 4 EXTENDED COPY
+        "unmap": bytes([0]) + struct.pack(">HH4x", 22, 16) + struct.pack(">QI4x", 8, 16),
+        "pr_register": bytes([1 << 3 | 1]) + b"\0" * 8 + struct.pack(">Q", 0x1234) + b"\0" * 8,
+        "mode_select6_caching": bytes([2]) + bytes([0, 0, 0, 0, 0x08, 18, 0x04] + [0] * 17),
+        "mode_select10_control": bytes([3]) + bytes([0] * 8 + [0x0A, 10, 0x02] + [0] * 9),
+        "xcopy_one_segment": bytes([4])
+        + struct.pack(">BBHHxxI", 0, 0x18, 64, 28, 0) + b"\0" * 4
+        + bytes([0xE4, 0, 0, 0, 0x01, 0x03, 0, 0x10]) + b"\x60" + b"\0" * 15 + b"\0" * 8
+        + bytes([0xE4, 0, 0, 0, 0x01, 0x03, 0, 0x10]) + b"\x60" + b"\0" * 15 + b"\0" * 8
+        + bytes([0x02, 0, 0, 0x18, 0, 0, 0, 1, 0, 8, 0, 0])
+        + struct.pack(">QQ", 0, 64),
+    },
+}
+
+for target, files in corpus.items():
+    os.makedirs(os.path.join("corpus", target), exist_ok=True)
+    for name, data in files.items():
+        with open(os.path.join("corpus", target, name), "wb") as f:
+            f.write(data)
+print("corpus written")
