@@ -5,11 +5,29 @@
 //! through [`sliver_volume::Volume`].
 //!
 //! Layout follows the standards: `cdb` parses (no I/O), `spc` / `sbc` / `pr` execute one
-//! command family each, `sense` is the single table of sense codes.
+//! command family each, `vpd` and `mode` build INQUIRY pages and mode pages, `lu` holds the
+//! per-LU state (unit attentions, mode parameters, LBA range locks), `sense` is the single
+//! table of sense codes.
 
+pub mod cdb;
+mod lu;
+mod mode;
+// TEMPORARY: the "pr" helper is writing pr.rs; until it lands this stub provides the agreed
+// API. Replace these two lines with `pub mod pr;` then.
+mod pr_stub;
+use pr_stub as pr;
+mod sbc;
 pub mod sense;
+mod spc;
+#[cfg(test)]
+mod tests;
+mod vpd;
 
+pub use lu::{execute_without_lu, LogicalUnit, LuConfig, Reset};
 pub use sense::{Sense, SenseKey, SenseReason, Status};
+
+#[doc(hidden)]
+pub use lu::fuzz_cdb;
 
 /// An I_T nexus: one SCSI initiator port talking through one SCSI target port.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]

@@ -57,6 +57,9 @@ pub enum SenseReason {
     InvalidCopyTargetDescriptor,
     CopyTargetDeviceNotReachable,
     OperationInProgress,
+    /// Data-Out does not match what the CDB describes (too short, or a fixed-size buffer
+    /// such as WRITE SAME's one block of the wrong size).
+    InvalidFieldInInformationUnit,
     // Not ready / hardware / medium
     NotReadyManualIntervention,
     NotReadyFormatInProgress,
@@ -114,6 +117,7 @@ impl SenseReason {
             InvalidCopyTargetDescriptor => (CopyAborted, 0x0d, 0x00),
             CopyTargetDeviceNotReachable => (CopyAborted, 0x0d, 0x02),
             OperationInProgress => (IllegalRequest, 0x00, 0x16),
+            InvalidFieldInInformationUnit => (IllegalRequest, 0x0e, 0x03),
             NotReadyManualIntervention => (NotReady, 0x04, 0x03),
             NotReadyFormatInProgress => (NotReady, 0x04, 0x04),
             NotReadySanitizeInProgress => (NotReady, 0x04, 0x1b),

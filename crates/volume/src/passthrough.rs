@@ -61,7 +61,7 @@ impl FileVolume {
     fn byte_range(&self, lba: u64, bytes: usize) -> Result<u64> {
         let bs = self.block_size as u64;
         let blocks = bytes as u64 / bs;
-        if bytes as u64 % bs != 0 {
+        if !(bytes as u64).is_multiple_of(bs) {
             return Err(VolumeError::Io(std::io::Error::new(
                 std::io::ErrorKind::InvalidInput,
                 "buffer is not a whole number of blocks",

@@ -1,0 +1,966 @@
+//! CDB parsing: bytes in, a typed [`Command`] out. No I/O and no LU state here.
+//!
+//! Parsing rejects what is wrong in the CDB alone (reserved service actions, protection
+//! fields we do not support, NACA); checks that need the LU (LBA ranges, allocation vs
+//! capacity) happen in the command families.
+
+use crate::sense::{Sense, SenseReason};
+
+pub mod opcode {
+    pub const TEST_UNIT_READY: u8 = 0x00;
+    pub const REQUEST_SENSE: u8 = 0x03;
+    pub const READ_6: u8 = 0x08;
+    pub const WRITE_6: u8 = 0x0a;
+    pub const INQUIRY: u8 = 0x12;
+    pub const MODE_SELECT_6: u8 = 0x15;
+    pub const RESERVE_6: u8 = 0x16;
+    pub const RELEASE_6: u8 = 0x17;
+    pub const MODE_SENSE_6: u8 = 0x1a;
+    pub const START_STOP_UNIT: u8 = 0x1b;
+    pub const READ_CAPACITY_10: u8 = 0x25;
+    pub const READ_10: u8 = 0x28;
+    pub const WRITE_10: u8 = 0x2a;
+    pub const WRITE_AND_VERIFY_10: u8 = 0x2e;
+    pub const VERIFY_10: u8 = 0x2f;
+    pub const PRE_FETCH_10: u8 = 0x34;
+    pub const SYNCHRONIZE_CACHE_10: u8 = 0x35;
+    pub const READ_DEFECT_DATA_10: u8 = 0x37;
+    pub const WRITE_SAME_10: u8 = 0x41;
+    pub const UNMAP: u8 = 0x42;
+    pub const SANITIZE: u8 = 0x48;
+    pub const MODE_SELECT_10: u8 = 0x55;
+    pub const RESERVE_10: u8 = 0x56;
+    pub const RELEASE_10: u8 = 0x57;
+    pub const MODE_SENSE_10: u8 = 0x5a;
+    pub const PERSISTENT_RESERVE_IN: u8 = 0x5e;
+    pub const PERSISTENT_RESERVE_OUT: u8 = 0x5f;
+    pub const READ_16: u8 = 0x88;
+    pub const COMPARE_AND_WRITE: u8 = 0x89;
+    pub const WRITE_16: u8 = 0x8a;
+    pub const ORWRITE_16: u8 = 0x8b;
+    pub const WRITE_AND_VERIFY_16: u8 = 0x8e;
+    pub const VERIFY_16: u8 = 0x8f;
+    pub const PRE_FETCH_16: u8 = 0x90;
+    pub const SYNCHRONIZE_CACHE_16: u8 = 0x91;
+    pub const WRITE_SAME_16: u8 = 0x93;
+    pub const SERVICE_ACTION_IN_16: u8 = 0x9e;
+    pub const REPORT_LUNS: u8 = 0xa0;
+    pub const MAINTENANCE_IN: u8 = 0xa3;
+    pub const READ_12: u8 = 0xa8;
+    pub const WRITE_12: u8 = 0xaa;
+    pub const WRITE_AND_VERIFY_12: u8 = 0xae;
+    pub const VERIFY_12: u8 = 0xaf;
+    pub const READ_DEFECT_DATA_12: u8 = 0xb7;
+
+    /// SERVICE ACTION IN(16) service actions.
+    pub const SA_READ_CAPACITY_16: u8 = 0x10;
+    pub const SA_GET_LBA_STATUS: u8 = 0x12;
+    /// MAINTENANCE IN service actions.
+    pub const SA_REPORT_TARGET_PORT_GROUPS: u8 = 0x0a;
+    pub const SA_REPORT_SUPPORTED_OPCODES: u8 = 0x0c;
+    pub const SA_REPORT_SUPPORTED_TMFS: u8 = 0x0d;
+    /// SANITIZE service actions.
+    pub const SA_SANITIZE_OVERWRITE: u8 = 0x01;
+    pub const SA_SANITIZE_BLOCK_ERASE: u8 = 0x02;
+    pub const SA_SANITIZE_CRYPTO_ERASE: u8 = 0x03;
+    pub const SA_SANITIZE_EXIT_FAILURE_MODE: u8 = 0x1f;
+}
+
+use opcode::*;
+
+/// A block range with the flags every READ/WRITE-family CDB carries.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BlockRange {
+    pub lba: u64,
+    pub blocks: u64,
+}
+
+/// Which mode pages a MODE SENSE asks for (page control field).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PageControl {
+    Current,
+    Changeable,
+    Default,
+    Saved,
+}
+
+/// What START STOP UNIT asks for; we keep no stopped state (see `sbc`), so only
+/// validity matters.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StartStop {
+    pub immed: bool,
+    pub power_condition: u8,
+    pub load_eject: bool,
+    pub start: bool,
+}
+
+/// SANITIZE service actions we know.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SanitizeAction {
+    Overwrite,
+    BlockErase,
+    CryptoErase,
+    ExitFailureMode,
+}
+
+/// REPORT SUPPORTED OPERATION CODES reporting options.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RsocOptions {
+    /// 000b: every command.
+    All,
+    /// 001b: one opcode that has no service actions.
+    Opcode(u8),
+    /// 010b: one opcode + service action (the opcode must have service actions).
+    OpcodeServiceAction(u8, u16),
+    /// 011b: one opcode, with service action if it has them.
+    OpcodeMaybeServiceAction(u8, u16),
+}
+
+/// One parsed CDB.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Command {
+    TestUnitReady,
+    RequestSense {
+        descriptor: bool,
+        alloc_len: usize,
+    },
+    Inquiry {
+        evpd: bool,
+        page: u8,
+        alloc_len: usize,
+    },
+    ReportLuns {
+        select: u8,
+        alloc_len: usize,
+    },
+    Read {
+        range: BlockRange,
+        fua: bool,
+    },
+    Write {
+        range: BlockRange,
+        fua: bool,
+    },
+    Verify {
+        range: BlockRange,
+        /// BYTCHK: 0 = medium only, 1 = compare every block, 3 = one block against each.
+        byte_check: u8,
+    },
+    WriteAndVerify {
+        range: BlockRange,
+    },
+    OrWrite {
+        range: BlockRange,
+        fua: bool,
+    },
+    CompareAndWrite {
+        range: BlockRange,
+        fua: bool,
+    },
+    WriteSame {
+        range: BlockRange,
+        unmap: bool,
+        anchor: bool,
+        /// No Data-Out: the pattern is a zero block.
+        ndob: bool,
+    },
+    Unmap {
+        anchor: bool,
+        param_len: usize,
+    },
+    GetLbaStatus {
+        lba: u64,
+        alloc_len: usize,
+    },
+    ReadCapacity10,
+    ReadCapacity16 {
+        alloc_len: usize,
+    },
+    SynchronizeCache {
+        range: BlockRange,
+    },
+    PreFetch {
+        range: BlockRange,
+    },
+    StartStopUnit(StartStop),
+    ModeSense {
+        ten: bool,
+        dbd: bool,
+        llbaa: bool,
+        control: PageControl,
+        page: u8,
+        subpage: u8,
+        alloc_len: usize,
+    },
+    ModeSelect {
+        ten: bool,
+        save_pages: bool,
+        param_len: usize,
+    },
+    ReadDefectData {
+        ten: bool,
+        format: u8,
+        alloc_len: usize,
+    },
+    Sanitize {
+        action: SanitizeAction,
+        param_len: usize,
+    },
+    Reserve,
+    Release,
+    PersistentReserveIn {
+        alloc_len: usize,
+    },
+    PersistentReserveOut {
+        param_len: usize,
+    },
+    ReportTargetPortGroups {
+        extended: bool,
+        alloc_len: usize,
+    },
+    ReportSupportedOpcodes {
+        rctd: bool,
+        options: RsocOptions,
+        alloc_len: usize,
+    },
+    ReportSupportedTmfs {
+        extended: bool,
+        alloc_len: usize,
+    },
+    /// An opcode (or service action) this device server does not implement.
+    Unsupported {
+        opcode: u8,
+    },
+}
+
+/// CDB length implied by the opcode's group code (SPC-4 4.2.5.1); `None` for groups
+/// (reserved / vendor specific) we never parse.
+pub fn cdb_length(opcode: u8) -> Option<usize> {
+    match opcode >> 5 {
+        0 => Some(6),
+        1 | 2 => Some(10),
+        4 => Some(16),
+        5 => Some(12),
+        _ => None,
+    }
+}
+
+/// Fixed-size view of a CDB whose length was checked against its group code, so field
+/// accessors with constant offsets cannot go out of bounds.
+struct Fields([u8; 16]);
+
+impl Fields {
+    fn u8(&self, i: usize) -> u8 {
+        self.0[i]
+    }
+    fn bit(&self, i: usize, bit: u8) -> bool {
+        self.0[i] & (1 << bit) != 0
+    }
+    fn u16(&self, i: usize) -> u16 {
+        u16::from_be_bytes([self.0[i], self.0[i + 1]])
+    }
+    fn u24(&self, i: usize) -> u32 {
+        u32::from_be_bytes([0, self.0[i], self.0[i + 1], self.0[i + 2]])
+    }
+    fn u32(&self, i: usize) -> u32 {
+        u32::from_be_bytes([self.0[i], self.0[i + 1], self.0[i + 2], self.0[i + 3]])
+    }
+    fn u64(&self, i: usize) -> u64 {
+        let mut b = [0u8; 8];
+        b.copy_from_slice(&self.0[i..i + 8]);
+        u64::from_be_bytes(b)
+    }
+}
+
+fn invalid_field(byte: u16, bit: Option<u8>) -> Sense {
+    Sense::from(SenseReason::InvalidFieldInCdb).with_field_pointer(true, byte, bit)
+}
+
+/// Fails with INVALID FIELD IN CDB pointing at the protection field (bits 7-5 of byte 1):
+/// the LU is formatted without protection information.
+fn no_protection(f: &Fields) -> Result<(), Sense> {
+    if f.u8(1) >> 5 != 0 {
+        return Err(invalid_field(1, Some(7)));
+    }
+    Ok(())
+}
+
+/// Parse a CDB. Unknown opcodes and service actions become [`Command::Unsupported`];
+/// malformed fields of known commands become an ILLEGAL REQUEST sense.
+pub fn parse(cdb: &[u8]) -> Result<Command, Sense> {
+    let Some(&op) = cdb.first() else {
+        return Err(invalid_field(0, None));
+    };
+    let Some(len) = cdb_length(op) else {
+        return Ok(Command::Unsupported { opcode: op });
+    };
+    if cdb.len() < len {
+        return Err(invalid_field(0, None));
+    }
+    let mut fixed = [0u8; 16];
+    fixed[..len].copy_from_slice(&cdb[..len]);
+    let f = Fields(fixed);
+    // NACA = 1 asks for ACA, which we do not implement (SAM-5 5.9.1.3).
+    if f.bit(len - 1, 2) {
+        return Err(invalid_field(len as u16 - 1, Some(2)));
+    }
+    let range = |lba: u64, blocks: u64| BlockRange { lba, blocks };
+    let cmd = match op {
+        TEST_UNIT_READY => Command::TestUnitReady,
+        REQUEST_SENSE => Command::RequestSense {
+            descriptor: f.bit(1, 0),
+            alloc_len: f.u8(4) as usize,
+        },
+        INQUIRY => {
+            let evpd = f.bit(1, 0);
+            if f.bit(1, 1) {
+                return Err(invalid_field(1, Some(1))); // CMDDT is obsolete
+            }
+            if !evpd && f.u8(2) != 0 {
+                return Err(invalid_field(2, None));
+            }
+            Command::Inquiry {
+                evpd,
+                page: f.u8(2),
+                alloc_len: f.u16(3) as usize,
+            }
+        }
+        REPORT_LUNS => Command::ReportLuns {
+            select: f.u8(2),
+            alloc_len: f.u32(6) as usize,
+        },
+        READ_6 | WRITE_6 => {
+            // A TRANSFER LENGTH of 0 means 256 blocks for the 6-byte commands.
+            let blocks = match f.u8(4) {
+                0 => 256,
+                n => n as u64,
+            };
+            let r = range((f.u24(1) & 0x1f_ffff) as u64, blocks);
+            if op == READ_6 {
+                Command::Read {
+                    range: r,
+                    fua: false,
+                }
+            } else {
+                Command::Write {
+                    range: r,
+                    fua: false,
+                }
+            }
+        }
+        READ_10 | READ_12 | READ_16 | WRITE_10 | WRITE_12 | WRITE_16 => {
+            no_protection(&f)?;
+            let fua = f.bit(1, 3);
+            let r = match op {
+                READ_10 | WRITE_10 => range(f.u32(2) as u64, f.u16(7) as u64),
+                READ_12 | WRITE_12 => range(f.u32(2) as u64, f.u32(6) as u64),
+                _ => range(f.u64(2), f.u32(10) as u64),
+            };
+            if matches!(op, READ_10 | READ_12 | READ_16) {
+                Command::Read { range: r, fua }
+            } else {
+                Command::Write { range: r, fua }
+            }
+        }
+        VERIFY_10 | VERIFY_12 | VERIFY_16 => {
+            no_protection(&f)?;
+            let byte_check = (f.u8(1) >> 1) & 3;
+            if byte_check == 2 {
+                return Err(invalid_field(1, Some(2)));
+            }
+            let r = match op {
+                VERIFY_10 => range(f.u32(2) as u64, f.u16(7) as u64),
+                VERIFY_12 => range(f.u32(2) as u64, f.u32(6) as u64),
+                _ => range(f.u64(2), f.u32(10) as u64),
+            };
+            Command::Verify {
+                range: r,
+                byte_check,
+            }
+        }
+        WRITE_AND_VERIFY_10 | WRITE_AND_VERIFY_12 | WRITE_AND_VERIFY_16 => {
+            no_protection(&f)?;
+            // BYTCHK 10b and 11b are reserved for WRITE AND VERIFY (SBC-4 5.47).
+            if f.bit(1, 2) {
+                return Err(invalid_field(1, Some(2)));
+            }
+            let r = match op {
+                WRITE_AND_VERIFY_10 => range(f.u32(2) as u64, f.u16(7) as u64),
+                WRITE_AND_VERIFY_12 => range(f.u32(2) as u64, f.u32(6) as u64),
+                _ => range(f.u64(2), f.u32(10) as u64),
+            };
+            Command::WriteAndVerify { range: r }
+        }
+        ORWRITE_16 => {
+            no_protection(&f)?;
+            Command::OrWrite {
+                range: range(f.u64(2), f.u32(10) as u64),
+                fua: f.bit(1, 3),
+            }
+        }
+        COMPARE_AND_WRITE => {
+            no_protection(&f)?;
+            Command::CompareAndWrite {
+                range: range(f.u64(2), f.u8(13) as u64),
+                fua: f.bit(1, 3),
+            }
+        }
+        WRITE_SAME_10 | WRITE_SAME_16 => {
+            no_protection(&f)?;
+            let ten = op == WRITE_SAME_10;
+            // PBDATA / LBDATA (bits 2, 1) are obsolete-ish and need protection info or
+            // per-block LBA stamping, which we do not do.
+            if f.u8(1) & 0x06 != 0 {
+                return Err(invalid_field(1, Some(2)));
+            }
+            let ndob = !ten && f.bit(1, 0);
+            let r = if ten {
+                range(f.u32(2) as u64, f.u16(7) as u64)
+            } else {
+                range(f.u64(2), f.u32(10) as u64)
+            };
+            Command::WriteSame {
+                range: r,
+                unmap: f.bit(1, 3),
+                anchor: f.bit(1, 4),
+                ndob,
+            }
+        }
+        UNMAP => Command::Unmap {
+            anchor: f.bit(1, 0),
+            param_len: f.u16(7) as usize,
+        },
+        READ_CAPACITY_10 => {
+            // PMI = 0 with a non-zero LBA is invalid (SBC-3 5.16.1).
+            if !f.bit(8, 0) && f.u32(2) != 0 {
+                return Err(invalid_field(2, None));
+            }
+            Command::ReadCapacity10
+        }
+        SERVICE_ACTION_IN_16 => match f.u8(1) & 0x1f {
+            SA_READ_CAPACITY_16 => Command::ReadCapacity16 {
+                alloc_len: f.u32(10) as usize,
+            },
+            SA_GET_LBA_STATUS => Command::GetLbaStatus {
+                lba: f.u64(2),
+                alloc_len: f.u32(10) as usize,
+            },
+            _ => Command::Unsupported { opcode: op },
+        },
+        SYNCHRONIZE_CACHE_10 => Command::SynchronizeCache {
+            range: range(f.u32(2) as u64, f.u16(7) as u64),
+        },
+        SYNCHRONIZE_CACHE_16 => Command::SynchronizeCache {
+            range: range(f.u64(2), f.u32(10) as u64),
+        },
+        PRE_FETCH_10 => Command::PreFetch {
+            range: range(f.u32(2) as u64, f.u16(7) as u64),
+        },
+        PRE_FETCH_16 => Command::PreFetch {
+            range: range(f.u64(2), f.u32(10) as u64),
+        },
+        START_STOP_UNIT => Command::StartStopUnit(StartStop {
+            immed: f.bit(1, 0),
+            power_condition: f.u8(4) >> 4,
+            load_eject: f.bit(4, 1),
+            start: f.bit(4, 0),
+        }),
+        MODE_SENSE_6 | MODE_SENSE_10 => {
+            let ten = op == MODE_SENSE_10;
+            let control = match f.u8(2) >> 6 {
+                0 => PageControl::Current,
+                1 => PageControl::Changeable,
+                2 => PageControl::Default,
+                _ => PageControl::Saved,
+            };
+            Command::ModeSense {
+                ten,
+                dbd: f.bit(1, 3),
+                llbaa: ten && f.bit(1, 4),
+                control,
+                page: f.u8(2) & 0x3f,
+                subpage: f.u8(3),
+                alloc_len: if ten {
+                    f.u16(7) as usize
+                } else {
+                    f.u8(4) as usize
+                },
+            }
+        }
+        MODE_SELECT_6 | MODE_SELECT_10 => {
+            let ten = op == MODE_SELECT_10;
+            Command::ModeSelect {
+                ten,
+                save_pages: f.bit(1, 0),
+                param_len: if ten {
+                    f.u16(7) as usize
+                } else {
+                    f.u8(4) as usize
+                },
+            }
+        }
+        READ_DEFECT_DATA_10 => Command::ReadDefectData {
+            ten: true,
+            format: f.u8(2) & 0x07,
+            alloc_len: f.u16(7) as usize,
+        },
+        READ_DEFECT_DATA_12 => Command::ReadDefectData {
+            ten: false,
+            format: f.u8(1) & 0x07,
+            alloc_len: f.u32(6) as usize,
+        },
+        SANITIZE => {
+            let action = match f.u8(1) & 0x1f {
+                SA_SANITIZE_OVERWRITE => SanitizeAction::Overwrite,
+                SA_SANITIZE_BLOCK_ERASE => SanitizeAction::BlockErase,
+                SA_SANITIZE_CRYPTO_ERASE => SanitizeAction::CryptoErase,
+                SA_SANITIZE_EXIT_FAILURE_MODE => SanitizeAction::ExitFailureMode,
+                _ => return Err(invalid_field(1, Some(4))),
+            };
+            Command::Sanitize {
+                action,
+                param_len: f.u16(7) as usize,
+            }
+        }
+        RESERVE_6 | RESERVE_10 => {
+            // Third-party and extent reservations (obsolete) are not supported.
+            if f.u8(1) & 0x13 != 0 {
+                return Err(invalid_field(1, None));
+            }
+            Command::Reserve
+        }
+        RELEASE_6 | RELEASE_10 => {
+            if f.u8(1) & 0x13 != 0 {
+                return Err(invalid_field(1, None));
+            }
+            Command::Release
+        }
+        PERSISTENT_RESERVE_IN => Command::PersistentReserveIn {
+            alloc_len: f.u16(7) as usize,
+        },
+        PERSISTENT_RESERVE_OUT => Command::PersistentReserveOut {
+            param_len: f.u32(5) as usize,
+        },
+        MAINTENANCE_IN => match f.u8(1) & 0x1f {
+            SA_REPORT_TARGET_PORT_GROUPS => Command::ReportTargetPortGroups {
+                extended: f.u8(1) >> 5 == 1,
+                alloc_len: f.u32(6) as usize,
+            },
+            SA_REPORT_SUPPORTED_OPCODES => {
+                let requested_op = f.u8(3);
+                let requested_sa = f.u16(4);
+                let options = match f.u8(2) & 0x07 {
+                    0 => RsocOptions::All,
+                    1 => RsocOptions::Opcode(requested_op),
+                    2 => RsocOptions::OpcodeServiceAction(requested_op, requested_sa),
+                    3 => RsocOptions::OpcodeMaybeServiceAction(requested_op, requested_sa),
+                    _ => return Err(invalid_field(2, Some(2))),
+                };
+                Command::ReportSupportedOpcodes {
+                    rctd: f.bit(2, 7),
+                    options,
+                    alloc_len: f.u32(6) as usize,
+                }
+            }
+            SA_REPORT_SUPPORTED_TMFS => Command::ReportSupportedTmfs {
+                extended: f.bit(2, 7),
+                alloc_len: f.u32(6) as usize,
+            },
+            _ => Command::Unsupported { opcode: op },
+        },
+        _ => Command::Unsupported { opcode: op },
+    };
+    Ok(cmd)
+}
+
+/// One command this device server implements, for REPORT SUPPORTED OPERATION CODES.
+pub struct CommandInfo {
+    pub opcode: u8,
+    /// Service action, for opcodes that have them.
+    pub service_action: Option<u16>,
+    /// CDB USAGE DATA (SPC-4 6.35.3): byte 0 is the opcode, the service action bits hold
+    /// the service action, every other bit is 1 where the device server looks at it.
+    pub usage: &'static [u8],
+}
+
+const fn info(opcode: u8, service_action: Option<u16>, usage: &'static [u8]) -> CommandInfo {
+    CommandInfo {
+        opcode,
+        service_action,
+        usage,
+    }
+}
+
+/// Every implemented command, sorted by opcode and service action.
+pub static SUPPORTED_COMMANDS: &[CommandInfo] = &[
+    info(TEST_UNIT_READY, None, &[0x00, 0, 0, 0, 0, 0x03]),
+    info(REQUEST_SENSE, None, &[0x03, 0x01, 0, 0, 0xff, 0x03]),
+    info(READ_6, None, &[0x08, 0x1f, 0xff, 0xff, 0xff, 0x03]),
+    info(WRITE_6, None, &[0x0a, 0x1f, 0xff, 0xff, 0xff, 0x03]),
+    info(INQUIRY, None, &[0x12, 0x01, 0xff, 0xff, 0xff, 0x03]),
+    info(MODE_SELECT_6, None, &[0x15, 0x11, 0, 0, 0xff, 0x03]),
+    info(RESERVE_6, None, &[0x16, 0, 0, 0, 0, 0x03]),
+    info(RELEASE_6, None, &[0x17, 0, 0, 0, 0, 0x03]),
+    info(MODE_SENSE_6, None, &[0x1a, 0x08, 0xff, 0xff, 0xff, 0x03]),
+    info(START_STOP_UNIT, None, &[0x1b, 0x01, 0, 0x0f, 0xf7, 0x03]),
+    info(
+        READ_CAPACITY_10,
+        None,
+        &[0x25, 0, 0xff, 0xff, 0xff, 0xff, 0, 0, 0x01, 0x03],
+    ),
+    info(
+        READ_10,
+        None,
+        &[0x28, 0x18, 0xff, 0xff, 0xff, 0xff, 0x1f, 0xff, 0xff, 0x03],
+    ),
+    info(
+        WRITE_10,
+        None,
+        &[0x2a, 0x18, 0xff, 0xff, 0xff, 0xff, 0x1f, 0xff, 0xff, 0x03],
+    ),
+    info(
+        WRITE_AND_VERIFY_10,
+        None,
+        &[0x2e, 0x12, 0xff, 0xff, 0xff, 0xff, 0x1f, 0xff, 0xff, 0x03],
+    ),
+    info(
+        VERIFY_10,
+        None,
+        &[0x2f, 0x16, 0xff, 0xff, 0xff, 0xff, 0x1f, 0xff, 0xff, 0x03],
+    ),
+    info(
+        PRE_FETCH_10,
+        None,
+        &[0x34, 0x02, 0xff, 0xff, 0xff, 0xff, 0x1f, 0xff, 0xff, 0x03],
+    ),
+    info(
+        SYNCHRONIZE_CACHE_10,
+        None,
+        &[0x35, 0x02, 0xff, 0xff, 0xff, 0xff, 0x1f, 0xff, 0xff, 0x03],
+    ),
+    info(
+        READ_DEFECT_DATA_10,
+        None,
+        &[0x37, 0, 0x1f, 0, 0, 0, 0, 0xff, 0xff, 0x03],
+    ),
+    info(
+        WRITE_SAME_10,
+        None,
+        &[0x41, 0x18, 0xff, 0xff, 0xff, 0xff, 0x1f, 0xff, 0xff, 0x03],
+    ),
+    info(
+        UNMAP,
+        None,
+        &[0x42, 0x01, 0, 0, 0, 0, 0x1f, 0xff, 0xff, 0x03],
+    ),
+    info(
+        SANITIZE,
+        Some(SA_SANITIZE_OVERWRITE as u16),
+        &[0x48, 0xa1, 0, 0, 0, 0, 0, 0xff, 0xff, 0x03],
+    ),
+    info(
+        SANITIZE,
+        Some(SA_SANITIZE_BLOCK_ERASE as u16),
+        &[0x48, 0xa2, 0, 0, 0, 0, 0, 0xff, 0xff, 0x03],
+    ),
+    info(
+        SANITIZE,
+        Some(SA_SANITIZE_EXIT_FAILURE_MODE as u16),
+        &[0x48, 0xbf, 0, 0, 0, 0, 0, 0xff, 0xff, 0x03],
+    ),
+    info(
+        MODE_SELECT_10,
+        None,
+        &[0x55, 0x11, 0, 0, 0, 0, 0, 0xff, 0xff, 0x03],
+    ),
+    info(RESERVE_10, None, &[0x56, 0, 0, 0, 0, 0, 0, 0, 0, 0x03]),
+    info(RELEASE_10, None, &[0x57, 0, 0, 0, 0, 0, 0, 0, 0, 0x03]),
+    info(
+        MODE_SENSE_10,
+        None,
+        &[0x5a, 0x18, 0xff, 0xff, 0, 0, 0, 0xff, 0xff, 0x03],
+    ),
+    info(
+        PERSISTENT_RESERVE_IN,
+        Some(0x00),
+        &[0x5e, 0x00, 0, 0, 0, 0, 0, 0xff, 0xff, 0x03],
+    ),
+    info(
+        PERSISTENT_RESERVE_IN,
+        Some(0x01),
+        &[0x5e, 0x01, 0, 0, 0, 0, 0, 0xff, 0xff, 0x03],
+    ),
+    info(
+        PERSISTENT_RESERVE_IN,
+        Some(0x02),
+        &[0x5e, 0x02, 0, 0, 0, 0, 0, 0xff, 0xff, 0x03],
+    ),
+    info(
+        PERSISTENT_RESERVE_IN,
+        Some(0x03),
+        &[0x5e, 0x03, 0, 0, 0, 0, 0, 0xff, 0xff, 0x03],
+    ),
+    info(
+        PERSISTENT_RESERVE_OUT,
+        Some(0x00),
+        &[0x5f, 0x00, 0xff, 0, 0, 0xff, 0xff, 0xff, 0xff, 0x03],
+    ),
+    info(
+        PERSISTENT_RESERVE_OUT,
+        Some(0x01),
+        &[0x5f, 0x01, 0xff, 0, 0, 0xff, 0xff, 0xff, 0xff, 0x03],
+    ),
+    info(
+        PERSISTENT_RESERVE_OUT,
+        Some(0x02),
+        &[0x5f, 0x02, 0xff, 0, 0, 0xff, 0xff, 0xff, 0xff, 0x03],
+    ),
+    info(
+        PERSISTENT_RESERVE_OUT,
+        Some(0x03),
+        &[0x5f, 0x03, 0xff, 0, 0, 0xff, 0xff, 0xff, 0xff, 0x03],
+    ),
+    info(
+        PERSISTENT_RESERVE_OUT,
+        Some(0x04),
+        &[0x5f, 0x04, 0xff, 0, 0, 0xff, 0xff, 0xff, 0xff, 0x03],
+    ),
+    info(
+        PERSISTENT_RESERVE_OUT,
+        Some(0x05),
+        &[0x5f, 0x05, 0xff, 0, 0, 0xff, 0xff, 0xff, 0xff, 0x03],
+    ),
+    info(
+        PERSISTENT_RESERVE_OUT,
+        Some(0x06),
+        &[0x5f, 0x06, 0xff, 0, 0, 0xff, 0xff, 0xff, 0xff, 0x03],
+    ),
+    info(
+        PERSISTENT_RESERVE_OUT,
+        Some(0x07),
+        &[0x5f, 0x07, 0xff, 0, 0, 0xff, 0xff, 0xff, 0xff, 0x03],
+    ),
+    info(
+        READ_16,
+        None,
+        &[
+            0x88, 0x18, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff,
+            0x1f, 0x03,
+        ],
+    ),
+    info(
+        COMPARE_AND_WRITE,
+        None,
+        &[
+            0x89, 0x18, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0, 0, 0, 0xff, 0x1f, 0x03,
+        ],
+    ),
+    info(
+        WRITE_16,
+        None,
+        &[
+            0x8a, 0x18, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff,
+            0x1f, 0x03,
+        ],
+    ),
+    info(
+        ORWRITE_16,
+        None,
+        &[
+            0x8b, 0x18, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff,
+            0x1f, 0x03,
+        ],
+    ),
+    info(
+        WRITE_AND_VERIFY_16,
+        None,
+        &[
+            0x8e, 0x12, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff,
+            0x1f, 0x03,
+        ],
+    ),
+    info(
+        VERIFY_16,
+        None,
+        &[
+            0x8f, 0x16, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff,
+            0x1f, 0x03,
+        ],
+    ),
+    info(
+        PRE_FETCH_16,
+        None,
+        &[
+            0x90, 0x02, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff,
+            0x1f, 0x03,
+        ],
+    ),
+    info(
+        SYNCHRONIZE_CACHE_16,
+        None,
+        &[
+            0x91, 0x02, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff,
+            0x1f, 0x03,
+        ],
+    ),
+    info(
+        WRITE_SAME_16,
+        None,
+        &[
+            0x93, 0x19, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff,
+            0x1f, 0x03,
+        ],
+    ),
+    info(
+        SERVICE_ACTION_IN_16,
+        Some(SA_READ_CAPACITY_16 as u16),
+        &[
+            0x9e, 0x10, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 0xff, 0xff, 0, 0x03,
+        ],
+    ),
+    info(
+        SERVICE_ACTION_IN_16,
+        Some(SA_GET_LBA_STATUS as u16),
+        &[
+            0x9e, 0x12, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0,
+            0x03,
+        ],
+    ),
+    info(
+        REPORT_LUNS,
+        None,
+        &[0xa0, 0, 0xff, 0, 0, 0, 0xff, 0xff, 0xff, 0xff, 0, 0x03],
+    ),
+    info(
+        MAINTENANCE_IN,
+        Some(SA_REPORT_TARGET_PORT_GROUPS as u16),
+        &[0xa3, 0xea, 0, 0, 0, 0, 0xff, 0xff, 0xff, 0xff, 0, 0x03],
+    ),
+    info(
+        MAINTENANCE_IN,
+        Some(SA_REPORT_SUPPORTED_OPCODES as u16),
+        &[
+            0xa3, 0x0c, 0x87, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0, 0x03,
+        ],
+    ),
+    info(
+        MAINTENANCE_IN,
+        Some(SA_REPORT_SUPPORTED_TMFS as u16),
+        &[0xa3, 0x0d, 0x80, 0, 0, 0, 0xff, 0xff, 0xff, 0xff, 0, 0x03],
+    ),
+    info(
+        READ_12,
+        None,
+        &[
+            0xa8, 0x18, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x1f, 0x03,
+        ],
+    ),
+    info(
+        WRITE_12,
+        None,
+        &[
+            0xaa, 0x18, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x1f, 0x03,
+        ],
+    ),
+    info(
+        WRITE_AND_VERIFY_12,
+        None,
+        &[
+            0xae, 0x12, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x1f, 0x03,
+        ],
+    ),
+    info(
+        VERIFY_12,
+        None,
+        &[
+            0xaf, 0x16, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x1f, 0x03,
+        ],
+    ),
+    info(
+        READ_DEFECT_DATA_12,
+        None,
+        &[0xb7, 0x1f, 0, 0, 0, 0, 0xff, 0xff, 0xff, 0xff, 0, 0x03],
+    ),
+];
+
+/// Whether `opcode` is one whose commands are told apart by a service action.
+pub fn has_service_actions(opcode: u8) -> bool {
+    SUPPORTED_COMMANDS
+        .iter()
+        .any(|c| c.opcode == opcode && c.service_action.is_some())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn read16_fields() {
+        let mut cdb = [0u8; 16];
+        cdb[0] = READ_16;
+        cdb[1] = 0x08;
+        cdb[2..10].copy_from_slice(&0x0102_0304_0506_0708u64.to_be_bytes());
+        cdb[10..14].copy_from_slice(&77u32.to_be_bytes());
+        assert_eq!(
+            parse(&cdb).unwrap(),
+            Command::Read {
+                range: BlockRange {
+                    lba: 0x0102_0304_0506_0708,
+                    blocks: 77
+                },
+                fua: true
+            }
+        );
+    }
+
+    #[test]
+    fn rdprotect_rejected() {
+        let mut cdb = [0u8; 10];
+        cdb[0] = READ_10;
+        cdb[1] = 0x20;
+        let sense = parse(&cdb).unwrap_err();
+        assert_eq!(sense.reason, SenseReason::InvalidFieldInCdb);
+    }
+
+    #[test]
+    fn short_cdb_rejected_and_unknown_opcode_is_unsupported() {
+        assert!(parse(&[READ_16, 0, 0]).is_err());
+        assert!(parse(&[]).is_err());
+        assert_eq!(
+            parse(&[0xc5; 16]).unwrap(),
+            Command::Unsupported { opcode: 0xc5 }
+        );
+        assert_eq!(
+            parse(&[0x02, 0, 0, 0, 0, 0]).unwrap(),
+            Command::Unsupported { opcode: 0x02 }
+        );
+    }
+
+    #[test]
+    fn read6_zero_length_means_256() {
+        let cdb = [READ_6, 0x01, 0x02, 0x03, 0, 0];
+        assert_eq!(
+            parse(&cdb).unwrap(),
+            Command::Read {
+                range: BlockRange {
+                    lba: 0x010203,
+                    blocks: 256
+                },
+                fua: false
+            }
+        );
+    }
+
+    #[test]
+    fn supported_table_is_sorted_and_usage_matches_cdb_length() {
+        for pair in SUPPORTED_COMMANDS.windows(2) {
+            let a = (pair[0].opcode, pair[0].service_action);
+            let b = (pair[1].opcode, pair[1].service_action);
+            assert!(a < b, "{a:?} !< {b:?}");
+        }
+        for c in SUPPORTED_COMMANDS {
+            assert_eq!(c.usage[0], c.opcode);
+            assert_eq!(Some(c.usage.len()), cdb_length(c.opcode), "{:#x}", c.opcode);
+        }
+    }
+}

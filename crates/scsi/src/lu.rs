@@ -1,0 +1,501 @@
+//! The logical unit: state shared by every nexus (unit attentions, mode parameters, LBA
+//! range locks, reservations) and the dispatcher that runs one command.
+
+use std::collections::{HashMap, VecDeque};
+use std::path::PathBuf;
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+
+use sliver_volume::{Volume, VolumeError};
+
+use crate::cdb::{self, Command};
+use crate::mode::ModeParams;
+use crate::pr::{PendingUa, PrError, Reservations};
+use crate::{sbc, spc, Nexus, Request, Response, Sense, SenseReason, Status};
+
+/// Identity and naming of one logical unit.
+#[derive(Debug, Clone)]
+pub struct LuConfig {
+    /// T10 vendor identification ("SLIVER"); space-padded to 8 bytes in INQUIRY.
+    pub vendor: String,
+    /// Product identification ("sliver"); padded to 16. Identical for all LUNs (ESXi
+    /// requires it for EXTENDED COPY between them).
+    pub product: String,
+    /// Product revision level, 4 characters.
+    pub revision: String,
+    /// VPD 0x80 unit serial number, stable per volume.
+    pub serial: String,
+    /// NAA IEEE Registered Extended (type 6) designator, stable per volume (VPD 0x83).
+    pub naa: [u8; 16],
+    /// iSCSI target name, for the SCSI name string designators in VPD 0x83.
+    pub target_name: String,
+    /// Target port group of every port (we have one group).
+    pub target_port_group: u16,
+    /// Where LU state that must survive restarts lives (the PR APTPL file).
+    pub state_dir: Option<PathBuf>,
+}
+
+/// The kinds of reset a task management function can ask for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Reset {
+    LogicalUnit,
+    TargetWarm,
+    TargetCold,
+}
+
+/// How a command that did not fail ended.
+pub(crate) struct Done {
+    pub status: Status,
+    pub data_in: Vec<u8>,
+}
+
+impl Done {
+    pub fn good() -> Self {
+        Done {
+            status: Status::Good,
+            data_in: Vec::new(),
+        }
+    }
+
+    pub fn data(data_in: Vec<u8>) -> Self {
+        Done {
+            status: Status::Good,
+            data_in,
+        }
+    }
+}
+
+/// How a command failed.
+pub(crate) enum Failure {
+    Check(Sense),
+    Conflict,
+}
+
+impl From<Sense> for Failure {
+    fn from(s: Sense) -> Self {
+        Failure::Check(s)
+    }
+}
+
+impl From<SenseReason> for Failure {
+    fn from(r: SenseReason) -> Self {
+        Failure::Check(r.into())
+    }
+}
+
+impl From<PrError> for Failure {
+    fn from(e: PrError) -> Self {
+        match e {
+            PrError::Conflict => Failure::Conflict,
+            PrError::Sense(s) => Failure::Check(s),
+        }
+    }
+}
+
+pub(crate) type Outcome = Result<Done, Failure>;
+
+/// Sense for a failed volume read.
+pub(crate) fn read_failure(e: VolumeError) -> Failure {
+    volume_failure(e, SenseReason::UnrecoveredReadError)
+}
+
+/// Sense for a failed volume write (or unmap / flush).
+pub(crate) fn write_failure(e: VolumeError) -> Failure {
+    volume_failure(e, SenseReason::WriteError)
+}
+
+fn volume_failure(e: VolumeError, io_reason: SenseReason) -> Failure {
+    let reason = match e {
+        VolumeError::OutOfRange { .. } => SenseReason::LbaOutOfRange,
+        VolumeError::NoSpace => SenseReason::SpaceAllocationFailedWriteProtect,
+        VolumeError::ReadOnly => SenseReason::WriteProtected,
+        VolumeError::Poisoned(_) => SenseReason::InternalTargetFailure,
+        VolumeError::Io(_) => io_reason,
+    };
+    reason.into()
+}
+
+/// The first `needed` bytes of Data-Out, or INVALID FIELD IN INFORMATION UNIT when the
+/// initiator sent fewer than the CDB asks for (we never act on a partial buffer).
+pub(crate) fn data_out_prefix(data_out: &[u8], needed: usize) -> Result<&[u8], Failure> {
+    data_out
+        .get(..needed)
+        .ok_or_else(|| SenseReason::InvalidFieldInInformationUnit.into())
+}
+
+/// Limit parameter data to the allocation length.
+pub(crate) fn truncated(mut data: Vec<u8>, alloc_len: usize) -> Vec<u8> {
+    data.truncate(alloc_len);
+    data
+}
+
+/// Unit attention conditions are queued per I_T nexus.
+type NexusKey = (String, u16);
+
+fn key(n: &Nexus) -> NexusKey {
+    (n.initiator_port.clone(), n.relative_target_port)
+}
+
+/// Nexuses seen so far and the unit attentions each has pending. A nexus absent from the
+/// map has never sent a command and gets POWER ON, RESET occurred first.
+#[derive(Default)]
+struct UnitAttentions {
+    pending: HashMap<NexusKey, VecDeque<SenseReason>>,
+}
+
+impl UnitAttentions {
+    fn queue_for(&mut self, n: &Nexus) -> &mut VecDeque<SenseReason> {
+        self.pending
+            .entry(key(n))
+            .or_insert_with(|| VecDeque::from([SenseReason::PowerOnResetOccurred]))
+    }
+
+    fn push(queue: &mut VecDeque<SenseReason>, reason: SenseReason) {
+        if !queue.contains(&reason) {
+            queue.push_back(reason);
+        }
+    }
+}
+
+/// Exclusive locks on LBA ranges, so COMPARE AND WRITE, ORWRITE and other read-modify-write
+/// sequences are atomic against every write to overlapping blocks.
+#[derive(Default)]
+pub(crate) struct RangeLocks {
+    held: Mutex<Vec<(u64, u64, u64)>>, // (start, end exclusive, ticket)
+    released: Condvar,
+    next_ticket: std::sync::atomic::AtomicU64,
+}
+
+pub(crate) struct RangeGuard<'a> {
+    locks: &'a RangeLocks,
+    ticket: Option<u64>,
+}
+
+impl RangeLocks {
+    /// Wait until no held range overlaps `[lba, lba + blocks)` and take it.
+    pub fn lock(&self, lba: u64, blocks: u64) -> RangeGuard<'_> {
+        if blocks == 0 {
+            return RangeGuard {
+                locks: self,
+                ticket: None,
+            };
+        }
+        let end = lba.saturating_add(blocks);
+        let ticket = self
+            .next_ticket
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let mut held = lock_unpoisoned(&self.held);
+        while held.iter().any(|&(s, e, _)| s < end && lba < e) {
+            held = self.released.wait(held).unwrap_or_else(|e| e.into_inner());
+        }
+        held.push((lba, end, ticket));
+        RangeGuard {
+            locks: self,
+            ticket: Some(ticket),
+        }
+    }
+}
+
+impl Drop for RangeGuard<'_> {
+    fn drop(&mut self) {
+        if let Some(ticket) = self.ticket {
+            let mut held = lock_unpoisoned(&self.locks.held);
+            held.retain(|&(_, _, t)| t != ticket);
+            drop(held);
+            self.locks.released.notify_all();
+        }
+    }
+}
+
+/// A panic in one command must not wedge the LU for everyone else: the protected data
+/// (queues, lock lists) stays consistent across our critical sections.
+pub(crate) fn lock_unpoisoned<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// One SCSI logical unit backed by a volume.
+pub struct LogicalUnit {
+    pub(crate) volume: Arc<dyn Volume>,
+    pub(crate) config: LuConfig,
+    pub(crate) mode: ModeParams,
+    pub(crate) locks: RangeLocks,
+    pub(crate) reservations: Reservations,
+    unit_attentions: Mutex<UnitAttentions>,
+}
+
+impl LogicalUnit {
+    pub fn new(volume: Arc<dyn Volume>, config: LuConfig) -> Self {
+        let persist = config
+            .state_dir
+            .as_ref()
+            .map(|d| d.join("persistent-reservations"));
+        LogicalUnit {
+            volume,
+            config,
+            mode: ModeParams::default(),
+            locks: RangeLocks::default(),
+            reservations: Reservations::new(persist),
+            unit_attentions: Mutex::new(UnitAttentions::default()),
+        }
+    }
+
+    pub fn volume(&self) -> &Arc<dyn Volume> {
+        &self.volume
+    }
+
+    /// Run one command to completion. Safe to call concurrently from many threads.
+    pub fn execute(&self, req: &Request) -> Response {
+        let parsed = cdb::parse(req.cdb);
+        let data_out_expected = match &parsed {
+            Ok(cmd) => self.data_out_len(cmd),
+            Err(_) => 0,
+        };
+        let outcome = self.run(req, parsed);
+        self.respond(outcome, data_out_expected)
+    }
+
+    fn run(&self, req: &Request, parsed: Result<Command, Sense>) -> Outcome {
+        let opcode = req.cdb.first().copied().unwrap_or(0);
+        // SPC-4 5.14: INQUIRY, REPORT LUNS and REQUEST SENSE neither report nor clear a
+        // unit attention (REQUEST SENSE returns it as its data instead).
+        let reports_ua = !matches!(
+            opcode,
+            cdb::opcode::INQUIRY | cdb::opcode::REPORT_LUNS | cdb::opcode::REQUEST_SENSE
+        );
+        {
+            let mut uas = lock_unpoisoned(&self.unit_attentions);
+            let queue = uas.queue_for(req.nexus);
+            if reports_ua {
+                if let Some(reason) = queue.pop_front() {
+                    return Err(reason.into());
+                }
+            }
+        }
+        let cmd = parsed?;
+        if self.reservations.check_access(req.nexus, req.cdb).is_err() {
+            return Err(Failure::Conflict);
+        }
+        match cmd {
+            Command::RequestSense { descriptor, .. } => {
+                let reason = lock_unpoisoned(&self.unit_attentions)
+                    .queue_for(req.nexus)
+                    .pop_front()
+                    .unwrap_or(SenseReason::NoAdditionalSense);
+                spc::request_sense(reason, descriptor, &cmd)
+            }
+            Command::Inquiry { .. }
+            | Command::ReportLuns { .. }
+            | Command::TestUnitReady
+            | Command::ModeSense { .. }
+            | Command::ModeSelect { .. }
+            | Command::Reserve
+            | Command::Release
+            | Command::PersistentReserveIn { .. }
+            | Command::PersistentReserveOut { .. }
+            | Command::ReportTargetPortGroups { .. }
+            | Command::ReportSupportedOpcodes { .. }
+            | Command::ReportSupportedTmfs { .. }
+            | Command::Unsupported { .. } => spc::execute(self, req, &cmd),
+            _ => sbc::execute(self, req, &cmd),
+        }
+    }
+
+    fn respond(&self, outcome: Outcome, data_out_expected: usize) -> Response {
+        match outcome {
+            Ok(done) => Response {
+                status: done.status,
+                sense: Vec::new(),
+                data_in: done.data_in,
+                data_out_expected,
+            },
+            Err(Failure::Conflict) => Response {
+                status: Status::ReservationConflict,
+                sense: Vec::new(),
+                data_in: Vec::new(),
+                data_out_expected,
+            },
+            Err(Failure::Check(sense)) => Response {
+                status: Status::CheckCondition,
+                sense: if self.mode.descriptor_sense() {
+                    sense.to_descriptor()
+                } else {
+                    sense.to_fixed()
+                },
+                data_in: Vec::new(),
+                data_out_expected,
+            },
+        }
+    }
+
+    /// Bytes of Data-Out the command asks for.
+    fn data_out_len(&self, cmd: &Command) -> usize {
+        let bs = self.volume.block_size() as u64;
+        let blocks_bytes = |n: u64| usize::try_from(n.saturating_mul(bs)).unwrap_or(usize::MAX);
+        match *cmd {
+            Command::Write { range, .. }
+            | Command::WriteAndVerify { range }
+            | Command::OrWrite { range, .. } => blocks_bytes(range.blocks),
+            Command::CompareAndWrite { range, .. } => blocks_bytes(range.blocks.saturating_mul(2)),
+            Command::Verify { range, byte_check } => match byte_check {
+                1 => blocks_bytes(range.blocks),
+                3 if range.blocks > 0 => blocks_bytes(1),
+                _ => 0,
+            },
+            Command::WriteSame { ndob, .. } => {
+                if ndob {
+                    0
+                } else {
+                    blocks_bytes(1)
+                }
+            }
+            Command::Unmap { param_len, .. }
+            | Command::ModeSelect { param_len, .. }
+            | Command::Sanitize { param_len, .. }
+            | Command::PersistentReserveOut { param_len } => param_len,
+            _ => 0,
+        }
+    }
+
+    /// Queue a unit attention for every nexus that has talked to this LU, optionally
+    /// sparing one (the nexus whose command caused the change).
+    pub(crate) fn unit_attention_all(&self, reason: SenseReason, except: Option<&Nexus>) {
+        let spared = except.map(key);
+        let mut uas = lock_unpoisoned(&self.unit_attentions);
+        for (k, queue) in uas.pending.iter_mut() {
+            if Some(k) != spared.as_ref() {
+                UnitAttentions::push(queue, reason);
+            }
+        }
+    }
+
+    /// Queue the unit attentions a PERSISTENT RESERVE OUT produced.
+    pub(crate) fn queue_pending(&self, pending: Vec<PendingUa>) {
+        let mut uas = lock_unpoisoned(&self.unit_attentions);
+        for ua in pending {
+            for ((port, _), queue) in uas.pending.iter_mut() {
+                if *port == ua.initiator_port {
+                    UnitAttentions::push(queue, ua.reason);
+                }
+            }
+        }
+    }
+
+    /// A reset: every nexus gets the reset unit attention (replacing what was pending,
+    /// which the reset supersedes) and RESERVE(6) reservations are dropped.
+    pub fn reset(&self, kind: Reset) {
+        let reason = match kind {
+            Reset::LogicalUnit => SenseReason::BusDeviceResetOccurred,
+            Reset::TargetWarm => SenseReason::PowerOnResetOccurred,
+            Reset::TargetCold => SenseReason::PowerOnOccurred,
+        };
+        self.reservations.reset();
+        let mut uas = lock_unpoisoned(&self.unit_attentions);
+        for queue in uas.pending.values_mut() {
+            queue.clear();
+            queue.push_back(reason);
+        }
+    }
+
+    /// CLEAR TASK SET / ABORT TASK SET by `by`: with TST=000 (one task set shared by all
+    /// nexuses) and CLEAR TASK SET, other nexuses lose commands and get COMMANDS CLEARED BY
+    /// ANOTHER INITIATOR. Our commands run to completion on their own threads, so we queue
+    /// the unit attention for the other nexuses.
+    pub fn task_set_cleared(&self, by: &Nexus) {
+        self.unit_attention_all(SenseReason::CommandsClearedByAnotherInitiator, Some(by));
+    }
+
+    /// The nexus is gone (logout, connection drop): forget its unit attentions, so a new
+    /// login gets POWER ON, RESET again, and drop what it held by RESERVE(6).
+    pub fn nexus_lost(&self, nexus: &Nexus) {
+        self.reservations.nexus_lost(nexus);
+        lock_unpoisoned(&self.unit_attentions)
+            .pending
+            .remove(&key(nexus));
+    }
+
+    /// The volume was resized.
+    pub fn capacity_changed(&self) {
+        self.unit_attention_all(SenseReason::CapacityDataChanged, None);
+    }
+}
+
+/// Commands addressed to a LUN that is not mapped for this nexus: INQUIRY answers peripheral
+/// qualifier 011b / type 1Fh, REPORT LUNS and REQUEST SENSE work, everything else gets
+/// LOGICAL UNIT NOT SUPPORTED.
+pub fn execute_without_lu(req: &Request) -> Response {
+    let outcome = match cdb::parse(req.cdb) {
+        Ok(cmd @ Command::Inquiry { .. }) => spc::inquiry_without_lu(&cmd),
+        Ok(cmd @ Command::ReportLuns { .. }) => spc::report_luns(req, &cmd),
+        Ok(cmd @ Command::RequestSense { descriptor, .. }) => {
+            spc::request_sense(SenseReason::LogicalUnitNotSupported, descriptor, &cmd)
+        }
+        Ok(_) => Err(SenseReason::LogicalUnitNotSupported.into()),
+        Err(sense) => Err(sense.into()),
+    };
+    match outcome {
+        Ok(done) => Response {
+            status: done.status,
+            sense: Vec::new(),
+            data_in: done.data_in,
+            data_out_expected: 0,
+        },
+        Err(Failure::Conflict) => Response {
+            status: Status::ReservationConflict,
+            sense: Vec::new(),
+            data_in: Vec::new(),
+            data_out_expected: 0,
+        },
+        Err(Failure::Check(sense)) => Response {
+            status: Status::CheckCondition,
+            sense: sense.to_fixed(),
+            data_in: Vec::new(),
+            data_out_expected: 0,
+        },
+    }
+}
+
+/// Fuzzing entry point: the first byte splits the rest into CDB and Data-Out; the command
+/// runs against a fresh LU over a small temporary volume.
+#[doc(hidden)]
+pub fn fuzz_cdb(data: &[u8]) {
+    let Some((&split, rest)) = data.split_first() else {
+        return;
+    };
+    let split = (split as usize).min(rest.len());
+    let (cdb, data_out) = rest.split_at(split);
+    let dir = std::env::temp_dir().join(format!("sliver-fuzz-{}", std::process::id()));
+    if std::fs::create_dir_all(&dir).is_err() {
+        return;
+    }
+    let Ok(volume) = sliver_volume::FileVolume::open(&dir.join("lu"), 1 << 20, 512) else {
+        return;
+    };
+    let lu = LogicalUnit::new(
+        Arc::new(volume),
+        LuConfig {
+            vendor: "SLIVER".into(),
+            product: "sliver".into(),
+            revision: "0001".into(),
+            serial: "fuzz".into(),
+            naa: [0x60; 16],
+            target_name: "iqn.2024-01.io.sliver:fuzz".into(),
+            target_port_group: 1,
+            state_dir: None,
+        },
+    );
+    let nexus = Nexus {
+        initiator_port: "iqn.fuzz,i,0x000000000001".into(),
+        initiator_name: "iqn.fuzz".into(),
+        relative_target_port: 1,
+    };
+    let req = Request {
+        nexus: &nexus,
+        cdb,
+        data_out,
+        attr: crate::TaskAttr::Simple,
+        luns: &[0, 1],
+    };
+    // The first command consumes the power-on unit attention; the second really runs.
+    let _ = lu.execute(&req);
+    let response = lu.execute(&req);
+    assert!(response.sense.is_empty() == (response.status != Status::CheckCondition));
+}

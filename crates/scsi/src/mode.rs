@@ -1,0 +1,342 @@
+//! Mode parameters: MODE SENSE(6/10) and MODE SELECT(6/10) over four pages.
+//!
+//! - 0x01 read-write error recovery (fixed: automatic reallocation on, nothing changeable)
+//! - 0x08 caching: WCE is real. The volume has a volatile cache (page cache), so WCE=1 by
+//!   default and SYNCHRONIZE CACHE / FUA make data durable; with WCE=0 every write is
+//!   made durable before completion.
+//! - 0x0A control: D_SENSE (descriptor-format sense) and SWP (software write protect) are
+//!   changeable.
+//! - 0x1C informational exceptions (fixed: reporting disabled)
+//!
+//! Parameters are shared by all nexuses and not saveable.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Mutex;
+
+use crate::cdb::PageControl;
+use crate::lu::{data_out_prefix, lock_unpoisoned, truncated, Done, LogicalUnit, Outcome};
+use crate::{Nexus, Sense, SenseReason};
+
+const PAGE_ERROR_RECOVERY: u8 = 0x01;
+const PAGE_CACHING: u8 = 0x08;
+const PAGE_CONTROL: u8 = 0x0a;
+const PAGE_INFO_EXCEPTIONS: u8 = 0x1c;
+const ALL_PAGES: u8 = 0x3f;
+const PAGES: [u8; 4] = [
+    PAGE_ERROR_RECOVERY,
+    PAGE_CACHING,
+    PAGE_CONTROL,
+    PAGE_INFO_EXCEPTIONS,
+];
+
+const WCE: u8 = 0x04; // caching page byte 2
+const D_SENSE: u8 = 0x04; // control page byte 2
+const SWP: u8 = 0x08; // control page byte 4
+
+/// The changeable mode parameters of a logical unit.
+pub(crate) struct ModeParams {
+    write_cache: AtomicBool,
+    descriptor_sense: AtomicBool,
+    write_protect: AtomicBool,
+    /// Serializes MODE SELECT so a parameter list is applied all at once.
+    select: Mutex<()>,
+}
+
+impl Default for ModeParams {
+    fn default() -> Self {
+        ModeParams {
+            write_cache: AtomicBool::new(true),
+            descriptor_sense: AtomicBool::new(false),
+            write_protect: AtomicBool::new(false),
+            select: Mutex::new(()),
+        }
+    }
+}
+
+impl ModeParams {
+    /// WCE: writes may complete before they are durable.
+    pub fn write_cache(&self) -> bool {
+        self.write_cache.load(Ordering::Relaxed)
+    }
+
+    /// D_SENSE: report sense in descriptor format.
+    pub fn descriptor_sense(&self) -> bool {
+        self.descriptor_sense.load(Ordering::Relaxed)
+    }
+
+    /// SWP: the initiator asked for the medium to be write protected.
+    pub fn write_protected(&self) -> bool {
+        self.write_protect.load(Ordering::Relaxed)
+    }
+
+    fn snapshot(&self) -> Values {
+        Values {
+            wce: self.write_cache(),
+            d_sense: self.descriptor_sense(),
+            swp: self.write_protected(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Values {
+    wce: bool,
+    d_sense: bool,
+    swp: bool,
+}
+
+const DEFAULTS: Values = Values {
+    wce: true,
+    d_sense: false,
+    swp: false,
+};
+
+/// The page as MODE SENSE returns it for `control`, or `None` for pages we lack.
+fn page(code: u8, control: PageControl, current: Values) -> Option<Vec<u8>> {
+    let changeable = control == PageControl::Changeable;
+    let v = match control {
+        PageControl::Default => DEFAULTS,
+        _ => current,
+    };
+    let flag = |on: bool, bit: u8| if on { bit } else { 0 };
+    let p = match code {
+        PAGE_ERROR_RECOVERY => {
+            let mut p = vec![0u8; 12];
+            p[2] = if changeable { 0 } else { 0xc0 }; // AWRE, ARRE
+            p
+        }
+        PAGE_CACHING => {
+            let mut p = vec![0u8; 20];
+            p[2] = if changeable { WCE } else { flag(v.wce, WCE) };
+            p
+        }
+        PAGE_CONTROL => {
+            let mut p = vec![0u8; 12];
+            if changeable {
+                p[2] = D_SENSE;
+                p[4] = SWP;
+            } else {
+                p[2] = flag(v.d_sense, D_SENSE);
+                // QUEUE ALGORITHM MODIFIER 1: commands run concurrently, unordered.
+                p[3] = 0x10;
+                p[4] = flag(v.swp, SWP);
+                // BUSY TIMEOUT PERIOD: unlimited.
+                p[8] = 0xff;
+                p[9] = 0xff;
+            }
+            p
+        }
+        PAGE_INFO_EXCEPTIONS => {
+            let mut p = vec![0u8; 12];
+            p[2] = if changeable { 0 } else { 0x08 }; // DEXCPT: no exception reporting
+            p
+        }
+        _ => return None,
+    };
+    let mut p = p;
+    p[0] = code;
+    p[1] = (p.len() - 2) as u8;
+    Some(p)
+}
+
+/// MODE SENSE(6) / (10).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn mode_sense(
+    lu: &LogicalUnit,
+    ten: bool,
+    dbd: bool,
+    llbaa: bool,
+    control: PageControl,
+    page_code: u8,
+    subpage: u8,
+    alloc_len: usize,
+) -> Outcome {
+    if control == PageControl::Saved {
+        return Err(SenseReason::SavingParametersNotSupported.into());
+    }
+    let current = lu.mode.snapshot();
+    let mut pages = Vec::new();
+    match (page_code, subpage) {
+        (ALL_PAGES, 0x00 | 0xff) => {
+            for code in PAGES {
+                pages.extend(page(code, control, current).unwrap_or_default());
+            }
+        }
+        // We have no subpages; 0xFF ("all subpages") of a page is just the page.
+        (code, 0x00 | 0xff) => match page(code, control, current) {
+            Some(p) => pages.extend(p),
+            None => return Err(invalid_cdb(2, Some(5))),
+        },
+        _ => return Err(invalid_cdb(3, None)),
+    }
+
+    let volume = &lu.volume;
+    let write_protected = current.swp;
+    // DEVICE-SPECIFIC PARAMETER: WP, DPOFUA (we honour DPO and FUA).
+    let device_specific = 0x10 | if write_protected { 0x80 } else { 0 };
+    let block_descriptor = if dbd {
+        Vec::new()
+    } else {
+        let blocks = volume.num_blocks();
+        let block_len = volume.block_size();
+        let zero = control == PageControl::Changeable;
+        if llbaa {
+            let mut d = vec![0u8; 16];
+            if !zero {
+                d[0..8].copy_from_slice(&blocks.to_be_bytes());
+                d[12..16].copy_from_slice(&block_len.to_be_bytes());
+            }
+            d
+        } else {
+            let mut d = vec![0u8; 8];
+            if !zero {
+                // A capacity that does not fit the 3-byte field is reported as all ones.
+                let short = u32::try_from(blocks).unwrap_or(u32::MAX).min(0x00ff_ffff);
+                d[0..4].copy_from_slice(&short.to_be_bytes());
+                d[0] = 0; // density code
+                d[4..8].copy_from_slice(&block_len.to_be_bytes());
+                d[4] = 0;
+            }
+            d
+        }
+    };
+
+    let mut data = Vec::with_capacity(8 + block_descriptor.len() + pages.len());
+    if ten {
+        let len = (6 + block_descriptor.len() + pages.len()) as u16;
+        data.extend_from_slice(&len.to_be_bytes());
+        data.push(0); // medium type
+        data.push(device_specific);
+        data.push(if llbaa && !dbd { 0x01 } else { 0 });
+        data.push(0);
+        data.extend_from_slice(&(block_descriptor.len() as u16).to_be_bytes());
+    } else {
+        let len = 3 + block_descriptor.len() + pages.len();
+        data.push(u8::try_from(len).unwrap_or(u8::MAX));
+        data.push(0);
+        data.push(device_specific);
+        data.push(block_descriptor.len() as u8);
+    }
+    data.extend_from_slice(&block_descriptor);
+    data.extend_from_slice(&pages);
+    Ok(Done::data(truncated(data, alloc_len)))
+}
+
+fn invalid_cdb(byte: u16, bit: Option<u8>) -> crate::lu::Failure {
+    Sense::from(SenseReason::InvalidFieldInCdb)
+        .with_field_pointer(true, byte, bit)
+        .into()
+}
+
+fn invalid_param(byte: usize) -> crate::lu::Failure {
+    Sense::from(SenseReason::InvalidFieldInParameterList)
+        .with_field_pointer(false, u16::try_from(byte).unwrap_or(u16::MAX), None)
+        .into()
+}
+
+/// MODE SELECT(6) / (10): validate the whole parameter list, then apply it at once.
+pub(crate) fn mode_select(
+    lu: &LogicalUnit,
+    nexus: &Nexus,
+    ten: bool,
+    save_pages: bool,
+    param_len: usize,
+    data_out: &[u8],
+) -> Outcome {
+    if save_pages {
+        return Err(invalid_cdb(1, Some(0)));
+    }
+    if param_len == 0 {
+        return Ok(Done::good());
+    }
+    let params = data_out_prefix(data_out, param_len)?;
+    let header_len = if ten { 8 } else { 4 };
+    if params.len() < header_len {
+        return Err(SenseReason::ParameterListLengthError.into());
+    }
+    let (descriptor_len, long_lba) = if ten {
+        (
+            u16::from_be_bytes([params[6], params[7]]) as usize,
+            params[4] & 1 != 0,
+        )
+    } else {
+        (params[3] as usize, false)
+    };
+    let expected_descriptor = if long_lba { 16 } else { 8 };
+    if descriptor_len != 0 && descriptor_len != expected_descriptor {
+        return Err(invalid_param(if ten { 6 } else { 3 }));
+    }
+    let pages_at = header_len + descriptor_len;
+    if params.len() < pages_at {
+        return Err(SenseReason::ParameterListLengthError.into());
+    }
+    if descriptor_len != 0 {
+        // The block length must stay ours (we cannot reformat); 0 means "unchanged".
+        let d = &params[header_len..pages_at];
+        let block_len = if long_lba {
+            u32::from_be_bytes([d[12], d[13], d[14], d[15]])
+        } else {
+            u32::from_be_bytes([0, d[5], d[6], d[7]])
+        };
+        if block_len != 0 && block_len != lu.volume.block_size() {
+            return Err(invalid_param(header_len + descriptor_len - 3));
+        }
+    }
+
+    let _serialized = lock_unpoisoned(&lu.mode.select);
+    let current = lu.mode.snapshot();
+    let mut new = current;
+    let mut at = pages_at;
+    while at < params.len() {
+        let rest = &params[at..];
+        if rest[0] & 0x40 != 0 {
+            return Err(invalid_param(at)); // SPF: we have no subpages
+        }
+        let code = rest[0] & 0x3f;
+        let Some(&len) = rest.get(1) else {
+            return Err(SenseReason::ParameterListLengthError.into());
+        };
+        let total = len as usize + 2;
+        let Some(sent) = rest.get(..total) else {
+            return Err(SenseReason::ParameterListLengthError.into());
+        };
+        let (Some(ours), Some(mask)) = (
+            page(code, PageControl::Current, current),
+            page(code, PageControl::Changeable, current),
+        ) else {
+            return Err(invalid_param(at));
+        };
+        if sent.len() != ours.len() {
+            return Err(invalid_param(at + 1));
+        }
+        // Every bit that is not changeable must equal its current value (PS is ignored).
+        for i in 2..ours.len() {
+            if (sent[i] ^ ours[i]) & !mask[i] != 0 {
+                return Err(invalid_param(at + i));
+            }
+        }
+        match code {
+            PAGE_CACHING => new.wce = sent[2] & WCE != 0,
+            PAGE_CONTROL => {
+                new.d_sense = sent[2] & D_SENSE != 0;
+                new.swp = sent[4] & SWP != 0;
+            }
+            _ => {}
+        }
+        at += total;
+    }
+
+    if new != current {
+        lu.mode.write_cache.store(new.wce, Ordering::Relaxed);
+        lu.mode
+            .descriptor_sense
+            .store(new.d_sense, Ordering::Relaxed);
+        lu.mode.write_protect.store(new.swp, Ordering::Relaxed);
+        if !new.wce {
+            // Turning the write cache off must not leave earlier writes volatile.
+            lu.volume.flush().map_err(crate::lu::write_failure)?;
+        }
+        lu.unit_attention_all(SenseReason::ModeParametersChanged, Some(nexus));
+    }
+    Ok(Done::good())
+}

@@ -1,0 +1,644 @@
+//! Behaviour tests: a LogicalUnit over a FileVolume in a temporary directory.
+
+use std::sync::Arc;
+
+use sliver_volume::FileVolume;
+
+use crate::{LogicalUnit, LuConfig, Nexus, Request, Response, Status, TaskAttr};
+
+const BS: usize = 512;
+const BLOCKS: u64 = 2048; // 1 MiB
+
+struct Fixture {
+    _dir: tempfile::TempDir,
+    lu: LogicalUnit,
+}
+
+fn fixture() -> Fixture {
+    let dir = tempfile::tempdir().unwrap();
+    let volume = FileVolume::open(&dir.path().join("v"), BLOCKS * BS as u64, BS as u32).unwrap();
+    let lu = LogicalUnit::new(
+        Arc::new(volume),
+        LuConfig {
+            vendor: "SLIVER".into(),
+            product: "sliver".into(),
+            revision: "0001".into(),
+            serial: "serial-1".into(),
+            naa: [0x6a; 16],
+            target_name: "iqn.2024-01.io.sliver:t1".into(),
+            target_port_group: 1,
+            state_dir: None,
+        },
+    );
+    Fixture { _dir: dir, lu }
+}
+
+fn nexus(n: u8) -> Nexus {
+    Nexus {
+        initiator_port: format!("iqn.test:{n},i,0x00000000000{n}"),
+        initiator_name: format!("iqn.test:{n}"),
+        relative_target_port: 1,
+    }
+}
+
+fn run(lu: &LogicalUnit, n: &Nexus, cdb: &[u8], data_out: &[u8]) -> Response {
+    lu.execute(&Request {
+        nexus: n,
+        cdb,
+        data_out,
+        attr: TaskAttr::Simple,
+        luns: &[0, 3],
+    })
+}
+
+/// A fixture whose nexus 1 has already consumed its power-on unit attention.
+fn ready() -> (Fixture, Nexus) {
+    let f = fixture();
+    let n = nexus(1);
+    let r = run(&f.lu, &n, &[0; 6], &[]);
+    assert_eq!(sense_codes(&r), (0x6, 0x29, 0x00));
+    (f, n)
+}
+
+/// (key, ASC, ASCQ) from fixed-format sense.
+fn sense_codes(r: &Response) -> (u8, u8, u8) {
+    assert_eq!(r.status, Status::CheckCondition, "{r:?}");
+    (r.sense[2] & 0x0f, r.sense[12], r.sense[13])
+}
+
+fn good(r: &Response) {
+    assert_eq!(r.status, Status::Good, "sense {:02x?}", r.sense);
+}
+
+fn cdb16(op: u8, lba: u64, blocks: u32) -> [u8; 16] {
+    let mut c = [0u8; 16];
+    c[0] = op;
+    c[2..10].copy_from_slice(&lba.to_be_bytes());
+    c[10..14].copy_from_slice(&blocks.to_be_bytes());
+    c
+}
+
+fn write16(lu: &LogicalUnit, n: &Nexus, lba: u64, data: &[u8]) -> Response {
+    run(lu, n, &cdb16(0x8a, lba, (data.len() / BS) as u32), data)
+}
+
+fn read16(lu: &LogicalUnit, n: &Nexus, lba: u64, blocks: u32) -> Response {
+    run(lu, n, &cdb16(0x88, lba, blocks), &[])
+}
+
+fn get_lba_status(lu: &LogicalUnit, n: &Nexus, lba: u64) -> Vec<(u64, u32, u8)> {
+    let mut c = cdb16(0x9e, lba, 1024);
+    c[1] = 0x12;
+    let r = run(lu, n, &c, &[]);
+    good(&r);
+    r.data_in[8..]
+        .chunks_exact(16)
+        .map(|d| {
+            (
+                u64::from_be_bytes(d[0..8].try_into().unwrap()),
+                u32::from_be_bytes(d[8..12].try_into().unwrap()),
+                d[12] & 0x0f,
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn write_then_read_round_trips() {
+    let (f, n) = ready();
+    let data: Vec<u8> = (0..4 * BS).map(|i| (i % 251) as u8).collect();
+    good(&write16(&f.lu, &n, 10, &data));
+    let r = read16(&f.lu, &n, 10, 4);
+    good(&r);
+    assert_eq!(r.data_in, data);
+}
+
+#[test]
+fn out_of_range_lba_is_rejected_before_io() {
+    let (f, n) = ready();
+    assert_eq!(
+        sense_codes(&read16(&f.lu, &n, BLOCKS, 1)),
+        (0x5, 0x21, 0x00)
+    );
+    assert_eq!(
+        sense_codes(&read16(&f.lu, &n, u64::MAX, 2)),
+        (0x5, 0x21, 0x00)
+    );
+    assert_eq!(
+        sense_codes(&write16(&f.lu, &n, BLOCKS - 1, &[1u8; 2 * BS])),
+        (0x5, 0x21, 0x00)
+    );
+    // Zero blocks at the capacity is fine; one past is not.
+    good(&read16(&f.lu, &n, BLOCKS, 0));
+    assert_eq!(
+        sense_codes(&read16(&f.lu, &n, BLOCKS + 1, 0)),
+        (0x5, 0x21, 0x00)
+    );
+}
+
+#[test]
+fn short_data_out_is_rejected() {
+    let (f, n) = ready();
+    let r = run(&f.lu, &n, &cdb16(0x8a, 0, 2), &[1u8; BS]);
+    assert_eq!(sense_codes(&r), (0x5, 0x0e, 0x03));
+    assert_eq!(r.data_out_expected, 2 * BS);
+}
+
+#[test]
+fn compare_and_write_miscompare_reports_offset_and_does_not_write() {
+    let (f, n) = ready();
+    good(&write16(&f.lu, &n, 5, &[0xaa; 2 * BS]));
+    let mut c = [0u8; 16];
+    c[0] = 0x89;
+    c[2..10].copy_from_slice(&5u64.to_be_bytes());
+    c[13] = 2;
+    let mut data = vec![0xaa; 2 * BS];
+    data[BS + 7] = 0x00; // first mismatch in the second block
+    data.extend_from_slice(&[0x55; 2 * BS]);
+    let r = run(&f.lu, &n, &c, &data);
+    assert_eq!(sense_codes(&r), (0xe, 0x1d, 0x00));
+    assert_eq!(r.sense[0] & 0x80, 0x80, "VALID bit");
+    assert_eq!(
+        u32::from_be_bytes(r.sense[3..7].try_into().unwrap()),
+        (BS + 7) as u32
+    );
+    assert_eq!(read16(&f.lu, &n, 5, 2).data_in, vec![0xaa; 2 * BS]);
+
+    // Matching compare data writes.
+    data[BS + 7] = 0xaa;
+    good(&run(&f.lu, &n, &c, &data));
+    assert_eq!(read16(&f.lu, &n, 5, 2).data_in, vec![0x55; 2 * BS]);
+
+    // A Data-Out size that disagrees with NUMBER OF LOGICAL BLOCKS is refused.
+    c[13] = 1;
+    assert_eq!(sense_codes(&run(&f.lu, &n, &c, &data)).0, 0x5);
+}
+
+fn unmap_params(ranges: &[(u64, u32)]) -> Vec<u8> {
+    let mut p = vec![0u8; 8];
+    p[0..2].copy_from_slice(&((6 + 16 * ranges.len()) as u16).to_be_bytes());
+    p[2..4].copy_from_slice(&((16 * ranges.len()) as u16).to_be_bytes());
+    for &(lba, n) in ranges {
+        p.extend_from_slice(&lba.to_be_bytes());
+        p.extend_from_slice(&n.to_be_bytes());
+        p.extend_from_slice(&[0; 4]);
+    }
+    p
+}
+
+fn unmap_cdb(param_len: usize) -> [u8; 10] {
+    let mut c = [0u8; 10];
+    c[0] = 0x42;
+    c[7..9].copy_from_slice(&(param_len as u16).to_be_bytes());
+    c
+}
+
+#[test]
+fn unmap_then_reads_zero_and_reports_deallocated() {
+    let (f, n) = ready();
+    good(&write16(&f.lu, &n, 0, &[0x11; 64 * BS]));
+    assert_eq!(get_lba_status(&f.lu, &n, 0)[0].2, 0, "mapped after write");
+    let p = unmap_params(&[(8, 16)]);
+    good(&run(&f.lu, &n, &unmap_cdb(p.len()), &p));
+    let r = read16(&f.lu, &n, 0, 64);
+    assert!(r.data_in[..8 * BS].iter().all(|&b| b == 0x11));
+    assert!(r.data_in[8 * BS..24 * BS].iter().all(|&b| b == 0));
+    assert!(r.data_in[24 * BS..].iter().all(|&b| b == 0x11));
+    let status = get_lba_status(&f.lu, &n, 8);
+    assert_eq!(status[0].0, 8);
+    assert_eq!(status[0].2, 1, "deallocated");
+    assert_eq!(status[0].1, 16);
+    assert_eq!(status[1], (24, status[1].1, 0));
+}
+
+#[test]
+fn unmap_validates_whole_parameter_list_first() {
+    let (f, n) = ready();
+    good(&write16(&f.lu, &n, 0, &[0x22; 8 * BS]));
+    // Second descriptor is beyond capacity: nothing may be unmapped.
+    let p = unmap_params(&[(0, 8), (BLOCKS - 1, 2)]);
+    assert_eq!(
+        sense_codes(&run(&f.lu, &n, &unmap_cdb(p.len()), &p)),
+        (0x5, 0x21, 0x00)
+    );
+    assert!(read16(&f.lu, &n, 0, 8).data_in.iter().all(|&b| b == 0x22));
+    // Parameter list shorter than the header.
+    assert_eq!(
+        sense_codes(&run(&f.lu, &n, &unmap_cdb(4), &p[..4])),
+        (0x5, 0x1a, 0x00)
+    );
+    // Descriptor data length pointing past the parameter list.
+    let mut bad = unmap_params(&[(0, 1)]);
+    bad[3] = 32;
+    assert_eq!(
+        sense_codes(&run(&f.lu, &n, &unmap_cdb(bad.len()), &bad)),
+        (0x5, 0x1a, 0x00)
+    );
+    // Zero-length descriptor at the capacity is allowed.
+    let p = unmap_params(&[(BLOCKS, 0)]);
+    good(&run(&f.lu, &n, &unmap_cdb(p.len()), &p));
+}
+
+#[test]
+fn write_same_zero_with_unmap_deallocates() {
+    let (f, n) = ready();
+    good(&write16(&f.lu, &n, 0, &[0x33; 32 * BS]));
+    let mut c = cdb16(0x93, 0, 32);
+    c[1] = 0x08; // UNMAP
+    good(&run(&f.lu, &n, &c, &[0u8; BS]));
+    assert!(read16(&f.lu, &n, 0, 32).data_in.iter().all(|&b| b == 0));
+    let status = get_lba_status(&f.lu, &n, 0);
+    assert_eq!(status[0], (0, status[0].1, 1));
+    assert!(status[0].1 >= 32);
+}
+
+#[test]
+fn write_same_pattern_and_to_end_of_lun() {
+    let (f, n) = ready();
+    // NUMBER OF LOGICAL BLOCKS 0: from LBA to the end.
+    let c = cdb16(0x93, BLOCKS - 3, 0);
+    good(&run(&f.lu, &n, &c, &[0x7e; BS]));
+    assert!(read16(&f.lu, &n, BLOCKS - 3, 3)
+        .data_in
+        .iter()
+        .all(|&b| b == 0x7e));
+    // ANCHOR is not supported; a Data-Out of two blocks is refused.
+    let mut c = cdb16(0x93, 0, 1);
+    c[1] = 0x18;
+    assert_eq!(
+        sense_codes(&run(&f.lu, &n, &c, &[0; BS])),
+        (0x5, 0x24, 0x00)
+    );
+    let c = cdb16(0x93, 0, 1);
+    assert_eq!(sense_codes(&run(&f.lu, &n, &c, &[0; 2 * BS])).0, 0x5);
+}
+
+#[test]
+fn verify_miscompare_reports_byte_offset() {
+    let (f, n) = ready();
+    good(&write16(&f.lu, &n, 0, &[0x44; 2 * BS]));
+    let mut c = cdb16(0x8f, 0, 2);
+    c[1] = 0x02; // BYTCHK = 01b
+    good(&run(&f.lu, &n, &c, &[0x44; 2 * BS]));
+    let mut data = vec![0x44; 2 * BS];
+    data[700] = 0;
+    let r = run(&f.lu, &n, &c, &data);
+    assert_eq!(sense_codes(&r), (0xe, 0x1d, 0x00));
+    assert_eq!(u32::from_be_bytes(r.sense[3..7].try_into().unwrap()), 700);
+}
+
+#[test]
+fn unit_attention_is_not_consumed_by_inquiry() {
+    let f = fixture();
+    let n = nexus(1);
+    let inquiry = [0x12, 0, 0, 0, 96, 0];
+    let r = run(&f.lu, &n, &inquiry, &[]);
+    good(&r);
+    assert_eq!(&r.data_in[8..14], b"SLIVER");
+    assert_eq!(r.data_in[2], 0x06);
+    assert_eq!(r.data_in[5] & 0x38, 0x18, "TPGS=01, 3PC");
+    // REPORT LUNS does not consume it either.
+    good(&run(
+        &f.lu,
+        &n,
+        &[0xa0, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0],
+        &[],
+    ));
+    // TEST UNIT READY reports it, once.
+    assert_eq!(
+        sense_codes(&run(&f.lu, &n, &[0; 6], &[])),
+        (0x6, 0x29, 0x00)
+    );
+    good(&run(&f.lu, &n, &[0; 6], &[]));
+}
+
+#[test]
+fn request_sense_returns_and_clears_pending_unit_attention() {
+    let (f, n) = ready();
+    f.lu.capacity_changed();
+    let r = run(&f.lu, &n, &[0x03, 0, 0, 0, 18, 0], &[]);
+    good(&r);
+    assert_eq!(
+        (r.data_in[2], r.data_in[12], r.data_in[13]),
+        (0x6, 0x2a, 0x09)
+    );
+    let r = run(&f.lu, &n, &[0x03, 0, 0, 0, 18, 0], &[]);
+    good(&r);
+    assert_eq!((r.data_in[2], r.data_in[12]), (0x0, 0x00));
+    good(&run(&f.lu, &n, &[0; 6], &[]));
+}
+
+#[test]
+fn reset_and_nexus_loss_establish_unit_attentions() {
+    let (f, n) = ready();
+    f.lu.reset(crate::Reset::LogicalUnit);
+    assert_eq!(
+        sense_codes(&run(&f.lu, &n, &[0; 6], &[])),
+        (0x6, 0x29, 0x03)
+    );
+    good(&run(&f.lu, &n, &[0; 6], &[]));
+    f.lu.nexus_lost(&n);
+    assert_eq!(
+        sense_codes(&run(&f.lu, &n, &[0; 6], &[])),
+        (0x6, 0x29, 0x00)
+    );
+}
+
+#[test]
+fn unsupported_opcode_is_invalid_command_operation_code() {
+    let (f, n) = ready();
+    let r = run(&f.lu, &n, &[0xc1, 0, 0, 0, 0, 0, 0, 0, 0, 0], &[]);
+    assert_eq!(sense_codes(&r), (0x5, 0x20, 0x00));
+    // An unknown SERVICE ACTION IN(16) service action too.
+    let mut c = [0u8; 16];
+    c[0] = 0x9e;
+    c[1] = 0x1f;
+    assert_eq!(sense_codes(&run(&f.lu, &n, &c, &[])), (0x5, 0x20, 0x00));
+}
+
+fn mode_sense6(lu: &LogicalUnit, n: &Nexus, page: u8, pc: u8) -> Response {
+    run(lu, n, &[0x1a, 0x08, pc << 6 | page, 0, 255, 0], &[])
+}
+
+#[test]
+fn mode_select_round_trip_and_unit_attention_for_others() {
+    let (f, n) = ready();
+    let other = nexus(2);
+    // The first command of `other` gets its power-on unit attention.
+    assert_eq!(
+        sense_codes(&run(&f.lu, &other, &[0; 6], &[])),
+        (0x6, 0x29, 0x00)
+    );
+
+    let r = mode_sense6(&f.lu, &n, 0x08, 0);
+    good(&r);
+    let page = r.data_in[4..].to_vec();
+    assert_eq!(page[0], 0x08);
+    assert_eq!(page[2] & 0x04, 0x04, "WCE on by default");
+    let changeable = mode_sense6(&f.lu, &n, 0x08, 1);
+    assert_eq!(changeable.data_in[4 + 2], 0x04);
+
+    let mut params = vec![0u8, 0, 0, 0];
+    let mut new_page = page.clone();
+    new_page[2] &= !0x04;
+    params.extend_from_slice(&new_page);
+    let select = [0x15, 0x10, 0, 0, params.len() as u8, 0];
+    good(&run(&f.lu, &n, &select, &params));
+    assert_eq!(mode_sense6(&f.lu, &n, 0x08, 0).data_in[4 + 2] & 0x04, 0);
+    // Other nexus learns about it; the changer does not.
+    assert_eq!(
+        sense_codes(&run(&f.lu, &other, &[0; 6], &[])),
+        (0x6, 0x2a, 0x01)
+    );
+    good(&run(&f.lu, &n, &[0; 6], &[]));
+
+    // Changing a bit that is not changeable is refused.
+    let mut bad = params.clone();
+    bad[4 + 2] |= 0x01; // RCD
+    assert_eq!(
+        sense_codes(&run(&f.lu, &n, &select, &bad)),
+        (0x5, 0x26, 0x00)
+    );
+    // Saved values are not supported.
+    assert_eq!(
+        sense_codes(&mode_sense6(&f.lu, &n, 0x08, 3)),
+        (0x5, 0x39, 0x00)
+    );
+}
+
+#[test]
+fn d_sense_switches_to_descriptor_format() {
+    let (f, n) = ready();
+    let r = mode_sense6(&f.lu, &n, 0x0a, 0);
+    let mut params = vec![0u8, 0, 0, 0];
+    let mut page = r.data_in[4..].to_vec();
+    page[2] |= 0x04;
+    params.extend_from_slice(&page);
+    good(&run(
+        &f.lu,
+        &n,
+        &[0x15, 0x10, 0, 0, params.len() as u8, 0],
+        &params,
+    ));
+    let r = read16(&f.lu, &n, BLOCKS, 1);
+    assert_eq!(r.status, Status::CheckCondition);
+    assert_eq!(&r.sense[..4], &[0x72, 0x05, 0x21, 0x00]);
+}
+
+#[test]
+fn software_write_protect_blocks_writes() {
+    let (f, n) = ready();
+    let r = mode_sense6(&f.lu, &n, 0x0a, 0);
+    let mut params = vec![0u8, 0, 0, 0];
+    let mut page = r.data_in[4..].to_vec();
+    page[4] |= 0x08;
+    params.extend_from_slice(&page);
+    good(&run(
+        &f.lu,
+        &n,
+        &[0x15, 0x10, 0, 0, params.len() as u8, 0],
+        &params,
+    ));
+    assert_eq!(
+        sense_codes(&write16(&f.lu, &n, 0, &[1; BS])),
+        (0x7, 0x27, 0x00)
+    );
+    assert_eq!(mode_sense6(&f.lu, &n, 0x3f, 0).data_in[2] & 0x80, 0x80);
+}
+
+#[test]
+fn report_luns_lists_mapped_luns() {
+    let (f, n) = ready();
+    let r = run(&f.lu, &n, &[0xa0, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0], &[]);
+    good(&r);
+    assert_eq!(&r.data_in[0..4], &16u32.to_be_bytes());
+    assert_eq!(&r.data_in[8..16], &[0; 8]);
+    assert_eq!(&r.data_in[16..24], &[0, 3, 0, 0, 0, 0, 0, 0]);
+    // Well-known LUs only: none.
+    let r = run(&f.lu, &n, &[0xa0, 0, 1, 0, 0, 0, 0, 0, 1, 0, 0, 0], &[]);
+    assert_eq!(&r.data_in[0..4], &0u32.to_be_bytes());
+    // Reserved SELECT REPORT and too small allocation length.
+    let r = run(&f.lu, &n, &[0xa0, 0, 7, 0, 0, 0, 0, 0, 1, 0, 0, 0], &[]);
+    assert_eq!(sense_codes(&r), (0x5, 0x24, 0x00));
+    let r = run(&f.lu, &n, &[0xa0, 0, 0, 0, 0, 0, 0, 0, 0, 8, 0, 0], &[]);
+    assert_eq!(sense_codes(&r), (0x5, 0x24, 0x00));
+}
+
+#[test]
+fn read_capacity_16_advertises_thin_provisioning() {
+    let (f, n) = ready();
+    let mut c = [0u8; 16];
+    c[0] = 0x9e;
+    c[1] = 0x10;
+    c[13] = 32;
+    let r = run(&f.lu, &n, &c, &[]);
+    good(&r);
+    assert_eq!(
+        u64::from_be_bytes(r.data_in[0..8].try_into().unwrap()),
+        BLOCKS - 1
+    );
+    assert_eq!(
+        u32::from_be_bytes(r.data_in[8..12].try_into().unwrap()),
+        512
+    );
+    assert_eq!(r.data_in[14] & 0xc0, 0xc0, "LBPME and LBPRZ");
+}
+
+#[test]
+fn vpd_pages_are_listed_and_well_formed() {
+    let (f, n) = ready();
+    let r = run(&f.lu, &n, &[0x12, 1, 0x00, 0, 255, 0], &[]);
+    good(&r);
+    let pages = &r.data_in[4..];
+    assert_eq!(pages, &[0x00, 0x80, 0x83, 0x86, 0xb0, 0xb1, 0xb2]);
+    for &p in pages {
+        let r = run(&f.lu, &n, &[0x12, 1, p, 0x01, 0, 0], &[]);
+        good(&r);
+        assert_eq!(r.data_in[1], p);
+        let len = u16::from_be_bytes([r.data_in[2], r.data_in[3]]) as usize;
+        assert_eq!(r.data_in.len(), 4 + len, "page {p:#x}");
+    }
+    // Block limits: CAW 255, unmap granularity 8 blocks, 1 MiB divisible.
+    let r = run(&f.lu, &n, &[0x12, 1, 0xb0, 0, 64, 0], &[]);
+    assert_eq!(r.data_in[5], 255);
+    let granularity = u32::from_be_bytes(r.data_in[28..32].try_into().unwrap());
+    assert_eq!(granularity, 8);
+    assert!(u32::from_be_bytes(r.data_in[24..28].try_into().unwrap()) >= 256);
+    // Unknown page.
+    let r = run(&f.lu, &n, &[0x12, 1, 0x99, 0, 255, 0], &[]);
+    assert_eq!(sense_codes(&r), (0x5, 0x24, 0x00));
+}
+
+#[test]
+fn report_supported_opcodes_all_and_one() {
+    let (f, n) = ready();
+    let mut c = [0u8; 12];
+    c[0] = 0xa3;
+    c[1] = 0x0c;
+    c[2] = 0x80; // RCTD
+    c[6..10].copy_from_slice(&65535u32.to_be_bytes());
+    let r = run(&f.lu, &n, &c, &[]);
+    good(&r);
+    let len = u32::from_be_bytes(r.data_in[0..4].try_into().unwrap()) as usize;
+    assert_eq!(len, crate::cdb::SUPPORTED_COMMANDS.len() * 20);
+    // One command: WRITE(16), supported, with usage data starting with its opcode.
+    c[2] = 0x01;
+    c[3] = 0x8a;
+    let r = run(&f.lu, &n, &c, &[]);
+    good(&r);
+    assert_eq!(r.data_in[1] & 0x07, 0x03);
+    assert_eq!(u16::from_be_bytes([r.data_in[2], r.data_in[3]]), 16);
+    assert_eq!(r.data_in[4], 0x8a);
+    // Option 1 for an opcode with service actions is invalid.
+    c[3] = 0x9e;
+    assert_eq!(sense_codes(&run(&f.lu, &n, &c, &[])), (0x5, 0x24, 0x00));
+}
+
+#[test]
+fn sanitize_overwrite_and_block_erase() {
+    let (f, n) = ready();
+    good(&write16(&f.lu, &n, 0, &[0x12; 4 * BS]));
+    let mut params = vec![0x01, 0, 0, 4];
+    params.extend_from_slice(&[0xde, 0xad, 0xbe, 0xef]);
+    let mut c = [0u8; 10];
+    c[0] = 0x48;
+    c[1] = 0x01;
+    c[8] = params.len() as u8;
+    good(&run(&f.lu, &n, &c, &params));
+    let r = read16(&f.lu, &n, BLOCKS - 1, 1);
+    assert_eq!(
+        &r.data_in[..8],
+        &[0xde, 0xad, 0xbe, 0xef, 0xde, 0xad, 0xbe, 0xef]
+    );
+    // Parameter list of 4 bytes (no pattern) is invalid.
+    c[8] = 4;
+    assert_eq!(
+        sense_codes(&run(&f.lu, &n, &c, &params[..4])),
+        (0x5, 0x24, 0x00)
+    );
+    // BLOCK ERASE deallocates everything.
+    let c = [0x48, 0x02, 0, 0, 0, 0, 0, 0, 0, 0];
+    good(&run(&f.lu, &n, &c, &[]));
+    assert!(read16(&f.lu, &n, 0, 4).data_in.iter().all(|&b| b == 0));
+    // Reserved service action.
+    let c = [0x48, 0x05, 0, 0, 0, 0, 0, 0, 0, 0];
+    assert_eq!(sense_codes(&run(&f.lu, &n, &c, &[])), (0x5, 0x24, 0x00));
+}
+
+#[test]
+fn reserve6_conflicts_other_nexus() {
+    let (f, n) = ready();
+    let other = nexus(2);
+    run(&f.lu, &other, &[0; 6], &[]); // power-on UA
+    good(&run(&f.lu, &n, &[0x16, 0, 0, 0, 0, 0], &[]));
+    assert_eq!(
+        run(&f.lu, &other, &[0; 6], &[]).status,
+        Status::ReservationConflict
+    );
+    good(&run(&f.lu, &other, &[0x12, 0, 0, 0, 36, 0], &[]));
+    good(&run(&f.lu, &n, &[0x17, 0, 0, 0, 0, 0], &[]));
+    good(&run(&f.lu, &other, &[0; 6], &[]));
+}
+
+#[test]
+fn command_without_lu() {
+    let n = nexus(1);
+    let req = |cdb: &'static [u8]| Request {
+        nexus: &n,
+        cdb,
+        data_out: &[],
+        attr: TaskAttr::Simple,
+        luns: &[0],
+    };
+    let r = crate::execute_without_lu(&req(&[0x12, 0, 0, 0, 36, 0]));
+    good(&r);
+    assert_eq!(r.data_in[0], 0x7f);
+    let r = crate::execute_without_lu(&req(&[0; 6]));
+    assert_eq!(sense_codes(&r), (0x5, 0x25, 0x00));
+    good(&crate::execute_without_lu(&req(&[
+        0xa0, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0,
+    ])));
+}
+
+#[test]
+fn concurrent_compare_and_write_is_atomic() {
+    // Many threads increment a counter in block 0 with COMPARE AND WRITE, retrying on
+    // miscompare; with atomic CAW no increment is lost.
+    let (f, n) = ready();
+    good(&write16(&f.lu, &n, 0, &[0; BS]));
+    let lu = &f.lu;
+    std::thread::scope(|s| {
+        for _ in 0..4 {
+            s.spawn(|| {
+                let mut c = [0u8; 16];
+                c[0] = 0x89;
+                c[13] = 1;
+                for _ in 0..25 {
+                    loop {
+                        let current = read16(lu, &n, 0, 1).data_in;
+                        let value = u64::from_be_bytes(current[..8].try_into().unwrap());
+                        let mut data = current.clone();
+                        data[..8].copy_from_slice(&(value + 1).to_be_bytes());
+                        let mut buf = current;
+                        buf.extend_from_slice(&data);
+                        if run(lu, &n, &c, &buf).status == Status::Good {
+                            break;
+                        }
+                    }
+                }
+            });
+        }
+    });
+    let r = read16(&f.lu, &n, 0, 1);
+    assert_eq!(u64::from_be_bytes(r.data_in[..8].try_into().unwrap()), 100);
+}
+
+#[test]
+fn fuzz_entry_point_survives_garbage() {
+    crate::fuzz_cdb(&[]);
+    crate::fuzz_cdb(&[
+        16, 0x89, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0, 0, 0, 0xff,
+    ]);
+    crate::fuzz_cdb(&[10, 0x42, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 0, 1, 2, 3]);
+    crate::fuzz_cdb(&[6, 0x15, 0x10, 0, 0, 0xff, 0, 0, 0, 0, 0x40]);
+}
