@@ -171,9 +171,12 @@ impl Array {
             config: RwLock::new(config),
             units: RwLock::new(BTreeMap::new()),
         };
-        let volumes = array.config.read().unwrap().volumes.clone();
+        let (volumes, target) = {
+            let config = array.config.read().unwrap();
+            (config.volumes.clone(), config.target_name.clone())
+        };
         for record in &volumes {
-            let unit = array.open_unit(record)?;
+            let unit = array.open_unit(record, &target)?;
             array
                 .units
                 .write()
@@ -232,7 +235,7 @@ impl Array {
                 path: PathBuf::from("volumes").join(format!("{id}.img")),
             },
         };
-        let unit = self.open_unit(&record)?;
+        let unit = self.open_unit(&record, &config.target_name)?;
         config.volumes.push(record);
         self.save_locked(&config)?;
         self.units.write().unwrap().insert(name.into(), unit);
@@ -352,7 +355,7 @@ impl Array {
         map.into_values().collect()
     }
 
-    fn open_unit(&self, record: &VolumeRecord) -> Result<Arc<LogicalUnit>> {
+    fn open_unit(&self, record: &VolumeRecord, target_name: &str) -> Result<Arc<LogicalUnit>> {
         let VolumeKind::Passthrough { path } = &record.kind;
         let path = self.dir.join(path);
         let volume: Arc<dyn Volume> =
@@ -368,7 +371,7 @@ impl Array {
             revision: env!("CARGO_PKG_VERSION").chars().take(4).collect(),
             serial: record.id[..16].to_string(),
             naa: naa_designator(&record.id),
-            target_name: self.target_name(),
+            target_name: target_name.to_string(),
             target_port_group: 1,
             state_dir: Some(state_dir),
         };
