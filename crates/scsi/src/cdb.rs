@@ -510,6 +510,13 @@ pub fn parse(cdb: &[u8]) -> Result<Command, Sense> {
             alloc_len: f.u32(6) as usize,
         },
         SANITIZE => {
+            // Byte 1 bit 6 and bytes 2..=6 are reserved (SBC-3 5.30).
+            if f.u8(1) & 0x40 != 0 {
+                return Err(invalid_field(1, Some(6)));
+            }
+            if let Some(i) = (2..=6).find(|&i| f.u8(i) != 0) {
+                return Err(invalid_field(i as u16, None));
+            }
             let action = match f.u8(1) & 0x1f {
                 SA_SANITIZE_OVERWRITE => SanitizeAction::Overwrite,
                 SA_SANITIZE_BLOCK_ERASE => SanitizeAction::BlockErase,

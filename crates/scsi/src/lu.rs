@@ -220,6 +220,9 @@ pub struct LogicalUnit {
     pub(crate) locks: RangeLocks,
     pub(crate) reservations: Reservations,
     unit_attentions: Mutex<UnitAttentions>,
+    /// Set while a SANITIZE runs: media access commands then get NOT READY, SANITIZE IN
+    /// PROGRESS (SBC-3 4.11), while INQUIRY, REPORT LUNS and REQUEST SENSE still work.
+    pub(crate) sanitizing: std::sync::atomic::AtomicBool,
 }
 
 impl LogicalUnit {
@@ -235,6 +238,7 @@ impl LogicalUnit {
             locks: RangeLocks::default(),
             reservations: Reservations::new(persist),
             unit_attentions: Mutex::new(UnitAttentions::default()),
+            sanitizing: std::sync::atomic::AtomicBool::new(false),
         }
     }
 
@@ -271,6 +275,19 @@ impl LogicalUnit {
             }
         }
         let cmd = parsed?;
+        if self.sanitizing.load(std::sync::atomic::Ordering::Acquire) {
+            match cmd {
+                Command::Inquiry { .. } | Command::ReportLuns { .. } => {}
+                Command::RequestSense { descriptor, .. } => {
+                    return spc::request_sense(
+                        SenseReason::NotReadySanitizeInProgress,
+                        descriptor,
+                        &cmd,
+                    );
+                }
+                _ => return Err(SenseReason::NotReadySanitizeInProgress.into()),
+            }
+        }
         if self.reservations.check_access(req.nexus, req.cdb).is_err() {
             return Err(Failure::Conflict);
         }

@@ -215,8 +215,13 @@ fn compare_and_write(lu: &LogicalUnit, r: BlockRange, fua: bool, data_out: &[u8]
         return Err(invalid_cdb(13, None));
     }
     check_range(lu, r)?;
-    // NUMBER OF LOGICAL BLOCKS 0 is not an error and transfers nothing (SBC-3 5.2).
+    // NUMBER OF LOGICAL BLOCKS 0 is not an error and transfers nothing (SBC-3 5.2); Data-Out
+    // sent with it means the initiator meant a length the one-byte field cannot hold
+    // (libiscsi sends 256 blocks this way and expects the CDB to be refused).
     if r.blocks == 0 {
+        if !data_out.is_empty() {
+            return Err(invalid_cdb(13, None));
+        }
         return Ok(Done::good());
     }
     let half = r.blocks as usize * block_size(lu);
@@ -294,16 +299,16 @@ fn write_same(
         return Ok(Done::good());
     }
     let _lock = lu.locks.lock(r.lba, blocks);
-    if block.iter().all(|&b| b == 0) {
-        // LBPRZ: deallocated blocks read as zeros, so unmapping writes the pattern.
-        let result = if unmap {
-            lu.volume.unmap(r.lba, blocks)
-        } else {
-            lu.volume.write_zeroes(r.lba, blocks, false)
-        };
-        result.map_err(write_failure)?;
+    if unmap {
+        // The host asked for deallocation: with LBPRZ=1 the blocks then read as zeros. Like
+        // LIO and tgt (and as libiscsi's WriteSame*.UnmapUntilEnd expects) the Data-Out
+        // pattern is not consulted; hosts send zeros with the UNMAP bit in practice.
+        lu.volume.unmap(r.lba, blocks).map_err(write_failure)?;
+    } else if block.iter().all(|&b| b == 0) {
+        lu.volume
+            .write_zeroes(r.lba, blocks, false)
+            .map_err(write_failure)?;
     } else {
-        // A non-zero pattern cannot be expressed by deallocation: write it.
         fill(lu, r.lba, blocks, block)?;
     }
     if !lu.mode.write_cache() {
@@ -441,6 +446,18 @@ fn sanitize(
     data_out: &[u8],
 ) -> Outcome {
     let bs = block_size(lu);
+    // Other commands see NOT READY, SANITIZE IN PROGRESS until this one ends.
+    struct InProgress<'a>(&'a std::sync::atomic::AtomicBool);
+    impl Drop for InProgress<'_> {
+        fn drop(&mut self) {
+            self.0.store(false, std::sync::atomic::Ordering::Release);
+        }
+    }
+    let _in_progress = (action != SanitizeAction::ExitFailureMode).then(|| {
+        lu.sanitizing
+            .store(true, std::sync::atomic::Ordering::Release);
+        InProgress(&lu.sanitizing)
+    });
     match action {
         // We cannot erase keys we do not have; the opcode is not reported for it.
         SanitizeAction::CryptoErase => Err(invalid_cdb(1, Some(4))),

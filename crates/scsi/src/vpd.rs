@@ -10,8 +10,9 @@ pub(crate) const MAX_TRANSFER_BYTES: u64 = 32 << 20;
 pub(crate) const OPTIMAL_TRANSFER_BYTES: u64 = 1 << 20;
 /// MAXIMUM COMPARE AND WRITE LENGTH (the NUMBER OF LOGICAL BLOCKS field is one byte).
 pub(crate) const MAX_COMPARE_AND_WRITE_BLOCKS: u64 = 255;
-/// MAXIMUM UNMAP LBA COUNT and MAXIMUM WRITE SAME LENGTH: bounds the work of one command.
-pub(crate) const MAX_UNMAP_BLOCKS: u64 = 1 << 22;
+/// MAXIMUM UNMAP LBA COUNT: FFFF_FFFFh, no limit (deallocation costs no data movement).
+pub(crate) const MAX_UNMAP_BLOCKS: u64 = u32::MAX as u64;
+/// MAXIMUM WRITE SAME LENGTH: bounds the work of one command writing a non-zero pattern.
 pub(crate) const MAX_WRITE_SAME_BLOCKS: u64 = 1 << 22;
 /// MAXIMUM UNMAP BLOCK DESCRIPTOR COUNT.
 pub(crate) const MAX_UNMAP_DESCRIPTORS: usize = 1024;
@@ -169,6 +170,9 @@ fn block_limits(lu: &LogicalUnit) -> Vec<u8> {
 fn block_characteristics() -> Vec<u8> {
     let mut b = vec![0u8; 60];
     b[1] = 0x01; // MEDIUM ROTATION RATE 1: non-rotating (solid state)
+    // WABEREQ=01b: after SANITIZE BLOCK ERASE reads succeed (and return zeros: LBPRZ).
+    // WACEREQ=00b: CRYPTO ERASE is not supported.
+    b[3] = 0x40;
     b
 }
 

@@ -21,9 +21,13 @@ use tokio::sync::{mpsc, watch, Notify};
 const KEEPALIVE: Duration = Duration::from_secs(15);
 /// Bounded queue of output chunks between the protocol loop and the socket writer.
 const WRITE_QUEUE: usize = 64;
+const SANITIZE: u8 = 0x48;
 
 struct InFlight {
     lun: u64,
+    /// SANITIZE continues through aborts and resets (SBC-3 4.11): task management does not
+    /// wait for it, and its eventual response is dropped.
+    survives_abort: bool,
     /// Set when a task management function aborted this task: its result is dropped.
     aborted: bool,
 }
@@ -200,6 +204,7 @@ impl Session {
             cmd.itt,
             InFlight {
                 lun: cmd.lun,
+                survives_abort: cmd.cdb.first() == Some(&SANITIZE),
                 aborted: false,
             },
         );
@@ -258,7 +263,9 @@ impl Session {
         for (itt, task) in self.in_flight.iter_mut() {
             if filter(*itt, task) {
                 task.aborted = true;
-                waiting.insert(*itt);
+                if !task.survives_abort {
+                    waiting.insert(*itt);
+                }
             }
         }
         waiting

@@ -113,6 +113,12 @@ impl Volume for FileVolume {
         self.num_blocks
     }
 
+    /// File systems allocate and punch holes in 4 KiB pages: report 4 KiB physical blocks so
+    /// hosts align I/O and discards to them (512e).
+    fn physical_block_exponent(&self) -> u8 {
+        (4096u32 / self.block_size).max(1).trailing_zeros() as u8
+    }
+
     fn read(&self, lba: u64, buf: &mut [u8]) -> Result<()> {
         let off = self.byte_range(lba, buf.len())?;
         self.file.read_exact_at(buf, off)?;

@@ -1,0 +1,1213 @@
+//! PDU codec: the 48-byte Basic Header Segment (RFC 7143 §11) and framing of whole PDUs.
+//!
+//! Parsing works on borrowed slices and never panics: every field is read at a fixed offset of a
+//! `[u8; 48]`, and framing validates lengths with checked arithmetic before trusting them.
+
+use crate::ProtocolError;
+
+/// Size of the Basic Header Segment.
+pub const BHS_LEN: usize = 48;
+/// Size of a CRC32C digest.
+pub const DIGEST_LEN: usize = 4;
+/// The "reserved" task tag: no task / no response expected.
+pub const RESERVED_TAG: u32 = 0xffff_ffff;
+
+/// PDU opcodes (RFC 7143 §11.2.1.2). Unknown values round-trip.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Opcode {
+    NopOut,
+    ScsiCommand,
+    TaskManagementRequest,
+    LoginRequest,
+    TextRequest,
+    DataOut,
+    LogoutRequest,
+    Snack,
+    NopIn,
+    ScsiResponse,
+    TaskManagementResponse,
+    LoginResponse,
+    TextResponse,
+    DataIn,
+    LogoutResponse,
+    ReadyToTransfer,
+    AsyncMessage,
+    Reject,
+    Unknown(u8),
+}
+
+impl Opcode {
+    pub fn from_u8(v: u8) -> Self {
+        match v & 0x3f {
+            0x00 => Self::NopOut,
+            0x01 => Self::ScsiCommand,
+            0x02 => Self::TaskManagementRequest,
+            0x03 => Self::LoginRequest,
+            0x04 => Self::TextRequest,
+            0x05 => Self::DataOut,
+            0x06 => Self::LogoutRequest,
+            0x10 => Self::Snack,
+            0x20 => Self::NopIn,
+            0x21 => Self::ScsiResponse,
+            0x22 => Self::TaskManagementResponse,
+            0x23 => Self::LoginResponse,
+            0x24 => Self::TextResponse,
+            0x25 => Self::DataIn,
+            0x26 => Self::LogoutResponse,
+            0x31 => Self::ReadyToTransfer,
+            0x32 => Self::AsyncMessage,
+            0x3f => Self::Reject,
+            other => Self::Unknown(other),
+        }
+    }
+
+    pub fn to_u8(self) -> u8 {
+        match self {
+            Self::NopOut => 0x00,
+            Self::ScsiCommand => 0x01,
+            Self::TaskManagementRequest => 0x02,
+            Self::LoginRequest => 0x03,
+            Self::TextRequest => 0x04,
+            Self::DataOut => 0x05,
+            Self::LogoutRequest => 0x06,
+            Self::Snack => 0x10,
+            Self::NopIn => 0x20,
+            Self::ScsiResponse => 0x21,
+            Self::TaskManagementResponse => 0x22,
+            Self::LoginResponse => 0x23,
+            Self::TextResponse => 0x24,
+            Self::DataIn => 0x25,
+            Self::LogoutResponse => 0x26,
+            Self::ReadyToTransfer => 0x31,
+            Self::AsyncMessage => 0x32,
+            Self::Reject => 0x3f,
+            Self::Unknown(v) => v & 0x3f,
+        }
+    }
+}
+
+/// A Basic Header Segment with typed accessors for the fields every opcode shares, and raw
+/// big-endian accessors for the opcode-specific ones.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Bhs(pub [u8; BHS_LEN]);
+
+impl std::fmt::Debug for Bhs {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Bhs")
+            .field("opcode", &self.opcode())
+            .field("itt", &format_args!("{:#x}", self.itt()))
+            .field("data_len", &self.data_segment_length())
+            .finish()
+    }
+}
+
+impl Default for Bhs {
+    fn default() -> Self {
+        Self([0; BHS_LEN])
+    }
+}
+
+impl Bhs {
+    pub fn new(opcode: Opcode) -> Self {
+        let mut b = Self::default();
+        b.0[0] = opcode.to_u8();
+        b
+    }
+    pub fn opcode(&self) -> Opcode {
+        Opcode::from_u8(self.0[0])
+    }
+    pub fn immediate(&self) -> bool {
+        self.0[0] & 0x40 != 0
+    }
+    pub fn set_immediate(&mut self, on: bool) {
+        self.set_bit(0, 0x40, on);
+    }
+    /// The F (final) bit, byte 1 bit 7 (T for login PDUs).
+    pub fn final_bit(&self) -> bool {
+        self.0[1] & 0x80 != 0
+    }
+    pub fn set_final(&mut self, on: bool) {
+        self.set_bit(1, 0x80, on);
+    }
+    pub fn flags(&self) -> u8 {
+        self.0[1]
+    }
+    pub fn set_bit(&mut self, byte: usize, mask: u8, on: bool) {
+        if let Some(b) = self.0.get_mut(byte) {
+            if on {
+                *b |= mask;
+            } else {
+                *b &= !mask;
+            }
+        }
+    }
+    /// TotalAHSLength in bytes (the wire field counts 4-byte words).
+    pub fn ahs_len(&self) -> usize {
+        usize::from(self.0[4]) * 4
+    }
+    pub fn data_segment_length(&self) -> u32 {
+        u32::from_be_bytes([0, self.0[5], self.0[6], self.0[7]])
+    }
+    /// Sets DataSegmentLength; values beyond 24 bits are a caller bug and are truncated.
+    pub fn set_data_segment_length(&mut self, len: u32) {
+        let b = len.to_be_bytes();
+        self.0[5..8].copy_from_slice(&b[1..4]);
+    }
+    pub fn lun(&self) -> [u8; 8] {
+        let mut l = [0; 8];
+        l.copy_from_slice(&self.0[8..16]);
+        l
+    }
+    pub fn set_lun(&mut self, lun: [u8; 8]) {
+        self.0[8..16].copy_from_slice(&lun);
+    }
+    pub fn itt(&self) -> u32 {
+        self.u32_at(16)
+    }
+    pub fn set_itt(&mut self, v: u32) {
+        self.set_u32(16, v)
+    }
+    /// Big-endian u32 at a fixed offset; offsets are compile-time constants below 45.
+    pub fn u32_at(&self, off: usize) -> u32 {
+        let mut b = [0; 4];
+        if let Some(s) = self.0.get(off..off + 4) {
+            b.copy_from_slice(s);
+        }
+        u32::from_be_bytes(b)
+    }
+    pub fn set_u32(&mut self, off: usize, v: u32) {
+        if let Some(s) = self.0.get_mut(off..off + 4) {
+            s.copy_from_slice(&v.to_be_bytes());
+        }
+    }
+    pub fn u16_at(&self, off: usize) -> u16 {
+        let mut b = [0; 2];
+        if let Some(s) = self.0.get(off..off + 2) {
+            b.copy_from_slice(s);
+        }
+        u16::from_be_bytes(b)
+    }
+    pub fn set_u16(&mut self, off: usize, v: u16) {
+        if let Some(s) = self.0.get_mut(off..off + 2) {
+            s.copy_from_slice(&v.to_be_bytes());
+        }
+    }
+}
+
+/// Decodes the LUN number from an 8-byte SAM LUN field: peripheral device addressing (method 00b)
+/// with bus 0 and flat space addressing (method 01b). Anything else is returned as the raw field so
+/// the SCSI layer reports it as an unknown LUN rather than aliasing a real one.
+pub fn decode_lun(lun: [u8; 8]) -> u64 {
+    match lun[0] >> 6 {
+        0b00 if lun[0] == 0 => u64::from(lun[1]),
+        0b01 => (u64::from(lun[0] & 0x3f) << 8) | u64::from(lun[1]),
+        _ => u64::from_be_bytes(lun),
+    }
+}
+
+/// Encodes a LUN number as the SAM LUN field: peripheral addressing below 256, flat above.
+pub fn encode_lun(lun: u64) -> [u8; 8] {
+    let mut out = [0; 8];
+    if lun < 256 {
+        out[1] = lun as u8;
+    } else if lun < 0x4000 {
+        out[0] = 0x40 | ((lun >> 8) as u8 & 0x3f);
+        out[1] = lun as u8;
+    } else {
+        out = lun.to_be_bytes();
+    }
+    out
+}
+
+/// Which digests are in force on a connection.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Digests {
+    pub header: bool,
+    pub data: bool,
+}
+
+/// One framed PDU: header, AHS and data segment (without padding and digests).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Pdu {
+    pub bhs: Bhs,
+    pub ahs: Vec<u8>,
+    pub data: Vec<u8>,
+    /// False when the data digest did not match; the header is still trustworthy.
+    pub data_digest_ok: bool,
+}
+
+impl Pdu {
+    pub fn new(bhs: Bhs) -> Self {
+        Self {
+            bhs,
+            ahs: Vec::new(),
+            data: Vec::new(),
+            data_digest_ok: true,
+        }
+    }
+    pub fn with_data(bhs: Bhs, data: Vec<u8>) -> Self {
+        Self {
+            data,
+            ..Self::new(bhs)
+        }
+    }
+
+    /// Appends the wire form to `out`: sets TotalAHSLength and DataSegmentLength, pads, adds digests.
+    pub fn encode(&self, digests: Digests, out: &mut Vec<u8>) {
+        let mut bhs = self.bhs.clone();
+        // AHS we emit is always a multiple of 4 and far below 1020 bytes.
+        bhs.0[4] = (self.ahs.len() / 4) as u8;
+        bhs.set_data_segment_length(self.data.len() as u32);
+        let start = out.len();
+        out.extend_from_slice(&bhs.0);
+        out.extend_from_slice(&self.ahs);
+        if digests.header {
+            let crc = crc32c::crc32c(&out[start..]);
+            out.extend_from_slice(&crc.to_le_bytes());
+        }
+        if !self.data.is_empty() {
+            let data_start = out.len();
+            out.extend_from_slice(&self.data);
+            out.resize(data_start + padded(self.data.len()), 0);
+            if digests.data {
+                let crc = crc32c::crc32c(&out[data_start..]);
+                out.extend_from_slice(&crc.to_le_bytes());
+            }
+        }
+    }
+}
+
+/// Rounds a length up to the 4-byte boundary of the wire format.
+pub fn padded(len: usize) -> usize {
+    len.div_ceil(4) * 4
+}
+
+/// Size of the whole PDU on the wire, computed from its header, or an error if it exceeds
+/// `max_data` (the data segment limit in force).
+pub fn wire_len(bhs: &Bhs, digests: Digests, max_data: u32) -> Result<usize, ProtocolError> {
+    let data_len = bhs.data_segment_length();
+    if data_len > max_data {
+        return Err(ProtocolError::DataSegmentTooLong {
+            length: data_len,
+            limit: max_data,
+        });
+    }
+    let mut len = BHS_LEN + bhs.ahs_len();
+    if digests.header {
+        len += DIGEST_LEN;
+    }
+    if data_len > 0 {
+        len += padded(data_len as usize);
+        if digests.data {
+            len += DIGEST_LEN;
+        }
+    }
+    Ok(len)
+}
+
+/// Parses one complete PDU whose wire length was computed by [`wire_len`] from the same header.
+pub fn decode(buf: &[u8], digests: Digests) -> Result<Pdu, ProtocolError> {
+    let header: [u8; BHS_LEN] = buf
+        .get(..BHS_LEN)
+        .and_then(|h| h.try_into().ok())
+        .ok_or(ProtocolError::Truncated)?;
+    let bhs = Bhs(header);
+    let ahs_end = BHS_LEN + bhs.ahs_len();
+    let ahs = buf.get(BHS_LEN..ahs_end).ok_or(ProtocolError::Truncated)?;
+    let mut pos = ahs_end;
+    if digests.header {
+        let got = read_le_u32(buf, pos)?;
+        let want = crc32c::crc32c(buf.get(..ahs_end).ok_or(ProtocolError::Truncated)?);
+        if got != want {
+            return Err(ProtocolError::HeaderDigest);
+        }
+        pos += DIGEST_LEN;
+    }
+    let data_len = bhs.data_segment_length() as usize;
+    let mut data_digest_ok = true;
+    let data = if data_len > 0 {
+        let padded_end = pos + padded(data_len);
+        let with_pad = buf.get(pos..padded_end).ok_or(ProtocolError::Truncated)?;
+        if digests.data {
+            let got = read_le_u32(buf, padded_end)?;
+            data_digest_ok = got == crc32c::crc32c(with_pad);
+        }
+        with_pad.get(..data_len).unwrap_or_default().to_vec()
+    } else {
+        Vec::new()
+    };
+    Ok(Pdu {
+        bhs,
+        ahs: ahs.to_vec(),
+        data,
+        data_digest_ok,
+    })
+}
+
+fn read_le_u32(buf: &[u8], at: usize) -> Result<u32, ProtocolError> {
+    let b: [u8; 4] = buf
+        .get(at..at + 4)
+        .and_then(|s| s.try_into().ok())
+        .ok_or(ProtocolError::Truncated)?;
+    Ok(u32::from_le_bytes(b))
+}
+
+/// Reject reasons (RFC 7143 §11.17.1).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RejectReason {
+    DataDigestError,
+    SnackReject,
+    ProtocolError,
+    CommandNotSupported,
+    ImmediateCommandRejected,
+    TaskInProgress,
+    InvalidDataAck,
+    InvalidPduField,
+    LongOperationReject,
+    DeprecatedNegotiationReset,
+    WaitingForLogout,
+    Unknown(u8),
+}
+
+impl RejectReason {
+    pub fn code(self) -> u8 {
+        match self {
+            Self::DataDigestError => 0x02,
+            Self::SnackReject => 0x03,
+            Self::ProtocolError => 0x04,
+            Self::CommandNotSupported => 0x05,
+            Self::ImmediateCommandRejected => 0x06,
+            Self::TaskInProgress => 0x07,
+            Self::InvalidDataAck => 0x08,
+            Self::InvalidPduField => 0x09,
+            Self::LongOperationReject => 0x0a,
+            Self::DeprecatedNegotiationReset => 0x0b,
+            Self::WaitingForLogout => 0x0c,
+            Self::Unknown(v) => v,
+        }
+    }
+    pub fn from_code(v: u8) -> Self {
+        match v {
+            0x02 => Self::DataDigestError,
+            0x03 => Self::SnackReject,
+            0x04 => Self::ProtocolError,
+            0x05 => Self::CommandNotSupported,
+            0x06 => Self::ImmediateCommandRejected,
+            0x07 => Self::TaskInProgress,
+            0x08 => Self::InvalidDataAck,
+            0x09 => Self::InvalidPduField,
+            0x0a => Self::LongOperationReject,
+            0x0b => Self::DeprecatedNegotiationReset,
+            0x0c => Self::WaitingForLogout,
+            other => Self::Unknown(other),
+        }
+    }
+}
+
+// ---- Typed views of each opcode's header. `parse` reads a BHS, `to_bhs` writes one. ----
+
+/// Sequence numbers every target-to-initiator PDU carries at offsets 24/28/32.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct StatusSn {
+    pub stat_sn: u32,
+    pub exp_cmd_sn: u32,
+    pub max_cmd_sn: u32,
+}
+
+impl StatusSn {
+    fn write(&self, b: &mut Bhs) {
+        b.set_u32(24, self.stat_sn);
+        b.set_u32(28, self.exp_cmd_sn);
+        b.set_u32(32, self.max_cmd_sn);
+    }
+    fn read(b: &Bhs) -> Self {
+        Self {
+            stat_sn: b.u32_at(24),
+            exp_cmd_sn: b.u32_at(28),
+            max_cmd_sn: b.u32_at(32),
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ScsiCommandHeader {
+    pub immediate: bool,
+    pub final_bit: bool,
+    pub read: bool,
+    pub write: bool,
+    pub attr: u8,
+    pub lun: [u8; 8],
+    pub itt: u32,
+    pub expected_data_transfer_length: u32,
+    pub cmd_sn: u32,
+    pub exp_stat_sn: u32,
+    pub cdb: [u8; 16],
+}
+
+impl ScsiCommandHeader {
+    pub fn parse(b: &Bhs) -> Self {
+        let mut cdb = [0; 16];
+        cdb.copy_from_slice(&b.0[32..48]);
+        Self {
+            immediate: b.immediate(),
+            final_bit: b.final_bit(),
+            read: b.flags() & 0x40 != 0,
+            write: b.flags() & 0x20 != 0,
+            attr: b.flags() & 0x07,
+            lun: b.lun(),
+            itt: b.itt(),
+            expected_data_transfer_length: b.u32_at(20),
+            cmd_sn: b.u32_at(24),
+            exp_stat_sn: b.u32_at(28),
+            cdb,
+        }
+    }
+    pub fn to_bhs(&self) -> Bhs {
+        let mut b = Bhs::new(Opcode::ScsiCommand);
+        b.set_immediate(self.immediate);
+        b.set_final(self.final_bit);
+        b.set_bit(1, 0x40, self.read);
+        b.set_bit(1, 0x20, self.write);
+        b.0[1] |= self.attr & 0x07;
+        b.set_lun(self.lun);
+        b.set_itt(self.itt);
+        b.set_u32(20, self.expected_data_transfer_length);
+        b.set_u32(24, self.cmd_sn);
+        b.set_u32(28, self.exp_stat_sn);
+        b.0[32..48].copy_from_slice(&self.cdb);
+        b
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ScsiResponseHeader {
+    pub bidi_overflow: bool,
+    pub bidi_underflow: bool,
+    pub overflow: bool,
+    pub underflow: bool,
+    pub response: u8,
+    pub status: u8,
+    pub itt: u32,
+    pub snack_tag: u32,
+    pub sn: StatusSn,
+    pub exp_data_sn: u32,
+    pub bidi_residual_count: u32,
+    pub residual_count: u32,
+}
+
+impl ScsiResponseHeader {
+    pub fn parse(b: &Bhs) -> Self {
+        Self {
+            bidi_overflow: b.flags() & 0x10 != 0,
+            bidi_underflow: b.flags() & 0x08 != 0,
+            overflow: b.flags() & 0x04 != 0,
+            underflow: b.flags() & 0x02 != 0,
+            response: b.0[2],
+            status: b.0[3],
+            itt: b.itt(),
+            snack_tag: b.u32_at(20),
+            sn: StatusSn::read(b),
+            exp_data_sn: b.u32_at(36),
+            bidi_residual_count: b.u32_at(40),
+            residual_count: b.u32_at(44),
+        }
+    }
+    pub fn to_bhs(&self) -> Bhs {
+        let mut b = Bhs::new(Opcode::ScsiResponse);
+        b.set_final(true);
+        b.set_bit(1, 0x10, self.bidi_overflow);
+        b.set_bit(1, 0x08, self.bidi_underflow);
+        b.set_bit(1, 0x04, self.overflow);
+        b.set_bit(1, 0x02, self.underflow);
+        b.0[2] = self.response;
+        b.0[3] = self.status;
+        b.set_itt(self.itt);
+        b.set_u32(20, self.snack_tag);
+        self.sn.write(&mut b);
+        b.set_u32(36, self.exp_data_sn);
+        b.set_u32(40, self.bidi_residual_count);
+        b.set_u32(44, self.residual_count);
+        b
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TaskManagementRequestHeader {
+    pub immediate: bool,
+    pub function: u8,
+    pub lun: [u8; 8],
+    pub itt: u32,
+    pub referenced_task_tag: u32,
+    pub cmd_sn: u32,
+    pub exp_stat_sn: u32,
+    pub ref_cmd_sn: u32,
+    pub exp_data_sn: u32,
+}
+
+impl TaskManagementRequestHeader {
+    pub fn parse(b: &Bhs) -> Self {
+        Self {
+            immediate: b.immediate(),
+            function: b.flags() & 0x7f,
+            lun: b.lun(),
+            itt: b.itt(),
+            referenced_task_tag: b.u32_at(20),
+            cmd_sn: b.u32_at(24),
+            exp_stat_sn: b.u32_at(28),
+            ref_cmd_sn: b.u32_at(32),
+            exp_data_sn: b.u32_at(36),
+        }
+    }
+    pub fn to_bhs(&self) -> Bhs {
+        let mut b = Bhs::new(Opcode::TaskManagementRequest);
+        b.set_immediate(self.immediate);
+        b.0[1] = 0x80 | (self.function & 0x7f);
+        b.set_lun(self.lun);
+        b.set_itt(self.itt);
+        b.set_u32(20, self.referenced_task_tag);
+        b.set_u32(24, self.cmd_sn);
+        b.set_u32(28, self.exp_stat_sn);
+        b.set_u32(32, self.ref_cmd_sn);
+        b.set_u32(36, self.exp_data_sn);
+        b
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TaskManagementResponseHeader {
+    pub response: u8,
+    pub itt: u32,
+    pub sn: StatusSn,
+}
+
+impl TaskManagementResponseHeader {
+    pub fn parse(b: &Bhs) -> Self {
+        Self {
+            response: b.0[2],
+            itt: b.itt(),
+            sn: StatusSn::read(b),
+        }
+    }
+    pub fn to_bhs(&self) -> Bhs {
+        let mut b = Bhs::new(Opcode::TaskManagementResponse);
+        b.set_final(true);
+        b.0[2] = self.response;
+        b.set_itt(self.itt);
+        self.sn.write(&mut b);
+        b
+    }
+}
+
+/// Login stage numbers (CSG/NSG).
+pub const STAGE_SECURITY: u8 = 0;
+pub const STAGE_OPERATIONAL: u8 = 1;
+pub const STAGE_FULL_FEATURE: u8 = 3;
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LoginRequestHeader {
+    pub transit: bool,
+    pub cont: bool,
+    pub csg: u8,
+    pub nsg: u8,
+    pub version_max: u8,
+    pub version_min: u8,
+    pub isid: [u8; 6],
+    pub tsih: u16,
+    pub itt: u32,
+    pub cid: u16,
+    pub cmd_sn: u32,
+    pub exp_stat_sn: u32,
+}
+
+impl LoginRequestHeader {
+    pub fn parse(b: &Bhs) -> Self {
+        let mut isid = [0; 6];
+        isid.copy_from_slice(&b.0[8..14]);
+        Self {
+            transit: b.flags() & 0x80 != 0,
+            cont: b.flags() & 0x40 != 0,
+            csg: (b.flags() >> 2) & 0x03,
+            nsg: b.flags() & 0x03,
+            version_max: b.0[2],
+            version_min: b.0[3],
+            isid,
+            tsih: b.u16_at(14),
+            itt: b.itt(),
+            cid: b.u16_at(20),
+            cmd_sn: b.u32_at(24),
+            exp_stat_sn: b.u32_at(28),
+        }
+    }
+    pub fn to_bhs(&self) -> Bhs {
+        let mut b = Bhs::new(Opcode::LoginRequest);
+        b.set_immediate(true);
+        b.0[1] = login_flags(self.transit, self.cont, self.csg, self.nsg);
+        b.0[2] = self.version_max;
+        b.0[3] = self.version_min;
+        b.0[8..14].copy_from_slice(&self.isid);
+        b.set_u16(14, self.tsih);
+        b.set_itt(self.itt);
+        b.set_u16(20, self.cid);
+        b.set_u32(24, self.cmd_sn);
+        b.set_u32(28, self.exp_stat_sn);
+        b
+    }
+}
+
+fn login_flags(transit: bool, cont: bool, csg: u8, nsg: u8) -> u8 {
+    (u8::from(transit) << 7) | (u8::from(cont) << 6) | ((csg & 3) << 2) | (nsg & 3)
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LoginResponseHeader {
+    pub transit: bool,
+    pub cont: bool,
+    pub csg: u8,
+    pub nsg: u8,
+    pub version_max: u8,
+    pub version_active: u8,
+    pub isid: [u8; 6],
+    pub tsih: u16,
+    pub itt: u32,
+    pub sn: StatusSn,
+    pub status_class: u8,
+    pub status_detail: u8,
+}
+
+impl LoginResponseHeader {
+    pub fn parse(b: &Bhs) -> Self {
+        let mut isid = [0; 6];
+        isid.copy_from_slice(&b.0[8..14]);
+        Self {
+            transit: b.flags() & 0x80 != 0,
+            cont: b.flags() & 0x40 != 0,
+            csg: (b.flags() >> 2) & 0x03,
+            nsg: b.flags() & 0x03,
+            version_max: b.0[2],
+            version_active: b.0[3],
+            isid,
+            tsih: b.u16_at(14),
+            itt: b.itt(),
+            sn: StatusSn::read(b),
+            status_class: b.0[36],
+            status_detail: b.0[37],
+        }
+    }
+    pub fn to_bhs(&self) -> Bhs {
+        let mut b = Bhs::new(Opcode::LoginResponse);
+        b.0[1] = login_flags(self.transit, self.cont, self.csg, self.nsg);
+        b.0[2] = self.version_max;
+        b.0[3] = self.version_active;
+        b.0[8..14].copy_from_slice(&self.isid);
+        b.set_u16(14, self.tsih);
+        b.set_itt(self.itt);
+        self.sn.write(&mut b);
+        b.0[36] = self.status_class;
+        b.0[37] = self.status_detail;
+        b
+    }
+}
+
+/// Text Request (0x04) and NOP-Out (0x00) share this layout.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RequestHeader {
+    pub opcode: Opcode,
+    pub immediate: bool,
+    pub final_bit: bool,
+    /// C bit (Text Request only).
+    pub cont: bool,
+    pub lun: [u8; 8],
+    pub itt: u32,
+    pub ttt: u32,
+    pub cmd_sn: u32,
+    pub exp_stat_sn: u32,
+}
+
+impl RequestHeader {
+    pub fn parse(b: &Bhs) -> Self {
+        Self {
+            opcode: b.opcode(),
+            immediate: b.immediate(),
+            final_bit: b.final_bit(),
+            cont: b.flags() & 0x40 != 0,
+            lun: b.lun(),
+            itt: b.itt(),
+            ttt: b.u32_at(20),
+            cmd_sn: b.u32_at(24),
+            exp_stat_sn: b.u32_at(28),
+        }
+    }
+    pub fn to_bhs(&self) -> Bhs {
+        let mut b = Bhs::new(self.opcode);
+        b.set_immediate(self.immediate);
+        b.set_final(self.final_bit);
+        b.set_bit(1, 0x40, self.cont);
+        b.set_lun(self.lun);
+        b.set_itt(self.itt);
+        b.set_u32(20, self.ttt);
+        b.set_u32(24, self.cmd_sn);
+        b.set_u32(28, self.exp_stat_sn);
+        b
+    }
+}
+
+/// Text Response (0x24) and NOP-In (0x20) share this layout.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReplyHeader {
+    pub opcode: Opcode,
+    pub final_bit: bool,
+    pub cont: bool,
+    pub lun: [u8; 8],
+    pub itt: u32,
+    pub ttt: u32,
+    pub sn: StatusSn,
+}
+
+impl ReplyHeader {
+    pub fn parse(b: &Bhs) -> Self {
+        Self {
+            opcode: b.opcode(),
+            final_bit: b.final_bit(),
+            cont: b.flags() & 0x40 != 0,
+            lun: b.lun(),
+            itt: b.itt(),
+            ttt: b.u32_at(20),
+            sn: StatusSn::read(b),
+        }
+    }
+    pub fn to_bhs(&self) -> Bhs {
+        let mut b = Bhs::new(self.opcode);
+        b.set_final(self.final_bit);
+        b.set_bit(1, 0x40, self.cont);
+        b.set_lun(self.lun);
+        b.set_itt(self.itt);
+        b.set_u32(20, self.ttt);
+        self.sn.write(&mut b);
+        b
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DataOutHeader {
+    pub final_bit: bool,
+    pub lun: [u8; 8],
+    pub itt: u32,
+    pub ttt: u32,
+    pub exp_stat_sn: u32,
+    pub data_sn: u32,
+    pub buffer_offset: u32,
+}
+
+impl DataOutHeader {
+    pub fn parse(b: &Bhs) -> Self {
+        Self {
+            final_bit: b.final_bit(),
+            lun: b.lun(),
+            itt: b.itt(),
+            ttt: b.u32_at(20),
+            exp_stat_sn: b.u32_at(28),
+            data_sn: b.u32_at(36),
+            buffer_offset: b.u32_at(40),
+        }
+    }
+    pub fn to_bhs(&self) -> Bhs {
+        let mut b = Bhs::new(Opcode::DataOut);
+        b.set_final(self.final_bit);
+        b.set_lun(self.lun);
+        b.set_itt(self.itt);
+        b.set_u32(20, self.ttt);
+        b.set_u32(28, self.exp_stat_sn);
+        b.set_u32(36, self.data_sn);
+        b.set_u32(40, self.buffer_offset);
+        b
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DataInHeader {
+    pub final_bit: bool,
+    pub ack: bool,
+    pub overflow: bool,
+    pub underflow: bool,
+    /// S bit: the status field is valid and the command is complete.
+    pub has_status: bool,
+    pub status: u8,
+    pub lun: [u8; 8],
+    pub itt: u32,
+    pub ttt: u32,
+    /// Only meaningful with the S bit; otherwise StatSN is reserved (ExpCmdSN/MaxCmdSN always valid).
+    pub sn: StatusSn,
+    pub data_sn: u32,
+    pub buffer_offset: u32,
+    pub residual_count: u32,
+}
+
+impl DataInHeader {
+    pub fn parse(b: &Bhs) -> Self {
+        Self {
+            final_bit: b.final_bit(),
+            ack: b.flags() & 0x40 != 0,
+            overflow: b.flags() & 0x04 != 0,
+            underflow: b.flags() & 0x02 != 0,
+            has_status: b.flags() & 0x01 != 0,
+            status: b.0[3],
+            lun: b.lun(),
+            itt: b.itt(),
+            ttt: b.u32_at(20),
+            sn: StatusSn::read(b),
+            data_sn: b.u32_at(36),
+            buffer_offset: b.u32_at(40),
+            residual_count: b.u32_at(44),
+        }
+    }
+    pub fn to_bhs(&self) -> Bhs {
+        let mut b = Bhs::new(Opcode::DataIn);
+        b.set_final(self.final_bit);
+        b.set_bit(1, 0x40, self.ack);
+        b.set_bit(1, 0x04, self.overflow);
+        b.set_bit(1, 0x02, self.underflow);
+        b.set_bit(1, 0x01, self.has_status);
+        b.0[3] = self.status;
+        b.set_lun(self.lun);
+        b.set_itt(self.itt);
+        b.set_u32(20, self.ttt);
+        self.sn.write(&mut b);
+        b.set_u32(36, self.data_sn);
+        b.set_u32(40, self.buffer_offset);
+        b.set_u32(44, self.residual_count);
+        b
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LogoutRequestHeader {
+    pub immediate: bool,
+    pub reason: u8,
+    pub itt: u32,
+    pub cid: u16,
+    pub cmd_sn: u32,
+    pub exp_stat_sn: u32,
+}
+
+impl LogoutRequestHeader {
+    pub fn parse(b: &Bhs) -> Self {
+        Self {
+            immediate: b.immediate(),
+            reason: b.flags() & 0x7f,
+            itt: b.itt(),
+            cid: b.u16_at(20),
+            cmd_sn: b.u32_at(24),
+            exp_stat_sn: b.u32_at(28),
+        }
+    }
+    pub fn to_bhs(&self) -> Bhs {
+        let mut b = Bhs::new(Opcode::LogoutRequest);
+        b.set_immediate(self.immediate);
+        b.0[1] = 0x80 | (self.reason & 0x7f);
+        b.set_itt(self.itt);
+        b.set_u16(20, self.cid);
+        b.set_u32(24, self.cmd_sn);
+        b.set_u32(28, self.exp_stat_sn);
+        b
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LogoutResponseHeader {
+    pub response: u8,
+    pub itt: u32,
+    pub sn: StatusSn,
+    pub time2wait: u16,
+    pub time2retain: u16,
+}
+
+impl LogoutResponseHeader {
+    pub fn parse(b: &Bhs) -> Self {
+        Self {
+            response: b.0[2],
+            itt: b.itt(),
+            sn: StatusSn::read(b),
+            time2wait: b.u16_at(40),
+            time2retain: b.u16_at(42),
+        }
+    }
+    pub fn to_bhs(&self) -> Bhs {
+        let mut b = Bhs::new(Opcode::LogoutResponse);
+        b.set_final(true);
+        b.0[2] = self.response;
+        b.set_itt(self.itt);
+        self.sn.write(&mut b);
+        b.set_u16(40, self.time2wait);
+        b.set_u16(42, self.time2retain);
+        b
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SnackHeader {
+    pub snack_type: u8,
+    pub lun: [u8; 8],
+    pub itt: u32,
+    pub ttt: u32,
+    pub exp_stat_sn: u32,
+    pub beg_run: u32,
+    pub run_length: u32,
+}
+
+impl SnackHeader {
+    pub fn parse(b: &Bhs) -> Self {
+        Self {
+            snack_type: b.flags() & 0x0f,
+            lun: b.lun(),
+            itt: b.itt(),
+            ttt: b.u32_at(20),
+            exp_stat_sn: b.u32_at(28),
+            beg_run: b.u32_at(40),
+            run_length: b.u32_at(44),
+        }
+    }
+    pub fn to_bhs(&self) -> Bhs {
+        let mut b = Bhs::new(Opcode::Snack);
+        b.0[1] = 0x80 | (self.snack_type & 0x0f);
+        b.set_lun(self.lun);
+        b.set_itt(self.itt);
+        b.set_u32(20, self.ttt);
+        b.set_u32(28, self.exp_stat_sn);
+        b.set_u32(40, self.beg_run);
+        b.set_u32(44, self.run_length);
+        b
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReadyToTransferHeader {
+    pub lun: [u8; 8],
+    pub itt: u32,
+    pub ttt: u32,
+    pub sn: StatusSn,
+    pub r2t_sn: u32,
+    pub buffer_offset: u32,
+    pub desired_length: u32,
+}
+
+impl ReadyToTransferHeader {
+    pub fn parse(b: &Bhs) -> Self {
+        Self {
+            lun: b.lun(),
+            itt: b.itt(),
+            ttt: b.u32_at(20),
+            sn: StatusSn::read(b),
+            r2t_sn: b.u32_at(36),
+            buffer_offset: b.u32_at(40),
+            desired_length: b.u32_at(44),
+        }
+    }
+    pub fn to_bhs(&self) -> Bhs {
+        let mut b = Bhs::new(Opcode::ReadyToTransfer);
+        b.set_final(true);
+        b.set_lun(self.lun);
+        b.set_itt(self.itt);
+        b.set_u32(20, self.ttt);
+        self.sn.write(&mut b);
+        b.set_u32(36, self.r2t_sn);
+        b.set_u32(40, self.buffer_offset);
+        b.set_u32(44, self.desired_length);
+        b
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AsyncMessageHeader {
+    pub lun: [u8; 8],
+    pub sn: StatusSn,
+    pub event: u8,
+    pub vendor_code: u8,
+    pub parameter1: u16,
+    pub parameter2: u16,
+    pub parameter3: u16,
+}
+
+impl AsyncMessageHeader {
+    pub fn parse(b: &Bhs) -> Self {
+        Self {
+            lun: b.lun(),
+            sn: StatusSn::read(b),
+            event: b.0[36],
+            vendor_code: b.0[37],
+            parameter1: b.u16_at(38),
+            parameter2: b.u16_at(40),
+            parameter3: b.u16_at(42),
+        }
+    }
+    pub fn to_bhs(&self) -> Bhs {
+        let mut b = Bhs::new(Opcode::AsyncMessage);
+        b.set_final(true);
+        b.set_lun(self.lun);
+        b.set_itt(RESERVED_TAG);
+        self.sn.write(&mut b);
+        b.0[36] = self.event;
+        b.0[37] = self.vendor_code;
+        b.set_u16(38, self.parameter1);
+        b.set_u16(40, self.parameter2);
+        b.set_u16(42, self.parameter3);
+        b
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RejectHeader {
+    pub reason: RejectReason,
+    pub sn: StatusSn,
+    pub data_sn: u32,
+}
+
+impl RejectHeader {
+    pub fn parse(b: &Bhs) -> Self {
+        Self {
+            reason: RejectReason::from_code(b.0[2]),
+            sn: StatusSn::read(b),
+            data_sn: b.u32_at(36),
+        }
+    }
+    pub fn to_bhs(&self) -> Bhs {
+        let mut b = Bhs::new(Opcode::Reject);
+        b.set_final(true);
+        b.0[2] = self.reason.code();
+        b.set_itt(RESERVED_TAG);
+        self.sn.write(&mut b);
+        b.set_u32(36, self.data_sn);
+        b
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn opcodes_round_trip() {
+        for v in 0..=0x3fu8 {
+            assert_eq!(Opcode::from_u8(v).to_u8(), v);
+        }
+        assert_eq!(Opcode::from_u8(0x43), Opcode::LoginRequest);
+        assert_eq!(Opcode::from_u8(0x1c), Opcode::Unknown(0x1c));
+    }
+
+    #[test]
+    fn lun_decoding() {
+        assert_eq!(decode_lun([0, 5, 0, 0, 0, 0, 0, 0]), 5);
+        assert_eq!(decode_lun([0x41, 0x02, 0, 0, 0, 0, 0, 0]), 0x102);
+        for lun in [0u64, 1, 255, 256, 0x3fff] {
+            assert_eq!(decode_lun(encode_lun(lun)), lun);
+        }
+    }
+
+    #[test]
+    fn encode_pads_and_digests() {
+        let pdu = Pdu::with_data(Bhs::new(Opcode::NopIn), vec![1, 2, 3, 4, 5]);
+        let digests = Digests {
+            header: true,
+            data: true,
+        };
+        let mut wire = Vec::new();
+        pdu.encode(digests, &mut wire);
+        assert_eq!(wire.len(), 48 + 4 + 8 + 4);
+        let bhs = Bhs(wire[..48].try_into().unwrap());
+        assert_eq!(wire_len(&bhs, digests, 8192).unwrap(), wire.len());
+        let back = decode(&wire, digests).unwrap();
+        assert_eq!(back.data, vec![1, 2, 3, 4, 5]);
+        assert!(back.data_digest_ok);
+        // Corrupting the header is fatal, corrupting data is reported.
+        let mut bad = wire.clone();
+        bad[20] ^= 1;
+        assert!(matches!(
+            decode(&bad, digests),
+            Err(ProtocolError::HeaderDigest)
+        ));
+        let mut bad = wire.clone();
+        bad[53] ^= 1;
+        assert!(!decode(&bad, digests).unwrap().data_digest_ok);
+    }
+
+    #[test]
+    fn data_segment_limit_enforced() {
+        let mut bhs = Bhs::new(Opcode::DataOut);
+        bhs.set_data_segment_length(9000);
+        assert!(wire_len(&bhs, Digests::default(), 8192).is_err());
+        assert_eq!(wire_len(&bhs, Digests::default(), 9000).unwrap(), 48 + 9000);
+    }
+
+    proptest! {
+        #[test]
+        fn scsi_command_round_trip(imm: bool, f: bool, r: bool, w: bool, attr in 0u8..8, lun: [u8; 8],
+                                   itt: u32, edtl: u32, cmd_sn: u32, exp: u32, cdb: [u8; 16]) {
+            let h = ScsiCommandHeader { immediate: imm, final_bit: f, read: r, write: w, attr, lun, itt,
+                expected_data_transfer_length: edtl, cmd_sn, exp_stat_sn: exp, cdb };
+            prop_assert_eq!(ScsiCommandHeader::parse(&h.to_bhs()), h);
+        }
+
+        #[test]
+        fn login_round_trip(t: bool, c: bool, csg in 0u8..4, nsg in 0u8..4, vmax: u8, vmin: u8, isid: [u8; 6],
+                            tsih: u16, itt: u32, cid: u16, cmd_sn: u32, exp: u32, class: u8, detail: u8) {
+            let h = LoginRequestHeader { transit: t, cont: c, csg, nsg, version_max: vmax, version_min: vmin,
+                isid, tsih, itt, cid, cmd_sn, exp_stat_sn: exp };
+            prop_assert_eq!(LoginRequestHeader::parse(&h.to_bhs()), h);
+            let r = LoginResponseHeader { transit: t, cont: c, csg, nsg, version_max: vmax, version_active: vmin,
+                isid, tsih, itt, sn: StatusSn { stat_sn: cmd_sn, exp_cmd_sn: exp, max_cmd_sn: itt },
+                status_class: class, status_detail: detail };
+            prop_assert_eq!(LoginResponseHeader::parse(&r.to_bhs()), r);
+        }
+
+        #[test]
+        fn data_round_trip(f: bool, a: bool, o: bool, u: bool, s: bool, status: u8, lun: [u8; 8], itt: u32,
+                           ttt: u32, sn: u32, dsn: u32, off: u32, res: u32) {
+            let h = DataInHeader { final_bit: f, ack: a, overflow: o, underflow: u, has_status: s, status, lun,
+                itt, ttt, sn: StatusSn { stat_sn: sn, exp_cmd_sn: sn ^ 1, max_cmd_sn: sn ^ 2 }, data_sn: dsn,
+                buffer_offset: off, residual_count: res };
+            prop_assert_eq!(DataInHeader::parse(&h.to_bhs()), h);
+            let d = DataOutHeader { final_bit: f, lun, itt, ttt, exp_stat_sn: sn, data_sn: dsn, buffer_offset: off };
+            prop_assert_eq!(DataOutHeader::parse(&d.to_bhs()), d);
+        }
+
+        #[test]
+        fn other_headers_round_trip(flag: bool, byte: u8, lun: [u8; 8], a: u32, b: u32, c: u32, d: u32, e: u32,
+                                    h16: u16, g16: u16) {
+            let sn = StatusSn { stat_sn: a, exp_cmd_sn: b, max_cmd_sn: c };
+            let resp = ScsiResponseHeader { bidi_overflow: flag, bidi_underflow: !flag, overflow: flag,
+                underflow: !flag, response: byte, status: byte ^ 0x55, itt: a, snack_tag: b, sn, exp_data_sn: c,
+                bidi_residual_count: d, residual_count: e };
+            prop_assert_eq!(ScsiResponseHeader::parse(&resp.to_bhs()), resp);
+            let tmf = TaskManagementRequestHeader { immediate: flag, function: byte & 0x7f, lun, itt: a,
+                referenced_task_tag: b, cmd_sn: c, exp_stat_sn: d, ref_cmd_sn: e, exp_data_sn: a ^ e };
+            prop_assert_eq!(TaskManagementRequestHeader::parse(&tmf.to_bhs()), tmf);
+            let tmr = TaskManagementResponseHeader { response: byte, itt: a, sn };
+            prop_assert_eq!(TaskManagementResponseHeader::parse(&tmr.to_bhs()), tmr);
+            for opcode in [Opcode::TextRequest, Opcode::NopOut] {
+                let req = RequestHeader { opcode, immediate: flag, final_bit: !flag, cont: flag, lun, itt: a,
+                    ttt: b, cmd_sn: c, exp_stat_sn: d };
+                prop_assert_eq!(RequestHeader::parse(&req.to_bhs()), req);
+            }
+            for opcode in [Opcode::TextResponse, Opcode::NopIn] {
+                let rep = ReplyHeader { opcode, final_bit: flag, cont: !flag, lun, itt: a, ttt: b, sn };
+                prop_assert_eq!(ReplyHeader::parse(&rep.to_bhs()), rep);
+            }
+            let lo = LogoutRequestHeader { immediate: flag, reason: byte & 0x7f, itt: a, cid: h16, cmd_sn: b,
+                exp_stat_sn: c };
+            prop_assert_eq!(LogoutRequestHeader::parse(&lo.to_bhs()), lo);
+            let lr = LogoutResponseHeader { response: byte, itt: a, sn, time2wait: h16, time2retain: g16 };
+            prop_assert_eq!(LogoutResponseHeader::parse(&lr.to_bhs()), lr);
+            let sn_h = SnackHeader { snack_type: byte & 0x0f, lun, itt: a, ttt: b, exp_stat_sn: c, beg_run: d,
+                run_length: e };
+            prop_assert_eq!(SnackHeader::parse(&sn_h.to_bhs()), sn_h);
+            let r2t = ReadyToTransferHeader { lun, itt: a, ttt: b, sn, r2t_sn: c, buffer_offset: d,
+                desired_length: e };
+            prop_assert_eq!(ReadyToTransferHeader::parse(&r2t.to_bhs()), r2t);
+            let am = AsyncMessageHeader { lun, sn, event: byte, vendor_code: !byte, parameter1: h16,
+                parameter2: g16, parameter3: h16 ^ g16 };
+            prop_assert_eq!(AsyncMessageHeader::parse(&am.to_bhs()), am);
+            let rj = RejectHeader { reason: RejectReason::from_code(byte), sn, data_sn: d };
+            prop_assert_eq!(RejectHeader::parse(&rj.to_bhs()), rj);
+        }
+    }
+}
