@@ -218,7 +218,7 @@ impl Array {
     /// Create a thin passthrough volume of `size_bytes`.
     pub fn create_volume(&self, name: &str, size_bytes: u64, block_size: u32) -> Result<()> {
         validate_name(name)?;
-        if size_bytes == 0 || size_bytes % block_size as u64 != 0 {
+        if size_bytes == 0 || !size_bytes.is_multiple_of(block_size as u64) {
             return Err(ArrayError::InvalidSize(size_bytes));
         }
         let mut config = self.config.write().unwrap();
@@ -242,7 +242,12 @@ impl Array {
         Ok(())
     }
 
-    pub fn create_host(&self, name: &str, iqns: Vec<String>, chap: Option<ChapSecret>) -> Result<()> {
+    pub fn create_host(
+        &self,
+        name: &str,
+        iqns: Vec<String>,
+        chap: Option<ChapSecret>,
+    ) -> Result<()> {
         if name != ANY_HOST {
             validate_name(name)?;
         }
@@ -358,8 +363,11 @@ impl Array {
     fn open_unit(&self, record: &VolumeRecord, target_name: &str) -> Result<Arc<LogicalUnit>> {
         let VolumeKind::Passthrough { path } = &record.kind;
         let path = self.dir.join(path);
-        let volume: Arc<dyn Volume> =
-            Arc::new(FileVolume::open(&path, record.size_bytes, record.block_size)?);
+        let volume: Arc<dyn Volume> = Arc::new(FileVolume::open(
+            &path,
+            record.size_bytes,
+            record.block_size,
+        )?);
         let state_dir = self.dir.join("units").join(&record.id);
         fs::create_dir_all(&state_dir).map_err(|source| ArrayError::Io {
             path: state_dir.clone(),

@@ -181,7 +181,10 @@ impl Session {
             return;
         };
         let luns = self.luns();
-        let unit = luns.iter().find(|l| l.lun == cmd.lun).map(|l| l.unit.clone());
+        let unit = luns
+            .iter()
+            .find(|l| l.lun == cmd.lun)
+            .map(|l| l.unit.clone());
         let lun_numbers: Vec<u64> = luns.iter().map(|l| l.lun).collect();
         if let Some(unit) = &unit {
             self.touched.entry(cmd.lun).or_insert_with(|| unit.clone());

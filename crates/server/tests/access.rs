@@ -94,8 +94,15 @@ fn report_luns_shows_only_the_hosts_volumes() {
         .lines()
         .filter_map(|l| l.trim().strip_prefix("Lun:"))
         .collect();
-    assert_eq!(luns.len(), 2, "host-a must see exactly its two LUNs: {text}");
-    assert!(luns[0].starts_with('0') && luns[1].starts_with('3'), "{text}");
+    assert_eq!(
+        luns.len(),
+        2,
+        "host-a must see exactly its two LUNs: {text}"
+    );
+    assert!(
+        luns[0].starts_with('0') && luns[1].starts_with('3'),
+        "{text}"
+    );
     // 1 MiB and 2 MiB volumes, never host-b's 4 MiB one.
     assert!(!text.contains("4M"), "{text}");
 }
@@ -139,7 +146,10 @@ fn chap_secret_is_checked() {
         array.connect("v", "h", Some(0)).unwrap();
     });
     let url = |cred: &str| format!("iscsi://{cred}@{}/{TARGET}/0", t.addr);
-    let good = run("iscsi-inq", &["-i", HOST_A, &url("alice%correct-horse-battery")]);
+    let good = run(
+        "iscsi-inq",
+        &["-i", HOST_A, &url("alice%correct-horse-battery")],
+    );
     assert!(good.status.success(), "right secret logs in");
     let bad = run("iscsi-inq", &["-i", HOST_A, &url("alice%wrong-secret-123")]);
     assert!(!bad.status.success(), "wrong secret is refused");
@@ -147,7 +157,10 @@ fn chap_secret_is_checked() {
         "iscsi-inq",
         &["-i", HOST_A, &format!("iscsi://{}/{TARGET}/0", t.addr)],
     );
-    assert!(!none.status.success(), "no CHAP where CHAP is required is refused");
+    assert!(
+        !none.status.success(),
+        "no CHAP where CHAP is required is refused"
+    );
 }
 
 #[test]
@@ -157,7 +170,10 @@ fn wildcard_host_serves_any_initiator() {
         array.connect("demo", "*", Some(0)).unwrap();
     });
     let url = format!("iscsi://{}/{TARGET}/0", t.addr);
-    let out = run("iscsi-readcapacity16", &["-i", "iqn.2026-11.test:anyone", &url]);
+    let out = run(
+        "iscsi-readcapacity16",
+        &["-i", "iqn.2026-11.test:anyone", &url],
+    );
     assert!(out.status.success());
     assert!(String::from_utf8_lossy(&out.stdout).contains("Total size:8388608"));
 }

@@ -13,7 +13,11 @@ const DEMO_VOLUME: &str = "demo";
 const DEMO_SIZE: u64 = 10 << 30;
 
 #[derive(Parser)]
-#[command(name = "sliver", version, about = "A thin-provisioning iSCSI storage array")]
+#[command(
+    name = "sliver",
+    version,
+    about = "A thin-provisioning iSCSI storage array"
+)]
 struct Cli {
     /// Log as JSON lines instead of human-readable text.
     #[arg(long, global = true)]
@@ -97,7 +101,10 @@ fn serve(args: ServeArgs) -> Result<(), String> {
         }
         if let Some(first) = server.portals().first() {
             for c in array.connections() {
-                println!("volume {} (host {}): iscsi://{first}/{target}/{}", c.volume, c.host, c.lun);
+                println!(
+                    "volume {} (host {}): iscsi://{first}/{target}/{}",
+                    c.volume, c.host, c.lun
+                );
             }
         }
         let runner = {
