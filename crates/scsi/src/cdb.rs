@@ -34,6 +34,8 @@ pub mod opcode {
     pub const MODE_SENSE_10: u8 = 0x5a;
     pub const PERSISTENT_RESERVE_IN: u8 = 0x5e;
     pub const PERSISTENT_RESERVE_OUT: u8 = 0x5f;
+    pub const EXTENDED_COPY: u8 = 0x83;
+    pub const RECEIVE_COPY_RESULTS: u8 = 0x84;
     pub const READ_16: u8 = 0x88;
     pub const COMPARE_AND_WRITE: u8 = 0x89;
     pub const WRITE_16: u8 = 0x8a;
@@ -64,6 +66,13 @@ pub mod opcode {
     pub const SA_SANITIZE_BLOCK_ERASE: u8 = 0x02;
     pub const SA_SANITIZE_CRYPTO_ERASE: u8 = 0x03;
     pub const SA_SANITIZE_EXIT_FAILURE_MODE: u8 = 0x1f;
+    /// EXTENDED COPY service actions (LID4 and the token-based ones are not implemented).
+    pub const SA_EXTENDED_COPY_LID1: u8 = 0x00;
+    /// RECEIVE COPY RESULTS service actions (RECEIVE DATA, 01h, is not implemented: no
+    /// segment type we accept holds data).
+    pub const SA_COPY_STATUS: u8 = 0x00;
+    pub const SA_OPERATING_PARAMETERS: u8 = 0x03;
+    pub const SA_FAILED_SEGMENT_DETAILS: u8 = 0x04;
 }
 
 use opcode::*;
@@ -101,6 +110,14 @@ pub enum SanitizeAction {
     BlockErase,
     CryptoErase,
     ExitFailureMode,
+}
+
+/// RECEIVE COPY RESULTS service actions we implement.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CopyResultsAction {
+    CopyStatus,
+    OperatingParameters,
+    FailedSegmentDetails,
 }
 
 /// REPORT SUPPORTED OPERATION CODES reporting options.
@@ -213,6 +230,15 @@ pub enum Command {
     },
     PersistentReserveOut {
         param_len: usize,
+    },
+    /// EXTENDED COPY(LID1).
+    ExtendedCopy {
+        param_len: usize,
+    },
+    ReceiveCopyResults {
+        action: CopyResultsAction,
+        list_id: u8,
+        alloc_len: usize,
     },
     ReportTargetPortGroups {
         extended: bool,
@@ -548,6 +574,25 @@ pub fn parse(cdb: &[u8]) -> Result<Command, Sense> {
         PERSISTENT_RESERVE_OUT => Command::PersistentReserveOut {
             param_len: f.u32(5) as usize,
         },
+        EXTENDED_COPY => match f.u8(1) & 0x1f {
+            SA_EXTENDED_COPY_LID1 => Command::ExtendedCopy {
+                param_len: f.u32(10) as usize,
+            },
+            _ => Command::Unsupported { opcode: op },
+        },
+        RECEIVE_COPY_RESULTS => {
+            let action = match f.u8(1) & 0x1f {
+                SA_COPY_STATUS => CopyResultsAction::CopyStatus,
+                SA_OPERATING_PARAMETERS => CopyResultsAction::OperatingParameters,
+                SA_FAILED_SEGMENT_DETAILS => CopyResultsAction::FailedSegmentDetails,
+                _ => return Ok(Command::Unsupported { opcode: op }),
+            };
+            Command::ReceiveCopyResults {
+                action,
+                list_id: f.u8(2),
+                alloc_len: f.u32(10) as usize,
+            }
+        }
         MAINTENANCE_IN => match f.u8(1) & 0x1f {
             SA_REPORT_TARGET_PORT_GROUPS => Command::ReportTargetPortGroups {
                 extended: f.u8(1) >> 5 == 1,
@@ -746,6 +791,34 @@ pub static SUPPORTED_COMMANDS: &[CommandInfo] = &[
         PERSISTENT_RESERVE_OUT,
         Some(0x07),
         &[0x5f, 0x07, 0xff, 0, 0, 0xff, 0xff, 0xff, 0xff, 0x03],
+    ),
+    info(
+        EXTENDED_COPY,
+        Some(SA_EXTENDED_COPY_LID1 as u16),
+        &[
+            0x83, 0x00, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 0xff, 0xff, 0, 0x03,
+        ],
+    ),
+    info(
+        RECEIVE_COPY_RESULTS,
+        Some(SA_COPY_STATUS as u16),
+        &[
+            0x84, 0x00, 0xff, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 0xff, 0xff, 0, 0x03,
+        ],
+    ),
+    info(
+        RECEIVE_COPY_RESULTS,
+        Some(SA_OPERATING_PARAMETERS as u16),
+        &[
+            0x84, 0x03, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 0xff, 0xff, 0, 0x03,
+        ],
+    ),
+    info(
+        RECEIVE_COPY_RESULTS,
+        Some(SA_FAILED_SEGMENT_DETAILS as u16),
+        &[
+            0x84, 0x04, 0xff, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 0xff, 0xff, 0, 0x03,
+        ],
     ),
     info(
         READ_16,

@@ -4,10 +4,10 @@
 //! the I_T nexus, and gets back a status, sense data and Data-In bytes. Storage is reached only
 //! through [`sliver_volume::Volume`].
 //!
-//! Layout follows the standards: `cdb` parses (no I/O), `spc` / `sbc` / `pr` execute one
-//! command family each, `vpd` and `mode` build INQUIRY pages and mode pages, `lu` holds the
-//! per-LU state (unit attentions, mode parameters, LBA range locks), `sense` is the single
-//! table of sense codes.
+//! Layout follows the standards: `cdb` parses (no I/O), `spc` / `sbc` / `pr` / `xcopy`
+//! execute one command family each, `vpd` and `mode` build INQUIRY pages and mode pages,
+//! `lu` holds the per-LU state (unit attentions, mode parameters, LBA range locks, copy
+//! results), `sense` is the single table of sense codes.
 
 pub mod cdb;
 mod lu;
@@ -22,9 +22,13 @@ mod spc;
 #[cfg(test)]
 mod tests;
 mod vpd;
+mod xcopy;
 
 pub use lu::{execute_without_lu, LogicalUnit, LuConfig, Reset};
 pub use sense::{Sense, SenseKey, SenseReason, Status};
+pub use xcopy::{
+    MAX_CSCD_DESCRIPTORS, MAX_DESCRIPTOR_LIST_BYTES, MAX_SEGMENT_BYTES, MAX_SEGMENT_DESCRIPTORS,
+};
 
 #[doc(hidden)]
 pub use lu::fuzz_cdb;
@@ -59,6 +63,33 @@ pub struct Request<'a> {
     pub attr: TaskAttr,
     /// LUNs this nexus may see, for REPORT LUNS.
     pub luns: &'a [u64],
+    /// LUs this nexus may address, for EXTENDED COPY's copy-target lookup.
+    pub copy_targets: &'a dyn CopyTargets,
+}
+
+/// LUs a nexus may address, for EXTENDED COPY's copy-target lookup (the transport supplies it
+/// per command). It must only find LUs the nexus is allowed to access: a copy names its source
+/// and destination by designator, so this lookup is the access control (CVE-2020-28374 was LIO
+/// searching every LU instead).
+pub trait CopyTargets: Send + Sync {
+    /// The LU whose NAA designator (VPD 0x83, 16 bytes) is `naa`.
+    fn find_by_naa(&self, naa: &[u8]) -> Option<std::sync::Arc<LogicalUnit>>;
+}
+
+impl std::fmt::Debug for dyn CopyTargets + '_ {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("CopyTargets")
+    }
+}
+
+/// No other LU is reachable: EXTENDED COPY works only within the LU that receives it.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct NoCopyTargets;
+
+impl CopyTargets for NoCopyTargets {
+    fn find_by_naa(&self, _naa: &[u8]) -> Option<std::sync::Arc<LogicalUnit>> {
+        None
+    }
 }
 
 /// The outcome of one command.

@@ -10,7 +10,8 @@ use sliver_volume::{Volume, VolumeError};
 use crate::cdb::{self, Command};
 use crate::mode::ModeParams;
 use crate::pr::{PendingUa, PrError, Reservations};
-use crate::{sbc, spc, Nexus, Request, Response, Sense, SenseReason, Status};
+use crate::xcopy::CopyResults;
+use crate::{sbc, spc, xcopy, Nexus, Request, Response, Sense, SenseReason, Status};
 
 /// Identity and naming of one logical unit.
 #[derive(Debug, Clone)]
@@ -223,6 +224,8 @@ pub struct LogicalUnit {
     /// Set while a SANITIZE runs: media access commands then get NOT READY, SANITIZE IN
     /// PROGRESS (SBC-3 4.11), while INQUIRY, REPORT LUNS and REQUEST SENSE still work.
     pub(crate) sanitizing: std::sync::atomic::AtomicBool,
+    /// Status of recent EXTENDED COPY commands, for RECEIVE COPY RESULTS.
+    pub(crate) copy_results: CopyResults,
 }
 
 impl LogicalUnit {
@@ -239,7 +242,13 @@ impl LogicalUnit {
             reservations: Reservations::new(persist),
             unit_attentions: Mutex::new(UnitAttentions::default()),
             sanitizing: std::sync::atomic::AtomicBool::new(false),
+            copy_results: CopyResults::default(),
         }
+    }
+
+    /// The NAA designator (VPD 0x83) that names this LU, also in EXTENDED COPY descriptors.
+    pub fn naa(&self) -> [u8; 16] {
+        self.config.naa
     }
 
     pub fn volume(&self) -> &Arc<dyn Volume> {
@@ -312,6 +321,9 @@ impl LogicalUnit {
             | Command::ReportSupportedOpcodes { .. }
             | Command::ReportSupportedTmfs { .. }
             | Command::Unsupported { .. } => spc::execute(self, req, &cmd),
+            Command::ExtendedCopy { .. } | Command::ReceiveCopyResults { .. } => {
+                xcopy::execute(self, req, &cmd)
+            }
             _ => sbc::execute(self, req, &cmd),
         }
     }
@@ -367,7 +379,8 @@ impl LogicalUnit {
             Command::Unmap { param_len, .. }
             | Command::ModeSelect { param_len, .. }
             | Command::Sanitize { param_len, .. }
-            | Command::PersistentReserveOut { param_len } => param_len,
+            | Command::PersistentReserveOut { param_len }
+            | Command::ExtendedCopy { param_len } => param_len,
             _ => 0,
         }
     }
@@ -405,6 +418,7 @@ impl LogicalUnit {
             Reset::TargetCold => SenseReason::PowerOnOccurred,
         };
         self.reservations.reset();
+        self.copy_results.clear();
         let mut uas = lock_unpoisoned(&self.unit_attentions);
         for queue in uas.pending.values_mut() {
             queue.clear();
@@ -424,6 +438,7 @@ impl LogicalUnit {
     /// login gets POWER ON, RESET again, and drop what it held by RESERVE(6).
     pub fn nexus_lost(&self, nexus: &Nexus) {
         self.reservations.nexus_lost(nexus);
+        self.copy_results.nexus_lost(nexus);
         lock_unpoisoned(&self.unit_attentions)
             .pending
             .remove(&key(nexus));
@@ -510,6 +525,7 @@ pub fn fuzz_cdb(data: &[u8]) {
         data_out,
         attr: crate::TaskAttr::Simple,
         luns: &[0, 1],
+        copy_targets: &crate::NoCopyTargets,
     };
     // The first command consumes the power-on unit attention; the second really runs.
     let _ = lu.execute(&req);

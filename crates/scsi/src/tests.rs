@@ -48,6 +48,7 @@ fn run(lu: &LogicalUnit, n: &Nexus, cdb: &[u8], data_out: &[u8]) -> Response {
         data_out,
         attr: TaskAttr::Simple,
         luns: &[0, 3],
+        copy_targets: &crate::NoCopyTargets,
     })
 }
 
@@ -490,7 +491,7 @@ fn vpd_pages_are_listed_and_well_formed() {
     let r = run(&f.lu, &n, &[0x12, 1, 0x00, 0, 255, 0], &[]);
     good(&r);
     let pages = &r.data_in[4..];
-    assert_eq!(pages, &[0x00, 0x80, 0x83, 0x86, 0xb0, 0xb1, 0xb2]);
+    assert_eq!(pages, &[0x00, 0x80, 0x83, 0x86, 0x8f, 0xb0, 0xb1, 0xb2]);
     for &p in pages {
         let r = run(&f.lu, &n, &[0x12, 1, p, 0x01, 0, 0], &[]);
         good(&r);
@@ -589,6 +590,7 @@ fn command_without_lu() {
         data_out: &[],
         attr: TaskAttr::Simple,
         luns: &[0],
+        copy_targets: &crate::NoCopyTargets,
     };
     let r = crate::execute_without_lu(&req(&[0x12, 0, 0, 0, 36, 0]));
     good(&r);

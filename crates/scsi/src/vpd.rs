@@ -23,15 +23,17 @@ const PAGE_SUPPORTED: u8 = 0x00;
 const PAGE_SERIAL: u8 = 0x80;
 const PAGE_DEVICE_ID: u8 = 0x83;
 const PAGE_EXTENDED_INQUIRY: u8 = 0x86;
+const PAGE_THIRD_PARTY_COPY: u8 = 0x8f;
 const PAGE_BLOCK_LIMITS: u8 = 0xb0;
 const PAGE_BLOCK_CHARACTERISTICS: u8 = 0xb1;
 const PAGE_LOGICAL_BLOCK_PROVISIONING: u8 = 0xb2;
 
-const SUPPORTED_PAGES: [u8; 7] = [
+const SUPPORTED_PAGES: [u8; 8] = [
     PAGE_SUPPORTED,
     PAGE_SERIAL,
     PAGE_DEVICE_ID,
     PAGE_EXTENDED_INQUIRY,
+    PAGE_THIRD_PARTY_COPY,
     PAGE_BLOCK_LIMITS,
     PAGE_BLOCK_CHARACTERISTICS,
     PAGE_LOGICAL_BLOCK_PROVISIONING,
@@ -49,6 +51,7 @@ pub(crate) fn page(lu: &LogicalUnit, nexus: &Nexus, code: u8) -> Option<Vec<u8>>
         PAGE_SERIAL => lu.config.serial.as_bytes().to_vec(),
         PAGE_DEVICE_ID => device_identification(lu, nexus),
         PAGE_EXTENDED_INQUIRY => extended_inquiry(),
+        PAGE_THIRD_PARTY_COPY => crate::xcopy::third_party_copy_page(lu),
         PAGE_BLOCK_LIMITS => block_limits(lu),
         PAGE_BLOCK_CHARACTERISTICS => block_characteristics(),
         PAGE_LOGICAL_BLOCK_PROVISIONING => logical_block_provisioning(lu),
@@ -170,8 +173,8 @@ fn block_limits(lu: &LogicalUnit) -> Vec<u8> {
 fn block_characteristics() -> Vec<u8> {
     let mut b = vec![0u8; 60];
     b[1] = 0x01; // MEDIUM ROTATION RATE 1: non-rotating (solid state)
-    // WABEREQ=01b: after SANITIZE BLOCK ERASE reads succeed (and return zeros: LBPRZ).
-    // WACEREQ=00b: CRYPTO ERASE is not supported.
+                 // WABEREQ=01b: after SANITIZE BLOCK ERASE reads succeed (and return zeros: LBPRZ).
+                 // WACEREQ=00b: CRYPTO ERASE is not supported.
     b[3] = 0x40;
     b
 }

@@ -7,7 +7,7 @@ use sliver_iscsi::{
     Command, CommandResult, Connection, Event, SessionInfo, SessionType, TaskManagement,
     TmfFunction, TmfResponse,
 };
-use sliver_scsi::{LogicalUnit, Nexus, Request, Reset, TaskAttr};
+use sliver_scsi::{CopyTargets, LogicalUnit, Nexus, Request, Reset, TaskAttr};
 use std::collections::{HashMap, HashSet};
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -186,6 +186,7 @@ impl Session {
             .find(|l| l.lun == cmd.lun)
             .map(|l| l.unit.clone());
         let lun_numbers: Vec<u64> = luns.iter().map(|l| l.lun).collect();
+        let copy_targets = MappedUnits(luns.iter().map(|l| l.unit.clone()).collect());
         if let Some(unit) = &unit {
             self.touched.entry(cmd.lun).or_insert_with(|| unit.clone());
         }
@@ -219,6 +220,7 @@ impl Session {
                 data_out: &cmd.data_out,
                 attr: task_attr(&cmd),
                 luns: &lun_numbers,
+                copy_targets: &copy_targets,
             };
             let resp = match &unit {
                 Some(unit) => unit.execute(&req),
@@ -354,6 +356,16 @@ impl Session {
             self.server
                 .unregister(&info.initiator_name, info.isid, info.tsih);
         }
+    }
+}
+
+/// EXTENDED COPY may only reach LUs this initiator is connected to (an XCOPY that ignored
+/// access control was LIO's CVE-2020-28374).
+struct MappedUnits(Vec<Arc<LogicalUnit>>);
+
+impl CopyTargets for MappedUnits {
+    fn find_by_naa(&self, naa: &[u8]) -> Option<Arc<LogicalUnit>> {
+        self.0.iter().find(|u| u.naa()[..] == *naa).cloned()
     }
 }
 
