@@ -11,7 +11,7 @@ fi
 export RUSTC_BOOTSTRAP=1
 targets=$(cd fuzz && cargo fuzz list)
 cd fuzz
-cargo fuzz build -O $targets 2>&1 | tail -n 3
+cargo fuzz build -O 2>&1 | tail -n 3
 for t in $targets; do
   work=$(mktemp -d)
   mkdir -p "corpus/$t"
