@@ -14,13 +14,19 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
-use tokio::sync::{mpsc, watch, Notify};
+use tokio::sync::{mpsc, watch, Notify, OwnedSemaphorePermit, Semaphore};
 
 /// Interval between keepalive NOP-In pings on an idle logged-in connection; a ping still
 /// unanswered at the next tick drops the connection.
 const KEEPALIVE: Duration = Duration::from_secs(15);
 /// Bounded queue of output chunks between the protocol loop and the socket writer.
-const WRITE_QUEUE: usize = 64;
+/// Kept short: each chunk can hold a whole Data-In sequence, and a slow reader must stall
+/// the loop (and so command execution) rather than let output pile up.
+const WRITE_QUEUE: usize = 4;
+/// KiB of Data-In plus Data-Out that commands of one connection may hold while they
+/// execute; further commands wait. With the short write queue this bounds the memory of a
+/// connection whose initiator queues many large reads and then reads its socket slowly.
+const EXECUTION_BUDGET_KIB: u32 = 64 * 1024;
 const SANITIZE: u8 = 0x48;
 
 struct InFlight {
@@ -47,7 +53,8 @@ struct Session {
     pending_tmfs: Vec<PendingTmf>,
     /// Logical units this session touched, told about nexus loss at the end.
     touched: HashMap<u64, Arc<LogicalUnit>>,
-    results: mpsc::UnboundedSender<(u32, CommandResult)>,
+    results: mpsc::UnboundedSender<(u32, CommandResult, OwnedSemaphorePermit)>,
+    budget: Arc<Semaphore>,
     close_after_output: bool,
 }
 
@@ -87,6 +94,7 @@ pub(crate) async fn drive(
         pending_tmfs: Vec::new(),
         touched: HashMap::new(),
         results: results_tx,
+        budget: Arc::new(Semaphore::new(EXECUTION_BUDGET_KIB as usize)),
         close_after_output: false,
     };
     let mut buf = vec![0u8; 256 * 1024];
@@ -109,8 +117,9 @@ pub(crate) async fn drive(
                     s.handle_event(&mut conn, event);
                 }
             }
-            Some((itt, result)) = results_rx.recv() => {
+            Some((itt, result, permit)) = results_rx.recv() => {
                 s.finish(&mut conn, itt, result);
+                drop(permit);
             }
             _ = keepalive.tick(), if s.info.is_some() => {
                 if !conn.ping() {
@@ -213,28 +222,35 @@ impl Session {
             },
         );
         let results = self.results.clone();
-        tokio::task::spawn_blocking(move || {
-            let req = Request {
-                nexus: &nexus,
-                cdb: &cmd.cdb,
-                data_out: &cmd.data_out,
-                attr: task_attr(&cmd),
-                luns: &lun_numbers,
-                copy_targets: &copy_targets,
+        let budget = self.budget.clone();
+        let bytes = (cmd.data_out.len() as u64).max(cmd.expected_data_transfer_length as u64);
+        let cost = (bytes / 1024 + 1).min(EXECUTION_BUDGET_KIB as u64) as u32;
+        tokio::spawn(async move {
+            let Ok(permit) = budget.acquire_many_owned(cost).await else {
+                return;
             };
-            let resp = match &unit {
-                Some(unit) => unit.execute(&req),
-                None => sliver_scsi::execute_without_lu(&req),
-            };
-            let _ = results.send((
-                cmd.itt,
-                CommandResult {
+            let _ = tokio::task::spawn_blocking(move || {
+                let req = Request {
+                    nexus: &nexus,
+                    cdb: &cmd.cdb,
+                    data_out: &cmd.data_out,
+                    attr: task_attr(&cmd),
+                    luns: &lun_numbers,
+                    copy_targets: &copy_targets,
+                };
+                let resp = match &unit {
+                    Some(unit) => unit.execute(&req),
+                    None => sliver_scsi::execute_without_lu(&req),
+                };
+                let result = CommandResult {
                     status: resp.status as u8,
                     sense: resp.sense,
                     data_in: resp.data_in,
                     data_out_expected: resp.data_out_expected,
-                },
-            ));
+                };
+                let _ = results.send((cmd.itt, result, permit));
+            })
+            .await;
         });
     }
 
