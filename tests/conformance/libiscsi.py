@@ -1,0 +1,146 @@
+#!/usr/bin/env python3
+"""Run libiscsi's iscsi-test-cu against a target and judge the result strictly.
+
+CUnit counts a skipped test as passed. Here a test is a clean pass only if it passed and
+printed no "[SKIPPED]" inside its own output; a skip is accepted only if the test is listed
+in the expected-skips file (with its justification). Exit status: 0 when no test failed and
+every skip was expected, 1 otherwise, 2 when the run itself broke (timeout, crash, no tests).
+
+The last line printed is "N passed, N failed, N skipped".
+"""
+import argparse
+import json
+import re
+import subprocess
+import sys
+
+TEST_RE = re.compile(r"^\s*Test: (\S+) \.\.\.", re.M)
+SUITE_RE = re.compile(r"^Suite: (\S+)", re.M)
+# The result token CUnit prints after a test's own output; "[FAILED]" messages are bracketed.
+RESULT_RE = re.compile(r"(?<!\[)(passed|FAILED)(?!\])")
+SKIP_RE = re.compile(r"\[SKIPPED\]\s*([^\n]*?)\s*(?:passed|FAILED)?\s*$", re.M)
+FAIL_MSG_RE = re.compile(r"\[FAILED\][^\n]*")
+SUMMARY_RE = re.compile(r"^\s*tests\s+(\d+)\s+(\d+)\s+(\d+)\s+(\d+)", re.M)
+
+
+def parse(log):
+    """Return [(suite.test, outcome, detail)] with outcome pass / fail / skip."""
+    suites = [(m.start(), m.group(1)) for m in SUITE_RE.finditer(log)]
+    tests = list(TEST_RE.finditer(log))
+    results = []
+    for i, m in enumerate(tests):
+        suite = ""
+        for pos, name in suites:
+            if pos < m.start():
+                suite = name
+        end = tests[i + 1].start() if i + 1 < len(tests) else len(log)
+        body = log[m.end():end]
+        result = RESULT_RE.search(body)
+        # Only what the test printed before its result token belongs to it; text after it
+        # comes from suite cleanup (e.g. clearing reservations) or the next suite's setup.
+        own = body[: result.start()] if result else body
+        name = f"{suite}.{m.group(1)}"
+        if result is None:
+            results.append((name, "fail", "no result printed (crash or timeout?)"))
+        elif result.group(1) == "FAILED":
+            msgs = FAIL_MSG_RE.findall(own) or ["FAILED"]
+            results.append((name, "fail", "; ".join(dict.fromkeys(msgs))))
+        elif "[SKIPPED]" in own:
+            why = own[own.index("[SKIPPED]") + len("[SKIPPED]"):].strip().splitlines()[0]
+            results.append((name, "skip", why))
+        else:
+            results.append((name, "pass", ""))
+    return results
+
+
+def load_expected(path):
+    expected = {}
+    if not path:
+        return expected
+    with open(path) as f:
+        for line in f:
+            name, _, why = line.partition("#")
+            name = name.strip()
+            if name:
+                expected[name] = why.strip()
+    return expected
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--url", required=True)
+    ap.add_argument("--url2", help="second URL (another portal) for the MultipathIO suite")
+    ap.add_argument("--test", default="ALL")
+    ap.add_argument("--initiator-name")
+    ap.add_argument("--initiator-name-2")
+    ap.add_argument("--timeout", type=int, default=1800)
+    ap.add_argument("--log")
+    ap.add_argument("--json")
+    ap.add_argument("--expect-skips")
+    args = ap.parse_args()
+
+    cmd = ["iscsi-test-cu", "--dataloss", "--allow-sanitize", f"--test={args.test}"]
+    if args.initiator_name:
+        cmd += ["-i", args.initiator_name]
+    if args.initiator_name_2:
+        cmd += ["-I", args.initiator_name_2]
+    cmd.append(args.url)
+    if args.url2:
+        cmd.append(args.url2)
+    print("$ " + " ".join(cmd), flush=True)
+    try:
+        proc = subprocess.run(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, timeout=args.timeout)
+        log = proc.stdout.decode("utf-8", "replace")
+        broken = None
+    except subprocess.TimeoutExpired as e:
+        log = (e.stdout or b"").decode("utf-8", "replace")
+        broken = f"iscsi-test-cu timed out after {args.timeout}s"
+    if args.log:
+        with open(args.log, "w") as f:
+            f.write(log)
+
+    results = parse(log)
+    expected = load_expected(args.expect_skips)
+    passed = [r for r in results if r[1] == "pass"]
+    failed = [r for r in results if r[1] == "fail"]
+    skipped = [r for r in results if r[1] == "skip"]
+    unexpected = [r for r in skipped if r[0] not in expected]
+
+    by_suite = {}
+    for name, outcome, _ in results:
+        s = by_suite.setdefault(name.split(".")[0], {"pass": 0, "fail": 0, "skip": 0})
+        s[outcome] += 1
+    print(f"{'suite':32} {'pass':>5} {'fail':>5} {'skip':>5}")
+    for suite, c in by_suite.items():
+        print(f"{suite:32} {c['pass']:5} {c['fail']:5} {c['skip']:5}")
+    for name, _, detail in failed:
+        print(f"FAILED  {name}: {detail}")
+    for name, _, detail in skipped:
+        mark = "expected" if name in expected else "UNEXPECTED"
+        print(f"SKIPPED {name} ({mark}): {detail}")
+
+    summary = SUMMARY_RE.search(log)
+    if summary and int(summary.group(4)) > len(failed):
+        broken = broken or (f"CUnit reports {summary.group(4)} failures but only "
+                            f"{len(failed)} were attributed to tests")
+    if not results:
+        broken = broken or "no test ran"
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"command": cmd, "passed": len(passed), "failed": len(failed),
+                       "skipped": len(skipped),
+                       "tests": [{"name": n, "outcome": o, "detail": d}
+                                 for n, o, d in results]}, f, indent=1)
+    if broken:
+        print(f"error: {broken}")
+    if unexpected:
+        print(f"{len(unexpected)} skip(s) not listed in {args.expect_skips}")
+    print(f"{len(passed)} passed, {len(failed)} failed, {len(skipped)} skipped")
+    if broken:
+        return 2
+    return 1 if failed or unexpected else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
