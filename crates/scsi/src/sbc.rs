@@ -124,9 +124,21 @@ fn read(lu: &LogicalUnit, r: BlockRange) -> Outcome {
     Ok(Done::data(data))
 }
 
+/// The part of a write the initiator really sent. When the transport's expected transfer
+/// length is shorter than the CDB's (an iSCSI residual overflow), only the whole blocks that
+/// arrived are written, as libiscsi's residual tests and other targets expect; the transport
+/// reports the overflow.
+fn sent_blocks<'a>(lu: &LogicalUnit, r: BlockRange, data_out: &'a [u8]) -> (BlockRange, &'a [u8]) {
+    let bs = block_size(lu).max(1);
+    let blocks = r.blocks.min((data_out.len() / bs) as u64);
+    let r = BlockRange { lba: r.lba, blocks };
+    (r, &data_out[..blocks as usize * bs])
+}
+
 fn write(lu: &LogicalUnit, r: BlockRange, fua: bool, data_out: &[u8]) -> Outcome {
-    let bytes = check_transfer(lu, r)?;
-    let data = data_out_prefix(data_out, bytes)?;
+    check_transfer(lu, r)?;
+    let (r, data) = sent_blocks(lu, r, data_out);
+    let bytes = data.len();
     check_writable(lu)?;
     if bytes > 0 {
         let _lock = lu.locks.lock(r.lba, r.blocks);
@@ -178,8 +190,9 @@ fn verify(lu: &LogicalUnit, r: BlockRange, byte_check: u8, data_out: &[u8]) -> O
 }
 
 fn write_and_verify(lu: &LogicalUnit, r: BlockRange, data_out: &[u8]) -> Outcome {
-    let bytes = check_transfer(lu, r)?;
-    let data = data_out_prefix(data_out, bytes)?;
+    check_transfer(lu, r)?;
+    let (r, data) = sent_blocks(lu, r, data_out);
+    let bytes = data.len();
     check_writable(lu)?;
     if bytes == 0 {
         return Ok(Done::good());

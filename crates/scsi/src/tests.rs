@@ -138,11 +138,21 @@ fn out_of_range_lba_is_rejected_before_io() {
 }
 
 #[test]
-fn short_data_out_is_rejected() {
+fn short_data_out_writes_only_the_blocks_sent() {
     let (f, n) = ready();
-    let r = run(&f.lu, &n, &cdb16(0x8a, 0, 2), &[1u8; BS]);
-    assert_eq!(sense_codes(&r), (0x5, 0x0e, 0x03));
+    good(&write16(&f.lu, &n, 0, &[0xaa; 2 * BS]));
+    // The CDB says two blocks, the transport delivered one and a half: one block is written
+    // and the transport reports the residual overflow from data_out_expected.
+    let r = run(&f.lu, &n, &cdb16(0x8a, 0, 2), &[0xbb; BS + BS / 2]);
+    good(&r);
     assert_eq!(r.data_out_expected, 2 * BS);
+    let mut back = vec![0u8; 2 * BS];
+    f.lu.volume().read(0, &mut back).unwrap();
+    assert!(back[..BS].iter().all(|&b| b == 0xbb));
+    assert!(
+        back[BS..].iter().all(|&b| b == 0xaa),
+        "the unsent block is untouched"
+    );
 }
 
 #[test]
