@@ -33,6 +33,7 @@ url_b="iscsi://127.0.0.1:$PORT_B/$iqn/0"
 
 python3 tests/conformance/libiscsi.py --url "$url_a" --url2 "$url_b" --test "$SUITE" \
   --expect-skips tests/conformance/expected-skips.txt \
+  --expect-failures tests/conformance/expected-failures.txt \
   --log "$OUT/iscsi-test-cu.log" --json "$OUT/iscsi-test-cu.json" --timeout 1800
 
 tests/conformance/qemu_interop.sh "$url_a" "$url_b"

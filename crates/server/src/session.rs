@@ -172,7 +172,12 @@ impl Session {
             }
             Event::Command(cmd) => self.start_command(conn, cmd),
             Event::TaskManagement(tmf) => self.task_management(conn, tmf),
-            Event::LoggedOut => self.close_after_output = true,
+            Event::LoggedOut => {
+                // Release the nexus before the Logout response goes out, so an initiator that
+                // logs in again right away finds its RESERVE(6) reservations gone.
+                self.release_nexus();
+                self.close_after_output = true;
+            }
         }
     }
 
@@ -364,11 +369,18 @@ impl Session {
         }
     }
 
-    fn end(&mut self) {
-        if let (Some(info), Some(nexus)) = (&self.info, &self.nexus) {
-            for unit in self.touched.values() {
+    /// The I_T nexus is gone: logical units drop its RESERVE(6) reservation and state.
+    fn release_nexus(&mut self) {
+        if let Some(nexus) = &self.nexus {
+            for unit in std::mem::take(&mut self.touched).into_values() {
                 unit.nexus_lost(nexus);
             }
+        }
+    }
+
+    fn end(&mut self) {
+        self.release_nexus();
+        if let Some(info) = &self.info {
             self.server
                 .unregister(&info.initiator_name, info.isid, info.tsih);
         }
