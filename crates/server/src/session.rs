@@ -16,9 +16,13 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::sync::{mpsc, watch, Notify, OwnedSemaphorePermit, Semaphore};
 
-/// Interval between keepalive NOP-In pings on an idle logged-in connection; a ping still
-/// unanswered at the next tick drops the connection.
-const KEEPALIVE: Duration = Duration::from_secs(15);
+/// Dead initiators are found with TCP keepalive, answered by the initiator's kernel. NOP-In
+/// pings are not used for that: a single-threaded initiator that sleeps between commands
+/// (libiscsi's synchronous API does, for a minute at a time) cannot answer them, and dropping
+/// it costs it its nexus and a unit attention on every reconnect.
+const TCP_KEEPALIVE_IDLE: Duration = Duration::from_secs(30);
+const TCP_KEEPALIVE_INTERVAL: Duration = Duration::from_secs(10);
+const TCP_KEEPALIVE_RETRIES: u32 = 3;
 /// Bounded queue of output chunks between the protocol loop and the socket writer.
 /// Kept short: each chunk can hold a whole Data-In sequence, and a slow reader must stall
 /// the loop (and so command execution) rather than let output pile up.
@@ -68,6 +72,13 @@ pub(crate) async fn drive(
         Ok(a) => a,
         Err(_) => return,
     };
+    let keepalive = socket2::TcpKeepalive::new()
+        .with_time(TCP_KEEPALIVE_IDLE)
+        .with_interval(TCP_KEEPALIVE_INTERVAL)
+        .with_retries(TCP_KEEPALIVE_RETRIES);
+    if let Err(e) = socket2::SockRef::from(&stream).set_tcp_keepalive(&keepalive) {
+        tracing::warn!(%peer, "cannot enable TCP keepalive: {e}");
+    }
     let kill = Arc::new(Notify::new());
     let authority = Arc::new(ConnectionAuthority {
         server: server.clone(),
@@ -98,8 +109,6 @@ pub(crate) async fn drive(
         close_after_output: false,
     };
     let mut buf = vec![0u8; 256 * 1024];
-    let mut keepalive = tokio::time::interval(KEEPALIVE);
-    keepalive.tick().await;
     tracing::debug!(%peer, "connection opened");
     loop {
         tokio::select! {
@@ -108,7 +117,6 @@ pub(crate) async fn drive(
                     Ok(0) | Err(_) => break,
                     Ok(n) => n,
                 };
-                keepalive.reset();
                 if let Err(e) = conn.receive(&buf[..n]) {
                     tracing::warn!(%peer, "protocol error, closing: {e}");
                     s.close_after_output = true;
@@ -120,12 +128,6 @@ pub(crate) async fn drive(
             Some((itt, result, permit)) = results_rx.recv() => {
                 s.finish(&mut conn, itt, result);
                 drop(permit);
-            }
-            _ = keepalive.tick(), if s.info.is_some() => {
-                if !conn.ping() {
-                    tracing::warn!(%peer, "keepalive unanswered, closing");
-                    break;
-                }
             }
             _ = kill.notified() => {
                 tracing::info!(%peer, "session reinstated by a new login, closing");
