@@ -280,7 +280,11 @@ impl Connection {
             }
         }
 
-        let collapse = result.sense.is_empty() && !data_in.is_empty();
+        // Status may ride on the last Data-In only without an exception (RFC 7143 §11.7.4):
+        // GOOD, CONDITION MET or INTERMEDIATE-CONDITION MET, and no sense data.
+        let collapse = result.sense.is_empty()
+            && !data_in.is_empty()
+            && matches!(result.status, 0x00 | 0x04 | 0x10);
         let mut data_sn = 0u32;
         let mut offset = 0usize;
         while offset < data_in.len() {
@@ -340,6 +344,14 @@ impl Connection {
         let Some(tmf) = self.pending_tmfs.remove(&itt) else {
             return;
         };
+        let mut response = response;
+        if response == TmfResponse::FunctionComplete
+            && tmf.function == TmfFunction::AbortTask
+            && !self.tasks.contains_key(&tmf.referenced_task_tag)
+        {
+            // The task completed (status sent) while the abort was being handled.
+            response = TmfResponse::TaskDoesNotExist;
+        }
         if response == TmfResponse::FunctionComplete {
             // Aborted tasks get no response: forget them so a late completion is discarded.
             let aborted: Vec<u32> = self

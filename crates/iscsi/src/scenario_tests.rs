@@ -1255,3 +1255,31 @@ fn abort_of_completed_task_reports_task_does_not_exist() {
     let r = TaskManagementResponseHeader::parse(&ini.recv_one().bhs);
     assert_eq!((r.itt, r.response), (0x778, 1));
 }
+
+#[test]
+fn abort_racing_with_completion_reports_task_does_not_exist() {
+    let mut ini = logged_in(&[]);
+    let (itt, cmd) = ini.command(&[0], 0, false, false);
+    ini.send(cmd).unwrap();
+    ini.command_event();
+    let tmf = TaskManagementRequestHeader {
+        immediate: true,
+        function: 1,
+        lun: pdu::encode_lun(3),
+        itt: 0x779,
+        referenced_task_tag: itt,
+        cmd_sn: ini.cmd_sn,
+        exp_stat_sn: ini.exp_stat_sn,
+        ref_cmd_sn: ini.cmd_sn - 1,
+        exp_data_sn: 0,
+    };
+    ini.send(Pdu::new(tmf.to_bhs())).unwrap();
+    assert!(matches!(ini.events()[..], [Event::TaskManagement(_)]));
+    ini.conn.complete_command(itt, CommandResult::default());
+    ini.conn
+        .complete_task_management(0x779, TmfResponse::FunctionComplete);
+    let out = ini.recv();
+    assert_eq!(out.len(), 2);
+    let r = TaskManagementResponseHeader::parse(&out[1].bhs);
+    assert_eq!((r.itt, r.response), (0x779, 1));
+}
