@@ -12,10 +12,7 @@
 pub mod cdb;
 mod lu;
 mod mode;
-// TEMPORARY: the "pr" helper is writing pr.rs; until it lands this stub provides the agreed
-// API. Replace these two lines with `pub mod pr;` then.
-mod pr_stub;
-use pr_stub as pr;
+pub mod pr;
 mod sbc;
 pub mod sense;
 mod spc;
