@@ -1436,6 +1436,9 @@ mod tests {
         fn block_status(&self, lba: u64) -> sliver_volume::Result<BlockStatus> {
             self.inner.block_status(lba)
         }
+        fn space(&self) -> sliver_volume::Result<sliver_volume::VolumeSpace> {
+            self.inner.space()
+        }
     }
 
     #[test]

@@ -62,6 +62,32 @@ pub struct BlockStatus {
     pub blocks: u64,
 }
 
+/// Space figures of one volume, in bytes (see docs/design.md, "Space accounting").
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct VolumeSpace {
+    /// Size the host sees.
+    pub provisioned_bytes: u64,
+    /// Logical bytes the host has written and not unmapped (zero data excluded where the
+    /// volume eliminates zeros).
+    pub mapped_bytes: u64,
+    /// Physical bytes that deleting this volume alone would free (data nothing else references).
+    pub unique_bytes: u64,
+    /// Physical bytes referenced by this volume and by others (snapshots, clones, dedup).
+    pub shared_bytes: u64,
+    /// mapped_bytes / physical bytes referenced (dedup x compression); 1.0 when nothing is stored.
+    pub data_reduction: f64,
+}
+
+impl VolumeSpace {
+    /// Share of the volume never written (FlashArray's "thin provisioning"), 0..1.
+    pub fn thin_provisioning(&self) -> f64 {
+        if self.provisioned_bytes == 0 {
+            return 0.0;
+        }
+        1.0 - (self.mapped_bytes.min(self.provisioned_bytes) as f64 / self.provisioned_bytes as f64)
+    }
+}
+
 /// A thin logical block device.
 pub trait Volume: Send + Sync {
     /// Logical block size in bytes (512 or 4096).
@@ -154,6 +180,10 @@ pub trait Volume: Send + Sync {
 
     /// Provisioning state of the run of blocks starting at `lba` (which must be in range).
     fn block_status(&self, lba: u64) -> Result<BlockStatus>;
+
+    /// Current space figures. Engines compute them from metadata; this may walk the volume's
+    /// map, so callers poll it at human rates (API, metrics scrape), not per command.
+    fn space(&self) -> Result<VolumeSpace>;
 
     /// Check that `lba + blocks` lies inside the volume.
     fn check_range(&self, lba: u64, blocks: u64) -> Result<()> {

@@ -4,9 +4,10 @@
 //! system; where that is not supported it writes zeros, which keeps the LBPRZ promise. Provisioning state comes from `SEEK_DATA`/`SEEK_HOLE`.
 //! If the file system cannot punch holes the error is reported, never swallowed.
 
-use crate::{BlockStatus, ProvisioningState, Result, Volume, VolumeError};
+use crate::{BlockStatus, ProvisioningState, Result, Volume, VolumeError, VolumeSpace};
 use std::fs::{File, OpenOptions};
 use std::os::unix::fs::FileExt;
+use std::os::unix::fs::MetadataExt;
 use std::os::unix::io::AsRawFd;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -181,6 +182,20 @@ impl Volume for FileVolume {
         Ok(BlockStatus {
             state: ProvisioningState::Mapped,
             blocks,
+        })
+    }
+
+    /// A passthrough file stores data as is: what the file system allocates is both mapped and
+    /// physical, and nothing is shared or reduced.
+    fn space(&self) -> Result<VolumeSpace> {
+        let provisioned = self.num_blocks * self.block_size as u64;
+        let allocated = (self.file.metadata()?.blocks() * 512).min(provisioned);
+        Ok(VolumeSpace {
+            provisioned_bytes: provisioned,
+            mapped_bytes: allocated,
+            unique_bytes: allocated,
+            shared_bytes: 0,
+            data_reduction: 1.0,
         })
     }
 }

@@ -1,0 +1,1 @@
+//! sliver-initiator (skeleton; being written).

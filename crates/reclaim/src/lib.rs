@@ -1,0 +1,1 @@
+//! sliver-reclaim (skeleton; being written).
