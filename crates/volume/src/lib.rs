@@ -150,32 +150,12 @@ pub trait Volume: Send + Sync {
         dst_lba: u64,
         blocks: u64,
     ) -> Result<()> {
-        let bs = self.block_size();
-        if source.block_size() != bs {
-            return Err(VolumeError::Io(io::Error::new(
-                io::ErrorKind::InvalidInput,
-                "copy between volumes of different block sizes",
-            )));
-        }
-        source.check_range(src_lba, blocks)?;
-        self.check_range(dst_lba, blocks)?;
-        let bs = bs.max(1) as u64;
-        let step = (COPY_CHUNK_BYTES / bs).max(1);
-        let same_volume = std::ptr::addr_eq(source as *const dyn Volume, self as *const Self);
-        // Copying forwards into an overlapping range further up would read blocks it already
-        // overwrote; walk backwards then. (The range checks above bound every sum below.)
-        let backwards = same_volume && dst_lba > src_lba && dst_lba < src_lba + blocks;
-        let mut buffer = vec![0u8; (step.min(blocks) * bs) as usize];
-        let mut done = 0;
-        while done < blocks {
-            let n = step.min(blocks - done);
-            let offset = if backwards { blocks - done - n } else { done };
-            let chunk = &mut buffer[..(n * bs) as usize];
-            source.read(src_lba + offset, chunk)?;
-            self.write(dst_lba + offset, chunk)?;
-            done += n;
-        }
-        Ok(())
+        copy_by_data(self, source, src_lba, dst_lba, blocks)
+    }
+
+    /// The concrete type, so an engine can recognise its own volumes (copy by reference).
+    fn as_any(&self) -> Option<&dyn std::any::Any> {
+        None
     }
 
     /// Provisioning state of the run of blocks starting at `lba` (which must be in range).
@@ -197,6 +177,43 @@ pub trait Volume: Send + Sync {
             }),
         }
     }
+}
+
+/// Copy blocks by reading and writing them in bounded chunks: [`Volume::copy_from`]'s default,
+/// and the fallback of engines when a copy cannot be done by reference.
+pub fn copy_by_data<V: Volume + ?Sized>(
+    dst: &V,
+    source: &dyn Volume,
+    src_lba: u64,
+    dst_lba: u64,
+    blocks: u64,
+) -> Result<()> {
+    let bs = dst.block_size();
+    if source.block_size() != bs {
+        return Err(VolumeError::Io(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "copy between volumes of different block sizes",
+        )));
+    }
+    source.check_range(src_lba, blocks)?;
+    dst.check_range(dst_lba, blocks)?;
+    let bs = bs.max(1) as u64;
+    let step = (COPY_CHUNK_BYTES / bs).max(1);
+    let same_volume = std::ptr::addr_eq(source as *const dyn Volume, dst as *const V);
+    // Copying forwards into an overlapping range further up would read blocks it already
+    // overwrote; walk backwards then. (The range checks above bound every sum below.)
+    let backwards = same_volume && dst_lba > src_lba && dst_lba < src_lba + blocks;
+    let mut buffer = vec![0u8; (step.min(blocks) * bs) as usize];
+    let mut done = 0;
+    while done < blocks {
+        let n = step.min(blocks - done);
+        let offset = if backwards { blocks - done - n } else { done };
+        let chunk = &mut buffer[..(n * bs) as usize];
+        source.read(src_lba + offset, chunk)?;
+        dst.write(dst_lba + offset, chunk)?;
+        done += n;
+    }
+    Ok(())
 }
 
 #[cfg(test)]

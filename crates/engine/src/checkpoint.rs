@@ -1,0 +1,332 @@
+//! Checkpoints: the whole metadata state at one log position, so recovery replays only the
+//! log written after it. Layout (little-endian; byte diagram in docs/design.md):
+//!
+//! ```text
+//! "SLVRCKP1" | version u32 | crc32c u32 (of the compressed body) | lz4(body, size-prefixed)
+//! body: config | head | counters | segments | chunks | pages | volumes
+//! ```
+//!
+//! Pages shared between volumes are stored once and referenced by index, so a checkpoint
+//! preserves sharing exactly (and with it the reference counts, which are recomputed on load).
+
+use crate::format::{CHECKPOINT_MAGIC, FORMAT_VERSION};
+use crate::state::{Chunk, Loc, Page, SegState, Segment, State, VolumeMap, PAGE_ENTRIES};
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+
+/// Fixed parameters of an engine, chosen at creation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Geometry {
+    pub chunk_size: u32,
+    pub segment_size: u32,
+    pub segment_count: u32,
+    /// Key of the keyed BLAKE3 fingerprint: crafted collisions need it.
+    pub key: [u8; 32],
+}
+
+/// The log position recovery starts from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Head {
+    pub segment: u32,
+    pub seq: u64,
+    pub offset: u32,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Counters {
+    /// Bytes of chunk records written for hosts.
+    pub host_bytes: u64,
+    /// Bytes of chunk records rewritten by the garbage collector.
+    pub gc_bytes: u64,
+    pub next_volume: u32,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum CheckpointError {
+    #[error("not a sliver checkpoint")]
+    Magic,
+    #[error("checkpoint format version {0} is not supported")]
+    Version(u32),
+    #[error("checkpoint checksum mismatch")]
+    Checksum,
+    #[error("checkpoint is damaged: {0}")]
+    Malformed(String),
+}
+
+struct W(Vec<u8>);
+impl W {
+    fn u8(&mut self, v: u8) {
+        self.0.push(v);
+    }
+    fn u32(&mut self, v: u32) {
+        self.0.extend_from_slice(&v.to_le_bytes());
+    }
+    fn u64(&mut self, v: u64) {
+        self.0.extend_from_slice(&v.to_le_bytes());
+    }
+    fn bytes(&mut self, v: &[u8]) {
+        self.0.extend_from_slice(v);
+    }
+}
+
+struct R<'a>(&'a [u8]);
+impl<'a> R<'a> {
+    fn take(&mut self, n: usize) -> Result<&'a [u8], CheckpointError> {
+        if self.0.len() < n {
+            return Err(CheckpointError::Malformed("truncated".into()));
+        }
+        let (a, b) = self.0.split_at(n);
+        self.0 = b;
+        Ok(a)
+    }
+    fn u8(&mut self) -> Result<u8, CheckpointError> {
+        Ok(self.take(1)?[0])
+    }
+    fn u32(&mut self) -> Result<u32, CheckpointError> {
+        Ok(u32::from_le_bytes(self.take(4)?.try_into().unwrap()))
+    }
+    fn u64(&mut self) -> Result<u64, CheckpointError> {
+        Ok(u64::from_le_bytes(self.take(8)?.try_into().unwrap()))
+    }
+    /// A count of items of at least `item` bytes each: bounded by what is left.
+    fn count(&mut self, item: usize) -> Result<usize, CheckpointError> {
+        let n = self.u32()? as usize;
+        if n.saturating_mul(item) > self.0.len() {
+            return Err(CheckpointError::Malformed("count beyond the end".into()));
+        }
+        Ok(n)
+    }
+}
+
+pub fn encode(geometry: &Geometry, head: Head, counters: Counters, state: &State) -> Vec<u8> {
+    let mut w = W(Vec::new());
+    w.u32(geometry.chunk_size);
+    w.u32(geometry.segment_size);
+    w.u32(geometry.segment_count);
+    w.bytes(&geometry.key);
+    w.u32(head.segment);
+    w.u64(head.seq);
+    w.u32(head.offset);
+    w.u64(counters.host_bytes);
+    w.u64(counters.gc_bytes);
+    w.u32(counters.next_volume);
+
+    let used: Vec<(usize, &Segment)> = state
+        .store
+        .segments
+        .iter()
+        .enumerate()
+        .filter(|(_, s)| s.state != SegState::Free)
+        .collect();
+    w.u32(used.len() as u32);
+    for (i, s) in used {
+        w.u32(i as u32);
+        w.u8(if s.state == SegState::Open { 1 } else { 2 });
+        w.u64(s.seq);
+        w.u32(s.written);
+    }
+
+    let chunks: Vec<(usize, &Chunk)> = state
+        .store
+        .chunks
+        .iter()
+        .enumerate()
+        .filter(|(_, c)| c.len != 0)
+        .collect();
+    w.u32(chunks.len() as u32);
+    for (id, c) in chunks {
+        w.u32(id as u32);
+        w.bytes(&c.hash);
+        w.u32(c.loc.segment);
+        w.u32(c.loc.offset);
+        w.u32(c.len);
+    }
+
+    let mut page_index: HashMap<*const Page, u32> = HashMap::new();
+    let mut pages: Vec<&Page> = Vec::new();
+    for map in state.volumes.values() {
+        for page in map.pages.values() {
+            page_index.entry(Arc::as_ptr(page)).or_insert_with(|| {
+                pages.push(page);
+                (pages.len() - 1) as u32
+            });
+        }
+    }
+    w.u32(pages.len() as u32);
+    for page in &pages {
+        for id in page.0.iter() {
+            w.u32(*id);
+        }
+    }
+    w.u32(state.volumes.len() as u32);
+    for (id, map) in &state.volumes {
+        w.u32(*id);
+        w.u64(map.size);
+        w.u32(map.pages.len() as u32);
+        for (no, page) in &map.pages {
+            w.u64(*no);
+            w.u32(page_index[&Arc::as_ptr(page)]);
+        }
+    }
+
+    let body = lz4_flex::block::compress_prepend_size(&w.0);
+    let mut out = Vec::with_capacity(body.len() + 16);
+    out.extend_from_slice(&CHECKPOINT_MAGIC.to_le_bytes());
+    out.extend_from_slice(&FORMAT_VERSION.to_le_bytes());
+    out.extend_from_slice(&crc32c::crc32c(&body).to_le_bytes());
+    out.extend_from_slice(&body);
+    out
+}
+
+pub struct Loaded {
+    pub geometry: Geometry,
+    pub head: Head,
+    pub counters: Counters,
+    pub state: State,
+}
+
+fn bad(what: &str) -> CheckpointError {
+    CheckpointError::Malformed(what.to_string())
+}
+
+pub fn decode(bytes: &[u8]) -> Result<Loaded, CheckpointError> {
+    if bytes.len() < 16 || u64::from_le_bytes(bytes[0..8].try_into().unwrap()) != CHECKPOINT_MAGIC {
+        return Err(CheckpointError::Magic);
+    }
+    let version = u32::from_le_bytes(bytes[8..12].try_into().unwrap());
+    if version != FORMAT_VERSION {
+        return Err(CheckpointError::Version(version));
+    }
+    let crc = u32::from_le_bytes(bytes[12..16].try_into().unwrap());
+    let body = &bytes[16..];
+    if crc32c::crc32c(body) != crc {
+        return Err(CheckpointError::Checksum);
+    }
+    let raw = lz4_flex::block::decompress_size_prepended(body).map_err(|e| bad(&e.to_string()))?;
+    let mut r = R(&raw);
+    let geometry = Geometry {
+        chunk_size: r.u32()?,
+        segment_size: r.u32()?,
+        segment_count: r.u32()?,
+        key: r.take(32)?.try_into().unwrap(),
+    };
+    if !geometry.chunk_size.is_power_of_two() || geometry.segment_size < geometry.chunk_size * 4 {
+        return Err(bad("impossible geometry"));
+    }
+    let head = Head {
+        segment: r.u32()?,
+        seq: r.u64()?,
+        offset: r.u32()?,
+    };
+    let counters = Counters {
+        host_bytes: r.u64()?,
+        gc_bytes: r.u64()?,
+        next_volume: r.u32()?,
+    };
+    let mut state = State::new(geometry.chunk_size, geometry.segment_count);
+    if head.segment >= geometry.segment_count || head.offset > geometry.segment_size {
+        return Err(bad("head outside the log"));
+    }
+    for _ in 0..r.count(17)? {
+        let i = r.u32()? as usize;
+        let open = r.u8()? == 1;
+        let seq = r.u64()?;
+        let written = r.u32()?;
+        let seg = state
+            .store
+            .segments
+            .get_mut(i)
+            .ok_or_else(|| bad("segment index"))?;
+        *seg = Segment {
+            state: if open {
+                SegState::Open
+            } else {
+                SegState::Sealed
+            },
+            seq,
+            written,
+            live: 0,
+        };
+    }
+    for _ in 0..r.count(32)? {
+        let id = r.u32()?;
+        let hash: [u8; 16] = r.take(16)?.try_into().unwrap();
+        let loc = Loc {
+            segment: r.u32()?,
+            offset: r.u32()?,
+        };
+        let len = r.u32()?;
+        if id == 0 || loc.segment >= geometry.segment_count || len == 0 {
+            return Err(bad("chunk entry"));
+        }
+        let store = &mut state.store;
+        if id as usize >= store.chunks.len() {
+            store.chunks.resize(
+                id as usize + 1,
+                Chunk {
+                    hash: [0; 16],
+                    loc: Loc {
+                        segment: 0,
+                        offset: 0,
+                    },
+                    len: 0,
+                    refs: 0,
+                },
+            );
+        }
+        if store.chunks[id as usize].len != 0 {
+            return Err(bad("chunk listed twice"));
+        }
+        store.chunks[id as usize] = Chunk {
+            hash,
+            loc,
+            len,
+            refs: 0,
+        };
+        store.index.insert(hash, id);
+        store.segments[loc.segment as usize].live += len as u64;
+    }
+    let mut pages = Vec::new();
+    for _ in 0..r.count(PAGE_ENTRIES * 4)? {
+        let mut page = Page::zeroed();
+        for slot in page.0.iter_mut() {
+            *slot = r.u32()?;
+        }
+        pages.push(Arc::new(page));
+    }
+    for _ in 0..r.count(16)? {
+        let id = r.u32()?;
+        let size = r.u64()?;
+        let mut map = VolumeMap {
+            size,
+            pages: BTreeMap::new(),
+        };
+        for _ in 0..r.count(12)? {
+            let no = r.u64()?;
+            let page = pages
+                .get(r.u32()? as usize)
+                .ok_or_else(|| bad("page index"))?;
+            map.pages.insert(no, page.clone());
+        }
+        if state.volumes.insert(id, map).is_some() {
+            return Err(bad("volume listed twice"));
+        }
+    }
+    if !r.0.is_empty() {
+        return Err(bad("trailing bytes"));
+    }
+    drop(pages);
+    for (id, refs) in state.count_references() {
+        match state.store.chunks.get_mut(id as usize) {
+            Some(c) if c.len != 0 => c.refs = refs,
+            _ => return Err(bad(&format!("map references missing chunk {id}"))),
+        }
+    }
+    state.store.rebuild_free_ids();
+    Ok(Loaded {
+        geometry,
+        head,
+        counters,
+        state,
+    })
+}

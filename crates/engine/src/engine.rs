@@ -1,0 +1,1911 @@
+//! The engine: log appends, the write and read paths, group commit, recovery, checkpoints and
+//! garbage collection. See docs/design.md ("The engine") for the reasoning.
+//!
+//! Concurrency: one mutex (`meta`) guards the metadata and the log head; records are appended
+//! and applied under it, so the log order is the apply order and recovery reproduces exactly
+//! the state that was acknowledged. Hashing, compression and data reads happen outside it.
+//! `reuse` keeps the garbage collector from recycling a segment while a reader that looked up
+//! a chunk location in it is still reading.
+
+use crate::backend::Backend;
+use crate::checkpoint::{self, Counters, Geometry, Head};
+use crate::format::{
+    self, Codec, Encoder, Record, CHUNK_PREFIX, RECORD_HEADER, SEAL_LEN, SEGMENT_START_LEN,
+};
+use crate::state::{Loc, SegState, Segment, State};
+use std::collections::HashMap;
+use std::io;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, RwLock};
+use std::time::{Duration, Instant};
+
+/// Why an engine operation failed.
+#[derive(Debug, thiserror::Error)]
+pub enum EngineError {
+    #[error("out of space")]
+    NoSpace,
+    #[error("engine is poisoned (read-only) after an I/O failure: {0}")]
+    Poisoned(String),
+    #[error("volume {0} does not exist")]
+    NoSuchVolume(u32),
+    #[error("range {offset}+{len} bytes is beyond the end of volume {volume} ({size} bytes)")]
+    OutOfRange {
+        volume: u32,
+        offset: u64,
+        len: u64,
+        size: u64,
+    },
+    #[error("invalid request: {0}")]
+    Invalid(String),
+    #[error("damaged data at volume offset {offset}: {reason}")]
+    Corrupt { offset: u64, reason: String },
+    #[error("damaged metadata: {0}")]
+    Metadata(String),
+    #[error("I/O error: {0}")]
+    Io(#[from] io::Error),
+}
+
+pub type Result<T> = std::result::Result<T, EngineError>;
+
+/// How chunks are compressed before they are stored.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Compression {
+    None,
+    Lz4,
+    /// zstd at the given level.
+    Zstd(i32),
+}
+
+/// Background garbage-collection speed, mirroring ESXi's reclaim priority. Whatever the
+/// setting, a write that needs space the collector can free waits for it rather than failing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GcPriority {
+    Off,
+    Low,
+    Medium,
+    High,
+    /// Relocate at most this many bytes per second.
+    Rate(u64),
+}
+
+impl GcPriority {
+    fn bytes_per_second(self) -> Option<u64> {
+        match self {
+            GcPriority::Off => None,
+            GcPriority::Low => Some(25_000_000),
+            GcPriority::Medium => Some(75_000_000),
+            GcPriority::High => Some(250_000_000),
+            GcPriority::Rate(r) => Some(r.max(1)),
+        }
+    }
+}
+
+/// Parameters of a new engine.
+#[derive(Debug, Clone, Copy)]
+pub struct EngineConfig {
+    /// Bytes per chunk: a power of two from 4 KiB to 64 KiB.
+    pub chunk_size: u32,
+    /// Bytes per log segment (the unit of allocation and garbage collection).
+    pub segment_size: u32,
+}
+
+impl Default for EngineConfig {
+    fn default() -> Self {
+        Self {
+            chunk_size: 4096,
+            segment_size: 4 << 20,
+        }
+    }
+}
+
+/// Tunables that may change at run time.
+#[derive(Debug, Clone, Copy)]
+pub struct Tuning {
+    pub compression: Compression,
+    pub gc: GcPriority,
+    /// Share of capacity in use that raises the thin-provisioning soft threshold (0..1).
+    pub soft_threshold: f64,
+    /// Write a checkpoint after this many bytes of log.
+    pub checkpoint_bytes: u64,
+}
+
+impl Default for Tuning {
+    fn default() -> Self {
+        Self {
+            compression: Compression::Lz4,
+            gc: GcPriority::Medium,
+            soft_threshold: 0.8,
+            checkpoint_bytes: 256 << 20,
+        }
+    }
+}
+
+/// Array-wide space figures.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct EngineSpace {
+    /// Bytes hosts can fill (log capacity less the garbage collector's reserve).
+    pub capacity_bytes: u64,
+    /// Bytes of log segments in use.
+    pub physical_used_bytes: u64,
+    /// Bytes of stored chunks still referenced.
+    pub live_bytes: u64,
+    /// Bytes in use but no longer referenced: what garbage collection can return.
+    pub reclaimable_bytes: u64,
+    /// Logical bytes mapped by all volumes (zeros and unmapped space excluded).
+    pub logical_mapped_bytes: u64,
+    /// Provisioned bytes of all volumes.
+    pub provisioned_bytes: u64,
+    /// logical_mapped_bytes / live_bytes.
+    pub data_reduction: f64,
+    /// provisioned_bytes / physical_used_bytes (thin provisioning and zeros included).
+    pub total_reduction: f64,
+    /// (host + relocated bytes) / host bytes written, since the array was created.
+    pub write_amplification: f64,
+    pub host_written_bytes: u64,
+    pub gc_relocated_bytes: u64,
+    pub soft_threshold_exceeded: bool,
+    pub unique_chunks: u64,
+}
+
+/// Space figures of one volume (see `sliver_volume::VolumeSpace`).
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct VolumeUsage {
+    pub provisioned_bytes: u64,
+    pub mapped_bytes: u64,
+    pub unique_bytes: u64,
+    pub shared_bytes: u64,
+}
+
+struct Meta {
+    state: State,
+    head: Head,
+    /// Total bytes appended since open (the flush target).
+    appended: u64,
+    counters: Counters,
+    /// Sequence of the head in the last durable checkpoint: segments older than it hold no
+    /// record recovery still needs besides live chunks.
+    checkpoint_seq: u64,
+    appended_at_checkpoint: u64,
+    checkpointed_at: Instant,
+    free: Vec<u32>,
+}
+
+/// A checkpoint at least this often while the log grows: bounds recovery time and lets the
+/// collector reach recently emptied segments.
+const CHECKPOINT_INTERVAL: Duration = Duration::from_secs(30);
+
+/// Collections a write may trigger before it reports out of space (the backing file system
+/// itself may be full, which collection cannot always fix).
+const MAX_COLLECTIONS: u32 = 8;
+
+struct FlushState {
+    durable: u64,
+    syncing: bool,
+}
+
+/// What a write of one chunk turns into.
+enum Prepared {
+    Zero,
+    Data {
+        hash: [u8; 16],
+        codec: Codec,
+        bytes: Vec<u8>,
+    },
+}
+
+/// Outcome of recovery, for logs and `sliver check`.
+#[derive(Debug, Clone, Default)]
+pub struct Recovery {
+    pub records_replayed: u64,
+    pub bytes_replayed: u64,
+    pub torn_tail: bool,
+    pub duration: Duration,
+}
+
+pub struct Engine {
+    backend: Arc<dyn Backend>,
+    geometry: Geometry,
+    meta: Mutex<Meta>,
+    reuse: RwLock<()>,
+    flush: Mutex<FlushState>,
+    flushed: Condvar,
+    poison: Mutex<Option<String>>,
+    poisoned: AtomicBool,
+    /// Serialises garbage collection and checkpoints.
+    maintenance: Mutex<()>,
+    tuning: Mutex<Tuning>,
+    stop: AtomicBool,
+    gc_wakeup: (Mutex<bool>, Condvar),
+    /// Bytes the collector has relocated since open (for rate limiting).
+    gc_relocated: AtomicU64,
+    read_only: bool,
+    recovery: Recovery,
+}
+
+/// Who asks for log space, which decides how deep into the reserve it may go.
+#[derive(Clone, Copy)]
+enum Space {
+    /// New chunks from hosts: never into the collector's reserve.
+    Data,
+    /// Records that free or share space (unmap, copy, dedup hits, volume changes): may use the
+    /// reserve but leave the collector one segment.
+    Metadata,
+    /// The collector's relocations.
+    Collector,
+}
+
+/// Segments kept for the collector's relocations: hosts cannot fill them.
+fn gc_reserve(segment_count: u32) -> u32 {
+    (segment_count / 64).clamp(2, 64)
+}
+
+fn is_zero(data: &[u8]) -> bool {
+    let words = data.chunks_exact(8);
+    let rest = words.remainder();
+    words
+        .into_iter()
+        .all(|w| u64::from_ne_bytes(w.try_into().unwrap()) == 0)
+        && rest.iter().all(|&b| b == 0)
+}
+
+impl Engine {
+    /// Format a new engine on an empty backend.
+    pub fn create(backend: Arc<dyn Backend>, config: EngineConfig, tuning: Tuning) -> Result<Self> {
+        if !config.chunk_size.is_power_of_two() || !(4096..=65536).contains(&config.chunk_size) {
+            return Err(EngineError::Invalid(format!(
+                "chunk size {} is not a power of two from 4 KiB to 64 KiB",
+                config.chunk_size
+            )));
+        }
+        if config.segment_size < config.chunk_size * 16 || config.segment_size > 1 << 30 {
+            return Err(EngineError::Invalid(format!(
+                "segment size {} must be 16 chunks to 1 GiB",
+                config.segment_size
+            )));
+        }
+        let segment_count =
+            (backend.capacity() / config.segment_size as u64).min(u32::MAX as u64) as u32;
+        if segment_count < 8 {
+            return Err(EngineError::Invalid(format!(
+                "capacity {} bytes holds fewer than 8 segments of {} bytes",
+                backend.capacity(),
+                config.segment_size
+            )));
+        }
+        if backend.load_checkpoint()?.is_some() {
+            return Err(EngineError::Invalid(
+                "the backend already holds an engine".into(),
+            ));
+        }
+        let mut key = [0u8; 32];
+        rand::Rng::fill(&mut rand::thread_rng(), &mut key[..]);
+        let geometry = Geometry {
+            chunk_size: config.chunk_size,
+            segment_size: config.segment_size,
+            segment_count,
+            key,
+        };
+        let mut state = State::new(config.chunk_size, segment_count);
+        // Segment 0, sequence 1, holds the first record.
+        backend.allocate(0, config.segment_size as u64)?;
+        let mut buf = Vec::new();
+        Encoder::new(&mut buf, 1).segment_start(1, 0);
+        backend.write_at(&buf, 0)?;
+        backend.sync()?;
+        state.store.segments[0] = Segment {
+            state: SegState::Open,
+            seq: 1,
+            written: SEGMENT_START_LEN as u32,
+            live: 0,
+        };
+        let head = Head {
+            segment: 0,
+            seq: 1,
+            offset: SEGMENT_START_LEN as u32,
+        };
+        let counters = Counters {
+            next_volume: 1,
+            ..Default::default()
+        };
+        backend.store_checkpoint(&checkpoint::encode(&geometry, head, counters, &state))?;
+        Ok(Self::assemble(
+            backend,
+            geometry,
+            state,
+            head,
+            counters,
+            1,
+            tuning,
+            false,
+            Recovery::default(),
+        ))
+    }
+
+    /// Open an existing engine: load the checkpoint, replay the log after it, repair a torn
+    /// tail. With `read_only` nothing is written (for the offline checker).
+    pub fn open(backend: Arc<dyn Backend>, tuning: Tuning, read_only: bool) -> Result<Self> {
+        let started = Instant::now();
+        let bytes = backend
+            .load_checkpoint()?
+            .ok_or_else(|| EngineError::Metadata("no checkpoint: not an engine".into()))?;
+        let loaded =
+            checkpoint::decode(&bytes).map_err(|e| EngineError::Metadata(e.to_string()))?;
+        let geometry = loaded.geometry;
+        if geometry.segment_count as u64 * geometry.segment_size as u64 > backend.capacity() {
+            return Err(EngineError::Metadata(
+                "the log is smaller than the checkpoint says".into(),
+            ));
+        }
+        let mut state = loaded.state;
+        let mut counters = loaded.counters;
+        let checkpoint_seq = loaded.head.seq;
+        let mut recovery = Recovery::default();
+        let end = replay(
+            &*backend,
+            &geometry,
+            &mut state,
+            &mut counters,
+            loaded.head,
+            &mut recovery,
+        )?;
+        // Chunks no map references can only be left by damage; keep them visible to the checker
+        // in read-only mode, free them otherwise.
+        let mut head = match end {
+            LogEnd::Torn(h) => {
+                recovery.torn_tail = true;
+                h
+            }
+            LogEnd::AfterSeal(h) => h,
+        };
+        if !read_only {
+            head = repair_tail(&*backend, &geometry, &mut state, end)?;
+        }
+        recovery.duration = started.elapsed();
+        let mut engine = Self::assemble(
+            backend,
+            geometry,
+            state,
+            head,
+            counters,
+            checkpoint_seq,
+            tuning,
+            read_only,
+            recovery,
+        );
+        engine.read_only = read_only;
+        Ok(engine)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn assemble(
+        backend: Arc<dyn Backend>,
+        geometry: Geometry,
+        state: State,
+        head: Head,
+        counters: Counters,
+        checkpoint_seq: u64,
+        tuning: Tuning,
+        read_only: bool,
+        recovery: Recovery,
+    ) -> Self {
+        let free = (0..geometry.segment_count)
+            .rev()
+            .filter(|&i| state.store.segments[i as usize].state == SegState::Free)
+            .collect();
+        Engine {
+            backend,
+            geometry,
+            meta: Mutex::new(Meta {
+                state,
+                head,
+                appended: 0,
+                counters,
+                checkpoint_seq,
+                appended_at_checkpoint: 0,
+                checkpointed_at: Instant::now(),
+                free,
+            }),
+            reuse: RwLock::new(()),
+            flush: Mutex::new(FlushState {
+                durable: 0,
+                syncing: false,
+            }),
+            flushed: Condvar::new(),
+            poison: Mutex::new(None),
+            poisoned: AtomicBool::new(false),
+            maintenance: Mutex::new(()),
+            tuning: Mutex::new(tuning),
+            stop: AtomicBool::new(false),
+            gc_wakeup: (Mutex::new(false), Condvar::new()),
+            gc_relocated: AtomicU64::new(0),
+            read_only,
+            recovery,
+        }
+    }
+
+    pub fn chunk_size(&self) -> u32 {
+        self.geometry.chunk_size
+    }
+
+    pub fn recovery(&self) -> &Recovery {
+        &self.recovery
+    }
+
+    pub fn tuning(&self) -> Tuning {
+        *self.tuning.lock().unwrap()
+    }
+
+    pub fn set_tuning(&self, tuning: Tuning) {
+        *self.tuning.lock().unwrap() = tuning;
+        self.wake_gc();
+    }
+
+    /// Largest write that is applied all or nothing across a crash.
+    pub fn atomic_write_limit(&self) -> u64 {
+        self.batch_chunks() as u64 * self.geometry.chunk_size as u64
+    }
+
+    /// Chunks per batch: a batch takes at most 1/16 of a segment, which bounds the space a
+    /// segment switch leaves unused.
+    fn batch_chunks(&self) -> usize {
+        let per = RECORD_HEADER + CHUNK_PREFIX + self.geometry.chunk_size as usize + 4;
+        ((self.geometry.segment_size as usize / 16) / per).max(1)
+    }
+
+    fn lock_meta(&self) -> MutexGuard<'_, Meta> {
+        self.meta.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn check_writable(&self) -> Result<()> {
+        if self.read_only {
+            return Err(EngineError::Invalid("engine opened read-only".into()));
+        }
+        if self.poisoned.load(Ordering::Acquire) {
+            let why = self.poison.lock().unwrap().clone().unwrap_or_default();
+            return Err(EngineError::Poisoned(why));
+        }
+        Ok(())
+    }
+
+    /// Stop accepting writes: durability can no longer be promised.
+    fn poison(&self, why: String) -> EngineError {
+        tracing::error!("engine poisoned, refusing further writes: {why}");
+        let mut p = self.poison.lock().unwrap();
+        if p.is_none() {
+            *p = Some(why.clone());
+        }
+        self.poisoned.store(true, Ordering::Release);
+        EngineError::Poisoned(why)
+    }
+
+    pub fn poisoned(&self) -> Option<String> {
+        self.poison.lock().unwrap().clone()
+    }
+
+    // ----- volumes -----
+
+    pub fn volumes(&self) -> Vec<(u32, u64)> {
+        let m = self.lock_meta();
+        m.state
+            .volumes
+            .iter()
+            .map(|(id, v)| (*id, v.size))
+            .collect()
+    }
+
+    pub fn volume_size(&self, volume: u32) -> Result<u64> {
+        let m = self.lock_meta();
+        m.state
+            .volumes
+            .get(&volume)
+            .map(|v| v.size)
+            .ok_or(EngineError::NoSuchVolume(volume))
+    }
+
+    /// Create a volume of `size` bytes (a multiple of the chunk size); durable on return.
+    pub fn create_volume(&self, size: u64) -> Result<u32> {
+        self.check_size(size)?;
+        let id = self.append_meta(|m, e| {
+            let id = m.counters.next_volume;
+            e.volume_create(id, size);
+            Ok(id)
+        })?;
+        Ok(id)
+    }
+
+    /// A new volume sharing all of `src`'s data (snapshot or clone); durable on return.
+    pub fn clone_volume(&self, src: u32) -> Result<u32> {
+        self.append_meta(|m, e| {
+            if !m.state.volumes.contains_key(&src) {
+                return Err(EngineError::NoSuchVolume(src));
+            }
+            let id = m.counters.next_volume;
+            e.volume_clone(src, id);
+            Ok(id)
+        })
+    }
+
+    pub fn delete_volume(&self, volume: u32) -> Result<()> {
+        self.append_meta(|m, e| {
+            if !m.state.volumes.contains_key(&volume) {
+                return Err(EngineError::NoSuchVolume(volume));
+            }
+            e.volume_delete(volume);
+            Ok(())
+        })?;
+        self.wake_gc();
+        Ok(())
+    }
+
+    pub fn resize_volume(&self, volume: u32, size: u64) -> Result<()> {
+        self.check_size(size)?;
+        self.append_meta(|m, e| {
+            if !m.state.volumes.contains_key(&volume) {
+                return Err(EngineError::NoSuchVolume(volume));
+            }
+            e.volume_resize(volume, size);
+            Ok(())
+        })
+    }
+
+    fn check_size(&self, size: u64) -> Result<()> {
+        let cs = self.geometry.chunk_size as u64;
+        if size == 0 || !size.is_multiple_of(cs) || size > (u32::MAX as u64) * cs * 1024 {
+            return Err(EngineError::Invalid(format!(
+                "volume size {size} must be a non-zero multiple of {cs} bytes"
+            )));
+        }
+        Ok(())
+    }
+
+    /// Append one small metadata record built by `build`, apply it and make it durable.
+    fn append_meta<T>(&self, build: impl Fn(&Meta, &mut Encoder) -> Result<T>) -> Result<T> {
+        self.check_writable()?;
+        let value = {
+            let mut m = self.lock_meta();
+            // Encode once to learn the size (metadata records do not depend on the position).
+            let mut probe = Vec::new();
+            let value = build(&m, &mut Encoder::new(&mut probe, 0))?;
+            let at = self.reserve(&mut m, probe.len(), Space::Metadata)?;
+            let mut buf = Vec::with_capacity(probe.len());
+            build(&m, &mut Encoder::new(&mut buf, at.seq))?;
+            self.append_at(&mut m, at, &buf)?;
+            if let Ok((
+                Record::VolumeCreate { volume, .. } | Record::VolumeClone { dst: volume, .. },
+                _,
+            )) = format::decode(&buf, at.seq)
+            {
+                m.counters.next_volume = m.counters.next_volume.max(volume + 1);
+            }
+            value
+        };
+        self.flush()?;
+        Ok(value)
+    }
+
+    // ----- the log -----
+
+    /// Room for `len` bytes at the head, switching to a new segment when needed.
+    fn reserve(&self, m: &mut Meta, len: usize, class: Space) -> Result<Head> {
+        let seg = self.geometry.segment_size as usize;
+        if len + SEGMENT_START_LEN + SEAL_LEN > seg {
+            return Err(EngineError::Invalid(format!(
+                "record of {len} bytes exceeds a segment"
+            )));
+        }
+        if m.head.offset as usize + len + SEAL_LEN > seg {
+            let keep = match class {
+                Space::Data => gc_reserve(self.geometry.segment_count) as usize,
+                Space::Metadata => 1,
+                Space::Collector => 0,
+            };
+            if m.free.len() <= keep {
+                return Err(EngineError::NoSpace);
+            }
+            let Some(next) = m.free.pop() else {
+                return Err(EngineError::NoSpace);
+            };
+            let base = next as u64 * seg as u64;
+            if let Err(e) = self.backend.allocate(base, seg as u64) {
+                m.free.push(next);
+                return Err(if e.raw_os_error() == Some(libc::ENOSPC) {
+                    EngineError::NoSpace
+                } else {
+                    self.poison(format!("cannot allocate a log segment: {e}"))
+                });
+            }
+            let next_seq = m.head.seq + 1;
+            let mut seal = Vec::new();
+            Encoder::new(&mut seal, m.head.seq).seal(next, next_seq);
+            let old = m.head;
+            self.write_log(old.segment, old.offset, &seal)?;
+            let mut start = Vec::new();
+            Encoder::new(&mut start, next_seq).segment_start(next_seq, next);
+            self.write_log(next, 0, &start)?;
+            let segments = &mut m.state.store.segments;
+            segments[old.segment as usize].state = SegState::Sealed;
+            segments[old.segment as usize].written = old.offset + SEAL_LEN as u32;
+            segments[next as usize] = Segment {
+                state: SegState::Open,
+                seq: next_seq,
+                written: SEGMENT_START_LEN as u32,
+                live: 0,
+            };
+            m.head = Head {
+                segment: next,
+                seq: next_seq,
+                offset: SEGMENT_START_LEN as u32,
+            };
+            m.appended += (SEAL_LEN + SEGMENT_START_LEN) as u64;
+        }
+        Ok(m.head)
+    }
+
+    fn write_log(&self, segment: u32, offset: u32, bytes: &[u8]) -> Result<()> {
+        let at = segment as u64 * self.geometry.segment_size as u64 + offset as u64;
+        self.backend
+            .write_at(bytes, at)
+            .map_err(|e| self.poison(format!("log write failed: {e}")))
+    }
+
+    /// Write `bytes` (records encoded for `at.seq`) at the reserved position and apply them.
+    fn append_at(&self, m: &mut Meta, at: Head, bytes: &[u8]) -> Result<()> {
+        debug_assert_eq!(at, m.head);
+        self.write_log(at.segment, at.offset, bytes)?;
+        m.head.offset += bytes.len() as u32;
+        m.state.store.segments[at.segment as usize].written = m.head.offset;
+        m.appended += bytes.len() as u64;
+        for item in format::records(bytes, at.seq) {
+            let (pos, record) = item
+                .map_err(|e| self.poison(format!("self-encoded record failed to decode: {e:?}")))?;
+            let loc = Loc {
+                segment: at.segment,
+                offset: at.offset + pos as u32,
+            };
+            m.state
+                .apply(&record, loc, at.seq)
+                .map_err(|e| self.poison(format!("applying a new record: {e}")))?;
+        }
+        Ok(())
+    }
+
+    /// Make every write completed so far durable (group commit: concurrent callers share one
+    /// sync).
+    pub fn flush(&self) -> Result<()> {
+        if self.read_only {
+            return Ok(());
+        }
+        let target = self.lock_meta().appended;
+        let mut f = self.flush.lock().unwrap();
+        loop {
+            if self.poisoned.load(Ordering::Acquire) {
+                let why = self.poison.lock().unwrap().clone().unwrap_or_default();
+                return Err(EngineError::Poisoned(why));
+            }
+            if f.durable >= target {
+                return Ok(());
+            }
+            if !f.syncing {
+                f.syncing = true;
+                drop(f);
+                let upto = self.lock_meta().appended;
+                let result = self.backend.sync();
+                f = self.flush.lock().unwrap();
+                f.syncing = false;
+                match result {
+                    Ok(()) => f.durable = f.durable.max(upto),
+                    Err(e) => {
+                        drop(f);
+                        let err = self.poison(format!("fsync of the log failed: {e}"));
+                        self.flushed.notify_all();
+                        return Err(err);
+                    }
+                }
+                self.flushed.notify_all();
+            } else {
+                f = self.flushed.wait(f).unwrap();
+            }
+        }
+    }
+
+    // ----- data path -----
+
+    fn prepare(&self, data: &[u8]) -> Prepared {
+        if is_zero(data) {
+            return Prepared::Zero;
+        }
+        let hash: [u8; 16] = blake3::keyed_hash(&self.geometry.key, data).as_bytes()[..16]
+            .try_into()
+            .unwrap();
+        let compression = self.tuning.lock().unwrap().compression;
+        let compressed = match compression {
+            Compression::None => None,
+            Compression::Lz4 => Some((Codec::Lz4, lz4_flex::block::compress(data))),
+            Compression::Zstd(level) => zstd::bulk::compress(data, level)
+                .ok()
+                .map(|c| (Codec::Zstd, c)),
+        };
+        match compressed {
+            Some((codec, bytes)) if bytes.len() < data.len() => {
+                Prepared::Data { hash, codec, bytes }
+            }
+            _ => Prepared::Data {
+                hash,
+                codec: Codec::Raw,
+                bytes: data.to_vec(),
+            },
+        }
+    }
+
+    fn volume_range(m: &Meta, volume: u32, offset: u64, len: u64) -> Result<()> {
+        let size = m
+            .state
+            .volumes
+            .get(&volume)
+            .ok_or(EngineError::NoSuchVolume(volume))?
+            .size;
+        match offset.checked_add(len) {
+            Some(end) if end <= size => Ok(()),
+            _ => Err(EngineError::OutOfRange {
+                volume,
+                offset,
+                len,
+                size,
+            }),
+        }
+    }
+
+    /// Write `data` at byte `offset` of `volume`. Chunks are deduplicated, compressed, and
+    /// all-zero chunks unmapped. Not durable until [`Engine::flush`].
+    pub fn write(&self, volume: u32, offset: u64, data: &[u8]) -> Result<()> {
+        self.check_writable()?;
+        {
+            let m = self.lock_meta();
+            Self::volume_range(&m, volume, offset, data.len() as u64)?;
+        }
+        if data.is_empty() {
+            return Ok(());
+        }
+        let cs = self.geometry.chunk_size as u64;
+        let limit = self.batch_chunks() as u64 * cs;
+        // Pieces aligned to chunk boundaries, each one batch (crash-atomic).
+        let mut pos = offset;
+        let end = offset + data.len() as u64;
+        while pos < end {
+            let piece_end = ((pos / cs) * cs + limit).min(end);
+            let slice = &data[(pos - offset) as usize..(piece_end - offset) as usize];
+            self.write_piece(volume, pos, slice)?;
+            pos = piece_end;
+        }
+        Ok(())
+    }
+
+    /// One batch: chunks `pos/cs ..= (end-1)/cs`.
+    fn write_piece(&self, volume: u32, offset: u64, data: &[u8]) -> Result<()> {
+        let cs = self.geometry.chunk_size as u64;
+        let first = offset / cs;
+        let last = (offset + data.len() as u64 - 1) / cs;
+        let partial = |c: u64| -> bool {
+            let start = c * cs;
+            start < offset || start + cs > offset + data.len() as u64
+        };
+        // Full chunks do not depend on old data: prepare them once.
+        let mut prepared: Vec<Option<Prepared>> = (first..=last)
+            .map(|c| {
+                if partial(c) {
+                    None
+                } else {
+                    let a = (c * cs - offset) as usize;
+                    Some(self.prepare(&data[a..a + cs as usize]))
+                }
+            })
+            .collect();
+        let partials: Vec<u64> = [first, last]
+            .into_iter()
+            .filter(|&c| partial(c))
+            .collect::<std::collections::BTreeSet<_>>()
+            .into_iter()
+            .collect();
+        let mut attempts = 0;
+        let mut collections = 0;
+        loop {
+            attempts += 1;
+            // Partial chunks: read the old content (optimistically, without the lock), merge,
+            // and commit only if nobody changed those map entries meanwhile.
+            let mut expected = Vec::new();
+            for &c in &partials {
+                let mut buf = vec![0u8; cs as usize];
+                let old = self.read_chunks(volume, c, &mut buf)?[0];
+                let start = c * cs;
+                let from = offset.max(start);
+                let to = (offset + data.len() as u64).min(start + cs);
+                buf[(from - start) as usize..(to - start) as usize]
+                    .copy_from_slice(&data[(from - offset) as usize..(to - offset) as usize]);
+                prepared[(c - first) as usize] = Some(self.prepare(&buf));
+                expected.push((c, old));
+            }
+            let mut m = self.lock_meta();
+            let map = m
+                .state
+                .volumes
+                .get(&volume)
+                .ok_or(EngineError::NoSuchVolume(volume))?;
+            // Compare id and fingerprint: an id freed and reused meanwhile has other content.
+            let changed = expected.iter().any(|&(c, old)| {
+                let id = map.get(c);
+                id != old.0 || (id != 0 && m.state.store.chunk(id).map(|x| x.hash) != Some(old.1))
+            });
+            if changed {
+                drop(m);
+                if attempts > 1000 {
+                    return Err(EngineError::Invalid(
+                        "write kept racing with overlapping writes".into(),
+                    ));
+                }
+                std::thread::yield_now();
+                continue;
+            }
+            let items: Vec<&Prepared> = prepared
+                .iter()
+                .map(|p| p.as_ref().expect("prepared"))
+                .collect();
+            match self.commit(&mut m, volume, first, &items) {
+                Err(EngineError::NoSpace) => {
+                    drop(m);
+                    collections += 1;
+                    if collections <= MAX_COLLECTIONS && self.collect_for_space()? {
+                        continue;
+                    }
+                    return Err(EngineError::NoSpace);
+                }
+                other => return other,
+            }
+        }
+    }
+
+    /// Encode and append one batch mapping chunks `first..` of `volume`.
+    fn commit(&self, m: &mut Meta, volume: u32, first: u64, items: &[&Prepared]) -> Result<()> {
+        let mut ids = Vec::with_capacity(items.len());
+        let mut new: Vec<(u32, &[u8; 16], Codec, &[u8])> = Vec::new();
+        let mut local: HashMap<[u8; 16], u32> = HashMap::new();
+        let mut allocated = Vec::new();
+        let mut size = RECORD_HEADER + RECORD_HEADER + 16 + 4 * items.len();
+        for item in items {
+            let id = match item {
+                Prepared::Zero => 0,
+                Prepared::Data { hash, codec, bytes } => {
+                    if let Some(&id) = m.state.store.index.get(hash) {
+                        id
+                    } else if let Some(&id) = local.get(hash) {
+                        id
+                    } else {
+                        let Some(id) = m.state.store.allocate_id() else {
+                            return Err(EngineError::NoSpace);
+                        };
+                        allocated.push(id);
+                        local.insert(*hash, id);
+                        new.push((id, hash, *codec, bytes));
+                        size += RECORD_HEADER + CHUNK_PREFIX + bytes.len();
+                        id
+                    }
+                }
+            };
+            ids.push(id);
+        }
+        // Writes of data already stored (dedup hits, zeros) need no chunk space: like UNMAP
+        // they keep working on a full array.
+        let class = if new.is_empty() {
+            Space::Metadata
+        } else {
+            Space::Data
+        };
+        let at = match self.reserve(m, size, class) {
+            Ok(at) => at,
+            Err(e) => {
+                // Ids taken but not used go back.
+                m.state.store.free_ids.extend(allocated);
+                return Err(e);
+            }
+        };
+        let mut buf = Vec::with_capacity(size);
+        let mut e = Encoder::new(&mut buf, at.seq);
+        let mut host = 0u64;
+        for (id, hash, codec, bytes) in &new {
+            e.chunk(*id, *codec, hash, bytes);
+            host += (RECORD_HEADER + CHUNK_PREFIX + bytes.len()) as u64;
+        }
+        e.map(volume, first, &ids);
+        e.wrap_batch(0);
+        debug_assert_eq!(buf.len(), size);
+        self.append_at(m, at, &buf)?;
+        m.counters.host_bytes += host;
+        Ok(())
+    }
+
+    /// Read bytes at `offset` of `volume` into `buf`. Unmapped space reads as zeros.
+    pub fn read(&self, volume: u32, offset: u64, buf: &mut [u8]) -> Result<()> {
+        let cs = self.geometry.chunk_size as u64;
+        if buf.is_empty() {
+            let m = self.lock_meta();
+            return Self::volume_range(&m, volume, offset, 0);
+        }
+        let first = offset / cs;
+        let last = (offset + buf.len() as u64 - 1) / cs;
+        {
+            let m = self.lock_meta();
+            Self::volume_range(&m, volume, offset, buf.len() as u64)?;
+        }
+        // Aligned fast path reads straight into `buf`; edges go through a bounce buffer.
+        let aligned_start = offset.is_multiple_of(cs);
+        let aligned_end = (offset + buf.len() as u64).is_multiple_of(cs);
+        if aligned_start && aligned_end {
+            self.read_chunks(volume, first, buf)?;
+            return Ok(());
+        }
+        let mut bounce = vec![0u8; (last - first + 1) as usize * cs as usize];
+        self.read_chunks(volume, first, &mut bounce)?;
+        let skip = (offset - first * cs) as usize;
+        buf.copy_from_slice(&bounce[skip..skip + buf.len()]);
+        Ok(())
+    }
+
+    /// Fill `out` (whole chunks) with chunks `first..` of `volume`. Map entries and chunk
+    /// locations are resolved under one lock and the segments pinned against reuse, so the
+    /// bytes read are what the map held at that instant. Returns the (id, fingerprint) seen
+    /// for each chunk.
+    fn read_chunks(&self, volume: u32, first: u64, out: &mut [u8]) -> Result<Vec<(u32, [u8; 16])>> {
+        let cs = self.geometry.chunk_size as usize;
+        let count = out.len() / cs;
+        let (seen, locs, _pin) = {
+            let m = self.lock_meta();
+            let map = m
+                .state
+                .volumes
+                .get(&volume)
+                .ok_or(EngineError::NoSuchVolume(volume))?;
+            let pin = self.reuse.read().unwrap_or_else(|p| p.into_inner());
+            let mut seen = Vec::with_capacity(count);
+            let mut locs = Vec::with_capacity(count);
+            for c in first..first + count as u64 {
+                let id = map.get(c);
+                if id == 0 {
+                    seen.push((0, [0; 16]));
+                    locs.push(None);
+                    continue;
+                }
+                let chunk = m
+                    .state
+                    .store
+                    .chunk(id)
+                    .ok_or_else(|| EngineError::Corrupt {
+                        offset: c * cs as u64,
+                        reason: format!("map points at missing chunk {id}"),
+                    })?;
+                seen.push((id, chunk.hash));
+                let seq = m.state.store.segments[chunk.loc.segment as usize].seq;
+                locs.push(Some((id, chunk.loc, chunk.len, seq)));
+            }
+            (seen, locs, pin)
+        };
+        let mut i = 0;
+        while i < count {
+            let Some((_, loc, len, seq)) = locs[i] else {
+                out[i * cs..(i + 1) * cs].fill(0);
+                i += 1;
+                continue;
+            };
+            // Coalesce chunks stored back to back into one read.
+            let mut j = i + 1;
+            let mut total = len as usize;
+            while j < count && total < (1 << 20) {
+                match locs[j] {
+                    Some((_, l, n, _))
+                        if l.segment == loc.segment
+                            && l.offset as usize == loc.offset as usize + total =>
+                    {
+                        total += n as usize;
+                        j += 1;
+                    }
+                    _ => break,
+                }
+            }
+            let mut raw = vec![0u8; total];
+            let at = loc.segment as u64 * self.geometry.segment_size as u64 + loc.offset as u64;
+            self.backend
+                .read_at(&mut raw, at)
+                .map_err(|e| EngineError::Corrupt {
+                    offset: (first + i as u64) * cs as u64,
+                    reason: format!("read failed: {e}"),
+                })?;
+            let mut pos = 0;
+            for (k, slot) in locs.iter().enumerate().take(j).skip(i) {
+                let (id, _, n, _) = slot.expect("coalesced");
+                let target = &mut out[k * cs..(k + 1) * cs];
+                decode_chunk(&raw[pos..pos + n as usize], seq, id, target).map_err(|reason| {
+                    EngineError::Corrupt {
+                        offset: (first + k as u64) * cs as u64,
+                        reason,
+                    }
+                })?;
+                pos += n as usize;
+            }
+            i = j;
+        }
+        Ok(seen)
+    }
+
+    /// Make `len` bytes at `offset` read as zeros and release their space.
+    pub fn unmap(&self, volume: u32, offset: u64, len: u64) -> Result<()> {
+        self.check_writable()?;
+        {
+            let m = self.lock_meta();
+            Self::volume_range(&m, volume, offset, len)?;
+        }
+        if len == 0 {
+            return Ok(());
+        }
+        let cs = self.geometry.chunk_size as u64;
+        let end = offset + len;
+        let full_first = offset.div_ceil(cs);
+        let full_end = end / cs;
+        // Partial chunks at the edges: zero the covered bytes (a chunk that becomes all zeros
+        // is unmapped by the write path).
+        if full_first > full_end {
+            return self.write(volume, offset, &vec![0u8; len as usize]);
+        }
+        if !offset.is_multiple_of(cs) {
+            let head = full_first * cs - offset;
+            self.write(volume, offset, &vec![0u8; head as usize])?;
+        }
+        if !end.is_multiple_of(cs) && full_end * cs >= offset {
+            let tail = end - full_end * cs;
+            self.write(volume, full_end * cs, &vec![0u8; tail as usize])?;
+        }
+        // Whole chunks: metadata only, in pieces that bound the time the lock is held.
+        const PIECE: u64 = 64 * 1024;
+        let mut c = full_first;
+        while c < full_end {
+            let n = PIECE.min(full_end - c);
+            self.append_data_meta(|e| e.unmap(volume, c, n))?;
+            c += n;
+        }
+        self.wake_gc();
+        Ok(())
+    }
+
+    /// Copy `len` bytes from `src` at `src_offset` to `dst` at `dst_offset` by reference where
+    /// chunks line up; returns false when they cannot (the caller then copies data).
+    pub fn copy(
+        &self,
+        src: u32,
+        src_offset: u64,
+        dst: u32,
+        dst_offset: u64,
+        len: u64,
+    ) -> Result<bool> {
+        self.check_writable()?;
+        {
+            let m = self.lock_meta();
+            Self::volume_range(&m, src, src_offset, len)?;
+            Self::volume_range(&m, dst, dst_offset, len)?;
+        }
+        let cs = self.geometry.chunk_size as u64;
+        let overlapping =
+            src == dst && src_offset < dst_offset + len && dst_offset < src_offset + len;
+        if len == 0 {
+            return Ok(true);
+        }
+        if src_offset % cs != dst_offset % cs || overlapping {
+            return Ok(false);
+        }
+        let end = src_offset + len;
+        let full_first = src_offset.div_ceil(cs);
+        let full_end = end / cs;
+        let shift = |o: u64| o - src_offset + dst_offset;
+        if full_first >= full_end {
+            return Ok(false);
+        }
+        let mut bounce = Vec::new();
+        let mut copy_bytes = |from: u64, n: u64| -> Result<()> {
+            bounce.resize(n as usize, 0);
+            self.read(src, from, &mut bounce)?;
+            self.write(dst, shift(from), &bounce)
+        };
+        if full_first * cs > src_offset {
+            copy_bytes(src_offset, full_first * cs - src_offset)?;
+        }
+        if end > full_end * cs {
+            copy_bytes(full_end * cs, end - full_end * cs)?;
+        }
+        let dst_first = dst_offset.div_ceil(cs);
+        const PIECE: u64 = 64 * 1024;
+        let mut c = 0;
+        let total = full_end - full_first;
+        while c < total {
+            let n = PIECE.min(total - c);
+            self.append_data_meta(|e| e.copy(src, full_first + c, dst, dst_first + c, n))?;
+            c += n;
+        }
+        Ok(true)
+    }
+
+    /// Append a data-path metadata record (unmap, copy): needs no new chunk space, but log
+    /// space; waits for the collector when the log is full.
+    fn append_data_meta(&self, build: impl Fn(&mut Encoder)) -> Result<()> {
+        let mut collections = 0;
+        loop {
+            let mut m = self.lock_meta();
+            let mut probe = Vec::new();
+            build(&mut Encoder::new(&mut probe, 0));
+            // Freeing space must keep working on a full array: unmap may use the reserve.
+            match self.reserve(&mut m, probe.len(), Space::Metadata) {
+                Ok(at) => {
+                    let mut buf = Vec::with_capacity(probe.len());
+                    build(&mut Encoder::new(&mut buf, at.seq));
+                    return self.append_at(&mut m, at, &buf);
+                }
+                Err(EngineError::NoSpace) => {
+                    drop(m);
+                    collections += 1;
+                    if collections > MAX_COLLECTIONS || !self.collect_for_space()? {
+                        return Err(EngineError::NoSpace);
+                    }
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    /// Provisioning of chunk `index` onwards: (mapped, run length in chunks).
+    pub fn chunk_status(&self, volume: u32, index: u64) -> Result<(bool, u64)> {
+        let m = self.lock_meta();
+        let map = m
+            .state
+            .volumes
+            .get(&volume)
+            .ok_or(EngineError::NoSuchVolume(volume))?;
+        let total = m.state.chunks_of(map.size);
+        if index >= total {
+            return Err(EngineError::OutOfRange {
+                volume,
+                offset: index * self.geometry.chunk_size as u64,
+                len: 0,
+                size: map.size,
+            });
+        }
+        let mapped = map.get(index) != 0;
+        let per = crate::state::PAGE_ENTRIES as u64;
+        let mut i = index + 1;
+        while i < total {
+            if map.get(i) != 0 {
+                if !mapped {
+                    break;
+                }
+                i += 1;
+            } else if mapped {
+                break;
+            } else {
+                // Skip absent pages in one step.
+                let page = i / per;
+                if !map.pages.contains_key(&page) {
+                    i = match map.pages.range(page + 1..).next() {
+                        Some((&next, _)) => (next * per).min(total),
+                        None => total,
+                    };
+                } else {
+                    i += 1;
+                }
+            }
+        }
+        Ok((mapped, i - index))
+    }
+
+    // ----- space -----
+
+    pub fn space(&self) -> EngineSpace {
+        let m = self.lock_meta();
+        let store = &m.state.store;
+        let seg = self.geometry.segment_size as u64;
+        let count = self.geometry.segment_count as u64;
+        let used_segments = store
+            .segments
+            .iter()
+            .filter(|s| s.state != SegState::Free)
+            .count() as u64;
+        let live: u64 = store.segments.iter().map(|s| s.live).sum();
+        let physical = used_segments * seg;
+        let capacity = (count - gc_reserve(self.geometry.segment_count) as u64) * seg;
+        let cs = self.geometry.chunk_size as u64;
+        let mut logical = 0u64;
+        let mut provisioned = 0u64;
+        for map in m.state.volumes.values() {
+            provisioned += map.size;
+            for page in map.pages.values() {
+                logical += page.0.iter().filter(|&&id| id != 0).count() as u64 * cs;
+            }
+        }
+        let host = m.counters.host_bytes;
+        let gc = m.counters.gc_bytes;
+        let threshold = self.tuning.lock().unwrap().soft_threshold;
+        EngineSpace {
+            capacity_bytes: capacity,
+            physical_used_bytes: physical,
+            live_bytes: live,
+            reclaimable_bytes: physical.saturating_sub(live),
+            logical_mapped_bytes: logical,
+            provisioned_bytes: provisioned,
+            data_reduction: if live == 0 {
+                1.0
+            } else {
+                logical as f64 / live as f64
+            },
+            total_reduction: if physical == 0 {
+                1.0
+            } else {
+                provisioned as f64 / physical as f64
+            },
+            write_amplification: if host == 0 {
+                1.0
+            } else {
+                (host + gc) as f64 / host as f64
+            },
+            host_written_bytes: host,
+            gc_relocated_bytes: gc,
+            soft_threshold_exceeded: physical as f64 > threshold * capacity as f64,
+            unique_chunks: store.index.len() as u64,
+        }
+    }
+
+    /// Space figures of one volume; walks its map.
+    pub fn volume_usage(&self, volume: u32) -> Result<VolumeUsage> {
+        let m = self.lock_meta();
+        let map = m
+            .state
+            .volumes
+            .get(&volume)
+            .ok_or(EngineError::NoSuchVolume(volume))?;
+        let cs = self.geometry.chunk_size as u64;
+        // References from pages only this volume holds: if they account for all of a chunk's
+        // references, deleting the volume frees the chunk.
+        let mut private: HashMap<u32, u64> = HashMap::new();
+        let mut referenced: std::collections::HashSet<u32> = Default::default();
+        let mut mapped = 0u64;
+        for page in map.pages.values() {
+            let unique = std::sync::Arc::strong_count(page) == 1;
+            for &id in page.0.iter().filter(|&&id| id != 0) {
+                mapped += cs;
+                referenced.insert(id);
+                if unique {
+                    *private.entry(id).or_insert(0) += 1;
+                }
+            }
+        }
+        let mut unique_bytes = 0;
+        let mut shared_bytes = 0;
+        for id in referenced {
+            let c = m.state.store.chunk(id).expect("referenced chunk exists");
+            if private.get(&id) == Some(&c.refs) {
+                unique_bytes += c.len as u64;
+            } else {
+                shared_bytes += c.len as u64;
+            }
+        }
+        Ok(VolumeUsage {
+            provisioned_bytes: map.size,
+            mapped_bytes: mapped.min(map.size),
+            unique_bytes,
+            shared_bytes,
+        })
+    }
+
+    // ----- checkpoints and garbage collection -----
+
+    /// Write a checkpoint of the current state (the log up to it is synced first).
+    pub fn checkpoint(&self) -> Result<()> {
+        self.check_writable()?;
+        let _maintenance = self.maintenance.lock().unwrap_or_else(|p| p.into_inner());
+        self.checkpoint_locked()
+    }
+
+    fn checkpoint_locked(&self) -> Result<()> {
+        let (bytes, head, appended) = {
+            let m = self.lock_meta();
+            (
+                checkpoint::encode(&self.geometry, m.head, m.counters, &m.state),
+                m.head,
+                m.appended,
+            )
+        };
+        self.flush()?;
+        self.backend
+            .store_checkpoint(&bytes)
+            .map_err(|e| self.poison(format!("writing a checkpoint failed: {e}")))?;
+        let mut m = self.lock_meta();
+        m.checkpoint_seq = head.seq;
+        m.appended_at_checkpoint = appended;
+        m.checkpointed_at = Instant::now();
+        Ok(())
+    }
+
+    fn wake_gc(&self) {
+        let (lock, cv) = &self.gc_wakeup;
+        *lock.lock().unwrap() = true;
+        cv.notify_all();
+    }
+
+    /// A writer found the log full: run the collector now. Returns whether space was freed.
+    fn collect_for_space(&self) -> Result<bool> {
+        let _maintenance = self.maintenance.lock().unwrap_or_else(|p| p.into_inner());
+        let reserve = gc_reserve(self.geometry.segment_count) as usize;
+        let before = self.lock_meta().free.len();
+        if before > reserve + 1 {
+            // Another writer's collection already made room.
+            return Ok(true);
+        }
+        // Relocating a nearly full segment costs a segment to win a sliver: require at least
+        // a sixteenth of a segment to be dead, so every round gains ground.
+        for _ in 0..self.geometry.segment_count {
+            if self.lock_meta().free.len() > reserve + 1 {
+                break;
+            }
+            if self.collect_one(1.0 - 1.0 / 16.0, true)?.is_none() {
+                break;
+            }
+        }
+        Ok(self.lock_meta().free.len() > before)
+    }
+
+    /// Clean the emptiest eligible segment whose live share is at most `max_live`. Returns
+    /// the bytes relocated, or None when no segment qualifies. Takes a checkpoint first when
+    /// the only candidates are too recent. Caller holds `maintenance`.
+    fn collect_one(&self, max_live: f64, may_checkpoint: bool) -> Result<Option<u64>> {
+        let seg = self.geometry.segment_size as u64;
+        let pick = |m: &Meta, eligible_only: bool| -> Option<(u32, u64)> {
+            m.state
+                .store
+                .segments
+                .iter()
+                .enumerate()
+                .filter(|(_, s)| s.state == SegState::Sealed)
+                .filter(|(_, s)| !eligible_only || s.seq < m.checkpoint_seq)
+                .filter(|(_, s)| (s.live as f64) <= max_live * seg as f64)
+                .min_by_key(|(_, s)| s.live)
+                .map(|(i, s)| (i as u32, s.seq))
+        };
+        let victim = {
+            let m = self.lock_meta();
+            match pick(&m, true) {
+                Some(v) => Some(v),
+                None if may_checkpoint && pick(&m, false).is_some() => None,
+                None => return Ok(None),
+            }
+        };
+        let (victim, seq) = match victim {
+            Some(v) => v,
+            None => {
+                self.checkpoint_locked()?;
+                let m = self.lock_meta();
+                match pick(&m, true) {
+                    Some(v) => v,
+                    None => return Ok(None),
+                }
+            }
+        };
+        // The segment is sealed: its bytes no longer change. Only the collector (us) moves
+        // chunks out of it; hosts may free them meanwhile, which the liveness check sees.
+        let mut raw = vec![0u8; seg as usize];
+        self.backend
+            .read_at(&mut raw, victim as u64 * seg)
+            .map_err(|e| self.poison(format!("reading segment {victim} for collection: {e}")))?;
+        let mut candidates: Vec<Candidate> = Vec::new();
+        let mut visit = |buf: &[u8], base: usize| -> std::result::Result<bool, String> {
+            for item in format::records(buf, seq) {
+                let Ok((pos, record)) = item else {
+                    return Ok(false);
+                };
+                match record {
+                    Record::Chunk {
+                        id,
+                        codec,
+                        hash,
+                        data,
+                    } => candidates.push((id, (base + pos) as u32, codec, hash, data.to_vec())),
+                    Record::Batch { inner } => {
+                        for item in format::records(inner, seq) {
+                            let (p, r) = item.map_err(|e| format!("{e:?}"))?;
+                            if let Record::Chunk {
+                                id,
+                                codec,
+                                hash,
+                                data,
+                            } = r
+                            {
+                                candidates.push((
+                                    id,
+                                    (base + pos + RECORD_HEADER + p) as u32,
+                                    codec,
+                                    hash,
+                                    data.to_vec(),
+                                ));
+                            }
+                        }
+                    }
+                    Record::Seal { .. } => return Ok(true),
+                    _ => {}
+                }
+            }
+            Ok(false)
+        };
+        visit(&raw, 0).map_err(|e| self.poison(format!("segment {victim} damaged: {e}")))?;
+        drop(raw);
+        let mut relocated = 0u64;
+        let batch_bytes = self.geometry.segment_size as usize / 16;
+        let mut i = 0;
+        while i < candidates.len() {
+            let mut m = self.lock_meta();
+            let mut take = Vec::new();
+            let mut size = RECORD_HEADER;
+            while i < candidates.len() && size < batch_bytes {
+                let (id, offset, ..) = &candidates[i];
+                let live = m
+                    .state
+                    .store
+                    .chunk(*id)
+                    .is_some_and(|c| c.loc.segment == victim && c.loc.offset == *offset);
+                if live {
+                    size += RECORD_HEADER + CHUNK_PREFIX + candidates[i].4.len();
+                    take.push(i);
+                }
+                i += 1;
+            }
+            if take.is_empty() {
+                continue;
+            }
+            let at = self.reserve(&mut m, size, Space::Collector)?;
+            let mut buf = Vec::with_capacity(size);
+            let mut e = Encoder::new(&mut buf, at.seq);
+            for &k in &take {
+                let (id, _, codec, hash, data) = &candidates[k];
+                e.chunk(*id, *codec, hash, data);
+            }
+            e.wrap_batch(0);
+            self.append_at(&mut m, at, &buf)?;
+            let moved = (size - RECORD_HEADER) as u64;
+            m.counters.gc_bytes += moved;
+            relocated += moved;
+        }
+        // Relocations durable before the old copies can disappear.
+        self.flush()?;
+        {
+            let mut m = self.lock_meta();
+            let s = &mut m.state.store.segments[victim as usize];
+            if s.live != 0 || s.state != SegState::Sealed {
+                return Err(self.poison(format!(
+                    "segment {victim} still holds {} live bytes after collection",
+                    s.live
+                )));
+            }
+            // No new readers can find it; wait out those that did.
+            s.state = SegState::Free;
+            s.written = 0;
+        }
+        drop(self.reuse.write().unwrap_or_else(|p| p.into_inner()));
+        if let Err(e) = self.backend.discard(victim as u64 * seg, seg) {
+            tracing::warn!("could not release segment {victim}'s space: {e}");
+        }
+        self.lock_meta().free.push(victim);
+        self.gc_relocated.fetch_add(relocated, Ordering::Relaxed);
+        Ok(Some(relocated))
+    }
+
+    /// Collect every segment whose live share is at most `max_live`, checkpointing as needed
+    /// (operators' "collect now", tests and benchmarks). Returns the bytes relocated.
+    pub fn collect_garbage(&self, max_live: f64) -> Result<u64> {
+        self.check_writable()?;
+        let _maintenance = self.maintenance.lock().unwrap_or_else(|p| p.into_inner());
+        let mut total = 0;
+        // Bounded: relocated data lands in new segments that could qualify again.
+        for _ in 0..self.geometry.segment_count {
+            match self.collect_one(max_live, true)? {
+                Some(n) => total += n,
+                None => break,
+            }
+        }
+        Ok(total)
+    }
+
+    /// One round of background maintenance: a checkpoint when due, then collection at the
+    /// configured rate. Returns how long to sleep.
+    pub fn maintain(&self) -> Result<Duration> {
+        if self.read_only || self.poisoned.load(Ordering::Acquire) {
+            return Ok(Duration::from_secs(1));
+        }
+        let _maintenance = self.maintenance.lock().unwrap_or_else(|p| p.into_inner());
+        let tuning = self.tuning();
+        let due = {
+            let m = self.lock_meta();
+            let written = m.appended - m.appended_at_checkpoint;
+            written >= tuning.checkpoint_bytes
+                || (written > 0 && m.checkpointed_at.elapsed() >= CHECKPOINT_INTERVAL)
+        };
+        if due {
+            self.checkpoint_locked()?;
+        }
+        // Empty segments cost nothing to free: always take them.
+        while self.collect_one(0.0, false)?.is_some() {}
+        let Some(rate) = tuning.gc.bytes_per_second() else {
+            return Ok(Duration::from_millis(500));
+        };
+        // Clean segments that are at most half live; the busier ones wait for space pressure,
+        // where relocating them is worth its write amplification.
+        match self.collect_one(0.5, false)? {
+            Some(bytes) => Ok(Duration::from_secs_f64(bytes as f64 / rate as f64)),
+            None => Ok(Duration::from_millis(500)),
+        }
+    }
+
+    /// Start the background maintenance thread. It holds a weak reference and stops when the
+    /// engine is dropped or [`Engine::shutdown`] is called.
+    pub fn start_background(self: &Arc<Self>) -> std::thread::JoinHandle<()> {
+        let weak = Arc::downgrade(self);
+        std::thread::Builder::new()
+            .name("sliver-gc".into())
+            .spawn(move || loop {
+                let Some(engine) = weak.upgrade() else { return };
+                if engine.stop.load(Ordering::Acquire) {
+                    return;
+                }
+                let sleep = match engine.maintain() {
+                    Ok(d) => d,
+                    Err(e) => {
+                        tracing::warn!("background maintenance: {e}");
+                        Duration::from_secs(1)
+                    }
+                };
+                let (lock, cv) = &engine.gc_wakeup;
+                let woken = lock.lock().unwrap();
+                let (mut woken, _) = cv
+                    .wait_timeout_while(woken, sleep.min(Duration::from_secs(1)), |w| !*w)
+                    .unwrap();
+                *woken = false;
+            })
+            .expect("spawn the maintenance thread")
+    }
+
+    /// Flush, checkpoint and stop background work (clean shutdown: fast recovery next time).
+    pub fn shutdown(&self) -> Result<()> {
+        self.stop.store(true, Ordering::Release);
+        self.wake_gc();
+        if self.read_only || self.poisoned.load(Ordering::Acquire) {
+            return Ok(());
+        }
+        self.checkpoint()
+    }
+
+    // ----- checking -----
+
+    /// Verify the whole engine: reference counts against the maps, segment usage against the
+    /// chunks, and every live chunk's record (checksum, decompression, fingerprint).
+    /// Returns a list of problems (empty when healthy).
+    pub fn check(&self, progress: &mut dyn FnMut(u64, u64)) -> Vec<String> {
+        let mut problems = Vec::new();
+        let (chunks, segment_live, counts, segment_seq) = {
+            let m = self.lock_meta();
+            let counts = m.state.count_references();
+            let chunks: Vec<(u32, crate::state::Chunk)> = m
+                .state
+                .store
+                .chunks
+                .iter()
+                .enumerate()
+                .filter(|(_, c)| c.len != 0)
+                .map(|(i, c)| (i as u32, *c))
+                .collect();
+            let live: Vec<u64> = m.state.store.segments.iter().map(|s| s.live).collect();
+            let seq: Vec<(SegState, u64)> = m
+                .state
+                .store
+                .segments
+                .iter()
+                .map(|s| (s.state, s.seq))
+                .collect();
+            (chunks, live, counts, seq)
+        };
+        let mut live = vec![0u64; segment_live.len()];
+        for (id, c) in &chunks {
+            let expected = counts.get(id).copied().unwrap_or(0);
+            if c.refs != expected {
+                problems.push(format!(
+                    "chunk {id}: reference count {} but {expected} references",
+                    c.refs
+                ));
+            }
+            live[c.loc.segment as usize] += c.len as u64;
+            if segment_seq[c.loc.segment as usize].0 == SegState::Free {
+                problems.push(format!(
+                    "chunk {id} lives in free segment {}",
+                    c.loc.segment
+                ));
+            }
+        }
+        let existing: std::collections::HashSet<u32> = chunks.iter().map(|(id, _)| *id).collect();
+        for id in counts.keys() {
+            if !existing.contains(id) {
+                problems.push(format!("map references missing chunk {id}"));
+            }
+        }
+        for (i, (tracked, actual)) in segment_live.iter().zip(&live).enumerate() {
+            if tracked != actual {
+                problems.push(format!(
+                    "segment {i}: usage {tracked} bytes, chunks say {actual}"
+                ));
+            }
+        }
+        let cs = self.geometry.chunk_size as usize;
+        let mut buf = vec![0u8; cs];
+        let total = chunks.len() as u64;
+        for (n, (id, c)) in chunks.iter().enumerate() {
+            if n % 4096 == 0 {
+                progress(n as u64, total);
+            }
+            let mut raw = vec![0u8; c.len as usize];
+            let at = c.loc.segment as u64 * self.geometry.segment_size as u64 + c.loc.offset as u64;
+            if let Err(e) = self.backend.read_at(&mut raw, at) {
+                problems.push(format!("chunk {id}: read failed: {e}"));
+                continue;
+            }
+            let seq = segment_seq[c.loc.segment as usize].1;
+            match decode_chunk(&raw, seq, *id, &mut buf) {
+                Err(e) => problems.push(format!("chunk {id}: {e}")),
+                Ok(()) => {
+                    let hash = blake3::keyed_hash(&self.geometry.key, &buf);
+                    if hash.as_bytes()[..16] != c.hash {
+                        problems.push(format!(
+                            "chunk {id}: content does not match its fingerprint"
+                        ));
+                    }
+                }
+            }
+        }
+        progress(total, total);
+        problems
+    }
+}
+
+/// Decode one Chunk record into `out` (one chunk).
+fn decode_chunk(raw: &[u8], seq: u64, id: u32, out: &mut [u8]) -> std::result::Result<(), String> {
+    let (record, _) = format::decode(raw, seq).map_err(|e| format!("record unreadable: {e:?}"))?;
+    let Record::Chunk {
+        id: got,
+        codec,
+        data,
+        ..
+    } = record
+    else {
+        return Err("not a chunk record".into());
+    };
+    if got != id {
+        return Err(format!("record holds chunk {got}, expected {id}"));
+    }
+    match codec {
+        Codec::Raw if data.len() == out.len() => {
+            out.copy_from_slice(data);
+            Ok(())
+        }
+        Codec::Lz4 => match lz4_flex::block::decompress_into(data, out) {
+            Ok(n) if n == out.len() => Ok(()),
+            Ok(n) => Err(format!("lz4 data decompressed to {n} bytes")),
+            Err(e) => Err(format!("lz4: {e}")),
+        },
+        Codec::Zstd => match zstd::bulk::decompress_to_buffer(data, out) {
+            Ok(n) if n == out.len() => Ok(()),
+            Ok(n) => Err(format!("zstd data decompressed to {n} bytes")),
+            Err(e) => Err(format!("zstd: {e}")),
+        },
+        other => Err(format!(
+            "unsupported stored form {other:?} ({} bytes)",
+            data.len()
+        )),
+    }
+}
+
+/// A chunk record found in a segment being collected: (id, offset, codec, hash, stored bytes).
+type Candidate = (u32, u32, Codec, [u8; 16], Vec<u8>);
+
+/// Where replay stopped.
+enum LogEnd {
+    /// At an invalid record inside the head segment: the tail from here was never durable.
+    Torn(Head),
+    /// Right after a Seal whose next segment never got its start record.
+    AfterSeal(Head),
+}
+
+fn replay(
+    backend: &dyn Backend,
+    geometry: &Geometry,
+    state: &mut State,
+    counters: &mut Counters,
+    start: Head,
+    recovery: &mut Recovery,
+) -> Result<LogEnd> {
+    let seg = geometry.segment_size as u64;
+    let mut head = start;
+    let mut buf = vec![0u8; seg as usize];
+    loop {
+        let base = head.segment as u64 * seg;
+        backend.read_at(&mut buf, base)?;
+        let mut pos = head.offset as usize;
+        loop {
+            let decoded = format::decode(&buf[pos..], head.seq);
+            let (record, len) = match decoded {
+                Ok(x) => x,
+                Err(format::DecodeError::Malformed(why)) => {
+                    return Err(EngineError::Metadata(format!(
+                        "segment {} offset {pos}: {why}",
+                        head.segment
+                    )))
+                }
+                Err(_) => {
+                    return Ok(LogEnd::Torn(Head {
+                        offset: pos as u32,
+                        ..head
+                    }))
+                }
+            };
+            recovery.records_replayed += 1;
+            recovery.bytes_replayed += len as u64;
+            let loc = Loc {
+                segment: head.segment,
+                offset: pos as u32,
+            };
+            match record {
+                Record::SegmentStart { seq, segment } => {
+                    if pos != 0 || seq != head.seq || segment != head.segment {
+                        return Err(EngineError::Metadata(format!(
+                            "misplaced segment start in segment {}",
+                            head.segment
+                        )));
+                    }
+                }
+                Record::Seal {
+                    next_segment,
+                    next_seq,
+                } => {
+                    let s = &mut state.store.segments[head.segment as usize];
+                    s.state = SegState::Sealed;
+                    s.seq = head.seq;
+                    s.written = (pos + len) as u32;
+                    if next_segment >= geometry.segment_count || next_seq != head.seq + 1 {
+                        return Err(EngineError::Metadata("seal points outside the log".into()));
+                    }
+                    let mut start = vec![0u8; SEGMENT_START_LEN];
+                    backend.read_at(&mut start, next_segment as u64 * seg)?;
+                    match format::decode(&start, next_seq) {
+                        Ok((Record::SegmentStart { seq, segment }, _))
+                            if seq == next_seq && segment == next_segment =>
+                        {
+                            let n = &mut state.store.segments[next_segment as usize];
+                            if n.live != 0 {
+                                return Err(EngineError::Metadata(format!(
+                                    "segment {next_segment} reused while it held live chunks"
+                                )));
+                            }
+                            *n = Segment {
+                                state: SegState::Open,
+                                seq: next_seq,
+                                written: SEGMENT_START_LEN as u32,
+                                live: 0,
+                            };
+                            head = Head {
+                                segment: next_segment,
+                                seq: next_seq,
+                                offset: SEGMENT_START_LEN as u32,
+                            };
+                            break;
+                        }
+                        _ => {
+                            return Ok(LogEnd::AfterSeal(Head {
+                                segment: next_segment,
+                                seq: next_seq,
+                                offset: 0,
+                            }))
+                        }
+                    }
+                }
+                other => {
+                    state.apply(&other, loc, head.seq).map_err(|e| {
+                        EngineError::Metadata(format!("segment {} offset {pos}: {e}", head.segment))
+                    })?;
+                    if let Record::VolumeCreate { volume, .. }
+                    | Record::VolumeClone { dst: volume, .. } = other
+                    {
+                        counters.next_volume = counters.next_volume.max(volume + 1);
+                    }
+                    if let Record::Batch { inner } = other {
+                        for (_, r) in format::records(inner, head.seq).flatten() {
+                            if let Record::Chunk { data, .. } = r {
+                                // Host and collector writes are not told apart in the log;
+                                // count them as host bytes (the figure is advisory).
+                                counters.host_bytes +=
+                                    (RECORD_HEADER + CHUNK_PREFIX + data.len()) as u64;
+                            }
+                        }
+                    }
+                }
+            }
+            pos += len;
+            let s = &mut state.store.segments[head.segment as usize];
+            s.state = SegState::Open;
+            s.seq = head.seq;
+            s.written = pos as u32;
+            if pos >= buf.len() {
+                return Ok(LogEnd::Torn(Head {
+                    offset: pos as u32,
+                    ..head
+                }));
+            }
+        }
+    }
+}
+
+/// Make the log appendable again after replay: seal a torn segment (stale bytes after the tear
+/// must never be read as records) and open a fresh head segment.
+fn repair_tail(
+    backend: &dyn Backend,
+    geometry: &Geometry,
+    state: &mut State,
+    end: LogEnd,
+) -> Result<Head> {
+    let seg = geometry.segment_size as u64;
+    let (segment, seq) = match end {
+        LogEnd::AfterSeal(h) => (h.segment, h.seq),
+        LogEnd::Torn(h) => {
+            if h.offset as u64 + SEAL_LEN as u64 > seg {
+                return Err(EngineError::Metadata(format!(
+                    "segment {} has no room for its seal",
+                    h.segment
+                )));
+            }
+            // Mark used segments so the new head is not one of them.
+            let next = (0..geometry.segment_count)
+                .find(|&i| {
+                    state.store.segments[i as usize].state == SegState::Free && i != h.segment
+                })
+                .ok_or(EngineError::NoSpace)?;
+            let mut seal = Vec::new();
+            Encoder::new(&mut seal, h.seq).seal(next, h.seq + 1);
+            backend.write_at(&seal, h.segment as u64 * seg + h.offset as u64)?;
+            let s = &mut state.store.segments[h.segment as usize];
+            s.state = SegState::Sealed;
+            s.seq = h.seq;
+            s.written = h.offset + SEAL_LEN as u32;
+            (next, h.seq + 1)
+        }
+    };
+    backend.allocate(segment as u64 * seg, seg)?;
+    // Records of a lost incarnation of this segment may carry the very sequence number it
+    // gets now: wipe them durably before the start record makes the segment current.
+    backend.write_at(&vec![0u8; seg as usize], segment as u64 * seg)?;
+    backend.sync()?;
+    let mut start = Vec::new();
+    Encoder::new(&mut start, seq).segment_start(seq, segment);
+    backend.write_at(&start, segment as u64 * seg)?;
+    backend.sync()?;
+    let s = &mut state.store.segments[segment as usize];
+    if s.live != 0 {
+        return Err(EngineError::Metadata(format!(
+            "segment {segment} reused while it held live chunks"
+        )));
+    }
+    *s = Segment {
+        state: SegState::Open,
+        seq,
+        written: SEGMENT_START_LEN as u32,
+        live: 0,
+    };
+    Ok(Head {
+        segment,
+        seq,
+        offset: SEGMENT_START_LEN as u32,
+    })
+}

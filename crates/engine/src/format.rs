@@ -1,0 +1,647 @@
+//! On-disk format: log records and checkpoints. Byte diagrams live in docs/design.md
+//! ("Engine on-disk format"); this file is the one place that encodes and decodes them.
+//!
+//! All integers are little-endian. Every record starts with a 16-byte header:
+//!
+//! ```text
+//!  0      4      8    9     10      12     16
+//! +------+------+----+-----+-------+------+----------------+
+//! | crc  | len  |kind|flags| resvd | seq  | payload (len)  |
+//! +------+------+----+-----+-------+------+----------------+
+//! ```
+//!
+//! `crc` is CRC-32C over bytes 4..16 and the payload; `seq` is the low 32 bits of the sequence
+//! number of the segment the record was written into, so stale records left in a reused segment
+//! never parse as current ones.
+
+use std::fmt;
+
+pub const RECORD_HEADER: usize = 16;
+/// Magic at the start of every segment's first record payload.
+pub const SEGMENT_MAGIC: u64 = u64::from_le_bytes(*b"SLVRLOG1");
+pub const CHECKPOINT_MAGIC: u64 = u64::from_le_bytes(*b"SLVRCKP1");
+pub const FORMAT_VERSION: u32 = 1;
+/// Bytes of a Chunk record payload before the stored data.
+pub const CHUNK_PREFIX: usize = 24;
+/// Size of a Seal record: always kept free at a segment's end.
+pub const SEAL_LEN: usize = RECORD_HEADER + 12;
+pub const SEGMENT_START_LEN: usize = RECORD_HEADER + 20;
+
+/// How a chunk's bytes are stored.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Codec {
+    Raw,
+    Lz4,
+    Zstd,
+    /// Unknown codes survive decoding so a newer format is reported, not misread.
+    Unknown(u8),
+}
+
+impl Codec {
+    pub fn from_u8(v: u8) -> Self {
+        match v {
+            0 => Codec::Raw,
+            1 => Codec::Lz4,
+            2 => Codec::Zstd,
+            other => Codec::Unknown(other),
+        }
+    }
+    pub fn to_u8(self) -> u8 {
+        match self {
+            Codec::Raw => 0,
+            Codec::Lz4 => 1,
+            Codec::Zstd => 2,
+            Codec::Unknown(v) => v,
+        }
+    }
+}
+
+/// Record kinds. The numeric values are part of the on-disk format.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    SegmentStart = 1,
+    Chunk = 2,
+    Map = 3,
+    Unmap = 4,
+    Copy = 5,
+    VolumeCreate = 6,
+    VolumeDelete = 7,
+    VolumeResize = 8,
+    VolumeClone = 9,
+    Seal = 10,
+    Batch = 11,
+}
+
+impl Kind {
+    fn from_u8(v: u8) -> Option<Self> {
+        Some(match v {
+            1 => Kind::SegmentStart,
+            2 => Kind::Chunk,
+            3 => Kind::Map,
+            4 => Kind::Unmap,
+            5 => Kind::Copy,
+            6 => Kind::VolumeCreate,
+            7 => Kind::VolumeDelete,
+            8 => Kind::VolumeResize,
+            9 => Kind::VolumeClone,
+            10 => Kind::Seal,
+            11 => Kind::Batch,
+            _ => return None,
+        })
+    }
+}
+
+/// One decoded log record, borrowing its payload from the buffer it was read from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Record<'a> {
+    SegmentStart {
+        seq: u64,
+        segment: u32,
+    },
+    /// A unique chunk stored in the log (new, or relocated by the garbage collector).
+    Chunk {
+        id: u32,
+        codec: Codec,
+        hash: [u8; 16],
+        data: &'a [u8],
+    },
+    /// Point `ids.len()` consecutive map entries of `volume`, from chunk index `first`, at chunks
+    /// (0 = unmapped).
+    Map {
+        volume: u32,
+        first: u64,
+        ids: Ids<'a>,
+    },
+    Unmap {
+        volume: u32,
+        first: u64,
+        count: u64,
+    },
+    /// Make `count` map entries of `dst` from `dst_first` reference what `src` references from
+    /// `src_first` (memmove semantics when the ranges overlap).
+    Copy {
+        src: u32,
+        src_first: u64,
+        dst: u32,
+        dst_first: u64,
+        count: u64,
+    },
+    VolumeCreate {
+        volume: u32,
+        size: u64,
+    },
+    VolumeDelete {
+        volume: u32,
+    },
+    VolumeResize {
+        volume: u32,
+        size: u64,
+    },
+    /// Create `dst` sharing every map page of `src` (snapshots and clones).
+    VolumeClone {
+        src: u32,
+        dst: u32,
+    },
+    /// The segment ends here; the log continues in segment `next_segment`, whose first
+    /// record must be a SegmentStart with sequence `next_seq`.
+    Seal {
+        next_segment: u32,
+        next_seq: u64,
+    },
+    /// Records applied all or nothing (one CRC covers them): one write command, one relocation
+    /// batch. The payload is a sequence of complete records.
+    Batch {
+        inner: &'a [u8],
+    },
+}
+
+/// A borrowed little-endian array of u32 chunk ids.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub struct Ids<'a>(&'a [u8]);
+
+impl<'a> Ids<'a> {
+    pub fn len(&self) -> usize {
+        self.0.len() / 4
+    }
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+    pub fn iter(&self) -> impl Iterator<Item = u32> + 'a {
+        self.0
+            .chunks_exact(4)
+            .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+    }
+}
+
+impl fmt::Debug for Ids<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_list().entries(self.iter()).finish()
+    }
+}
+
+/// Why bytes did not decode as a record. Replay stops at the first one: it marks the end of
+/// what reached the disk.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DecodeError {
+    /// Fewer bytes than the header or the announced payload.
+    Truncated,
+    /// The checksum does not match (torn or never written).
+    Checksum,
+    /// A record of an older use of this segment.
+    StaleSequence,
+    /// Checksummed, current, but not understood: a newer format or corruption.
+    Malformed(&'static str),
+}
+
+/// Little-endian cursor over a payload.
+struct Reader<'a> {
+    buf: &'a [u8],
+}
+
+impl<'a> Reader<'a> {
+    fn take(&mut self, n: usize) -> Result<&'a [u8], DecodeError> {
+        if self.buf.len() < n {
+            return Err(DecodeError::Malformed("payload too short"));
+        }
+        let (head, rest) = self.buf.split_at(n);
+        self.buf = rest;
+        Ok(head)
+    }
+    fn u8(&mut self) -> Result<u8, DecodeError> {
+        Ok(self.take(1)?[0])
+    }
+    fn u32(&mut self) -> Result<u32, DecodeError> {
+        Ok(u32::from_le_bytes(self.take(4)?.try_into().unwrap()))
+    }
+    fn u64(&mut self) -> Result<u64, DecodeError> {
+        Ok(u64::from_le_bytes(self.take(8)?.try_into().unwrap()))
+    }
+    fn done(&self) -> Result<(), DecodeError> {
+        if self.buf.is_empty() {
+            Ok(())
+        } else {
+            Err(DecodeError::Malformed("trailing bytes in payload"))
+        }
+    }
+}
+
+/// Decode the record at the start of `buf`, written into a segment with sequence `seq`.
+/// Returns the record and its total length (header + payload).
+pub fn decode(buf: &[u8], seq: u64) -> Result<(Record<'_>, usize), DecodeError> {
+    if buf.len() < RECORD_HEADER {
+        return Err(DecodeError::Truncated);
+    }
+    let crc = u32::from_le_bytes(buf[0..4].try_into().unwrap());
+    let len = u32::from_le_bytes(buf[4..8].try_into().unwrap()) as usize;
+    let total = RECORD_HEADER
+        .checked_add(len)
+        .ok_or(DecodeError::Truncated)?;
+    if buf.len() < total {
+        return Err(DecodeError::Truncated);
+    }
+    let computed = crc32c::crc32c_append(
+        crc32c::crc32c(&buf[4..RECORD_HEADER]),
+        &buf[RECORD_HEADER..total],
+    );
+    if computed != crc {
+        return Err(DecodeError::Checksum);
+    }
+    let record_seq = u32::from_le_bytes(buf[12..16].try_into().unwrap());
+    if record_seq != seq as u32 {
+        return Err(DecodeError::StaleSequence);
+    }
+    let kind = Kind::from_u8(buf[8]).ok_or(DecodeError::Malformed("unknown record kind"))?;
+    let payload = &buf[RECORD_HEADER..total];
+    Ok((decode_payload(kind, payload)?, total))
+}
+
+fn decode_payload(kind: Kind, payload: &[u8]) -> Result<Record<'_>, DecodeError> {
+    let mut r = Reader { buf: payload };
+    let record = match kind {
+        Kind::SegmentStart => {
+            if r.u64()? != SEGMENT_MAGIC {
+                return Err(DecodeError::Malformed("bad segment magic"));
+            }
+            let seq = r.u64()?;
+            let segment = r.u32()?;
+            Record::SegmentStart { seq, segment }
+        }
+        Kind::Chunk => {
+            let id = r.u32()?;
+            let codec = Codec::from_u8(r.u8()?);
+            r.take(3)?;
+            let hash: [u8; 16] = r.take(16)?.try_into().unwrap();
+            let data = r.buf;
+            r.buf = &[];
+            Record::Chunk {
+                id,
+                codec,
+                hash,
+                data,
+            }
+        }
+        Kind::Map => {
+            let volume = r.u32()?;
+            r.u32()?;
+            let first = r.u64()?;
+            if !r.buf.len().is_multiple_of(4) {
+                return Err(DecodeError::Malformed("map ids not a multiple of 4 bytes"));
+            }
+            let ids = Ids(r.buf);
+            r.buf = &[];
+            Record::Map { volume, first, ids }
+        }
+        Kind::Unmap => {
+            let volume = r.u32()?;
+            r.u32()?;
+            Record::Unmap {
+                volume,
+                first: r.u64()?,
+                count: r.u64()?,
+            }
+        }
+        Kind::Copy => {
+            let src = r.u32()?;
+            let dst = r.u32()?;
+            Record::Copy {
+                src,
+                dst,
+                src_first: r.u64()?,
+                dst_first: r.u64()?,
+                count: r.u64()?,
+            }
+        }
+        Kind::VolumeCreate => {
+            let volume = r.u32()?;
+            r.u32()?;
+            Record::VolumeCreate {
+                volume,
+                size: r.u64()?,
+            }
+        }
+        Kind::VolumeDelete => Record::VolumeDelete { volume: r.u32()? },
+        Kind::VolumeResize => {
+            let volume = r.u32()?;
+            r.u32()?;
+            Record::VolumeResize {
+                volume,
+                size: r.u64()?,
+            }
+        }
+        Kind::VolumeClone => Record::VolumeClone {
+            src: r.u32()?,
+            dst: r.u32()?,
+        },
+        Kind::Seal => Record::Seal {
+            next_segment: r.u32()?,
+            next_seq: r.u64()?,
+        },
+        Kind::Batch => {
+            let inner = r.buf;
+            r.buf = &[];
+            Record::Batch { inner }
+        }
+    };
+    r.done()?;
+    Ok(record)
+}
+
+/// Append-only encoder of records into a buffer.
+pub struct Encoder<'b> {
+    pub out: &'b mut Vec<u8>,
+    seq: u64,
+}
+
+impl<'b> Encoder<'b> {
+    pub fn new(out: &'b mut Vec<u8>, seq: u64) -> Self {
+        Self { out, seq }
+    }
+
+    /// Start a record; returns its start offset in `out` for [`Encoder::finish`].
+    fn begin(&mut self, kind: Kind) -> usize {
+        let start = self.out.len();
+        self.out.extend_from_slice(&[0; 8]);
+        self.out.push(kind as u8);
+        self.out.extend_from_slice(&[0; 3]);
+        self.out.extend_from_slice(&(self.seq as u32).to_le_bytes());
+        start
+    }
+
+    fn finish(&mut self, start: usize) {
+        let len = (self.out.len() - start - RECORD_HEADER) as u32;
+        self.out[start + 4..start + 8].copy_from_slice(&len.to_le_bytes());
+        let crc = crc32c::crc32c(&self.out[start + 4..]);
+        self.out[start..start + 4].copy_from_slice(&crc.to_le_bytes());
+    }
+
+    fn put_u32(&mut self, v: u32) {
+        self.out.extend_from_slice(&v.to_le_bytes());
+    }
+    fn put_u64(&mut self, v: u64) {
+        self.out.extend_from_slice(&v.to_le_bytes());
+    }
+
+    pub fn segment_start(&mut self, seq: u64, segment: u32) {
+        let s = self.begin(Kind::SegmentStart);
+        self.put_u64(SEGMENT_MAGIC);
+        self.put_u64(seq);
+        self.put_u32(segment);
+        self.finish(s);
+    }
+
+    /// Encode a chunk record; returns the offset of the record in `out`.
+    pub fn chunk(&mut self, id: u32, codec: Codec, hash: &[u8; 16], data: &[u8]) -> usize {
+        let s = self.begin(Kind::Chunk);
+        self.put_u32(id);
+        self.out.push(codec.to_u8());
+        self.out.extend_from_slice(&[0; 3]);
+        self.out.extend_from_slice(hash);
+        self.out.extend_from_slice(data);
+        self.finish(s);
+        s
+    }
+
+    pub fn map(&mut self, volume: u32, first: u64, ids: &[u32]) {
+        let s = self.begin(Kind::Map);
+        self.put_u32(volume);
+        self.put_u32(0);
+        self.put_u64(first);
+        for id in ids {
+            self.put_u32(*id);
+        }
+        self.finish(s);
+    }
+
+    pub fn unmap(&mut self, volume: u32, first: u64, count: u64) {
+        let s = self.begin(Kind::Unmap);
+        self.put_u32(volume);
+        self.put_u32(0);
+        self.put_u64(first);
+        self.put_u64(count);
+        self.finish(s);
+    }
+
+    pub fn copy(&mut self, src: u32, src_first: u64, dst: u32, dst_first: u64, count: u64) {
+        let s = self.begin(Kind::Copy);
+        self.put_u32(src);
+        self.put_u32(dst);
+        self.put_u64(src_first);
+        self.put_u64(dst_first);
+        self.put_u64(count);
+        self.finish(s);
+    }
+
+    pub fn volume_create(&mut self, volume: u32, size: u64) {
+        let s = self.begin(Kind::VolumeCreate);
+        self.put_u32(volume);
+        self.put_u32(0);
+        self.put_u64(size);
+        self.finish(s);
+    }
+
+    pub fn volume_delete(&mut self, volume: u32) {
+        let s = self.begin(Kind::VolumeDelete);
+        self.put_u32(volume);
+        self.finish(s);
+    }
+
+    pub fn volume_resize(&mut self, volume: u32, size: u64) {
+        let s = self.begin(Kind::VolumeResize);
+        self.put_u32(volume);
+        self.put_u32(0);
+        self.put_u64(size);
+        self.finish(s);
+    }
+
+    pub fn volume_clone(&mut self, src: u32, dst: u32) {
+        let s = self.begin(Kind::VolumeClone);
+        self.put_u32(src);
+        self.put_u32(dst);
+        self.finish(s);
+    }
+
+    pub fn seal(&mut self, next_segment: u32, next_seq: u64) {
+        let s = self.begin(Kind::Seal);
+        self.put_u32(next_segment);
+        self.put_u64(next_seq);
+        self.finish(s);
+    }
+
+    /// Wrap everything encoded after `start` into one Batch record. Inner offsets shift by
+    /// one header: callers that recorded offsets add [`RECORD_HEADER`].
+    pub fn wrap_batch(&mut self, start: usize) {
+        let inner = self.out.split_off(start);
+        let s = self.begin(Kind::Batch);
+        self.out.extend_from_slice(&inner);
+        self.finish(s);
+    }
+}
+
+/// Iterate over the records in `buf` (a Batch payload), stopping at the end or an error.
+pub fn records(
+    buf: &[u8],
+    seq: u64,
+) -> impl Iterator<Item = Result<(usize, Record<'_>), DecodeError>> {
+    let mut pos = 0usize;
+    let mut failed = false;
+    std::iter::from_fn(move || {
+        if failed || pos >= buf.len() {
+            return None;
+        }
+        match decode(&buf[pos..], seq) {
+            Ok((record, len)) => {
+                let at = pos;
+                pos += len;
+                Some(Ok((at, record)))
+            }
+            Err(e) => {
+                failed = true;
+                Some(Err(e))
+            }
+        }
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_record_round_trips() {
+        let mut out = Vec::new();
+        let mut e = Encoder::new(&mut out, 7);
+        e.segment_start(7, 3);
+        e.chunk(5, Codec::Lz4, &[9; 16], b"abc");
+        e.map(1, 100, &[1, 0, 5]);
+        e.unmap(2, 3, 4);
+        e.copy(1, 2, 3, 4, 5);
+        e.volume_create(4, 1 << 30);
+        e.volume_delete(4);
+        e.volume_resize(4, 2 << 30);
+        e.volume_clone(4, 6);
+        let b = e.out.len();
+        e.map(1, 0, &[2]);
+        e.wrap_batch(b);
+        e.seal(4, 8);
+        let got: Vec<_> = records(&out, 7).map(|r| r.unwrap().1).collect();
+        assert_eq!(got.len(), 11);
+        assert_eq!(got[0], Record::SegmentStart { seq: 7, segment: 3 });
+        match &got[1] {
+            Record::Chunk {
+                id,
+                codec,
+                hash,
+                data,
+            } => {
+                assert_eq!(
+                    (*id, *codec, *hash, *data),
+                    (5, Codec::Lz4, [9; 16], &b"abc"[..])
+                );
+            }
+            other => panic!("{other:?}"),
+        }
+        match &got[2] {
+            Record::Map { volume, first, ids } => {
+                assert_eq!((*volume, *first), (1, 100));
+                assert_eq!(ids.iter().collect::<Vec<_>>(), vec![1, 0, 5]);
+            }
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(
+            got[3],
+            Record::Unmap {
+                volume: 2,
+                first: 3,
+                count: 4
+            }
+        );
+        assert_eq!(
+            got[4],
+            Record::Copy {
+                src: 1,
+                src_first: 2,
+                dst: 3,
+                dst_first: 4,
+                count: 5
+            }
+        );
+        assert_eq!(
+            got[5],
+            Record::VolumeCreate {
+                volume: 4,
+                size: 1 << 30
+            }
+        );
+        assert_eq!(got[6], Record::VolumeDelete { volume: 4 });
+        assert_eq!(
+            got[7],
+            Record::VolumeResize {
+                volume: 4,
+                size: 2 << 30
+            }
+        );
+        assert_eq!(got[8], Record::VolumeClone { src: 4, dst: 6 });
+        match &got[9] {
+            Record::Batch { inner } => {
+                let inner: Vec<_> = records(inner, 7).map(|r| r.unwrap().1).collect();
+                assert_eq!(inner.len(), 1);
+            }
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(
+            got[10],
+            Record::Seal {
+                next_segment: 4,
+                next_seq: 8
+            }
+        );
+        let last = records(&out, 7).last().unwrap().unwrap().0;
+        assert_eq!(out.len() - last, SEAL_LEN);
+        let mut start = Vec::new();
+        Encoder::new(&mut start, 1).segment_start(1, 0);
+        assert_eq!(start.len(), SEGMENT_START_LEN);
+    }
+
+    #[test]
+    fn torn_stale_and_truncated_records_are_rejected() {
+        let mut out = Vec::new();
+        Encoder::new(&mut out, 9).map(1, 2, &[3, 4]);
+        assert!(decode(&out, 9).is_ok());
+        assert_eq!(decode(&out, 10).unwrap_err(), DecodeError::StaleSequence);
+        assert_eq!(
+            decode(&out[..out.len() - 1], 9).unwrap_err(),
+            DecodeError::Truncated
+        );
+        for i in 0..out.len() {
+            let mut bad = out.clone();
+            bad[i] ^= 0x40;
+            assert!(decode(&bad, 9).is_err(), "flip at {i} accepted");
+        }
+        assert_eq!(decode(&[0u8; 64], 0).unwrap_err(), DecodeError::Checksum);
+    }
+
+    #[test]
+    fn checksummed_garbage_is_malformed_not_a_panic() {
+        let mut x: u64 = 0x1234_5678;
+        let mut next = || {
+            x = x
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            (x >> 33) as u8
+        };
+        for _ in 0..5000 {
+            let kind = next() % 14;
+            let n = (next() % 48) as usize;
+            let mut buf = vec![0u8; RECORD_HEADER];
+            buf[4..8].copy_from_slice(&(n as u32).to_le_bytes());
+            buf[8] = kind;
+            buf.extend((0..n).map(|_| next()));
+            let crc = crc32c::crc32c(&buf[4..]);
+            buf[0..4].copy_from_slice(&crc.to_le_bytes());
+            match decode(&buf, 0) {
+                Ok((_, len)) => assert_eq!(len, buf.len()),
+                Err(e) => assert!(matches!(e, DecodeError::Malformed(_)), "{e:?}"),
+            }
+        }
+    }
+}

@@ -1,0 +1,369 @@
+//! Engine behaviour through its public API, on the in-memory backend and on real files.
+
+use sliver_engine::{
+    Backend, Compression, Engine, EngineConfig, EngineError, FileBackend, MemBackend, Tuning,
+};
+use std::sync::Arc;
+
+const CS: usize = 4096;
+
+fn config() -> EngineConfig {
+    EngineConfig {
+        chunk_size: 4096,
+        segment_size: 128 << 10,
+    }
+}
+
+fn mem_engine(capacity: u64) -> (Arc<MemBackend>, Engine) {
+    let backend = Arc::new(MemBackend::new(capacity));
+    let engine = Engine::create(backend.clone(), config(), Tuning::default()).unwrap();
+    (backend, engine)
+}
+
+/// Text-like data: compressible, different per `seed`.
+fn text(seed: u64, len: usize) -> Vec<u8> {
+    let words = [
+        "thin ",
+        "provisioned ",
+        "flash ",
+        "array ",
+        "unmap ",
+        "clone ",
+        "zero ",
+    ];
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    let mut out = Vec::with_capacity(len + 16);
+    out.extend_from_slice(format!("{seed:016x}").as_bytes());
+    while out.len() < len {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        out.extend_from_slice(words[(x % words.len() as u64) as usize].as_bytes());
+    }
+    out.truncate(len);
+    out
+}
+
+/// Incompressible data.
+fn noise(seed: u64, len: usize) -> Vec<u8> {
+    let mut x = seed | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
+}
+
+#[test]
+fn identical_data_is_stored_once_and_zeros_not_at_all() {
+    let (_, engine) = mem_engine(16 << 20);
+    let a = engine.create_volume(1 << 20).unwrap();
+    let b = engine.create_volume(1 << 20).unwrap();
+    let data = noise(1, 256 << 10);
+    engine.write(a, 0, &data).unwrap();
+    let after_first = engine.space();
+    engine.write(b, 512 << 10, &data).unwrap();
+    let after_second = engine.space();
+    assert_eq!(after_first.unique_chunks, 64);
+    assert_eq!(after_second.unique_chunks, 64, "second copy deduplicated");
+    assert_eq!(after_first.live_bytes, after_second.live_bytes);
+    assert_eq!(after_second.logical_mapped_bytes, 512 << 10);
+    assert!(
+        (after_second.data_reduction - 2.0).abs() < 0.05,
+        "{after_second:?}"
+    );
+    engine.write(a, 256 << 10, &vec![0u8; 256 << 10]).unwrap();
+    assert_eq!(
+        engine.space().live_bytes,
+        after_second.live_bytes,
+        "zeros take no space"
+    );
+    let mut back = vec![1u8; 256 << 10];
+    engine.read(b, 512 << 10, &mut back).unwrap();
+    assert!(back == data);
+    engine.read(a, 256 << 10, &mut back).unwrap();
+    assert!(back.iter().all(|&x| x == 0));
+    let usage = engine.volume_usage(a).unwrap();
+    assert_eq!(usage.mapped_bytes, 256 << 10);
+    assert_eq!(usage.unique_bytes, 0, "everything a holds is shared with b");
+    assert!(usage.shared_bytes > 256 << 10);
+}
+
+#[test]
+fn compression_shrinks_text_and_stores_noise_raw() {
+    let (_, engine) = mem_engine(16 << 20);
+    let v = engine.create_volume(2 << 20).unwrap();
+    engine.write(v, 0, &text(3, 1 << 20)).unwrap();
+    let s = engine.space();
+    assert!(s.live_bytes < (1 << 20) / 2, "text compressed: {s:?}");
+    engine.write(v, 1 << 20, &noise(4, 1 << 20)).unwrap();
+    let t = engine.space();
+    let noise_bytes = t.live_bytes - s.live_bytes;
+    // Raw plus a 40-byte record overhead per chunk, never more.
+    assert!(noise_bytes <= (1 << 20) + 256 * 40, "{noise_bytes}");
+    let mut back = vec![0u8; 2 << 20];
+    engine.read(v, 0, &mut back).unwrap();
+    assert!(back[..1 << 20] == text(3, 1 << 20)[..]);
+    assert!(back[1 << 20..] == noise(4, 1 << 20)[..]);
+}
+
+#[test]
+fn zstd_and_no_compression_read_back() {
+    for compression in [Compression::None, Compression::Zstd(3)] {
+        let backend = Arc::new(MemBackend::new(16 << 20));
+        let tuning = Tuning {
+            compression,
+            ..Tuning::default()
+        };
+        let engine = Engine::create(backend, config(), tuning).unwrap();
+        let v = engine.create_volume(1 << 20).unwrap();
+        let data = text(9, 300 << 10);
+        engine.write(v, 4096, &data).unwrap();
+        let mut back = vec![0u8; data.len()];
+        engine.read(v, 4096, &mut back).unwrap();
+        assert!(back == data, "{compression:?}");
+    }
+}
+
+#[test]
+fn sub_chunk_writes_and_unaligned_unmap_merge_correctly() {
+    let (_, engine) = mem_engine(16 << 20);
+    let v = engine.create_volume(1 << 20).unwrap();
+    let mut model = vec![0u8; 1 << 20];
+    let ops: [(u64, usize, u8); 5] = [
+        (512, 512, 1),
+        (3584, 1024, 2),
+        (4096 * 3 + 512, 8192, 3),
+        (0, 512, 4),
+        (100_352, 70_000 - 70_000 % 512, 5),
+    ];
+    for (off, len, fill) in ops {
+        let data = vec![fill; len];
+        engine.write(v, off, &data).unwrap();
+        model[off as usize..off as usize + len].copy_from_slice(&data);
+    }
+    engine.unmap(v, 1024, 4096 * 4 + 512).unwrap();
+    model[1024..1024 + 4096 * 4 + 512].fill(0);
+    let mut back = vec![0u8; 1 << 20];
+    engine.read(v, 0, &mut back).unwrap();
+    assert!(back == model);
+    // A chunk made all-zero by a partial unmap is unmapped.
+    engine.unmap(v, 0, 1024).unwrap();
+    assert!(!engine.chunk_status(v, 0).unwrap().0);
+    let mut odd = vec![0u8; 1536];
+    engine.read(v, 3584 - 512, &mut odd).unwrap();
+    assert!(odd[..] == model[3072..3072 + 1536]);
+}
+
+#[test]
+fn snapshots_are_isolated_and_deleting_frees_only_unshared_chunks() {
+    let (_, engine) = mem_engine(32 << 20);
+    let v = engine.create_volume(4 << 20).unwrap();
+    let base = noise(5, 4 << 20);
+    engine.write(v, 0, &base).unwrap();
+    let snap = engine.clone_volume(v).unwrap();
+    let live = engine.space().live_bytes;
+    assert_eq!(engine.volume_usage(snap).unwrap().unique_bytes, 0);
+    engine.write(v, 1 << 20, &noise(6, 1 << 20)).unwrap();
+    let mut back = vec![0u8; 4 << 20];
+    engine.read(snap, 0, &mut back).unwrap();
+    assert!(back == base, "snapshot unchanged by writes to its origin");
+    let snap_unique = engine.volume_usage(snap).unwrap().unique_bytes;
+    assert!(
+        snap_unique >= 1 << 20,
+        "the overwritten MiB now belongs to the snapshot alone"
+    );
+    engine.delete_volume(snap).unwrap();
+    let after = engine.space().live_bytes;
+    assert_eq!(
+        after, live,
+        "deleting the snapshot freed exactly what it alone held"
+    );
+    assert!(engine.check(&mut |_, _| {}).is_empty());
+}
+
+#[test]
+fn copy_by_reference_adds_no_data() {
+    let (_, engine) = mem_engine(32 << 20);
+    let a = engine.create_volume(4 << 20).unwrap();
+    let b = engine.create_volume(4 << 20).unwrap();
+    let data = noise(7, 3 << 20);
+    engine.write(a, 0, &data).unwrap();
+    let live = engine.space().live_bytes;
+    // Same alignment within a chunk (512-byte offset): head and tail partial chunks go
+    // through the data path and are deduplicated or stored; whole chunks are shared.
+    assert!(engine
+        .copy(a, 512, b, 4096 * 10 + 512, (2 << 20) - 1024)
+        .unwrap());
+    let mut back = vec![0u8; (2 << 20) - 1024];
+    engine.read(b, 4096 * 10 + 512, &mut back).unwrap();
+    assert!(back[..] == data[512..512 + back.len()]);
+    let grown = engine.space().live_bytes - live;
+    assert!(
+        grown <= 2 * (CS as u64 + 64),
+        "only the two edge chunks are new: {grown}"
+    );
+    // Different alignment cannot share chunks.
+    assert!(!engine.copy(a, 512, b, 0, 4096).unwrap());
+}
+
+#[test]
+fn state_survives_clean_restart_and_crash_without_flush_loses_only_unflushed() {
+    let backend = Arc::new(MemBackend::new(16 << 20));
+    let engine = Engine::create(backend.clone(), config(), Tuning::default()).unwrap();
+    let v = engine.create_volume(1 << 20).unwrap();
+    engine.write(v, 0, &text(1, 64 << 10)).unwrap();
+    engine.flush().unwrap();
+    engine.write(v, 64 << 10, &text(2, 64 << 10)).unwrap();
+    // Crash keeping none of the unflushed writes.
+    let crashed = Arc::new(backend.crash(|_, n| vec![false; n]));
+    drop(engine);
+    let engine = Engine::open(crashed.clone(), Tuning::default(), false).unwrap();
+    let mut back = vec![0u8; 128 << 10];
+    engine.read(v, 0, &mut back).unwrap();
+    assert!(back[..64 << 10] == text(1, 64 << 10)[..]);
+    assert!(back[64 << 10..].iter().all(|&x| x == 0));
+    assert!(engine.check(&mut |_, _| {}).is_empty());
+    // Keep writing after recovery, then restart cleanly.
+    engine.write(v, 64 << 10, &text(3, 64 << 10)).unwrap();
+    engine.shutdown().unwrap();
+    drop(engine);
+    let engine = Engine::open(crashed, Tuning::default(), false).unwrap();
+    engine.read(v, 64 << 10, &mut back[..64 << 10]).unwrap();
+    assert!(back[..64 << 10] == text(3, 64 << 10)[..]);
+    assert_eq!(
+        engine.recovery().records_replayed,
+        0,
+        "clean shutdown: nothing to replay"
+    );
+}
+
+#[test]
+fn failed_sync_poisons_the_engine() {
+    let (backend, engine) = mem_engine(16 << 20);
+    let v = engine.create_volume(1 << 20).unwrap();
+    engine.write(v, 0, &text(1, 8192)).unwrap();
+    backend.fail_next_sync();
+    assert!(matches!(engine.flush(), Err(EngineError::Poisoned(_))));
+    assert!(matches!(
+        engine.write(v, 0, &text(2, 8192)),
+        Err(EngineError::Poisoned(_))
+    ));
+    assert!(matches!(engine.flush(), Err(EngineError::Poisoned(_))));
+    assert!(engine.poisoned().unwrap().contains("fsync"));
+    // Reads still work from what was written.
+    let mut back = vec![0u8; 8192];
+    engine.read(v, 0, &mut back).unwrap();
+}
+
+#[test]
+fn full_array_refuses_new_data_but_unmap_and_overwrites_of_known_data_work() {
+    // 64 segments of 128 KiB = 8 MiB; 2 reserved for the collector.
+    let (_, engine) = mem_engine(8 << 20);
+    let v = engine.create_volume(32 << 20).unwrap();
+    let mut written = 0u64;
+    let err = loop {
+        match engine.write(v, written, &noise(written, 256 << 10)) {
+            Ok(()) => written += 256 << 10,
+            Err(e) => break e,
+        }
+        assert!(written < 32 << 20, "never ran out of space");
+    };
+    assert!(matches!(err, EngineError::NoSpace), "{err:?}");
+    assert!(
+        written >= 6 << 20,
+        "filled most of the array before failing: {written}"
+    );
+    // Data already stored can be written again (dedup needs no space).
+    engine.write(v, written, &noise(0, 256 << 10)).unwrap();
+    // Freeing space works when full, and then writes succeed again.
+    engine.unmap(v, 0, 4 << 20).unwrap();
+    engine
+        .write(v, written + (256 << 10), &noise(999, 256 << 10))
+        .unwrap();
+    let mut back = vec![0u8; 256 << 10];
+    engine.read(v, written + (256 << 10), &mut back).unwrap();
+    assert!(back == noise(999, 256 << 10));
+    assert!(engine.check(&mut |_, _| {}).is_empty());
+}
+
+#[test]
+fn garbage_collection_returns_space_and_keeps_data() {
+    let (_, engine) = mem_engine(16 << 20);
+    let v = engine.create_volume(8 << 20).unwrap();
+    let data = noise(11, 8 << 20);
+    engine.write(v, 0, &data).unwrap();
+    // Free every other 64 KiB: segments become half dead.
+    for i in (0..128u64).step_by(2) {
+        engine.unmap(v, i * (64 << 10), 64 << 10).unwrap();
+    }
+    let before = engine.space();
+    assert!(before.reclaimable_bytes >= 3 << 20, "{before:?}");
+    let moved = engine.collect_garbage(0.9).unwrap();
+    let after = engine.space();
+    assert!(moved > 0);
+    assert!(
+        after.physical_used_bytes < before.physical_used_bytes - (2 << 20),
+        "{before:?} -> {after:?}"
+    );
+    assert!(after.write_amplification > 1.0);
+    let mut back = vec![0u8; 8 << 20];
+    engine.read(v, 0, &mut back).unwrap();
+    for i in 0..128usize {
+        let chunk = &back[i * (64 << 10)..(i + 1) * (64 << 10)];
+        if i % 2 == 0 {
+            assert!(chunk.iter().all(|&x| x == 0));
+        } else {
+            assert!(chunk == &data[i * (64 << 10)..(i + 1) * (64 << 10)]);
+        }
+    }
+    assert!(engine.check(&mut |_, _| {}).is_empty());
+}
+
+#[test]
+fn file_backend_round_trip_with_real_fsync() {
+    let dir = tempfile::tempdir().unwrap();
+    let backend: Arc<dyn Backend> = Arc::new(FileBackend::open(dir.path(), 64 << 20).unwrap());
+    let engine = Engine::create(backend, EngineConfig::default(), Tuning::default()).unwrap();
+    let v = engine.create_volume(16 << 20).unwrap();
+    engine.write(v, 4096, &text(1, 1 << 20)).unwrap();
+    engine.flush().unwrap();
+    drop(engine);
+    let backend: Arc<dyn Backend> = Arc::new(FileBackend::open(dir.path(), 64 << 20).unwrap());
+    let engine = Engine::open(backend, Tuning::default(), false).unwrap();
+    let mut back = vec![0u8; 1 << 20];
+    engine.read(v, 4096, &mut back).unwrap();
+    assert!(back == text(1, 1 << 20));
+    assert!(
+        engine.recovery().records_replayed > 0,
+        "replayed the log after the checkpoint"
+    );
+    assert!(engine.check(&mut |_, _| {}).is_empty());
+}
+
+#[test]
+fn corrupted_chunk_is_reported_for_its_blocks_only() {
+    let (backend, engine) = mem_engine(16 << 20);
+    let v = engine.create_volume(1 << 20).unwrap();
+    engine.write(v, 0, &noise(1, 64 << 10)).unwrap();
+    engine.flush().unwrap();
+    // Flip a byte inside the stored data: the first segment's records start after the
+    // volume-create record; find the chunk by reading back failures.
+    let mut raw = vec![0u8; 128 << 10];
+    backend.read_at(&mut raw, 0).unwrap();
+    let needle = &noise(1, 64 << 10)[8192..8192 + 64];
+    let at = raw.windows(64).position(|w| w == needle).unwrap();
+    raw[at] ^= 0xff;
+    backend.write_at(&raw[at..at + 1], at as u64).unwrap();
+    let mut buf = vec![0u8; 4096];
+    match engine.read(v, 8192, &mut buf) {
+        Err(EngineError::Corrupt { offset, .. }) => assert_eq!(offset, 8192),
+        other => panic!("{other:?}"),
+    }
+    engine.read(v, 4096, &mut buf).unwrap();
+    engine.read(v, 12288, &mut buf).unwrap();
+    assert!(!engine.check(&mut |_, _| {}).is_empty());
+}
