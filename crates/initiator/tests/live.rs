@@ -1,0 +1,439 @@
+//! The initiator against a real sliver target on loopback (in-process `Server` on an ephemeral
+//! port), cross-checked with libiscsi's tools where they overlap.
+
+use sliver_initiator::cdb;
+use sliver_initiator::sense::status;
+use sliver_initiator::{Error, Provisioning, Residual, SenseKey, Session, SessionOptions};
+use sliver_server::array::ChapSecret;
+use sliver_server::{Array, Server, ServerOptions};
+use sliver_volume::Volume;
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+const TARGET: &str = "iqn.2026-11.test.sliver:initiator";
+const MIB: usize = 1 << 20;
+
+struct Running {
+    addr: SocketAddr,
+    array: Arc<Array>,
+    server: Arc<Server>,
+    thread: Option<std::thread::JoinHandle<()>>,
+    _dir: tempfile::TempDir,
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        self.server.shutdown();
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+impl Running {
+    fn url(&self, lun: u64) -> String {
+        format!("iscsi://{}/{TARGET}/{lun}", self.addr)
+    }
+    fn volume(&self, name: &str) -> Arc<dyn Volume> {
+        self.array
+            .unit(name)
+            .expect("volume exists")
+            .volume()
+            .clone()
+    }
+}
+
+fn start(setup: impl FnOnce(&Array)) -> Running {
+    let dir = tempfile::tempdir().unwrap();
+    let array = Arc::new(Array::open(dir.path(), TARGET).unwrap());
+    setup(&array);
+    let server = Server::new(array.clone());
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let listeners = runtime
+        .block_on(server.bind(&ServerOptions {
+            portals: vec!["127.0.0.1:0".parse().unwrap()],
+        }))
+        .unwrap();
+    let addr = server.portals()[0];
+    let s = server.clone();
+    let thread = std::thread::spawn(move || runtime.block_on(s.run(listeners)));
+    Running {
+        addr,
+        array,
+        server,
+        thread: Some(thread),
+        _dir: dir,
+    }
+}
+
+fn one_volume(size: u64) -> impl FnOnce(&Array) {
+    move |array: &Array| {
+        array.create_volume("v", size, 512).unwrap();
+        array.connect("v", "*", Some(0)).unwrap();
+    }
+}
+
+fn pattern(seed: u64, len: usize) -> Vec<u8> {
+    // xorshift: distinct, non-repeating content per seed.
+    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
+}
+
+#[test]
+fn read_capacity_matches_libiscsi_and_data_round_trips() {
+    let t = start(one_volume(64 * MIB as u64));
+    let mut s = Session::connect(&t.url(0), SessionOptions::default()).unwrap();
+    let cap = s.read_capacity16().unwrap();
+    assert_eq!(cap.block_size, 512);
+    assert_eq!(cap.blocks(), (64 * MIB / 512) as u64);
+    assert!(
+        cap.lbpme && cap.lbprz,
+        "sliver volumes are thin and read zeros"
+    );
+    assert_eq!(cap.lbppbe, 3);
+
+    let out = std::process::Command::new("iscsi-readcapacity16")
+        .args(["-i", "iqn.2026-11.test:libiscsi", &t.url(0)])
+        .output()
+        .expect("iscsi-readcapacity16 must be installed (Debian libiscsi-bin)");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}");
+    assert!(
+        text.contains(&format!("Total size:{}", cap.bytes())),
+        "libiscsi and our initiator disagree: {text}"
+    );
+
+    // 4 MiB + one block: immediate data, unsolicited Data-Out and R2T-solicited Data-Out.
+    let data = pattern(1, 4 * MIB + 512);
+    s.write16(1000, data.clone()).unwrap();
+    let back = s.read16(1000, (data.len() / 512) as u32).unwrap();
+    assert!(back == data, "read back differs from what was written");
+    // Neighbouring blocks stay zero.
+    assert_eq!(s.read16(999, 1).unwrap(), vec![0; 512]);
+    s.synchronize_cache16(0, 0).unwrap();
+    s.logout().unwrap();
+}
+
+#[test]
+fn every_data_out_mode_negotiates_and_transfers() {
+    let t = start(one_volume(16 * MIB as u64));
+    for (i, (immediate, initial_r2t)) in
+        [(true, false), (true, true), (false, false), (false, true)]
+            .into_iter()
+            .enumerate()
+    {
+        let options = SessionOptions {
+            immediate_data: immediate,
+            initial_r2t,
+            first_burst_length: 65_536,
+            max_recv_data_segment_length: 16_384,
+            ..SessionOptions::default()
+        };
+        let mut s = Session::connect(&t.url(0), options).unwrap();
+        let n = s.negotiated();
+        // sliver prefers ImmediateData=Yes (AND) and InitialR2T=No (OR).
+        assert_eq!(n.immediate_data, immediate, "mode {i}");
+        assert_eq!(n.initial_r2t, initial_r2t, "mode {i}");
+        assert_eq!(n.first_burst_length, 65_536);
+        assert_eq!(n.our_max_recv_data_segment_length, 16_384);
+        assert!(n.target_max_recv_data_segment_length >= 8192);
+        let data = pattern(10 + i as u64, MIB + 3 * 512);
+        let lba = (i * 4096) as u64;
+        s.write16(lba, data.clone()).unwrap();
+        // Data-In arrives in 16 KiB PDUs (our declared limit).
+        let back = s.read16(lba, (data.len() / 512) as u32).unwrap();
+        assert!(back == data, "mode {i}: read back differs");
+        s.logout().unwrap();
+    }
+}
+
+#[test]
+fn many_commands_are_outstanding_at_once() {
+    let t = start(one_volume(32 * MIB as u64));
+    let mut s = Session::connect(&t.url(0), SessionOptions::default()).unwrap();
+    s.test_unit_ready().unwrap(); // absorb the new nexus' unit attention
+    let bs = s.block_size().unwrap();
+    const N: usize = 48;
+    const BLOCKS: u32 = 128; // 64 KiB each
+    let mut tags = Vec::new();
+    for i in 0..N {
+        let data = pattern(100 + i as u64, (BLOCKS * bs) as usize);
+        let cmd = cdb::write16(i as u64 * BLOCKS as u64, data, bs, false).unwrap();
+        tags.push(s.submit(cmd).unwrap());
+    }
+    assert_eq!(s.outstanding(), N, "all writes are in flight together");
+    let mut done = std::collections::HashSet::new();
+    for _ in 0..N {
+        let c = s.wait_any().unwrap();
+        assert_eq!(c.status, status::GOOD);
+        assert!(done.insert(c.tag), "a tag completed twice");
+    }
+    assert_eq!(done.len(), N);
+    assert!(s.wait_any().is_err(), "nothing is left to wait for");
+
+    let mut reads = Vec::new();
+    for i in 0..N {
+        let cmd = cdb::read16(i as u64 * BLOCKS as u64, BLOCKS, bs).unwrap();
+        reads.push((i, s.submit(cmd).unwrap()));
+    }
+    // Collect in reverse order of submission: completions are matched by tag.
+    for (i, tag) in reads.into_iter().rev() {
+        let c = s.wait(tag).unwrap();
+        assert_eq!(c.residual, Residual::None);
+        assert!(
+            c.data == pattern(100 + i as u64, (BLOCKS * bs) as usize),
+            "read {i} returned another command's data"
+        );
+    }
+    s.logout().unwrap();
+}
+
+#[test]
+fn unmap_and_write_same_deallocate() {
+    let t = start(one_volume(64 * MIB as u64));
+    let vol = t.volume("v");
+    let mut s = Session::connect(&t.url(0), SessionOptions::default()).unwrap();
+    s.write16(0, pattern(7, 8 * MIB)).unwrap();
+    s.synchronize_cache16(0, 0).unwrap();
+    let before = vol.space().unwrap().mapped_bytes;
+    assert!(before >= 8 * MIB as u64, "8 MiB written, {before} mapped");
+    let st = s.get_lba_status(0).unwrap();
+    assert_eq!(st[0].state, Provisioning::Mapped);
+
+    // UNMAP the first 4 MiB in two descriptors, WRITE SAME(UNMAP) the next 2 MiB.
+    s.unmap(&[(0, 4096), (4096, 4096)]).unwrap();
+    s.write_same16(8192, 4096, true).unwrap();
+    let after = vol.space().unwrap().mapped_bytes;
+    assert!(
+        after + 6 * MIB as u64 <= before,
+        "6 MiB deallocated: before {before}, after {after}"
+    );
+    let st = s.get_lba_status(0).unwrap();
+    assert_eq!(st[0].state, Provisioning::Deallocated);
+    assert_eq!((st[0].lba, st[0].blocks), (0, 12288));
+    let st = s.get_lba_status(12288).unwrap();
+    assert_eq!(st[0].state, Provisioning::Mapped);
+    assert_eq!(s.read16(100, 8).unwrap(), vec![0; 4096]);
+    s.logout().unwrap();
+}
+
+#[test]
+fn check_conditions_carry_decoded_sense() {
+    let t = start(one_volume(MIB as u64));
+    let mut s = Session::connect(&t.url(0), SessionOptions::default()).unwrap();
+    // The first command of a new I_T nexus reports the power-on unit attention.
+    let c = s.execute(cdb::test_unit_ready()).unwrap();
+    assert_eq!(c.status, status::CHECK_CONDITION);
+    let sense = c.sense.expect("sense data with the check condition");
+    assert_eq!(sense.key, SenseKey::UnitAttention);
+    assert_eq!(sense.asc, 0x29);
+
+    let err = s.read16(2048, 1).unwrap_err();
+    let sense = err.sense().expect("sense of the failed read");
+    assert_eq!(sense.key, SenseKey::IllegalRequest);
+    assert_eq!((sense.asc, sense.ascq), (0x21, 0x00));
+    assert!(
+        err.to_string()
+            .contains("LOGICAL BLOCK ADDRESS OUT OF RANGE"),
+        "{err}"
+    );
+    // The session survives a failed command.
+    assert_eq!(s.read16(2047, 1).unwrap().len(), 512);
+    s.ping().unwrap();
+    s.logout().unwrap();
+}
+
+#[test]
+fn chap_and_access_control() {
+    let t = start(|array| {
+        array.create_volume("v", MIB as u64, 512).unwrap();
+        array
+            .create_host(
+                "h",
+                vec!["iqn.2026-11.test:chap-host".into()],
+                Some(ChapSecret {
+                    user: "alice".into(),
+                    secret: "correct-horse-battery".into(),
+                }),
+            )
+            .unwrap();
+        array.connect("v", "h", Some(0)).unwrap();
+    });
+    let opts = || SessionOptions {
+        initiator_name: "iqn.2026-11.test:chap-host".into(),
+        ..SessionOptions::default()
+    };
+    let good = format!("iscsi://alice%correct-horse-battery@{}/{TARGET}/0", t.addr);
+    let mut s = Session::connect(&good, opts()).unwrap();
+    assert_eq!(s.read_capacity16().unwrap().bytes(), MIB as u64);
+    s.logout().unwrap();
+
+    let bad = format!("iscsi://alice%wrong-secret-1234@{}/{TARGET}/0", t.addr);
+    match Session::connect(&bad, opts()) {
+        Err(Error::Login { message, .. }) => {
+            assert!(message.contains("authentication failed"), "{message}")
+        }
+        other => panic!("a wrong secret must fail the login: {:?}", other.err()),
+    }
+    match Session::connect(&t.url(0), opts()) {
+        Err(Error::Login { message, .. }) => assert!(message.contains("CHAP"), "{message}"),
+        other => panic!("no secret must fail the login: {:?}", other.err()),
+    }
+    let stranger = SessionOptions {
+        initiator_name: "iqn.2026-11.test:stranger".into(),
+        ..SessionOptions::default()
+    };
+    match Session::connect(&t.url(0), stranger) {
+        Err(Error::Login { message, .. }) => assert!(message.contains("not allowed"), "{message}"),
+        other => panic!("an unknown initiator must be refused: {:?}", other.err()),
+    }
+}
+
+#[test]
+fn connection_refused_is_a_clear_error() {
+    // Bind and drop a listener to get a port nobody listens on.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let err = Session::connect(
+        &format!("iscsi://127.0.0.1:{port}/{TARGET}/0"),
+        SessionOptions::default(),
+    )
+    .err()
+    .expect("nothing listens there");
+    assert!(matches!(err, Error::Connect { .. }), "{err}");
+    let err = Session::connect("iscsi://127.0.0.1/", SessionOptions::default())
+        .err()
+        .unwrap();
+    assert!(matches!(err, Error::Url(_)), "{err}");
+}
+
+/// A one-connection target built from sliver's sans-I/O protocol core, so the test controls
+/// exactly when the target pings and asks for logout.
+mod scripted {
+    use sliver_iscsi::{
+        Authority, Authorization, CommandResult, Connection, DiscoveredTarget, Event, LoginStatus,
+        SessionInfo, TargetSettings,
+    };
+    use std::io::{Read, Write};
+    use std::net::TcpListener;
+    use std::sync::Arc;
+
+    struct Open;
+    impl Authority for Open {
+        fn send_targets(&self, _: &str) -> Vec<DiscoveredTarget> {
+            vec![]
+        }
+        fn authorize(&self, _: &str, _: Option<&str>) -> Authorization {
+            Authorization::Allow { chap: None }
+        }
+        fn register_session(&self, _: &SessionInfo) -> Result<u16, LoginStatus> {
+            Ok(7)
+        }
+    }
+
+    /// Serves one connection: answers every command with GOOD (and zeros for reads), queues a
+    /// NOP-In after every `ping_every` commands, and asks for logout after `logout_after`.
+    /// Returns how many of its pings were answered.
+    pub fn serve(listener: TcpListener, ping_every: usize, logout_after: usize) -> usize {
+        let (mut sock, _) = listener.accept().unwrap();
+        let settings = Arc::new(TargetSettings {
+            target_name: super::TARGET.into(),
+            ..TargetSettings::default()
+        });
+        let mut conn = Connection::new(settings, Arc::new(Open));
+        let mut buf = vec![0u8; 65536];
+        let mut out = Vec::new();
+        let mut commands = 0;
+        let mut pings_sent = 0;
+        let mut pings_answered = 0;
+        loop {
+            let n = match sock.read(&mut buf) {
+                Ok(0) | Err(_) => break,
+                Ok(n) => n,
+            };
+            if conn.receive(&buf[..n]).is_err() {
+                break;
+            }
+            let mut closing = false;
+            while let Some(ev) = conn.next_event() {
+                match ev {
+                    Event::Command(cmd) => {
+                        commands += 1;
+                        let len = cmd.expected_data_transfer_length as usize;
+                        conn.complete_command(
+                            cmd.itt,
+                            CommandResult {
+                                status: 0,
+                                sense: vec![],
+                                data_in: if cmd.read { vec![0; len] } else { vec![] },
+                                data_out_expected: cmd.data_out.len(),
+                            },
+                        );
+                        if commands % ping_every == 0 {
+                            // False while the previous ping is unanswered.
+                            if conn.ping() {
+                                if pings_sent > 0 {
+                                    pings_answered += 1;
+                                }
+                                pings_sent += 1;
+                            }
+                        }
+                        if commands == logout_after {
+                            conn.request_logout();
+                        }
+                    }
+                    Event::LoggedOut => closing = true,
+                    _ => {}
+                }
+            }
+            conn.take_output(&mut out);
+            if sock.write_all(&out).is_err() {
+                break;
+            }
+            out.clear();
+            if closing {
+                break;
+            }
+        }
+        pings_answered
+    }
+}
+
+#[test]
+fn target_pings_are_answered_and_logout_requests_seen() {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    let target = std::thread::spawn(move || scripted::serve(listener, 2, 19));
+    let mut s = Session::connect(
+        &format!("iscsi://{addr}/{TARGET}/0"),
+        SessionOptions::default(),
+    )
+    .unwrap();
+    for i in 0..20u64 {
+        let c = s.execute(cdb::read16(i, 1, 512).unwrap()).unwrap();
+        assert_eq!(c.data.len(), 512);
+    }
+    assert!(s.target_requested_logout());
+    assert!(
+        s.nop_ins_answered() >= 9,
+        "answered {}",
+        s.nop_ins_answered()
+    );
+    s.logout().unwrap();
+    let answered = target.join().unwrap();
+    assert!(answered >= 8, "the target saw {answered} pings answered");
+}

@@ -1,0 +1,216 @@
+//! Raw mode: UNMAP over iSCSI against a running sliver (in-process, ephemeral port).
+
+use sliver_initiator::{Provisioning, Session, SessionOptions};
+use sliver_reclaim::limiter::{Clock, Limiter, RateSpec, RealClock};
+use sliver_reclaim::raw::{self, RawRequest};
+use sliver_server::{Array, Server, ServerOptions};
+use sliver_volume::Volume;
+use std::cell::Cell;
+use std::net::SocketAddr;
+use std::os::unix::fs::MetadataExt;
+use std::rc::Rc;
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
+use std::time::Duration;
+
+const TARGET: &str = "iqn.2026-11.test.sliver:reclaim";
+const MIB: u64 = 1 << 20;
+static NEVER: AtomicBool = AtomicBool::new(false);
+
+struct Running {
+    addr: SocketAddr,
+    array: Arc<Array>,
+    server: Arc<Server>,
+    thread: Option<std::thread::JoinHandle<()>>,
+    dir: tempfile::TempDir,
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        self.server.shutdown();
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+fn start(size: u64) -> Running {
+    let dir = tempfile::tempdir().unwrap();
+    let array = Arc::new(Array::open(dir.path(), TARGET).unwrap());
+    array.create_volume("v", size, 512).unwrap();
+    array.connect("v", "*", Some(0)).unwrap();
+    let server = Server::new(array.clone());
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let listeners = runtime
+        .block_on(server.bind(&ServerOptions {
+            portals: vec!["127.0.0.1:0".parse().unwrap()],
+        }))
+        .unwrap();
+    let addr = server.portals()[0];
+    let s = server.clone();
+    let thread = std::thread::spawn(move || runtime.block_on(s.run(listeners)));
+    Running {
+        addr,
+        array,
+        server,
+        thread: Some(thread),
+        dir,
+    }
+}
+
+impl Running {
+    fn url(&self) -> String {
+        format!("iscsi://{}/{TARGET}/0", self.addr)
+    }
+    fn volume(&self) -> Arc<dyn Volume> {
+        self.array.unit("v").unwrap().volume().clone()
+    }
+    /// Bytes allocated to the volume's backing file.
+    fn allocated(&self) -> u64 {
+        let mut total = 0;
+        for e in std::fs::read_dir(self.dir.path().join("volumes")).unwrap() {
+            total += e.unwrap().metadata().unwrap().blocks() * 512;
+        }
+        total
+    }
+    fn fill(&self, blocks: u64) {
+        let mut s = Session::connect(&self.url(), SessionOptions::default()).unwrap();
+        let chunk: Vec<u8> = (0..MIB as usize).map(|i| (i % 253) as u8 + 1).collect();
+        for i in 0..blocks * 512 / MIB {
+            s.write16(i * 2048, chunk.clone()).unwrap();
+        }
+        s.synchronize_cache16(0, 0).unwrap();
+        s.logout().unwrap();
+    }
+}
+
+fn request(t: &Running, lba: u64, count: u64, bpc: u64, qd: u32) -> RawRequest {
+    RawRequest {
+        url: t.url(),
+        lba,
+        count,
+        blocks_per_command: bpc,
+        queue_depth: qd,
+        initiator_name: "iqn.2026-11.test:reclaim".into(),
+    }
+}
+
+#[test]
+fn raw_unmap_frees_exactly_the_range() {
+    let t = start(64 * MIB);
+    t.fill(32768); // 16 MiB
+    let mapped = t.volume().space().unwrap().mapped_bytes;
+    let allocated = t.allocated();
+    assert!(mapped >= 16 * MIB && allocated >= 16 * MIB);
+
+    // 8 MiB from LBA 4096 with 1000 blocks per command: 17 commands, the last one short.
+    let mut limiter = Limiter::new(RealClock::new(&NEVER), RateSpec::unlimited());
+    let r = raw::run(&request(&t, 4096, 16384, 1000, 4), &mut limiter, &NEVER).unwrap();
+    assert_eq!(r.commands, 17);
+    assert_eq!(r.blocks_unmapped, 16384);
+    assert_eq!(r.bytes_unmapped, 8 * MIB);
+    assert!(r.completed);
+    assert!(r.text().contains("in 17 commands"), "{}", r.text());
+
+    let space = t.volume().space().unwrap();
+    assert_eq!(
+        space.mapped_bytes + 8 * MIB,
+        mapped,
+        "exactly 8 MiB deallocated"
+    );
+    assert!(
+        t.allocated() + 8 * MIB <= allocated,
+        "the backing file shrinks"
+    );
+    let mut s = Session::connect(&t.url(), SessionOptions::default()).unwrap();
+    let st = s.get_lba_status(0).unwrap();
+    assert_eq!((st[0].state, st[0].blocks), (Provisioning::Mapped, 4096));
+    assert_eq!(
+        (st[1].state, st[1].lba, st[1].blocks),
+        (Provisioning::Deallocated, 4096, 16384)
+    );
+    assert_eq!(st[2].state, Provisioning::Mapped);
+    assert_eq!(s.read16(4096 + 16383, 1).unwrap(), vec![0; 512]);
+    assert_ne!(s.read16(4096 + 16384, 1).unwrap(), vec![0; 512]);
+    s.logout().unwrap();
+}
+
+/// Virtual time for the rate test: the limiter's sleeps advance it.
+#[derive(Clone, Default)]
+struct FakeClock(Rc<Cell<Duration>>);
+impl Clock for FakeClock {
+    fn now(&self) -> Duration {
+        self.0.get()
+    }
+    fn sleep(&self, d: Duration) {
+        self.0.set(self.0.get() + d);
+    }
+}
+
+#[test]
+fn raw_unmap_is_paced_by_the_limiter() {
+    let t = start(64 * MIB);
+    let clock = FakeClock::default();
+    let spec = RateSpec {
+        rate: Some(8_000_000),
+        burst: 4 * MIB,
+        burst_rate: Some(1_000_000_000),
+    };
+    let mut limiter = Limiter::new(clock.clone(), spec);
+    // 32 MiB in 1 MiB commands: 4 MiB of burst at 1 GB/s, 28 MiB at 8 MB/s.
+    let r = raw::run(&request(&t, 0, 65536, 2048, 2), &mut limiter, &NEVER).unwrap();
+    assert_eq!(r.commands, 32);
+    let expected = (4 * MIB) as f64 / 1e9 + (28 * MIB) as f64 / 8e6;
+    assert!(
+        (r.throttled_seconds - expected).abs() < 1e-6,
+        "throttled {} s, expected {expected} s",
+        r.throttled_seconds
+    );
+    assert!((r.elapsed_seconds - expected).abs() < 1e-6);
+}
+
+#[test]
+fn raw_mode_errors_are_clear() {
+    let t = start(8 * MIB);
+    let mut limiter = Limiter::new(RealClock::new(&NEVER), RateSpec::unlimited());
+    let e = raw::run(&request(&t, 16000, 1000, 100, 1), &mut limiter, &NEVER).unwrap_err();
+    assert!(e.contains("beyond the end of the LUN (16384 blocks"), "{e}");
+    let e = raw::run(&request(&t, 0, 10, 0, 1), &mut limiter, &NEVER).unwrap_err();
+    assert!(e.contains("--blocks-per-command"), "{e}");
+    let mut bad = request(&t, 0, 10, 5, 1);
+    bad.url = format!("iscsi://{}/iqn.2026-11.test:nosuchtarget/0", t.addr);
+    let e = raw::run(&bad, &mut limiter, &NEVER).unwrap_err();
+    assert!(e.contains("login") && e.contains("no such target"), "{e}");
+}
+
+#[test]
+fn the_command_line_raw_mode_runs() {
+    let t = start(16 * MIB);
+    t.fill(8192);
+    use clap::Parser;
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        args: sliver_reclaim::ReclaimArgs,
+    }
+    let url = t.url();
+    let cli = Cli::try_parse_from([
+        "reclaim",
+        "--lun",
+        &url,
+        "--lba",
+        "0",
+        "--count",
+        "8192",
+        "--blocks-per-command",
+        "2048",
+        "--json",
+    ])
+    .unwrap();
+    sliver_reclaim::run(cli.args).unwrap();
+    assert_eq!(t.volume().space().unwrap().mapped_bytes, 0);
+}
