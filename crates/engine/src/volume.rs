@@ -155,6 +155,17 @@ impl Volume for EngineVolume {
         sliver_volume::copy_by_data(self, source, src_lba, dst_lba, blocks)
     }
 
+    /// One engine batch is applied all or nothing; an unaligned write may straddle one more
+    /// chunk than an aligned one, so one chunk less than a batch is promised.
+    fn max_atomic_write_bytes(&self) -> u64 {
+        if self.read_only {
+            return 0;
+        }
+        self.engine
+            .atomic_write_limit()
+            .saturating_sub(self.engine.chunk_size() as u64)
+    }
+
     fn as_any(&self) -> Option<&dyn std::any::Any> {
         Some(self)
     }

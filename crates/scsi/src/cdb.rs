@@ -39,6 +39,7 @@ pub mod opcode {
     pub const READ_16: u8 = 0x88;
     pub const COMPARE_AND_WRITE: u8 = 0x89;
     pub const WRITE_16: u8 = 0x8a;
+    pub const WRITE_ATOMIC_16: u8 = 0x9c;
     pub const ORWRITE_16: u8 = 0x8b;
     pub const WRITE_AND_VERIFY_16: u8 = 0x8e;
     pub const VERIFY_16: u8 = 0x8f;
@@ -169,6 +170,12 @@ pub enum Command {
     OrWrite {
         range: BlockRange,
         fua: bool,
+    },
+    /// WRITE ATOMIC(16): all or nothing. `boundary` is the ATOMIC BOUNDARY field.
+    WriteAtomic {
+        range: BlockRange,
+        fua: bool,
+        boundary: u16,
     },
     CompareAndWrite {
         range: BlockRange,
@@ -416,6 +423,14 @@ pub fn parse(cdb: &[u8]) -> Result<Command, Sense> {
                 _ => range(f.u64(2), f.u32(10) as u64),
             };
             Command::WriteAndVerify { range: r }
+        }
+        WRITE_ATOMIC_16 => {
+            no_protection(&f)?;
+            Command::WriteAtomic {
+                range: range(f.u64(2), f.u16(12) as u64),
+                fua: f.bit(1, 3),
+                boundary: f.u16(10),
+            }
         }
         ORWRITE_16 => {
             no_protection(&f)?;
@@ -888,6 +903,14 @@ pub static SUPPORTED_COMMANDS: &[CommandInfo] = &[
         None,
         &[
             0x93, 0x19, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff,
+            0x1f, 0x03,
+        ],
+    ),
+    info(
+        WRITE_ATOMIC_16,
+        None,
+        &[
+            0x9c, 0x18, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff,
             0x1f, 0x03,
         ],
     ),

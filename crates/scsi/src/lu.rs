@@ -361,6 +361,7 @@ impl LogicalUnit {
         let blocks_bytes = |n: u64| usize::try_from(n.saturating_mul(bs)).unwrap_or(usize::MAX);
         match *cmd {
             Command::Write { range, .. }
+            | Command::WriteAtomic { range, .. }
             | Command::WriteAndVerify { range }
             | Command::OrWrite { range, .. } => blocks_bytes(range.blocks),
             Command::CompareAndWrite { range, .. } => blocks_bytes(range.blocks.saturating_mul(2)),

@@ -35,6 +35,11 @@ pub(crate) fn execute(lu: &LogicalUnit, req: &Request, cmd: &Command) -> Outcome
     match *cmd {
         Command::Read { range, .. } => read(lu, range),
         Command::Write { range, fua } => write(lu, range, fua, req.data_out),
+        Command::WriteAtomic {
+            range,
+            fua,
+            boundary,
+        } => write_atomic(lu, range, fua, boundary, req.data_out),
         Command::Verify { range, byte_check } => verify(lu, range, byte_check, req.data_out),
         Command::WriteAndVerify { range } => write_and_verify(lu, range, req.data_out),
         Command::OrWrite { range, fua } => or_write(lu, range, fua, req.data_out),
@@ -145,6 +150,30 @@ fn write(lu: &LogicalUnit, r: BlockRange, fua: bool, data_out: &[u8]) -> Outcome
         store(lu, r.lba, data, fua)?;
     }
     Ok(Done::good())
+}
+
+/// WRITE ATOMIC(16): the volume applies the write as one unit (crash-atomic), and the LBA
+/// range lock keeps overlapping commands from seeing or making a mix. Atomic boundaries are
+/// not supported (MAXIMUM ATOMIC BOUNDARY SIZE 0), so a non-zero ATOMIC BOUNDARY is refused.
+fn write_atomic(
+    lu: &LogicalUnit,
+    r: BlockRange,
+    fua: bool,
+    boundary: u16,
+    data_out: &[u8],
+) -> Outcome {
+    let limit = lu.volume.max_atomic_write_bytes() / block_size(lu) as u64;
+    if limit == 0 {
+        return Err(SenseReason::InvalidOpcode.into());
+    }
+    check_range(lu, r)?;
+    if boundary != 0 {
+        return Err(invalid_cdb(10, None));
+    }
+    if r.blocks > limit {
+        return Err(invalid_cdb(12, None));
+    }
+    write(lu, r, fua, data_out)
 }
 
 /// MISCOMPARE with INFORMATION = offset of the first differing byte, if any.

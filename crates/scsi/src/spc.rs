@@ -73,7 +73,7 @@ pub(crate) fn execute(lu: &LogicalUnit, req: &Request, cmd: &Command) -> Outcome
             rctd,
             options,
             alloc_len,
-        } => report_supported_opcodes(rctd, options, alloc_len),
+        } => report_supported_opcodes(lu, rctd, options, alloc_len),
         Command::ReportSupportedTmfs {
             extended,
             alloc_len,
@@ -228,12 +228,22 @@ fn timeouts_descriptor(opcode: u8) -> [u8; 12] {
     t
 }
 
-fn report_supported_opcodes(rctd: bool, options: RsocOptions, alloc_len: usize) -> Outcome {
+/// Whether this LU implements `c` (some commands depend on what the volume can promise).
+fn implemented(lu: &LogicalUnit, c: &cdb::CommandInfo) -> bool {
+    c.opcode != cdb::opcode::WRITE_ATOMIC_16 || lu.volume.max_atomic_write_bytes() > 0
+}
+
+fn report_supported_opcodes(
+    lu: &LogicalUnit,
+    rctd: bool,
+    options: RsocOptions,
+    alloc_len: usize,
+) -> Outcome {
     let ctdp = if rctd { 0x02 } else { 0 };
     let data = match options {
         RsocOptions::All => {
             let mut d = vec![0u8; 4];
-            for c in SUPPORTED_COMMANDS {
+            for c in SUPPORTED_COMMANDS.iter().filter(|c| implemented(lu, c)) {
                 d.push(c.opcode);
                 d.push(0);
                 d.extend_from_slice(&c.service_action.unwrap_or(0).to_be_bytes());
@@ -252,22 +262,22 @@ fn report_supported_opcodes(rctd: bool, options: RsocOptions, alloc_len: usize) 
             if cdb::has_service_actions(op) {
                 return Err(invalid_cdb(2, Some(2)));
             }
-            one_command(op, None, rctd)
+            one_command(lu, op, None, rctd)
         }
         RsocOptions::OpcodeServiceAction(op, sa) => {
             if !cdb::has_service_actions(op) {
                 return Err(invalid_cdb(2, Some(2)));
             }
-            one_command(op, Some(sa), rctd)
+            one_command(lu, op, Some(sa), rctd)
         }
         RsocOptions::OpcodeMaybeServiceAction(op, sa) => {
             if cdb::has_service_actions(op) {
-                one_command(op, Some(sa), rctd)
+                one_command(lu, op, Some(sa), rctd)
             } else if sa != 0 {
                 // A service action for an opcode that has none: not supported.
                 vec![0, 0x01, 0, 0]
             } else {
-                one_command(op, None, rctd)
+                one_command(lu, op, None, rctd)
             }
         }
     };
@@ -275,10 +285,10 @@ fn report_supported_opcodes(rctd: bool, options: RsocOptions, alloc_len: usize) 
 }
 
 /// One-command parameter data (SPC-4 6.35.3).
-fn one_command(op: u8, sa: Option<u16>, rctd: bool) -> Vec<u8> {
+fn one_command(lu: &LogicalUnit, op: u8, sa: Option<u16>, rctd: bool) -> Vec<u8> {
     let found = SUPPORTED_COMMANDS
         .iter()
-        .find(|c| c.opcode == op && c.service_action == sa);
+        .find(|c| c.opcode == op && c.service_action == sa && implemented(lu, c));
     match found {
         None => vec![0, 0x01, 0, 0], // SUPPORT 001b: not supported
         Some(c) => {

@@ -167,6 +167,9 @@ fn block_limits(lu: &LogicalUnit) -> Vec<u8> {
     put32(&mut b, 24, (UNMAP_GRANULARITY_BYTES / bs).max(1));
     b[28] = 0x80; // UGAVALID, alignment 0
     b[32..40].copy_from_slice(&MAX_WRITE_SAME_BLOCKS.to_be_bytes());
+    // MAXIMUM ATOMIC TRANSFER LENGTH; alignment and granularity 0 (none required); atomic
+    // boundaries unsupported (both boundary fields 0).
+    put32(&mut b, 40, lu.volume.max_atomic_write_bytes() / bs);
     b
 }
 

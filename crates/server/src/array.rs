@@ -6,6 +6,7 @@
 //! passthrough volume under `volumes/`.
 
 use serde::{Deserialize, Serialize};
+use sliver_engine::{Engine, EngineConfig, EngineSpace, EngineVolume, FileBackend, Tuning};
 use sliver_scsi::{LogicalUnit, LuConfig};
 use sliver_volume::{FileVolume, Volume};
 use std::collections::BTreeMap;
@@ -37,7 +38,7 @@ pub enum ArrayError {
     HostExists(String),
     #[error("invalid name '{0}': use 1-63 characters from A-Z a-z 0-9 . _ -")]
     InvalidName(String),
-    #[error("invalid size {0}: it must be a non-zero multiple of the block size")]
+    #[error("invalid size {0}: it must be a non-zero multiple of the block size (4096 bytes for engine volumes)")]
     InvalidSize(u64),
     #[error("LUN {lun} is already used for host '{host}'")]
     LunInUse { host: String, lun: u64 },
@@ -47,6 +48,10 @@ pub enum ArrayError {
     Config { path: PathBuf, message: String },
     #[error("volume error: {0}")]
     Volume(#[from] sliver_volume::VolumeError),
+    #[error("engine: {0}")]
+    Engine(String),
+    #[error("{0}")]
+    NotSupported(String),
     #[error("I/O error on {path}: {source}")]
     Io {
         path: PathBuf,
@@ -68,6 +73,13 @@ pub struct ChapSecret {
 pub enum VolumeKind {
     /// Data stored byte for byte in a file (sparse) or block device.
     Passthrough { path: PathBuf },
+    /// A volume of the array's engine (thin, deduplicated, compressed). Snapshots are
+    /// read-only engine volumes.
+    Engine {
+        volume: u32,
+        #[serde(default)]
+        read_only: bool,
+    },
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -107,6 +119,18 @@ struct ArrayConfig {
     connections: Vec<ConnectionRecord>,
 }
 
+/// How a new array's engine is laid out.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ArrayOptions {
+    /// Log capacity in bytes; `None`: 90% of the free space of the data directory's file
+    /// system at creation (the log file is sparse and grows segment by segment).
+    pub capacity_bytes: Option<u64>,
+    pub engine: EngineConfig,
+    pub tuning: Tuning,
+}
+
+const ENGINE_DIR: &str = "engine";
+
 /// A mapped LUN as one initiator sees it.
 #[derive(Clone)]
 pub struct MappedLun {
@@ -125,6 +149,7 @@ pub enum Access {
 
 pub struct Array {
     dir: PathBuf,
+    engine: Arc<Engine>,
     config: RwLock<ArrayConfig>,
     units: RwLock<BTreeMap<String, Arc<LogicalUnit>>>,
 }
@@ -132,6 +157,12 @@ pub struct Array {
 impl Array {
     /// Open the array in `dir`, creating an empty one with `target_name` if none exists.
     pub fn open(dir: &Path, target_name: &str) -> Result<Self> {
+        Self::open_with(dir, target_name, ArrayOptions::default())
+    }
+
+    /// Open or create the array in `dir`; `options` shape a new array's engine (an existing
+    /// engine keeps its geometry; its tuning is replaced).
+    pub fn open_with(dir: &Path, target_name: &str, options: ArrayOptions) -> Result<Self> {
         let io = |path: &Path| {
             let path = path.to_path_buf();
             move |source| ArrayError::Io { path, source }
@@ -166,8 +197,27 @@ impl Array {
             },
             Err(e) => return Err(io(&path)(e)),
         };
+        let engine = Arc::new(open_engine(&dir.join(ENGINE_DIR), &options)?);
+        // Volumes the configuration does not know were created or half-deleted when a crash
+        // interrupted an operation (the engine commits first on create, last on delete).
+        let known: Vec<u32> = config
+            .volumes
+            .iter()
+            .filter_map(|v| match v.kind {
+                VolumeKind::Engine { volume, .. } => Some(volume),
+                _ => None,
+            })
+            .collect();
+        for (id, _) in engine.volumes() {
+            if !known.contains(&id) {
+                tracing::warn!("deleting engine volume {id}, which no configured volume uses");
+                engine.delete_volume(id).map_err(engine_error)?;
+            }
+        }
+        engine.start_background();
         let array = Array {
             dir: dir.to_path_buf(),
+            engine,
             config: RwLock::new(config),
             units: RwLock::new(BTreeMap::new()),
         };
@@ -215,31 +265,181 @@ impl Array {
         self.units.read().unwrap().get(volume).cloned()
     }
 
-    /// Create a thin passthrough volume of `size_bytes`.
+    /// Create a thin engine volume of `size_bytes` (a multiple of the engine's chunk size).
     pub fn create_volume(&self, name: &str, size_bytes: u64, block_size: u32) -> Result<()> {
+        self.check_new_volume(name, size_bytes, block_size)?;
+        let chunk = self.engine.chunk_size() as u64;
+        if !size_bytes.is_multiple_of(chunk) || !chunk.is_multiple_of(block_size as u64) {
+            return Err(ArrayError::InvalidSize(size_bytes));
+        }
+        let volume = self
+            .engine
+            .create_volume(size_bytes)
+            .map_err(engine_error)?;
+        self.add_volume(
+            name,
+            size_bytes,
+            block_size,
+            VolumeKind::Engine {
+                volume,
+                read_only: false,
+            },
+        )
+        .inspect_err(|_| {
+            let _ = self.engine.delete_volume(volume);
+        })
+    }
+
+    /// Create a passthrough volume: data stored as is in a sparse file under the data dir.
+    pub fn create_passthrough_volume(
+        &self,
+        name: &str,
+        size_bytes: u64,
+        block_size: u32,
+    ) -> Result<()> {
+        self.check_new_volume(name, size_bytes, block_size)?;
+        let path = PathBuf::from("volumes").join(format!("{:032x}.img", rand::random::<u128>()));
+        self.add_volume(
+            name,
+            size_bytes,
+            block_size,
+            VolumeKind::Passthrough { path },
+        )
+    }
+
+    /// A read-only, point-in-time copy of `source` named `name`, sharing all its data.
+    pub fn snapshot_volume(&self, source: &str, name: &str) -> Result<()> {
+        self.clone_engine_volume(source, name, true)
+    }
+
+    /// A writable copy of `source` named `name`, sharing all its data until either changes.
+    pub fn clone_volume(&self, source: &str, name: &str) -> Result<()> {
+        self.clone_engine_volume(source, name, false)
+    }
+
+    fn clone_engine_volume(&self, source: &str, name: &str, read_only: bool) -> Result<()> {
+        let record = self
+            .volumes()
+            .into_iter()
+            .find(|v| v.name == source)
+            .ok_or_else(|| ArrayError::NoSuchVolume(source.into()))?;
+        let VolumeKind::Engine { volume: src, .. } = record.kind else {
+            return Err(ArrayError::NotSupported(format!(
+                "volume '{source}' is a passthrough volume: snapshots and clones need engine volumes"
+            )));
+        };
+        self.check_new_volume(name, record.size_bytes, record.block_size)?;
+        let volume = self.engine.clone_volume(src).map_err(engine_error)?;
+        self.add_volume(
+            name,
+            record.size_bytes,
+            record.block_size,
+            VolumeKind::Engine { volume, read_only },
+        )
+        .inspect_err(|_| {
+            let _ = self.engine.delete_volume(volume);
+        })
+    }
+
+    fn check_new_volume(&self, name: &str, size_bytes: u64, block_size: u32) -> Result<()> {
         validate_name(name)?;
         if size_bytes == 0 || !size_bytes.is_multiple_of(block_size as u64) {
             return Err(ArrayError::InvalidSize(size_bytes));
         }
+        if self
+            .config
+            .read()
+            .unwrap()
+            .volumes
+            .iter()
+            .any(|v| v.name == name)
+        {
+            return Err(ArrayError::VolumeExists(name.into()));
+        }
+        Ok(())
+    }
+
+    /// Record a volume whose storage exists and open its logical unit.
+    fn add_volume(
+        &self,
+        name: &str,
+        size_bytes: u64,
+        block_size: u32,
+        kind: VolumeKind,
+    ) -> Result<()> {
         let mut config = self.config.write().unwrap();
         if config.volumes.iter().any(|v| v.name == name) {
             return Err(ArrayError::VolumeExists(name.into()));
         }
-        let id = format!("{:032x}", rand::random::<u128>());
         let record = VolumeRecord {
             name: name.into(),
-            id: id.clone(),
+            id: format!("{:032x}", rand::random::<u128>()),
             size_bytes,
             block_size,
-            kind: VolumeKind::Passthrough {
-                path: PathBuf::from("volumes").join(format!("{id}.img")),
-            },
+            kind,
         };
         let unit = self.open_unit(&record, &config.target_name)?;
         config.volumes.push(record);
         self.save_locked(&config)?;
         self.units.write().unwrap().insert(name.into(), unit);
         Ok(())
+    }
+
+    /// Release a volume's storage after its record left the configuration (engine: delete the
+    /// volume, freeing what nothing else shares; passthrough: remove the file).
+    pub fn destroy_storage(&self, record: &VolumeRecord) -> Result<()> {
+        match &record.kind {
+            VolumeKind::Engine { volume, .. } => {
+                self.engine.delete_volume(*volume).map_err(engine_error)
+            }
+            VolumeKind::Passthrough { path } => {
+                let path = self.dir.join(path);
+                match fs::remove_file(&path) {
+                    Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                        Err(ArrayError::Io { path, source: e })
+                    }
+                    _ => Ok(()),
+                }
+            }
+        }
+    }
+
+    /// Resize a volume's storage (engine volumes only; passthrough files keep their size).
+    pub fn resize_storage(&self, record: &VolumeRecord, size_bytes: u64) -> Result<()> {
+        match &record.kind {
+            VolumeKind::Engine {
+                volume,
+                read_only: false,
+            } => {
+                if !size_bytes.is_multiple_of(self.engine.chunk_size() as u64) {
+                    return Err(ArrayError::InvalidSize(size_bytes));
+                }
+                self.engine
+                    .resize_volume(*volume, size_bytes)
+                    .map_err(engine_error)
+            }
+            VolumeKind::Engine { .. } => Err(ArrayError::NotSupported(
+                "snapshots cannot be resized".into(),
+            )),
+            VolumeKind::Passthrough { .. } => Err(ArrayError::NotSupported(
+                "passthrough volumes cannot be resized".into(),
+            )),
+        }
+    }
+
+    /// The engine behind engine volumes.
+    pub fn engine(&self) -> &Arc<Engine> {
+        &self.engine
+    }
+
+    /// Array-wide space figures from the engine.
+    pub fn engine_space(&self) -> EngineSpace {
+        self.engine.space()
+    }
+
+    /// Flush and checkpoint the engine (clean shutdown makes the next start fast).
+    pub fn shutdown(&self) -> Result<()> {
+        self.engine.shutdown().map_err(engine_error)
     }
 
     pub fn create_host(
@@ -361,13 +561,17 @@ impl Array {
     }
 
     fn open_unit(&self, record: &VolumeRecord, target_name: &str) -> Result<Arc<LogicalUnit>> {
-        let VolumeKind::Passthrough { path } = &record.kind;
-        let path = self.dir.join(path);
-        let volume: Arc<dyn Volume> = Arc::new(FileVolume::open(
-            &path,
-            record.size_bytes,
-            record.block_size,
-        )?);
+        let volume: Arc<dyn Volume> = match &record.kind {
+            VolumeKind::Passthrough { path } => Arc::new(FileVolume::open(
+                &self.dir.join(path),
+                record.size_bytes,
+                record.block_size,
+            )?),
+            VolumeKind::Engine { volume, read_only } => Arc::new(
+                EngineVolume::new(self.engine.clone(), *volume, record.block_size, *read_only)
+                    .map_err(engine_error)?,
+            ),
+        };
         let state_dir = self.dir.join("units").join(&record.id);
         fs::create_dir_all(&state_dir).map_err(|source| ArrayError::Io {
             path: state_dir.clone(),
@@ -395,6 +599,60 @@ impl Array {
         let bytes = serde_json::to_vec_pretty(config).expect("config serialises");
         write_atomically(&self.dir, CONFIG_FILE, &bytes)
     }
+}
+
+fn engine_error(e: sliver_engine::EngineError) -> ArrayError {
+    ArrayError::Engine(e.to_string())
+}
+
+/// Open the engine in `dir`, creating it when the directory holds none.
+fn open_engine(dir: &Path, options: &ArrayOptions) -> Result<Engine> {
+    let io = |source| ArrayError::Io {
+        path: dir.to_path_buf(),
+        source,
+    };
+    fs::create_dir_all(dir).map_err(io)?;
+    let exists = dir.join("checkpoint").exists();
+    let capacity = match (exists, options.capacity_bytes) {
+        (true, _) => 0,
+        (false, Some(c)) => c,
+        (false, None) => free_space(dir).map_err(io)? / 10 * 9,
+    };
+    let backend = Arc::new(FileBackend::open(dir, capacity).map_err(io)?);
+    let engine = if exists {
+        Engine::open(backend, options.tuning, false)
+    } else {
+        Engine::create(backend, options.engine, options.tuning)
+    }
+    .map_err(engine_error)?;
+    let r = engine.recovery();
+    if r.records_replayed > 0 {
+        tracing::info!(
+            "engine recovered: {} log records ({} bytes) replayed in {:?}{}",
+            r.records_replayed,
+            r.bytes_replayed,
+            r.duration,
+            if r.torn_tail {
+                ", torn tail repaired"
+            } else {
+                ""
+            }
+        );
+    }
+    Ok(engine)
+}
+
+/// Bytes available to unprivileged users on the file system holding `dir`.
+fn free_space(dir: &Path) -> std::io::Result<u64> {
+    use std::os::unix::ffi::OsStrExt;
+    let path = std::ffi::CString::new(dir.as_os_str().as_bytes())
+        .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?;
+    // SAFETY: statvfs fills the zeroed struct; the path is a valid C string.
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    if unsafe { libc::statvfs(path.as_ptr(), &mut st) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(st.f_bavail as u64 * st.f_frsize as u64)
 }
 
 /// NAA IEEE Registered Extended designator: NAA=6, 24-bit company ID, then 100 bits taken from

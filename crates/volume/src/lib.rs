@@ -161,6 +161,12 @@ pub trait Volume: Send + Sync {
     /// Provisioning state of the run of blocks starting at `lba` (which must be in range).
     fn block_status(&self, lba: u64) -> Result<BlockStatus>;
 
+    /// Largest write in bytes the volume applies all or nothing, even across a crash, and
+    /// atomically against concurrent writes (WRITE ATOMIC); 0 when it cannot promise that.
+    fn max_atomic_write_bytes(&self) -> u64 {
+        0
+    }
+
     /// Current space figures. Engines compute them from metadata; this may walk the volume's
     /// map, so callers poll it at human rates (API, metrics scrape), not per command.
     fn space(&self) -> Result<VolumeSpace>;
