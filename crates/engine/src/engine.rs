@@ -440,6 +440,23 @@ impl Engine {
         self.wake_gc();
     }
 
+    /// Whether segments in use exceed the soft threshold share of capacity. Cheap: one lock.
+    pub fn soft_threshold_exceeded(&self) -> bool {
+        let threshold = self.tuning.lock().unwrap().soft_threshold;
+        let count = self.geometry.segment_count as f64;
+        let usable = count - gc_reserve(self.geometry.segment_count) as f64;
+        let used = count - self.lock_meta().free.len() as f64;
+        used > threshold * usable
+    }
+
+    /// Bytes hosts can still fill with new data (free segments outside the collector's reserve;
+    /// reclaimable space not counted).
+    pub fn available_bytes(&self) -> u64 {
+        let free = self.lock_meta().free.len() as u64;
+        free.saturating_sub(gc_reserve(self.geometry.segment_count) as u64)
+            * self.geometry.segment_size as u64
+    }
+
     /// Largest write that is applied all or nothing across a crash.
     pub fn atomic_write_limit(&self) -> u64 {
         self.batch_chunks() as u64 * self.geometry.chunk_size as u64

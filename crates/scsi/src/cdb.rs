@@ -48,6 +48,7 @@ pub mod opcode {
     pub const WRITE_SAME_16: u8 = 0x93;
     pub const SERVICE_ACTION_IN_16: u8 = 0x9e;
     pub const REPORT_LUNS: u8 = 0xa0;
+    pub const LOG_SENSE: u8 = 0x4d;
     pub const MAINTENANCE_IN: u8 = 0xa3;
     pub const READ_12: u8 = 0xa8;
     pub const WRITE_12: u8 = 0xaa;
@@ -149,6 +150,13 @@ pub enum Command {
     },
     ReportLuns {
         select: u8,
+        alloc_len: usize,
+    },
+    LogSense {
+        /// Page control: 0 threshold, 1 cumulative, 2 default threshold, 3 default cumulative.
+        page_control: u8,
+        page: u8,
+        subpage: u8,
         alloc_len: usize,
     },
     Read {
@@ -356,6 +364,24 @@ pub fn parse(cdb: &[u8]) -> Result<Command, Sense> {
                 evpd,
                 page: f.u8(2),
                 alloc_len: f.u16(3) as usize,
+            }
+        }
+        LOG_SENSE => {
+            // PPC (parameter pointer control) and SP (save parameters) are not supported.
+            if f.u8(1) & 0x03 != 0 {
+                return Err(invalid_field(
+                    1,
+                    Some((f.u8(1) & 0x03).trailing_zeros() as u8),
+                ));
+            }
+            if f.u16(5) != 0 {
+                return Err(invalid_field(5, None));
+            }
+            Command::LogSense {
+                page_control: f.u8(2) >> 6,
+                page: f.u8(2) & 0x3f,
+                subpage: f.u8(3),
+                alloc_len: f.u16(7) as usize,
             }
         }
         REPORT_LUNS => Command::ReportLuns {
@@ -734,6 +760,11 @@ pub static SUPPORTED_COMMANDS: &[CommandInfo] = &[
         SANITIZE,
         Some(SA_SANITIZE_EXIT_FAILURE_MODE as u16),
         &[0x48, 0xbf, 0, 0, 0, 0, 0, 0xff, 0xff, 0x03],
+    ),
+    info(
+        LOG_SENSE,
+        None,
+        &[0x4d, 0, 0xff, 0xff, 0, 0, 0, 0xff, 0xff, 0x03],
     ),
     info(
         MODE_SELECT_10,

@@ -221,6 +221,8 @@ pub struct LogicalUnit {
     pub(crate) locks: RangeLocks,
     pub(crate) reservations: Reservations,
     unit_attentions: Mutex<UnitAttentions>,
+    /// When each nexus was last told the soft threshold is exceeded.
+    soft_threshold_told: Mutex<HashMap<NexusKey, std::time::Instant>>,
     /// Set while a SANITIZE runs: media access commands then get NOT READY, SANITIZE IN
     /// PROGRESS (SBC-3 4.11), while INQUIRY, REPORT LUNS and REQUEST SENSE still work.
     pub(crate) sanitizing: std::sync::atomic::AtomicBool,
@@ -241,6 +243,7 @@ impl LogicalUnit {
             locks: RangeLocks::default(),
             reservations: Reservations::new(persist),
             unit_attentions: Mutex::new(UnitAttentions::default()),
+            soft_threshold_told: Mutex::new(HashMap::new()),
             sanitizing: std::sync::atomic::AtomicBool::new(false),
             copy_results: CopyResults::default(),
         }
@@ -274,6 +277,7 @@ impl LogicalUnit {
             opcode,
             cdb::opcode::INQUIRY | cdb::opcode::REPORT_LUNS | cdb::opcode::REQUEST_SENSE
         );
+        self.check_soft_threshold(req.nexus);
         {
             let mut uas = lock_unpoisoned(&self.unit_attentions);
             let queue = uas.queue_for(req.nexus);
@@ -320,6 +324,7 @@ impl LogicalUnit {
             | Command::ReportTargetPortGroups { .. }
             | Command::ReportSupportedOpcodes { .. }
             | Command::ReportSupportedTmfs { .. }
+            | Command::LogSense { .. }
             | Command::Unsupported { .. } => spc::execute(self, req, &cmd),
             Command::ExtendedCopy { .. } | Command::ReceiveCopyResults { .. } => {
                 xcopy::execute(self, req, &cmd)
@@ -445,11 +450,46 @@ impl LogicalUnit {
             .remove(&key(nexus));
     }
 
+    /// SBC-3 4.7.3.7: while the pool is past its soft threshold, every nexus gets THIN
+    /// PROVISIONING SOFT THRESHOLD REACHED on its next command, and again every
+    /// [`SOFT_THRESHOLD_REPEAT`] while it holds (hosts that missed it, or logged in since,
+    /// hear it too).
+    fn check_soft_threshold(&self, nexus: &Nexus) {
+        if !self.volume.soft_threshold_exceeded() {
+            let mut told = lock_unpoisoned(&self.soft_threshold_told);
+            if !told.is_empty() {
+                told.clear();
+            }
+            return;
+        }
+        let mut told = lock_unpoisoned(&self.soft_threshold_told);
+        let now = std::time::Instant::now();
+        let due = told
+            .get(&key(nexus))
+            .is_none_or(|at| now.duration_since(*at) >= SOFT_THRESHOLD_REPEAT);
+        if !due {
+            return;
+        }
+        if told.is_empty() {
+            tracing::warn!("thin provisioning soft threshold reached: telling every initiator");
+        }
+        told.insert(key(nexus), now);
+        drop(told);
+        let mut uas = lock_unpoisoned(&self.unit_attentions);
+        UnitAttentions::push(
+            uas.queue_for(nexus),
+            SenseReason::ThinProvisioningSoftThresholdReached,
+        );
+    }
+
     /// The volume was resized.
     pub fn capacity_changed(&self) {
         self.unit_attention_all(SenseReason::CapacityDataChanged, None);
     }
 }
+
+/// How often the soft-threshold unit attention is repeated while the threshold holds.
+const SOFT_THRESHOLD_REPEAT: std::time::Duration = std::time::Duration::from_secs(600);
 
 /// Commands addressed to a LUN that is not mapped for this nexus: INQUIRY answers peripheral
 /// qualifier 011b / type 1Fh, REPORT LUNS and REQUEST SENSE work, everything else gets

@@ -103,7 +103,6 @@ const PREVENT_ALLOW_MEDIUM_REMOVAL: u8 = 0x1e;
 const RECEIVE_DIAGNOSTIC_RESULTS: u8 = 0x1c;
 const READ_BUFFER: u8 = 0x3c;
 const READ_LONG_10: u8 = 0x3e;
-const LOG_SENSE: u8 = 0x4d;
 const XDREAD_10: u8 = 0x52;
 const VARIABLE_LENGTH: u8 = 0x7f;
 const ACCESS_CONTROL_IN: u8 = 0x86;

@@ -78,6 +78,12 @@ pub(crate) fn execute(lu: &LogicalUnit, req: &Request, cmd: &Command) -> Outcome
             extended,
             alloc_len,
         } => report_supported_tmfs(extended, alloc_len),
+        Command::LogSense {
+            page_control,
+            page,
+            subpage,
+            alloc_len,
+        } => log_sense(lu, page_control, page, subpage, alloc_len),
         Command::Unsupported { .. } => Err(SenseReason::InvalidOpcode.into()),
         // Block commands are dispatched to sbc; reaching here is a dispatcher bug, which we
         // report rather than pretend success.
@@ -226,6 +232,54 @@ fn timeouts_descriptor(opcode: u8) -> [u8; 12] {
                  // Nominal processing timeout 0: not specified.
     t[8..12].copy_from_slice(&secs.to_be_bytes());
     t
+}
+
+const LOG_PAGE_SUPPORTED: u8 = 0x00;
+const LOG_PAGE_PROVISIONING: u8 = 0x0c;
+
+/// LOG SENSE: the supported-pages page and LOGICAL BLOCK PROVISIONING (SBC-3 6.4.4), whose
+/// resource counts are in units of 2^THRESHOLD EXPONENT blocks (1 MiB, VPD B2).
+fn log_sense(
+    lu: &LogicalUnit,
+    page_control: u8,
+    page: u8,
+    subpage: u8,
+    alloc_len: usize,
+) -> Outcome {
+    // Only cumulative values exist; threshold values are not kept per page.
+    if page_control != 1 {
+        return Err(invalid_cdb(2, Some(7)));
+    }
+    if subpage != 0 {
+        return Err(invalid_cdb(3, None));
+    }
+    let params = match page {
+        LOG_PAGE_SUPPORTED => vec![LOG_PAGE_SUPPORTED, LOG_PAGE_PROVISIONING],
+        LOG_PAGE_PROVISIONING => {
+            let mib = |bytes: u64| u32::try_from(bytes >> 20).unwrap_or(u32::MAX);
+            let mut p = Vec::new();
+            // (parameter code, resource count, scope: 01b dedicated to this LU, 10b shared)
+            let mut entries = Vec::new();
+            if let Some(available) = lu.volume.available_bytes() {
+                entries.push((0x0001u16, mib(available), 0x02u8));
+            }
+            let space = lu.volume.space().map_err(crate::lu::read_failure)?;
+            entries.push((0x0002, mib(space.unique_bytes + space.shared_bytes), 0x01));
+            for (code, count, scope) in entries {
+                p.extend_from_slice(&code.to_be_bytes());
+                p.push(0x03); // binary format and linking
+                p.push(8);
+                p.extend_from_slice(&count.to_be_bytes());
+                p.extend_from_slice(&[0, 0, 0, scope]);
+            }
+            p
+        }
+        _ => return Err(invalid_cdb(2, Some(5))),
+    };
+    let mut d = vec![page, 0];
+    d.extend_from_slice(&(params.len() as u16).to_be_bytes());
+    d.extend_from_slice(&params);
+    Ok(Done::data(truncated(d, alloc_len)))
 }
 
 /// Whether this LU implements `c` (some commands depend on what the volume can promise).

@@ -768,3 +768,106 @@ fn write_atomic_writes_within_the_advertised_limit() {
     good(&r);
     assert_eq!(r.data_in[1] & 0x07, 0x03, "supported");
 }
+
+#[test]
+fn log_sense_lists_and_reports_logical_block_provisioning() {
+    let (f, n) = ready();
+    // Supported pages, cumulative values.
+    let r = run(&f.lu, &n, &[0x4d, 0, 0x40, 0, 0, 0, 0, 0, 0xff, 0], &[]);
+    good(&r);
+    assert_eq!(&r.data_in[..6], &[0, 0, 0, 2, 0x00, 0x0c]);
+    // The write moves the used-resource count of page 0Ch (1 MiB units).
+    good(&run(
+        &f.lu,
+        &n,
+        &cdb16(0x8a, 0, 2048),
+        &vec![0x5a; 2048 * BS],
+    ));
+    let r = run(&f.lu, &n, &[0x4d, 0, 0x4c, 0, 0, 0, 0, 0, 0xff, 0], &[]);
+    good(&r);
+    assert_eq!(r.data_in[0], 0x0c);
+    let params = &r.data_in[4..];
+    assert_eq!(
+        params.len(),
+        u16::from_be_bytes([r.data_in[2], r.data_in[3]]) as usize
+    );
+    // A passthrough volume knows no pool: only the used count (code 0002h) is reported.
+    assert_eq!(&params[..4], &[0x00, 0x02, 0x03, 0x08]);
+    assert_eq!(u32::from_be_bytes(params[4..8].try_into().unwrap()), 1);
+    // Threshold values, unknown pages and SP are refused.
+    assert_eq!(
+        sense_codes(&run(
+            &f.lu,
+            &n,
+            &[0x4d, 0, 0x0c, 0, 0, 0, 0, 0, 0xff, 0],
+            &[]
+        )),
+        (0x5, 0x24, 0x00)
+    );
+    assert_eq!(
+        sense_codes(&run(
+            &f.lu,
+            &n,
+            &[0x4d, 0, 0x5f, 0, 0, 0, 0, 0, 0xff, 0],
+            &[]
+        )),
+        (0x5, 0x24, 0x00)
+    );
+    assert_eq!(
+        sense_codes(&run(
+            &f.lu,
+            &n,
+            &[0x4d, 1, 0x4c, 0, 0, 0, 0, 0, 0xff, 0],
+            &[]
+        )),
+        (0x5, 0x24, 0x00)
+    );
+}
+
+/// A volume whose pool is past its soft threshold.
+struct FullPool(FileVolume);
+
+impl sliver_volume::Volume for FullPool {
+    fn block_size(&self) -> u32 {
+        self.0.block_size()
+    }
+    fn num_blocks(&self) -> u64 {
+        self.0.num_blocks()
+    }
+    fn read(&self, lba: u64, buf: &mut [u8]) -> sliver_volume::Result<()> {
+        self.0.read(lba, buf)
+    }
+    fn write(&self, lba: u64, data: &[u8]) -> sliver_volume::Result<()> {
+        self.0.write(lba, data)
+    }
+    fn flush(&self) -> sliver_volume::Result<()> {
+        self.0.flush()
+    }
+    fn unmap(&self, lba: u64, blocks: u64) -> sliver_volume::Result<()> {
+        self.0.unmap(lba, blocks)
+    }
+    fn block_status(&self, lba: u64) -> sliver_volume::Result<sliver_volume::BlockStatus> {
+        self.0.block_status(lba)
+    }
+    fn space(&self) -> sliver_volume::Result<sliver_volume::VolumeSpace> {
+        self.0.space()
+    }
+    fn soft_threshold_exceeded(&self) -> bool {
+        true
+    }
+}
+
+#[test]
+fn soft_threshold_raises_one_unit_attention_per_nexus() {
+    let dir = tempfile::tempdir().unwrap();
+    let volume = FileVolume::open(&dir.path().join("v"), BLOCKS * BS as u64, BS as u32).unwrap();
+    let lu = LogicalUnit::new(Arc::new(FullPool(volume)), fixture().lu.config.clone());
+    let (a, b) = (nexus(1), nexus(2));
+    // Both nexuses first see power-on; the threshold is raised on the first command.
+    assert_eq!(sense_codes(&run(&lu, &a, &[0; 6], &[])), (0x6, 0x29, 0x00));
+    assert_eq!(sense_codes(&run(&lu, &b, &[0; 6], &[])), (0x6, 0x29, 0x00));
+    assert_eq!(sense_codes(&run(&lu, &a, &[0; 6], &[])), (0x6, 0x38, 0x07));
+    good(&run(&lu, &a, &[0; 6], &[]));
+    assert_eq!(sense_codes(&run(&lu, &b, &[0; 6], &[])), (0x6, 0x38, 0x07));
+    good(&run(&lu, &b, &[0; 6], &[]));
+}

@@ -167,6 +167,17 @@ pub trait Volume: Send + Sync {
         0
     }
 
+    /// Whether the pool behind this volume has crossed its thin-provisioning soft threshold.
+    /// Called for every command: must be cheap.
+    fn soft_threshold_exceeded(&self) -> bool {
+        false
+    }
+
+    /// Bytes the pool behind this volume can still allocate, if it knows.
+    fn available_bytes(&self) -> Option<u64> {
+        None
+    }
+
     /// Current space figures. Engines compute them from metadata; this may walk the volume's
     /// map, so callers poll it at human rates (API, metrics scrape), not per command.
     fn space(&self) -> Result<VolumeSpace>;
