@@ -138,6 +138,27 @@ corpus = {
     },
 }
 
+
+def rec(kind, payload):
+    """An engine record for the engine_log harness: kind, length, payload (it adds the CRC)."""
+    assert len(payload) < 256
+    return bytes([kind, len(payload)]) + payload
+
+
+chunk = struct.pack("<IB3x", 1, 0) + b"\x11" * 16 + b"data" * 8
+corpus["engine_log"] = {
+    "chunk_map_unmap": rec(2, chunk)
+    + rec(3, struct.pack("<IIQ", 1, 0, 3) + struct.pack("<III", 1, 0, 1))
+    + rec(4, struct.pack("<IIQQ", 1, 0, 0, 4)),
+    "clone_copy_delete": rec(2, chunk)
+    + rec(3, struct.pack("<IIQ", 1, 0, 0) + struct.pack("<I", 1))
+    + rec(9, struct.pack("<II", 1, 2))
+    + rec(5, struct.pack("<IIQQQ", 1, 2, 0, 10, 1))
+    + rec(8, struct.pack("<IIQ", 2, 0, 8192))
+    + rec(7, struct.pack("<I", 1)),
+}
+corpus["checkpoint"] = {"magic_only": b"SLVRCKP1" + struct.pack("<II", 1, 0)}
+
 for target, files in corpus.items():
     os.makedirs(os.path.join("corpus", target), exist_ok=True)
     for name, data in files.items():

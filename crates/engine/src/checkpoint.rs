@@ -202,6 +202,14 @@ pub fn decode(bytes: &[u8]) -> Result<Loaded, CheckpointError> {
     if crc32c::crc32c(body) != crc {
         return Err(CheckpointError::Checksum);
     }
+    // lz4 cannot expand more than ~255x: a larger declared size is damage, not a reason to
+    // allocate it.
+    let declared = body
+        .get(..4)
+        .map_or(0, |b| u32::from_le_bytes(b.try_into().unwrap()) as usize);
+    if declared > body.len().saturating_mul(255) {
+        return Err(bad("declared size impossible for its compressed length"));
+    }
     let raw = lz4_flex::block::decompress_size_prepended(body).map_err(|e| bad(&e.to_string()))?;
     let mut r = R(&raw);
     let geometry = Geometry {

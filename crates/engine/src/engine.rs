@@ -1135,7 +1135,7 @@ impl Engine {
             copy_bytes(full_end * cs, end - full_end * cs)?;
         }
         let dst_first = dst_offset.div_ceil(cs);
-        const PIECE: u64 = 64 * 1024;
+        const PIECE: u64 = crate::state::MAX_COPY_CHUNKS;
         let mut c = 0;
         let total = full_end - full_first;
         while c < total {

@@ -18,6 +18,11 @@ use std::sync::Arc;
 /// 4 KiB of memory.
 pub const PAGE_ENTRIES: usize = 1024;
 
+/// Largest gap between a new chunk id and the ids in use (see `Store::put_chunk`).
+const MAX_ID_GAP: usize = 1 << 16;
+/// Largest Copy record the engine writes (it splits larger copies).
+pub const MAX_COPY_CHUNKS: u64 = 64 * 1024;
+
 /// A page of a volume's block map: chunk ids, 0 = unmapped (reads as zeros).
 #[derive(Clone)]
 pub struct Page(pub Box<[u32; PAGE_ENTRIES]>);
@@ -194,6 +199,14 @@ impl Store {
         if id == 0 || loc.segment as usize >= self.segments.len() {
             return Err(Inconsistent(format!("chunk {id} at an impossible place")));
         }
+        // Ids are handed out densely (a failed batch can leave at most one batch of ids
+        // unused), so a far larger id is damage, not a reason to allocate gigabytes.
+        if id as usize > self.chunks.len() + MAX_ID_GAP {
+            return Err(Inconsistent(format!(
+                "chunk id {id} far beyond the {} in use",
+                self.chunks.len()
+            )));
+        }
         if id as usize >= self.chunks.len() {
             self.chunks.resize(id as usize + 1, FREE_CHUNK);
         }
@@ -300,6 +313,13 @@ impl State {
             }
             Record::Map { volume, first, ids } => {
                 self.check_range(*volume, *first, ids.len() as u64)?;
+                // Validate before changing anything: a refused record leaves no trace.
+                if let Some(id) = ids
+                    .iter()
+                    .find(|&id| id != 0 && self.store.chunk(id).is_none())
+                {
+                    return Err(Inconsistent(format!("reference to missing chunk {id}")));
+                }
                 self.set_entries(*volume, *first, ids.iter())
             }
             Record::Unmap {
@@ -317,6 +337,11 @@ impl State {
                 dst_first,
                 count,
             } => {
+                if *count > MAX_COPY_CHUNKS {
+                    return Err(Inconsistent(format!(
+                        "copy of {count} chunks in one record"
+                    )));
+                }
                 self.check_range(*src, *src_first, *count)?;
                 self.check_range(*dst, *dst_first, *count)?;
                 // Read the whole source first: memmove semantics for overlapping ranges.
