@@ -110,8 +110,14 @@ pub(crate) async fn drive(
     };
     let mut buf = vec![0u8; 256 * 1024];
     tracing::debug!(%peer, "connection opened");
+    let login_deadline = tokio::time::sleep(server.login_timeout());
+    tokio::pin!(login_deadline);
     loop {
         tokio::select! {
+            _ = &mut login_deadline, if s.info.is_none() => {
+                tracing::warn!(%peer, "no login within {:?}, closing", server.login_timeout());
+                break;
+            }
             read = reader.read(&mut buf) => {
                 let n = match read {
                     Ok(0) | Err(_) => break,

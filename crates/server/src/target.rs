@@ -12,6 +12,12 @@ use std::sync::{Arc, Mutex};
 use tokio::net::TcpListener;
 use tokio::sync::{watch, Notify};
 
+/// Time a new connection has to complete its login.
+const DEFAULT_LOGIN_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
+/// Open connections the server accepts at once (each is bounded in memory by its negotiated
+/// limits and execution budget, so this bounds the whole target).
+pub const MAX_CONNECTIONS: usize = 1024;
+
 /// What `sliver serve` needs to start the target.
 #[derive(Debug, Clone)]
 pub struct ServerOptions {
@@ -23,6 +29,10 @@ pub struct ServerOptions {
 pub struct Server {
     pub(crate) array: Arc<Array>,
     pub(crate) settings: Arc<TargetSettings>,
+    /// A connection must complete login within this time (slow-loris protection).
+    login_timeout: Mutex<std::time::Duration>,
+    /// Open connections, bounded: past the limit new connections are closed at once.
+    connections: Arc<tokio::sync::Semaphore>,
     registry: Mutex<Registry>,
     portals: Mutex<Vec<SocketAddr>>,
     shutdown: watch::Sender<bool>,
@@ -54,6 +64,8 @@ impl Server {
         Arc::new(Server {
             array,
             settings: Arc::new(settings),
+            login_timeout: Mutex::new(DEFAULT_LOGIN_TIMEOUT),
+            connections: Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS)),
             registry: Mutex::new(Registry {
                 next_tsih: 1,
                 ..Registry::default()
@@ -65,6 +77,15 @@ impl Server {
 
     pub fn array(&self) -> &Arc<Array> {
         &self.array
+    }
+
+    /// Change how long a connection may take to log in (default 30 s).
+    pub fn set_login_timeout(&self, timeout: std::time::Duration) {
+        *self.login_timeout.lock().unwrap() = timeout;
+    }
+
+    pub(crate) fn login_timeout(&self) -> std::time::Duration {
+        *self.login_timeout.lock().unwrap()
     }
 
     /// Bind every portal. Returns the bound addresses (port 0 becomes the real port).
@@ -107,11 +128,17 @@ impl Server {
             tokio::select! {
                 accepted = listener.accept() => match accepted {
                     Ok((stream, peer)) => {
+                        let Ok(permit) = self.connections.clone().try_acquire_owned() else {
+                            tracing::warn!(%peer, "{MAX_CONNECTIONS} connections open: refusing another");
+                            drop(stream);
+                            continue;
+                        };
                         let _ = stream.set_nodelay(true);
                         let server = self.clone();
                         let shutdown = self.shutdown.subscribe();
                         tokio::spawn(async move {
                             session::drive(server, stream, peer, shutdown).await;
+                            drop(permit);
                         });
                     }
                     Err(e) => {
