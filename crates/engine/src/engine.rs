@@ -338,7 +338,7 @@ impl Engine {
         }
         let mut state = loaded.state;
         let mut counters = loaded.counters;
-        let checkpoint_seq = loaded.head.seq;
+        let mut checkpoint_seq = loaded.head.seq;
         let mut recovery = Recovery::default();
         let end = replay(
             &*backend,
@@ -358,7 +358,12 @@ impl Engine {
             LogEnd::AfterSeal(h) => h,
         };
         if !read_only {
-            head = repair_tail(&*backend, &geometry, &mut state, end)?;
+            head = repair_tail(&*backend, &geometry, &mut state, end, loaded.head)?;
+            // A checkpoint at the new head: recovery never again depends on the log before
+            // it (whose tail may hold records of the lost history), and the segments left
+            // behind become collectable at once.
+            backend.store_checkpoint(&checkpoint::encode(&geometry, head, counters, &state))?;
+            checkpoint_seq = head.seq;
         }
         recovery.duration = started.elapsed();
         let mut engine = Self::assemble(
@@ -1028,12 +1033,28 @@ impl Engine {
             }
             let mut raw = vec![0u8; total];
             let at = loc.segment as u64 * self.geometry.segment_size as u64 + loc.offset as u64;
-            self.backend
-                .read_at(&mut raw, at)
-                .map_err(|e| EngineError::Corrupt {
-                    offset: (first + i as u64) * cs as u64,
-                    reason: format!("read failed: {e}"),
-                })?;
+            if let Err(e) = self.backend.read_at(&mut raw, at) {
+                if j == i + 1 {
+                    return Err(EngineError::Corrupt {
+                        offset: (first + i as u64) * cs as u64,
+                        reason: format!("read failed: {e}"),
+                    });
+                }
+                // A coalesced read failed: read its chunks one by one, so the error names
+                // the chunk that fails (and a transient error costs nothing).
+                let mut pos = 0;
+                for (k, slot) in locs.iter().enumerate().take(j).skip(i) {
+                    let (_, _, n, _) = slot.expect("coalesced");
+                    let one = &mut raw[pos..pos + n as usize];
+                    self.backend.read_at(one, at + pos as u64).map_err(|e| {
+                        EngineError::Corrupt {
+                            offset: (first + k as u64) * cs as u64,
+                            reason: format!("read failed: {e}"),
+                        }
+                    })?;
+                    pos += n as usize;
+                }
+            }
             let mut pos = 0;
             for (k, slot) in locs.iter().enumerate().take(j).skip(i) {
                 let (id, _, n, _) = slot.expect("coalesced");
@@ -1457,6 +1478,35 @@ impl Engine {
         drop(raw);
         let mut relocated = 0u64;
         let batch_bytes = self.geometry.segment_size as usize / 16;
+        // Start only a relocation that can be finished: a half-relocated victim frees nothing,
+        // and the segments it took are gone (down to the last free one, which a restart or
+        // an unmap on a full array needs).
+        {
+            let m = self.lock_meta();
+            let needed: usize = candidates
+                .iter()
+                .filter(|(id, offset, ..)| {
+                    m.state
+                        .store
+                        .chunk(*id)
+                        .is_some_and(|c| c.loc.segment == victim && c.loc.offset == *offset)
+                })
+                .map(|c| RECORD_HEADER + CHUNK_PREFIX + c.4.len())
+                .sum();
+            if needed > 0 {
+                let seg = seg as usize;
+                // A batch may end one chunk record past `batch_bytes`; a segment switch can
+                // leave up to one batch unused.
+                let max_batch =
+                    batch_bytes + RECORD_HEADER + CHUNK_PREFIX + self.geometry.chunk_size as usize;
+                let total = needed + (needed / batch_bytes + 1) * RECORD_HEADER;
+                let in_head = seg.saturating_sub(m.head.offset as usize + SEAL_LEN + max_batch);
+                let per_segment = seg - SEGMENT_START_LEN - SEAL_LEN - max_batch;
+                if total > in_head + m.free.len() * per_segment {
+                    return Ok(None);
+                }
+            }
+        }
         let mut i = 0;
         while i < candidates.len() {
             let mut m = self.lock_meta();
@@ -1792,7 +1842,9 @@ fn replay(
                     s.state = SegState::Sealed;
                     s.seq = head.seq;
                     s.written = (pos + len) as u32;
-                    if next_segment >= geometry.segment_count || next_seq != head.seq + 1 {
+                    // Sequences grow by one per segment, and jump after a recovery (see
+                    // `repair_tail`).
+                    if next_segment >= geometry.segment_count || next_seq <= head.seq {
                         return Err(EngineError::Metadata("seal points outside the log".into()));
                     }
                     let mut start = vec![0u8; SEGMENT_START_LEN];
@@ -1866,16 +1918,32 @@ fn replay(
 }
 
 /// Make the log appendable again after replay: seal a torn segment (stale bytes after the tear
-/// must never be read as records) and open a fresh head segment.
+/// must never be read as records) and open a fresh head segment, which the caller records in
+/// a new checkpoint.
+///
+/// The writes lost in the crash may have reached other segments: a crash keeps any subset of
+/// what was not synced, so segments the lost history opened after the tear (with the sequence
+/// numbers that come next) can hold complete, checksummed records. Were the new head to reuse
+/// those sequence numbers, replay would one day run from the new records into the lost ones.
+/// Between two syncs each segment is opened at most once (a segment only becomes free again
+/// after the collector synced), so the lost history used at most `segment_count` sequence
+/// numbers after the last one replay saw: the new head skips all of them.
+///
+/// The new head is a free segment or, when there is none, a segment holding neither live
+/// chunks nor records the current checkpoint's replay needs: an old one, or the torn head
+/// itself when nothing after the checkpoint was found (a clean restart). So repeated restarts
+/// of a full array do not run out of segments.
 fn repair_tail(
     backend: &dyn Backend,
     geometry: &Geometry,
     state: &mut State,
     end: LogEnd,
+    checkpoint: Head,
 ) -> Result<Head> {
     let seg = geometry.segment_size as u64;
-    let (segment, seq) = match end {
-        LogEnd::AfterSeal(h) => (h.segment, h.seq),
+    let (last_seq, torn) = match end {
+        // The seal is durable; the lost history started the segment it names.
+        LogEnd::AfterSeal(h) => (h.seq, None),
         LogEnd::Torn(h) => {
             if h.offset as u64 + SEAL_LEN as u64 > seg {
                 return Err(EngineError::Metadata(format!(
@@ -1883,38 +1951,66 @@ fn repair_tail(
                     h.segment
                 )));
             }
-            // Mark used segments so the new head is not one of them.
-            let next = (0..geometry.segment_count)
-                .find(|&i| {
-                    state.store.segments[i as usize].state == SegState::Free && i != h.segment
-                })
-                .ok_or(EngineError::NoSpace)?;
-            let mut seal = Vec::new();
-            Encoder::new(&mut seal, h.seq).seal(next, h.seq + 1);
-            backend.write_at(&seal, h.segment as u64 * seg + h.offset as u64)?;
-            let s = &mut state.store.segments[h.segment as usize];
-            s.state = SegState::Sealed;
-            s.seq = h.seq;
-            s.written = h.offset + SEAL_LEN as u32;
-            (next, h.seq + 1)
+            (h.seq, Some(h))
         }
     };
-    backend.allocate(segment as u64 * seg, seg)?;
-    // Records of a lost incarnation of this segment may carry the very sequence number it
-    // gets now: wipe them durably before the start record makes the segment current.
-    backend.write_at(&vec![0u8; seg as usize], segment as u64 * seg)?;
-    backend.sync()?;
+    let seq = last_seq + geometry.segment_count as u64 + 1;
+    let segments = &state.store.segments;
+    let garbage = |i: u32| {
+        let s = &segments[i as usize];
+        s.state == SegState::Sealed && s.live == 0 && s.seq < checkpoint.seq
+    };
+    // Replay stopped right at the checkpoint's head: the torn segment holds nothing the
+    // checkpoint's replay needs before that point, and the bytes there, which stop that
+    // replay, stay as they are (only the segment's start record is rewritten).
+    let reusable_head = torn.filter(|&h| h == checkpoint && segments[h.segment as usize].live == 0);
+    let mut candidates: Vec<u32> = (0..geometry.segment_count)
+        .filter(|&i| segments[i as usize].state == SegState::Free)
+        .chain((0..geometry.segment_count).filter(|&i| garbage(i)))
+        .filter(|&i| !matches!(torn, Some(h) if h.segment == i))
+        .collect();
+    candidates.extend(reusable_head.map(|h| h.segment));
+    let mut segment = None;
+    for i in candidates {
+        match backend.allocate(i as u64 * seg, seg) {
+            Ok(()) => {
+                segment = Some(i);
+                break;
+            }
+            Err(e) if e.raw_os_error() == Some(libc::ENOSPC) => continue,
+            Err(e) => return Err(e.into()),
+        }
+    }
+    let Some(segment) = segment else {
+        // Every segment holds live chunks or records replay needs. Then the lost history
+        // opened no segment either (it could only have taken one that is free or garbage
+        // here), so its records can only lie in the torn segment after the tear: wipe them
+        // and go on appending there, with the same sequence number.
+        let h = torn.ok_or(EngineError::NoSpace)?;
+        let from = h.segment as u64 * seg + h.offset as u64;
+        backend.write_at(&vec![0u8; (seg - h.offset as u64) as usize], from)?;
+        backend.sync()?;
+        let s = &mut state.store.segments[h.segment as usize];
+        s.state = SegState::Open;
+        s.seq = h.seq;
+        s.written = h.offset;
+        return Ok(h);
+    };
+    if let Some(h) = torn.filter(|h| h.segment != segment) {
+        let mut seal = Vec::new();
+        Encoder::new(&mut seal, h.seq).seal(segment, seq);
+        backend.write_at(&seal, h.segment as u64 * seg + h.offset as u64)?;
+        let s = &mut state.store.segments[h.segment as usize];
+        s.state = SegState::Sealed;
+        s.seq = h.seq;
+        s.written = h.offset + SEAL_LEN as u32;
+    }
+    // No record anywhere carries the new sequence number: the segment needs no wiping.
     let mut start = Vec::new();
     Encoder::new(&mut start, seq).segment_start(seq, segment);
     backend.write_at(&start, segment as u64 * seg)?;
     backend.sync()?;
-    let s = &mut state.store.segments[segment as usize];
-    if s.live != 0 {
-        return Err(EngineError::Metadata(format!(
-            "segment {segment} reused while it held live chunks"
-        )));
-    }
-    *s = Segment {
+    state.store.segments[segment as usize] = Segment {
         state: SegState::Open,
         seq,
         written: SEGMENT_START_LEN as u32,

@@ -409,31 +409,35 @@ impl State {
         let map = volumes
             .get_mut(&volume)
             .ok_or_else(|| Inconsistent(format!("volume {volume} does not exist")))?;
-        let mut ids = ids.peekable();
+        let ids: Vec<u32> = ids.collect();
+        if let Some(id) = ids.iter().find(|&&id| id != 0 && store.chunk(id).is_none()) {
+            return Err(Inconsistent(format!("reference to missing chunk {id}")));
+        }
+        // Take every new reference before giving up any old one. Doing it page by page is not
+        // enough: one record may move a chunk from a slot in an earlier page to a slot in a
+        // later one, and dropping its only (old) reference first would free it.
+        for &id in &ids {
+            store.incref(id)?;
+        }
+        let mut released = Vec::with_capacity(ids.len());
+        let mut ids = ids.into_iter().peekable();
         let mut index = first;
         while ids.peek().is_some() {
             let page_no = index / PAGE_ENTRIES as u64;
             let page = store.page_mut(&mut map.pages, page_no)?;
             let mut slot = (index % PAGE_ENTRIES as u64) as usize;
-            let mut released = Vec::new();
             while slot < PAGE_ENTRIES {
                 let Some(id) = ids.next() else { break };
-                let old = std::mem::replace(&mut page.0[slot], id);
-                released.push((old, id));
+                released.push(std::mem::replace(&mut page.0[slot], id));
                 slot += 1;
                 index += 1;
             }
-            let empty = page.is_empty();
-            // References: take the new one before giving up the old (they may be equal).
-            for &(_, new) in &released {
-                store.incref(new)?;
-            }
-            for &(old, _) in &released {
-                store.decref(old)?;
-            }
-            if empty {
+            if page.is_empty() {
                 map.pages.remove(&page_no);
             }
+        }
+        for old in released {
+            store.decref(old)?;
         }
         Ok(())
     }
