@@ -16,6 +16,7 @@ pub mod pr;
 mod sbc;
 pub mod sense;
 mod spc;
+pub mod stats;
 #[cfg(test)]
 mod tests;
 mod vpd;
@@ -23,6 +24,10 @@ mod xcopy;
 
 pub use lu::{execute_without_lu, LogicalUnit, LuConfig, Reset};
 pub use sense::{Sense, SenseKey, SenseReason, Status};
+pub use stats::{
+    latency_bucket, ClassStats, CommandClass, LuStats, StatsSnapshot, VaaiCounters,
+    LATENCY_BOUNDS_US,
+};
 pub use xcopy::{
     MAX_CSCD_DESCRIPTORS, MAX_DESCRIPTOR_LIST_BYTES, MAX_SEGMENT_BYTES, MAX_SEGMENT_DESCRIPTORS,
 };

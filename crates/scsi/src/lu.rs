@@ -10,6 +10,7 @@ use sliver_volume::{Volume, VolumeError};
 use crate::cdb::{self, Command};
 use crate::mode::ModeParams;
 use crate::pr::{PendingUa, PrError, Reservations};
+use crate::stats::{CommandClass, LuStats, StatsSnapshot};
 use crate::xcopy::CopyResults;
 use crate::{sbc, spc, xcopy, Nexus, Request, Response, Sense, SenseReason, Status};
 
@@ -47,6 +48,8 @@ pub enum Reset {
 pub(crate) struct Done {
     pub status: Status,
     pub data_in: Vec<u8>,
+    /// Bytes of the LBA ranges an UNMAP or EXTENDED COPY affected (statistics).
+    pub affected_bytes: u64,
 }
 
 impl Done {
@@ -54,6 +57,7 @@ impl Done {
         Done {
             status: Status::Good,
             data_in: Vec::new(),
+            affected_bytes: 0,
         }
     }
 
@@ -61,6 +65,15 @@ impl Done {
         Done {
             status: Status::Good,
             data_in,
+            affected_bytes: 0,
+        }
+    }
+
+    /// GOOD, having affected `bytes` of the medium.
+    pub fn affected(bytes: u64) -> Self {
+        Done {
+            affected_bytes: bytes,
+            ..Done::good()
         }
     }
 }
@@ -228,6 +241,7 @@ pub struct LogicalUnit {
     pub(crate) sanitizing: std::sync::atomic::AtomicBool,
     /// Status of recent EXTENDED COPY commands, for RECEIVE COPY RESULTS.
     pub(crate) copy_results: CopyResults,
+    pub(crate) stats: LuStats,
 }
 
 impl LogicalUnit {
@@ -246,6 +260,7 @@ impl LogicalUnit {
             soft_threshold_told: Mutex::new(HashMap::new()),
             sanitizing: std::sync::atomic::AtomicBool::new(false),
             copy_results: CopyResults::default(),
+            stats: LuStats::default(),
         }
     }
 
@@ -260,13 +275,62 @@ impl LogicalUnit {
 
     /// Run one command to completion. Safe to call concurrently from many threads.
     pub fn execute(&self, req: &Request) -> Response {
+        let started = std::time::Instant::now();
         let parsed = cdb::parse(req.cdb);
-        let data_out_expected = match &parsed {
-            Ok(cmd) => self.data_out_len(cmd),
-            Err(_) => 0,
+        let (data_out_expected, class, range_bytes) = match &parsed {
+            Ok(cmd) => {
+                let (class, range_bytes) = self.classify(cmd);
+                (self.data_out_len(cmd), class, range_bytes)
+            }
+            Err(_) => (0, CommandClass::Other, 0),
         };
         let outcome = self.run(req, parsed);
+        // A command refused for a pending unit attention was never attempted: count it, but
+        // not as a failed VAAI primitive (hosts simply retry it).
+        let class = match &outcome {
+            Err(Failure::Check(sense))
+                if sense.reason.code().0 == crate::SenseKey::UnitAttention =>
+            {
+                CommandClass::Other
+            }
+            _ => class,
+        };
+        let (ok, bytes) = match &outcome {
+            Ok(done) if done.status == Status::Good => (
+                true,
+                match class {
+                    CommandClass::Read | CommandClass::Other => done.data_in.len() as u64,
+                    CommandClass::Unmap | CommandClass::ExtendedCopy => done.affected_bytes,
+                    _ => range_bytes,
+                },
+            ),
+            _ => (false, 0),
+        };
+        let latency_us = u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX);
+        self.stats.record(class, ok, bytes, latency_us);
         self.respond(outcome, data_out_expected)
+    }
+
+    /// Cumulative statistics of this LU.
+    pub fn stats(&self) -> StatsSnapshot {
+        self.stats.snapshot()
+    }
+
+    /// The statistics class of a command and the bytes of its LBA range.
+    fn classify(&self, cmd: &Command) -> (CommandClass, u64) {
+        let bytes = |r: &cdb::BlockRange| r.blocks.saturating_mul(self.volume.block_size() as u64);
+        match cmd {
+            Command::Read { range, .. } => (CommandClass::Read, bytes(range)),
+            Command::Write { range, .. }
+            | Command::WriteAtomic { range, .. }
+            | Command::WriteAndVerify { range }
+            | Command::OrWrite { range, .. } => (CommandClass::Write, bytes(range)),
+            Command::CompareAndWrite { range, .. } => (CommandClass::CompareAndWrite, bytes(range)),
+            Command::WriteSame { range, .. } => (CommandClass::WriteSame, bytes(range)),
+            Command::Unmap { .. } => (CommandClass::Unmap, 0),
+            Command::ExtendedCopy { .. } => (CommandClass::ExtendedCopy, 0),
+            _ => (CommandClass::Other, 0),
+        }
     }
 
     fn run(&self, req: &Request, parsed: Result<Command, Sense>) -> Outcome {

@@ -404,7 +404,7 @@ fn unmap(lu: &LogicalUnit, anchor: bool, param_len: usize, data_out: &[u8]) -> O
         let _lock = lu.locks.lock(r.lba, r.blocks);
         lu.volume.unmap(r.lba, r.blocks).map_err(write_failure)?;
     }
-    Ok(Done::good())
+    Ok(Done::affected(total * lu.volume.block_size() as u64))
 }
 
 fn get_lba_status(lu: &LogicalUnit, lba: u64, alloc_len: usize) -> Outcome {

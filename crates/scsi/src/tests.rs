@@ -871,3 +871,59 @@ fn soft_threshold_raises_one_unit_attention_per_nexus() {
     assert_eq!(sense_codes(&run(&lu, &b, &[0; 6], &[])), (0x6, 0x38, 0x07));
     good(&run(&lu, &b, &[0; 6], &[]));
 }
+
+#[test]
+fn statistics_count_each_command_once_by_class_and_outcome() {
+    use crate::CommandClass::*;
+    let (f, n) = ready();
+    for i in 0..3 {
+        good(&write16(&f.lu, &n, i * 8, &[0x11; 8 * BS]));
+    }
+    good(&read16(&f.lu, &n, 0, 4));
+    good(&read16(&f.lu, &n, 4, 2));
+    // COMPARE AND WRITE: one success, one miscompare.
+    let mut caw = [0u8; 16];
+    caw[0] = 0x89;
+    caw[13] = 1;
+    let mut data = vec![0x11; BS];
+    data.extend_from_slice(&[0x22; BS]);
+    good(&run(&f.lu, &n, &caw, &data));
+    assert_eq!(sense_codes(&run(&f.lu, &n, &caw, &data)).1, 0x1d);
+    // WRITE SAME of 100 blocks, UNMAP of two ranges (24 blocks).
+    good(&run(&f.lu, &n, &cdb16(0x93, 100, 100), &[0u8; BS]));
+    let p = unmap_params(&[(0, 16), (200, 8)]);
+    good(&run(&f.lu, &n, &unmap_cdb(p.len()), &p));
+    // An UNMAP beyond the end fails and counts as DELETE_F.
+    let p = unmap_params(&[(BLOCKS, 8)]);
+    assert_eq!(
+        sense_codes(&run(&f.lu, &n, &unmap_cdb(p.len()), &p)).1,
+        0x21
+    );
+
+    let s = f.lu.stats();
+    let class = |c| {
+        let x = s.class(c);
+        (x.commands, x.errors, x.bytes)
+    };
+    assert_eq!(class(Write), (3, 0, 3 * 8 * BS as u64));
+    assert_eq!(class(Read), (2, 0, 6 * BS as u64));
+    assert_eq!(class(CompareAndWrite), (2, 1, BS as u64));
+    assert_eq!(class(WriteSame), (1, 0, 100 * BS as u64));
+    assert_eq!(class(Unmap), (2, 1, 24 * BS as u64));
+    // ready() sent one TEST UNIT READY that got the power-on unit attention.
+    assert_eq!(class(Other), (1, 1, 0));
+    let v = &s.vaai;
+    assert_eq!((v.ats, v.ats_failed), (1, 1));
+    assert_eq!(
+        (v.zero, v.zero_failed, v.zeroed_bytes),
+        (1, 0, 100 * BS as u64)
+    );
+    assert_eq!(
+        (v.delete, v.delete_failed, v.deleted_bytes),
+        (1, 1, 24 * BS as u64)
+    );
+    assert_eq!((v.clone_read, v.clone_write, v.clone_failed), (0, 0, 0));
+    for (_, c) in &s.classes {
+        assert_eq!(c.latency_buckets.iter().sum::<u64>(), c.commands);
+    }
+}

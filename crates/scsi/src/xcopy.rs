@@ -18,6 +18,7 @@
 //! nexus may access (a copy must not reach an LU its initiator could not read or write).
 
 use std::collections::VecDeque;
+use std::sync::atomic::Ordering::Relaxed;
 use std::sync::{Arc, Mutex};
 
 use sliver_volume::VolumeError;
@@ -520,7 +521,7 @@ fn copy_failure(e: VolumeError) -> Failure {
     }
 }
 
-fn run_steps(steps: &[Step], progress: impl Fn(usize, u64)) -> Result<(), Failure> {
+fn run_steps(steps: &[Step], progress: impl Fn(usize, u64)) -> Result<u64, Failure> {
     let mut copied = 0u64;
     for (i, step) in steps.iter().enumerate() {
         if step.blocks > 0 {
@@ -542,9 +543,12 @@ fn run_steps(steps: &[Step], progress: impl Fn(usize, u64)) -> Result<(), Failur
             }
         }
         copied += step.bytes;
+        step.src.stats.clone_read.fetch_add(1, Relaxed);
+        step.dst.stats.clone_write.fetch_add(1, Relaxed);
+        step.dst.stats.cloned_bytes.fetch_add(step.bytes, Relaxed);
         progress(i + 1, copied);
     }
-    Ok(())
+    Ok(copied)
 }
 
 fn extended_copy(lu: &LogicalUnit, req: &Request, param_len: usize) -> Outcome {
@@ -573,7 +577,7 @@ fn extended_copy(lu: &LogicalUnit, req: &Request, param_len: usize) -> Outcome {
     if let Some(t) = ticket {
         lu.copy_results.finish(t, &outcome);
     }
-    outcome.map(|()| Done::good())
+    outcome.map(Done::affected)
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -670,9 +674,9 @@ impl CopyResults {
         });
     }
 
-    fn finish(&self, ticket: u64, outcome: &Result<(), Failure>) {
+    fn finish(&self, ticket: u64, outcome: &Result<u64, Failure>) {
         let state = match outcome {
-            Ok(()) => CopyState::Succeeded,
+            Ok(_) => CopyState::Succeeded,
             Err(Failure::Check(sense)) => CopyState::Failed(Status::CheckCondition, Some(*sense)),
             Err(Failure::Conflict) => CopyState::Failed(Status::ReservationConflict, None),
         };
@@ -1115,6 +1119,17 @@ mod tests {
         let r = results(receiving, 0x00, 2);
         good(&r);
         assert_eq!(u16::from_be_bytes([r.data_in[5], r.data_in[6]]), 3);
+
+        // esxtop's CLONE_RD / CLONE_WR: segments read from and written to each LU.
+        let vaai = |i: usize| a.lus[i].stats().vaai;
+        assert_eq!((vaai(0).clone_read, vaai(0).clone_write), (2, 1));
+        assert_eq!((vaai(1).clone_read, vaai(1).clone_write), (1, 2));
+        assert_eq!((vaai(2).clone_read, vaai(2).clone_write), (1, 1));
+        assert_eq!(vaai(1).cloned_bytes, 64 * BS as u64);
+        assert_eq!(vaai(0).clone_failed, 0);
+        let copies = receiving.stats();
+        let c = copies.class(crate::CommandClass::ExtendedCopy);
+        assert_eq!((c.commands, c.errors, c.bytes), (2, 0, 160 * BS as u64));
     }
 
     #[test]
@@ -1156,6 +1171,8 @@ mod tests {
         let r = results(receiving, 0x00, 1);
         good(&r);
         assert_eq!(r.data_in[4], 0x02);
+        let vaai = receiving.stats().vaai;
+        assert_eq!((vaai.clone_failed, vaai.clone_write), (4, 0));
     }
 
     #[test]
@@ -1586,7 +1603,7 @@ mod tests {
             &Err(SenseReason::CopyTargetDeviceNotReachable.into()),
         );
         assert_eq!(results.find(&n, 3).unwrap().state, CopyState::InProgress);
-        results.finish(second, &Ok(()));
+        results.finish(second, &Ok(0));
         assert_eq!(results.find(&n, 3).unwrap().state, CopyState::Succeeded);
         // Another nexus with the same list identifier is independent.
         let other = Nexus {
@@ -1605,7 +1622,7 @@ mod tests {
         let n = nexus();
         for id in 0..=255u8 {
             let t = results.begin(&n, id);
-            results.finish(t, &Ok(()));
+            results.finish(t, &Ok(0));
         }
         assert_eq!(
             lock_unpoisoned(&results.records).list.len(),
