@@ -44,6 +44,14 @@ pub enum ArrayError {
     LunInUse { host: String, lun: u64 },
     #[error("volume '{volume}' is already connected to host '{host}'")]
     AlreadyConnected { volume: String, host: String },
+    #[error("volume '{volume}' is connected to host(s) {hosts}: disconnect it first")]
+    VolumeConnected { volume: String, hosts: String },
+    #[error("host '{host}' still has volume(s) {volumes} connected: disconnect them first")]
+    HostInUse { host: String, volumes: String },
+    #[error("volume '{volume}' is not connected to host '{host}'")]
+    NotConnected { volume: String, host: String },
+    #[error("volume '{volume}' cannot shrink from {from} to {to} bytes: shrinking discards data")]
+    Shrink { volume: String, from: u64, to: u64 },
     #[error("array configuration {path}: {message}")]
     Config { path: PathBuf, message: String },
     #[error("volume error: {0}")]
@@ -217,6 +225,24 @@ impl Array {
             if !known.contains(&id) {
                 tracing::warn!("deleting engine volume {id}, which no configured volume uses");
                 engine.delete_volume(id).map_err(engine_error)?;
+            }
+        }
+        // A crash between the engine's resize and the configuration's leaves the engine's
+        // size, which is the one the data lives in.
+        let mut config = config;
+        for record in config.volumes.iter_mut() {
+            if let VolumeKind::Engine { volume, .. } = record.kind {
+                match engine.volume_size(volume) {
+                    Ok(size) if size != record.size_bytes => {
+                        tracing::warn!(
+                            "volume '{}': size {} in the configuration, {size} in the engine; using the engine's",
+                            record.name,
+                            record.size_bytes
+                        );
+                        record.size_bytes = size;
+                    }
+                    _ => {}
+                }
             }
         }
         engine.start_background();
@@ -431,6 +457,196 @@ impl Array {
                 "passthrough volumes cannot be resized".into(),
             )),
         }
+    }
+
+    /// Delete a volume (or snapshot): refused while it is connected to a host. Shared data
+    /// stays with the volumes that still reference it.
+    pub fn delete_volume(&self, name: &str) -> Result<()> {
+        let record = {
+            let mut config = self.config.write().unwrap();
+            let hosts: Vec<String> = config
+                .connections
+                .iter()
+                .filter(|c| c.volume == name)
+                .map(|c| format!("'{}'", c.host))
+                .collect();
+            if !hosts.is_empty() {
+                return Err(ArrayError::VolumeConnected {
+                    volume: name.into(),
+                    hosts: hosts.join(", "),
+                });
+            }
+            let index = config
+                .volumes
+                .iter()
+                .position(|v| v.name == name)
+                .ok_or_else(|| ArrayError::NoSuchVolume(name.into()))?;
+            let record = config.volumes.remove(index);
+            // The record leaves the configuration first: a crash before the engine delete
+            // leaves an orphan engine volume, which the next open deletes.
+            if let Err(e) = self.save_locked(&config) {
+                config.volumes.insert(index, record);
+                return Err(e);
+            }
+            self.units.write().unwrap().remove(name);
+            record
+        };
+        self.destroy_storage(&record)
+    }
+
+    /// Rename a volume; hosts keep seeing the same disk (serial and NAA derive from its id).
+    pub fn rename_volume(&self, name: &str, new_name: &str) -> Result<()> {
+        validate_name(new_name)?;
+        let mut config = self.config.write().unwrap();
+        if config.volumes.iter().any(|v| v.name == new_name) {
+            return Err(ArrayError::VolumeExists(new_name.into()));
+        }
+        let mut updated = config.clone();
+        let record = updated
+            .volumes
+            .iter_mut()
+            .find(|v| v.name == name)
+            .ok_or_else(|| ArrayError::NoSuchVolume(name.into()))?;
+        record.name = new_name.into();
+        for c in updated.connections.iter_mut().filter(|c| c.volume == name) {
+            c.volume = new_name.into();
+        }
+        self.save_locked(&updated)?;
+        *config = updated;
+        let mut units = self.units.write().unwrap();
+        if let Some(unit) = units.remove(name) {
+            units.insert(new_name.into(), unit);
+        }
+        Ok(())
+    }
+
+    /// Grow a volume to `size_bytes`; connected hosts get CAPACITY DATA HAS CHANGED.
+    pub fn resize_volume(&self, name: &str, size_bytes: u64) -> Result<()> {
+        let mut config = self.config.write().unwrap();
+        let index = config
+            .volumes
+            .iter()
+            .position(|v| v.name == name)
+            .ok_or_else(|| ArrayError::NoSuchVolume(name.into()))?;
+        let record = config.volumes[index].clone();
+        if size_bytes == record.size_bytes {
+            return Ok(());
+        }
+        if size_bytes < record.size_bytes {
+            return Err(ArrayError::Shrink {
+                volume: name.into(),
+                from: record.size_bytes,
+                to: size_bytes,
+            });
+        }
+        if !size_bytes.is_multiple_of(record.block_size as u64) {
+            return Err(ArrayError::InvalidSize(size_bytes));
+        }
+        // Engine first: the open reconciles the configured size with the engine's.
+        self.resize_storage(&record, size_bytes)?;
+        config.volumes[index].size_bytes = size_bytes;
+        self.save_locked(&config)?;
+        if let Some(unit) = self.units.read().unwrap().get(name) {
+            unit.capacity_changed();
+        }
+        Ok(())
+    }
+
+    /// Remove the connection of `volume` to `host`.
+    pub fn disconnect(&self, volume: &str, host: &str) -> Result<()> {
+        let mut config = self.config.write().unwrap();
+        if !config.volumes.iter().any(|v| v.name == volume) {
+            return Err(ArrayError::NoSuchVolume(volume.into()));
+        }
+        let before = config.connections.len();
+        let mut updated = config.clone();
+        updated
+            .connections
+            .retain(|c| !(c.volume == volume && c.host == host));
+        if updated.connections.len() == before {
+            return Err(ArrayError::NotConnected {
+                volume: volume.into(),
+                host: host.into(),
+            });
+        }
+        self.save_locked(&updated)?;
+        *config = updated;
+        Ok(())
+    }
+
+    /// Delete a host: refused while volumes are connected to it.
+    pub fn delete_host(&self, name: &str) -> Result<()> {
+        let mut config = self.config.write().unwrap();
+        let volumes: Vec<String> = config
+            .connections
+            .iter()
+            .filter(|c| c.host == name)
+            .map(|c| format!("'{}'", c.volume))
+            .collect();
+        if !volumes.is_empty() {
+            return Err(ArrayError::HostInUse {
+                host: name.into(),
+                volumes: volumes.join(", "),
+            });
+        }
+        let mut updated = config.clone();
+        updated.hosts.retain(|h| h.name != name);
+        if updated.hosts.len() == config.hosts.len() {
+            return Err(ArrayError::NoSuchHost(name.into()));
+        }
+        self.save_locked(&updated)?;
+        *config = updated;
+        Ok(())
+    }
+
+    /// Create `name` or make an existing host match (the configuration file declares hosts).
+    pub fn ensure_host(
+        &self,
+        name: &str,
+        iqns: Vec<String>,
+        chap: Option<ChapSecret>,
+    ) -> Result<()> {
+        if name != ANY_HOST {
+            validate_name(name)?;
+        }
+        let mut config = self.config.write().unwrap();
+        let mut updated = config.clone();
+        match updated.hosts.iter_mut().find(|h| h.name == name) {
+            Some(h) if h.iqns == iqns && h.chap == chap => return Ok(()),
+            Some(h) => {
+                h.iqns = iqns;
+                h.chap = chap;
+            }
+            None => updated.hosts.push(HostRecord {
+                name: name.into(),
+                iqns,
+                chap,
+            }),
+        }
+        self.save_locked(&updated)?;
+        *config = updated;
+        Ok(())
+    }
+
+    /// Set (or clear) the target's own CHAP credentials (mutual CHAP).
+    pub fn set_target_chap(&self, chap: Option<ChapSecret>) -> Result<()> {
+        let mut config = self.config.write().unwrap();
+        if config.target_chap == chap {
+            return Ok(());
+        }
+        let mut updated = config.clone();
+        updated.target_chap = chap;
+        self.save_locked(&updated)?;
+        *config = updated;
+        Ok(())
+    }
+
+    /// Space figures of one volume.
+    pub fn volume_space(&self, name: &str) -> Result<sliver_volume::VolumeSpace> {
+        let unit = self
+            .unit(name)
+            .ok_or_else(|| ArrayError::NoSuchVolume(name.into()))?;
+        Ok(unit.volume().space()?)
     }
 
     /// The engine behind engine volumes.

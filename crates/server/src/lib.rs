@@ -4,7 +4,9 @@
 //! connection, keeps the session registry (TSIH allocation, session reinstatement), resolves
 //! LUNs through the [`array::Array`] and runs SCSI commands on the blocking thread pool.
 
+pub mod api;
 pub mod array;
+mod metrics;
 mod session;
 mod target;
 

@@ -1,7 +1,14 @@
 //! The `sliver` command.
 
-use clap::{Parser, Subcommand};
-use sliver_server::array::ANY_HOST;
+mod admin;
+mod client;
+mod config;
+mod top;
+
+use clap::{CommandFactory, Parser, Subcommand};
+use config::Config;
+use sliver_server::api::ApiContext;
+use sliver_server::array::{ArrayOptions, ChapSecret, ANY_HOST};
 use sliver_server::{Array, Server, ServerOptions};
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -9,6 +16,9 @@ use std::process::ExitCode;
 use std::sync::Arc;
 
 const DEFAULT_TARGET_NAME: &str = "iqn.2026-11.dev.sliver:array";
+const DEFAULT_DATA_DIR: &str = "./sliver-data";
+const DEFAULT_ISCSI_LISTEN: &str = "127.0.0.1:3260";
+const DEFAULT_API_LISTEN: &str = "127.0.0.1:8600";
 const DEMO_VOLUME: &str = "demo";
 const DEMO_SIZE: u64 = 10 << 30;
 
@@ -16,7 +26,7 @@ const DEMO_SIZE: u64 = 10 << 30;
 #[command(
     name = "sliver",
     version,
-    about = "A thin-provisioning iSCSI storage array"
+    about = "A thin-provisioning, data-reducing iSCSI storage array"
 )]
 struct Cli {
     /// Log as JSON lines instead of human-readable text.
@@ -28,9 +38,37 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Commands {
-    /// Serve the array over iSCSI. With an empty data directory, creates a 10 GiB volume
-    /// `demo` visible to every initiator and prints its URL.
+    /// Serve the array over iSCSI and the management API. With an empty data directory,
+    /// creates a 10 GiB volume `demo` visible to every initiator and prints its URL.
     Serve(ServeArgs),
+    /// Manage volumes, snapshots, clones and their connections to hosts.
+    Volume {
+        #[command(flatten)]
+        api: client::ApiArgs,
+        #[command(subcommand)]
+        command: admin::VolumeCommand,
+    },
+    /// Manage hosts (initiators allowed to log in, with optional CHAP).
+    Host {
+        #[command(flatten)]
+        api: client::ApiArgs,
+        #[command(subcommand)]
+        command: admin::HostCommand,
+    },
+    /// Show the array: capacity, space, data reduction, garbage collection.
+    Array {
+        #[command(flatten)]
+        api: client::ApiArgs,
+        #[command(subcommand)]
+        command: admin::ArrayCommand,
+    },
+    /// A live esxtop-style view of every volume's I/O and VAAI activity (-b: CSV batch mode).
+    Top {
+        #[command(flatten)]
+        api: client::ApiArgs,
+        #[command(flatten)]
+        args: top::TopArgs,
+    },
     /// Verify an array offline (the server must be stopped): engine reference counts, segment
     /// usage, every stored chunk's checksum and fingerprint, and the configuration. Exits
     /// non-zero when anything is damaged.
@@ -38,26 +76,45 @@ enum Commands {
     /// Rate-controlled space reclamation for Linux hosts (windowed FITRIM), or raw UNMAP of a
     /// LUN range over iSCSI.
     Reclaim(sliver_reclaim::ReclaimArgs),
+    /// Print a shell completion script (bash, zsh, fish, elvish, powershell).
+    Completions { shell: clap_complete::Shell },
 }
 
 #[derive(clap::Args)]
 struct CheckArgs {
     /// Directory holding the array.
-    #[arg(long, default_value = "./sliver-data")]
+    #[arg(long, default_value = DEFAULT_DATA_DIR)]
     data_dir: PathBuf,
 }
 
 #[derive(clap::Args)]
 struct ServeArgs {
-    /// Directory holding the array's configuration and volumes.
-    #[arg(long, default_value = "./sliver-data")]
-    data_dir: PathBuf,
-    /// iSCSI portal address; repeat for several portals (all in portal group 1).
-    #[arg(long = "iscsi-listen", default_value = "127.0.0.1:3260")]
+    /// Configuration file (TOML); flags given here override it.
+    #[arg(long)]
+    config: Option<PathBuf>,
+    /// Directory holding the array's configuration and volumes [default: ./sliver-data].
+    #[arg(long)]
+    data_dir: Option<PathBuf>,
+    /// iSCSI portal address; repeat for several portals (all in portal group 1)
+    /// [default: 127.0.0.1:3260].
+    #[arg(long = "iscsi-listen")]
     iscsi_listen: Vec<SocketAddr>,
-    /// iSCSI qualified name of the target, used when the array is created.
-    #[arg(long, default_value = DEFAULT_TARGET_NAME)]
-    target_name: String,
+    /// HTTP API and metrics address [default: 127.0.0.1:8600].
+    #[arg(long)]
+    api_listen: Option<SocketAddr>,
+    /// API token; required when the API listens beyond loopback.
+    #[arg(long, env = "SLIVER_API_TOKEN", hide_env_values = true)]
+    api_token: Option<String>,
+    /// iSCSI qualified name of the target, used when the array is created
+    /// [default: iqn.2026-11.dev.sliver:array].
+    #[arg(long)]
+    target_name: Option<String>,
+    /// Log capacity when the array is created, e.g. 100G [default: 90% of the free space].
+    #[arg(long)]
+    capacity: Option<String>,
+    /// Background garbage collection: off, low, medium, high or a rate such as 100MB/s.
+    #[arg(long)]
+    gc_priority: Option<String>,
 }
 
 fn main() -> ExitCode {
@@ -65,8 +122,16 @@ fn main() -> ExitCode {
     init_logging(cli.log_json);
     let result = match cli.command {
         Commands::Serve(args) => serve(args),
+        Commands::Volume { api, command } => admin::volume(&api, command),
+        Commands::Host { api, command } => admin::host(&api, command),
+        Commands::Array { api, command } => admin::array(&api, command),
+        Commands::Top { api, args } => top::run(&api, args),
         Commands::Check(args) => check(args),
         Commands::Reclaim(args) => sliver_reclaim::run(args),
+        Commands::Completions { shell } => {
+            clap_complete::generate(shell, &mut Cli::command(), "sliver", &mut std::io::stdout());
+            Ok(())
+        }
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -90,10 +155,113 @@ fn init_logging(json: bool) {
     }
 }
 
+/// What `serve` runs with, after the configuration file and the flags are merged.
+struct Settings {
+    data_dir: PathBuf,
+    target_name: String,
+    portals: Vec<SocketAddr>,
+    api_listen: SocketAddr,
+    api_token: Option<String>,
+    options: ArrayOptions,
+    login_timeout: Option<std::time::Duration>,
+    target_chap: Option<ChapSecret>,
+    hosts: Vec<config::Host>,
+}
+
+fn settings(args: ServeArgs) -> Result<Settings, String> {
+    let file = match &args.config {
+        Some(path) => Config::load(path)?,
+        None => Config::default(),
+    };
+    let mut options = ArrayOptions::default();
+    if let Some(c) = &args.capacity {
+        options.capacity_bytes =
+            Some(sliver_reclaim::units::parse_size(c).map_err(|e| format!("--capacity: {e}"))?);
+    } else {
+        options.capacity_bytes = file.capacity.size;
+    }
+    if let Some(t) = file.capacity.soft_threshold_percent {
+        options.tuning.soft_threshold = t;
+    }
+    if let Some(p) = &args.gc_priority {
+        options.tuning.gc =
+            config::parse_gc_priority(p).map_err(|e| format!("--gc-priority: {e}"))?;
+    } else if let Some(p) = file.gc.priority {
+        options.tuning.gc = p;
+    }
+    if let Some(c) = file.engine.compression {
+        options.tuning.compression = c;
+    }
+    let portals = if !args.iscsi_listen.is_empty() {
+        args.iscsi_listen
+    } else if !file.iscsi.listen.is_empty() {
+        file.iscsi.listen.clone()
+    } else {
+        vec![DEFAULT_ISCSI_LISTEN.parse().expect("default portal")]
+    };
+    let api_listen = args
+        .api_listen
+        .or(file.api.listen)
+        .unwrap_or_else(|| DEFAULT_API_LISTEN.parse().expect("default API address"));
+    let api_token = match args.api_token {
+        Some(t) => Some(t),
+        None => file.api_token()?,
+    };
+    if api_token.as_deref().is_some_and(|t| t.len() < 16) {
+        return Err("the API token must be at least 16 characters long".into());
+    }
+    if !api_listen.ip().is_loopback() && api_token.is_none() {
+        return Err(format!(
+            "the API would listen on {api_listen}, beyond loopback, without a token: set [api] token or token_file in the configuration, or --api-token / SLIVER_API_TOKEN"
+        ));
+    }
+    Ok(Settings {
+        data_dir: args
+            .data_dir
+            .or(file.data_dir)
+            .unwrap_or_else(|| DEFAULT_DATA_DIR.into()),
+        target_name: args
+            .target_name
+            .or(file.target_name)
+            .unwrap_or_else(|| DEFAULT_TARGET_NAME.into()),
+        portals,
+        api_listen,
+        api_token,
+        options,
+        login_timeout: file.iscsi.login_timeout,
+        target_chap: file.chap.map(|c| ChapSecret {
+            user: c.user,
+            secret: c.secret,
+        }),
+        hosts: file.hosts,
+    })
+}
+
 fn serve(args: ServeArgs) -> Result<(), String> {
-    let array = Array::open(&args.data_dir, &args.target_name)
-        .map_err(|e| format!("cannot open the array in {}: {e}", args.data_dir.display()))?;
+    let has_config = args.config.is_some();
+    let s = settings(args)?;
+    let array = Array::open_with(&s.data_dir, &s.target_name, s.options)
+        .map_err(|e| format!("cannot open the array in {}: {e}", s.data_dir.display()))?;
     let array = Arc::new(array);
+    if has_config {
+        array
+            .set_target_chap(s.target_chap.clone())
+            .map_err(|e| format!("cannot apply the configuration's CHAP: {e}"))?;
+        for h in &s.hosts {
+            let chap = match (&h.chap_user, &h.chap_secret) {
+                (Some(user), Some(secret)) => Some(ChapSecret {
+                    user: user.clone(),
+                    secret: secret.clone(),
+                }),
+                _ => None,
+            };
+            array
+                .ensure_host(&h.name, h.iqns.clone(), chap)
+                .map_err(|e| {
+                    format!("cannot apply host '{}' from the configuration: {e}", h.name)
+                })?;
+        }
+    }
     if array.volumes().is_empty() {
         array
             .create_volume(DEMO_VOLUME, DEMO_SIZE, 512)
@@ -107,14 +275,27 @@ fn serve(args: ServeArgs) -> Result<(), String> {
         .map_err(|e| format!("cannot start the runtime: {e}"))?;
     runtime.block_on(async move {
         let server = Server::new(array.clone());
-        let options = ServerOptions {
-            portals: args.iscsi_listen,
-        };
+        if let Some(t) = s.login_timeout {
+            server.set_login_timeout(t);
+        }
+        let options = ServerOptions { portals: s.portals };
         let listeners = server.bind(&options).await.map_err(|e| e.to_string())?;
+        let api_listener = tokio::net::TcpListener::bind(s.api_listen)
+            .await
+            .map_err(|e| format!("cannot listen on {} for the API: {e}", s.api_listen))?;
+        let api_addr = api_listener.local_addr().map_err(|e| e.to_string())?;
         let target = array.target_name();
         for portal in server.portals() {
             tracing::info!("iSCSI portal {portal} serving {target}");
         }
+        tracing::info!(
+            "API on http://{api_addr}{}",
+            if s.api_token.is_some() {
+                " (token required)"
+            } else {
+                ""
+            }
+        );
         if let Some(first) = server.portals().first() {
             for c in array.connections() {
                 println!(
@@ -123,6 +304,19 @@ fn serve(args: ServeArgs) -> Result<(), String> {
                 );
             }
         }
+        println!("API: http://{api_addr}");
+        let (stop_api, api_stopped) = tokio::sync::oneshot::channel::<()>();
+        let api = tokio::spawn(sliver_server::api::serve(
+            api_listener,
+            ApiContext {
+                array: array.clone(),
+                portals: server.portals(),
+                token: s.api_token,
+            },
+            async move {
+                let _ = api_stopped.await;
+            },
+        ));
         let runner = {
             let server = server.clone();
             tokio::spawn(async move { server.run(listeners).await })
@@ -130,8 +324,10 @@ fn serve(args: ServeArgs) -> Result<(), String> {
         shutdown_signal().await;
         tracing::info!("shutting down");
         server.shutdown();
+        let _ = stop_api.send(());
         // Give initiators a moment to log out; then stop regardless.
         let _ = tokio::time::timeout(std::time::Duration::from_secs(3), runner).await;
+        let _ = tokio::time::timeout(std::time::Duration::from_secs(3), api).await;
         // A final checkpoint makes the next start fast (not needed for safety: the log is).
         array.shutdown().map_err(|e| {
             format!("clean shutdown failed (the next start recovers from the log): {e}")

@@ -1,0 +1,787 @@
+//! The HTTP management API (JSON over HTTP, default 127.0.0.1:8600) and Prometheus metrics.
+//!
+//! Routes live in [`ROUTES`] and in `openapi.json`; a test keeps the two identical and
+//! checks that every documented route answers. Errors are JSON objects with a stable
+//! `code` (see [`error_code`]) and one readable sentence. When a token is configured every
+//! request, `/metrics` included, needs `Authorization: Bearer <token>`; `sliver serve`
+//! refuses to listen beyond loopback without one.
+
+use crate::array::{Array, ArrayError, ChapSecret, VolumeKind, VolumeRecord};
+use crate::metrics;
+use axum::extract::rejection::JsonRejection;
+use axum::extract::{Path, Request, State};
+use axum::http::{header, HeaderMap, StatusCode};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use axum::{Json, Router};
+use serde::{Deserialize, Serialize};
+use serde_json::json;
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+/// The OpenAPI 3 description of this API, served at `/api/openapi.json`.
+pub const OPENAPI: &str = include_str!("openapi.json");
+
+/// Every (method, path) the router serves, in OpenAPI path syntax.
+pub const ROUTES: &[(&str, &str)] = &[
+    ("get", "/api/openapi.json"),
+    ("get", "/api/v1/array"),
+    ("get", "/api/v1/volumes"),
+    ("post", "/api/v1/volumes"),
+    ("get", "/api/v1/volumes/{name}"),
+    ("patch", "/api/v1/volumes/{name}"),
+    ("delete", "/api/v1/volumes/{name}"),
+    ("post", "/api/v1/volumes/{name}/snapshots"),
+    ("post", "/api/v1/volumes/{name}/clones"),
+    ("post", "/api/v1/volumes/{name}/connections"),
+    ("delete", "/api/v1/volumes/{name}/connections/{host}"),
+    ("get", "/api/v1/hosts"),
+    ("post", "/api/v1/hosts"),
+    ("delete", "/api/v1/hosts/{name}"),
+    ("get", "/api/v1/stats"),
+    ("get", "/metrics"),
+];
+
+/// What the API serves from.
+pub struct ApiContext {
+    pub array: Arc<Array>,
+    /// The iSCSI portals, for the URLs the API prints.
+    pub portals: Vec<SocketAddr>,
+    /// Bearer token every request must carry; `None`: no authentication (loopback only).
+    pub token: Option<String>,
+}
+
+type Ctx = Arc<ApiContext>;
+
+/// The API's router.
+pub fn router(ctx: ApiContext) -> Router {
+    let ctx = Arc::new(ctx);
+    let routes = Router::new()
+        .route("/api/openapi.json", get(openapi))
+        .route("/api/v1/array", get(array_show))
+        .route("/api/v1/volumes", get(volume_list).post(volume_create))
+        .route(
+            "/api/v1/volumes/{name}",
+            get(volume_show).patch(volume_update).delete(volume_delete),
+        )
+        .route(
+            "/api/v1/volumes/{name}/snapshots",
+            axum::routing::post(volume_snapshot),
+        )
+        .route(
+            "/api/v1/volumes/{name}/clones",
+            axum::routing::post(volume_clone),
+        )
+        .route(
+            "/api/v1/volumes/{name}/connections",
+            axum::routing::post(volume_connect),
+        )
+        .route(
+            "/api/v1/volumes/{name}/connections/{host}",
+            axum::routing::delete(volume_disconnect),
+        )
+        .route("/api/v1/hosts", get(host_list).post(host_create))
+        .route("/api/v1/hosts/{name}", axum::routing::delete(host_delete))
+        .route("/api/v1/stats", get(stats))
+        .route("/metrics", get(metrics_text))
+        .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed);
+    routes
+        .layer(axum::middleware::from_fn_with_state(ctx.clone(), authorize))
+        // Bodies are small JSON documents.
+        .layer(axum::extract::DefaultBodyLimit::max(64 << 10))
+        .with_state(ctx)
+}
+
+/// Serve the API on `listener` until `shutdown` resolves.
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    ctx: ApiContext,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    axum::serve(listener, router(ctx))
+        .with_graceful_shutdown(shutdown)
+        .await
+}
+
+/// An API error: HTTP status, stable code, one sentence.
+#[derive(Debug)]
+pub struct ApiError {
+    status: StatusCode,
+    code: &'static str,
+    message: String,
+}
+
+impl ApiError {
+    fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> Self {
+        ApiError {
+            status,
+            code,
+            message: message.into(),
+        }
+    }
+}
+
+impl ApiError {
+    /// The sentence describing the error.
+    pub fn message(&self) -> &str {
+        &self.message
+    }
+
+    pub fn code(&self) -> &'static str {
+        self.code
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let body = json!({ "error": { "code": self.code, "message": self.message } });
+        (self.status, Json(body)).into_response()
+    }
+}
+
+/// The stable code and HTTP status of each array error.
+pub fn error_code(e: &ArrayError) -> (StatusCode, &'static str) {
+    use ArrayError::*;
+    match e {
+        NoSuchVolume(_) => (StatusCode::NOT_FOUND, "volume_not_found"),
+        NoSuchHost(_) => (StatusCode::NOT_FOUND, "host_not_found"),
+        NotConnected { .. } => (StatusCode::NOT_FOUND, "not_connected"),
+        VolumeExists(_) => (StatusCode::CONFLICT, "volume_exists"),
+        HostExists(_) => (StatusCode::CONFLICT, "host_exists"),
+        LunInUse { .. } => (StatusCode::CONFLICT, "lun_in_use"),
+        AlreadyConnected { .. } => (StatusCode::CONFLICT, "already_connected"),
+        VolumeConnected { .. } => (StatusCode::CONFLICT, "volume_connected"),
+        HostInUse { .. } => (StatusCode::CONFLICT, "host_in_use"),
+        InvalidName(_) => (StatusCode::BAD_REQUEST, "invalid_name"),
+        InvalidSize(_) => (StatusCode::BAD_REQUEST, "invalid_size"),
+        Shrink { .. } => (StatusCode::BAD_REQUEST, "shrink_not_supported"),
+        NotSupported(_) => (StatusCode::BAD_REQUEST, "not_supported"),
+        Engine(_) => (StatusCode::INTERNAL_SERVER_ERROR, "engine_error"),
+        Volume(_) | Io { .. } => (StatusCode::INTERNAL_SERVER_ERROR, "io_error"),
+        Config { .. } | Locked(_) => (StatusCode::INTERNAL_SERVER_ERROR, "internal_error"),
+    }
+}
+
+impl From<ArrayError> for ApiError {
+    fn from(e: ArrayError) -> Self {
+        let (status, code) = error_code(&e);
+        ApiError::new(status, code, e.to_string())
+    }
+}
+
+impl From<JsonRejection> for ApiError {
+    fn from(e: JsonRejection) -> Self {
+        ApiError::new(StatusCode::BAD_REQUEST, "bad_request", e.body_text())
+    }
+}
+
+type ApiResult<T> = Result<T, ApiError>;
+
+/// Array operations write and fsync the configuration: keep them off the async workers.
+async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> Result<T, ArrayError> + Send + 'static,
+) -> ApiResult<T> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| {
+            ApiError::new(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "internal_error",
+                e.to_string(),
+            )
+        })?
+        .map_err(ApiError::from)
+}
+
+async fn authorize(State(ctx): State<Ctx>, request: Request, next: Next) -> Response {
+    if let Some(token) = &ctx.token {
+        if !bearer_matches(request.headers(), token) {
+            return ApiError::new(
+                StatusCode::UNAUTHORIZED,
+                "unauthorized",
+                "a valid API token is required (Authorization: Bearer <token>)",
+            )
+            .into_response();
+        }
+    }
+    next.run(request).await
+}
+
+/// Constant-time comparison of the presented bearer token.
+fn bearer_matches(headers: &HeaderMap, token: &str) -> bool {
+    let Some(presented) = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+    else {
+        return false;
+    };
+    let (a, b) = (presented.as_bytes(), token.as_bytes());
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+async fn not_found() -> ApiError {
+    ApiError::new(StatusCode::NOT_FOUND, "not_found", "no such API route")
+}
+
+async fn method_not_allowed() -> ApiError {
+    ApiError::new(
+        StatusCode::METHOD_NOT_ALLOWED,
+        "method_not_allowed",
+        "this route does not accept that method",
+    )
+}
+
+async fn openapi() -> Response {
+    ([(header::CONTENT_TYPE, "application/json")], OPENAPI).into_response()
+}
+
+// ---- array ----
+
+/// `GET /api/v1/array`.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct ArrayInfo {
+    pub version: String,
+    pub target_name: String,
+    pub portals: Vec<String>,
+    pub capacity_bytes: u64,
+    pub physical_used_bytes: u64,
+    pub live_bytes: u64,
+    pub reclaimable_bytes: u64,
+    pub provisioned_bytes: u64,
+    pub mapped_bytes: u64,
+    pub data_reduction: f64,
+    pub total_reduction: f64,
+    pub soft_threshold: f64,
+    pub soft_threshold_exceeded: bool,
+    pub gc: GcInfo,
+    pub volumes: usize,
+    pub hosts: usize,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+pub struct GcInfo {
+    pub priority: String,
+    pub write_amplification: f64,
+    pub host_written_bytes: u64,
+    pub relocated_bytes: u64,
+}
+
+async fn array_show(State(ctx): State<Ctx>) -> Json<ArrayInfo> {
+    Json(array_info(&ctx))
+}
+
+pub(crate) fn array_info(ctx: &ApiContext) -> ArrayInfo {
+    let space = ctx.array.engine_space();
+    let tuning = ctx.array.engine().tuning();
+    ArrayInfo {
+        version: env!("CARGO_PKG_VERSION").into(),
+        target_name: ctx.array.target_name(),
+        portals: ctx.portals.iter().map(|p| p.to_string()).collect(),
+        capacity_bytes: space.capacity_bytes,
+        physical_used_bytes: space.physical_used_bytes,
+        live_bytes: space.live_bytes,
+        reclaimable_bytes: space.reclaimable_bytes,
+        provisioned_bytes: space.provisioned_bytes,
+        mapped_bytes: space.logical_mapped_bytes,
+        data_reduction: space.data_reduction,
+        total_reduction: space.total_reduction,
+        soft_threshold: tuning.soft_threshold,
+        soft_threshold_exceeded: space.soft_threshold_exceeded,
+        gc: GcInfo {
+            priority: gc_priority_name(tuning.gc),
+            write_amplification: space.write_amplification,
+            host_written_bytes: space.host_written_bytes,
+            relocated_bytes: space.gc_relocated_bytes,
+        },
+        volumes: ctx.array.volumes().len(),
+        hosts: ctx.array.hosts().len(),
+    }
+}
+
+/// `off`, `low`, `medium`, `high` or a rate such as `100000000B/s`.
+pub fn gc_priority_name(p: sliver_engine::GcPriority) -> String {
+    use sliver_engine::GcPriority::*;
+    match p {
+        Off => "off".into(),
+        Low => "low".into(),
+        Medium => "medium".into(),
+        High => "high".into(),
+        Rate(r) => format!("{r}B/s"),
+    }
+}
+
+// ---- volumes ----
+
+/// One volume as the API shows it.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct VolumeInfo {
+    pub name: String,
+    pub id: String,
+    /// `engine`, `snapshot` (read-only engine volume) or `passthrough`.
+    pub kind: String,
+    pub read_only: bool,
+    pub block_size: u32,
+    pub provisioned_bytes: u64,
+    /// Bytes hosts wrote and did not unmap (zeros excluded).
+    pub mapped_bytes: u64,
+    /// Share of the volume never written, 0..1.
+    pub thin_provisioning: f64,
+    /// Physical bytes this volume alone references: what deleting it frees.
+    pub physical_bytes: u64,
+    /// Physical bytes shared with other volumes (snapshots, clones, dedup).
+    pub shared_bytes: u64,
+    /// Host bytes per physical byte referenced (dedup x compression).
+    pub data_reduction: f64,
+    pub connections: Vec<ConnectionInfo>,
+    pub vaai: sliver_scsi::VaaiCounters,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+pub struct ConnectionInfo {
+    pub host: String,
+    pub lun: u64,
+    /// iSCSI URL of the LUN on the first portal (libiscsi / QEMU syntax).
+    pub url: String,
+}
+
+pub(crate) fn volume_info(
+    ctx: &ApiContext,
+    record: &VolumeRecord,
+) -> Result<VolumeInfo, ArrayError> {
+    let space = ctx.array.volume_space(&record.name)?;
+    let (kind, read_only) = match record.kind {
+        VolumeKind::Engine {
+            read_only: true, ..
+        } => ("snapshot", true),
+        VolumeKind::Engine { .. } => ("engine", false),
+        VolumeKind::Passthrough { .. } => ("passthrough", false),
+    };
+    let connections = ctx
+        .array
+        .connections()
+        .into_iter()
+        .filter(|c| c.volume == record.name)
+        .map(|c| ConnectionInfo {
+            url: lun_url(ctx, c.lun),
+            host: c.host,
+            lun: c.lun,
+        })
+        .collect();
+    let vaai = ctx
+        .array
+        .unit(&record.name)
+        .map(|u| u.stats().vaai)
+        .unwrap_or_default();
+    Ok(VolumeInfo {
+        name: record.name.clone(),
+        id: record.id.clone(),
+        kind: kind.into(),
+        read_only,
+        block_size: record.block_size,
+        provisioned_bytes: space.provisioned_bytes,
+        mapped_bytes: space.mapped_bytes,
+        thin_provisioning: space.thin_provisioning(),
+        physical_bytes: space.unique_bytes,
+        shared_bytes: space.shared_bytes,
+        data_reduction: space.data_reduction,
+        connections,
+        vaai,
+    })
+}
+
+fn lun_url(ctx: &ApiContext, lun: u64) -> String {
+    let portal = match ctx.portals.first() {
+        // A wildcard listener is reachable on loopback from this machine.
+        Some(p) if p.ip().is_unspecified() => {
+            SocketAddr::new(std::net::Ipv4Addr::LOCALHOST.into(), p.port()).to_string()
+        }
+        Some(p) => p.to_string(),
+        None => "127.0.0.1:3260".into(),
+    };
+    format!("iscsi://{portal}/{}/{lun}", ctx.array.target_name())
+}
+
+fn find_volume(ctx: &ApiContext, name: &str) -> Result<VolumeRecord, ArrayError> {
+    ctx.array
+        .volumes()
+        .into_iter()
+        .find(|v| v.name == name)
+        .ok_or_else(|| ArrayError::NoSuchVolume(name.into()))
+}
+
+async fn volume_list(State(ctx): State<Ctx>) -> ApiResult<Json<Vec<VolumeInfo>>> {
+    blocking(move || {
+        ctx.array
+            .volumes()
+            .iter()
+            .map(|r| volume_info(&ctx, r))
+            .collect::<Result<Vec<_>, _>>()
+    })
+    .await
+    .map(Json)
+}
+
+async fn volume_show(
+    State(ctx): State<Ctx>,
+    Path(name): Path<String>,
+) -> ApiResult<Json<VolumeInfo>> {
+    blocking(move || volume_info(&ctx, &find_volume(&ctx, &name)?))
+        .await
+        .map(Json)
+}
+
+/// `POST /api/v1/volumes`.
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CreateVolume {
+    pub name: String,
+    pub size_bytes: u64,
+    /// 512 (default) or 4096.
+    #[serde(default)]
+    pub block_size: Option<u32>,
+    /// `engine` (default) or `passthrough`.
+    #[serde(default)]
+    pub kind: Option<String>,
+}
+
+async fn volume_create(
+    State(ctx): State<Ctx>,
+    body: Result<Json<CreateVolume>, JsonRejection>,
+) -> ApiResult<(StatusCode, Json<VolumeInfo>)> {
+    let Json(req) = body?;
+    let block_size = req.block_size.unwrap_or(512);
+    if block_size != 512 && block_size != 4096 {
+        return Err(ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "invalid_block_size",
+            format!("block size {block_size} is not supported: use 512 or 4096"),
+        ));
+    }
+    let passthrough = match req.kind.as_deref() {
+        None | Some("engine") => false,
+        Some("passthrough") => true,
+        Some(other) => {
+            return Err(ApiError::new(
+                StatusCode::BAD_REQUEST,
+                "invalid_kind",
+                format!("volume kind '{other}' is not known: use engine or passthrough"),
+            ))
+        }
+    };
+    let info = blocking(move || {
+        if passthrough {
+            ctx.array
+                .create_passthrough_volume(&req.name, req.size_bytes, block_size)?;
+        } else {
+            ctx.array
+                .create_volume(&req.name, req.size_bytes, block_size)?;
+        }
+        volume_info(&ctx, &find_volume(&ctx, &req.name)?)
+    })
+    .await?;
+    Ok((StatusCode::CREATED, Json(info)))
+}
+
+/// `PATCH /api/v1/volumes/{name}`: grow and/or rename.
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct UpdateVolume {
+    #[serde(default)]
+    pub name: Option<String>,
+    #[serde(default)]
+    pub size_bytes: Option<u64>,
+}
+
+async fn volume_update(
+    State(ctx): State<Ctx>,
+    Path(name): Path<String>,
+    body: Result<Json<UpdateVolume>, JsonRejection>,
+) -> ApiResult<Json<VolumeInfo>> {
+    let Json(req) = body?;
+    blocking(move || {
+        find_volume(&ctx, &name)?;
+        if let Some(size) = req.size_bytes {
+            ctx.array.resize_volume(&name, size)?;
+        }
+        let name = match req.name {
+            Some(new) if new != name => {
+                ctx.array.rename_volume(&name, &new)?;
+                new
+            }
+            _ => name,
+        };
+        volume_info(&ctx, &find_volume(&ctx, &name)?)
+    })
+    .await
+    .map(Json)
+}
+
+async fn volume_delete(State(ctx): State<Ctx>, Path(name): Path<String>) -> ApiResult<StatusCode> {
+    blocking(move || ctx.array.delete_volume(&name)).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+/// Body of snapshot and clone requests.
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NewName {
+    pub name: String,
+}
+
+async fn volume_snapshot(
+    State(ctx): State<Ctx>,
+    Path(source): Path<String>,
+    body: Result<Json<NewName>, JsonRejection>,
+) -> ApiResult<(StatusCode, Json<VolumeInfo>)> {
+    let Json(req) = body?;
+    let info = blocking(move || {
+        ctx.array.snapshot_volume(&source, &req.name)?;
+        volume_info(&ctx, &find_volume(&ctx, &req.name)?)
+    })
+    .await?;
+    Ok((StatusCode::CREATED, Json(info)))
+}
+
+async fn volume_clone(
+    State(ctx): State<Ctx>,
+    Path(source): Path<String>,
+    body: Result<Json<NewName>, JsonRejection>,
+) -> ApiResult<(StatusCode, Json<VolumeInfo>)> {
+    let Json(req) = body?;
+    let info = blocking(move || {
+        ctx.array.clone_volume(&source, &req.name)?;
+        volume_info(&ctx, &find_volume(&ctx, &req.name)?)
+    })
+    .await?;
+    Ok((StatusCode::CREATED, Json(info)))
+}
+
+/// `POST /api/v1/volumes/{name}/connections`.
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Connect {
+    /// A host name, or `*` for every initiator.
+    pub host: String,
+    #[serde(default)]
+    pub lun: Option<u64>,
+}
+
+async fn volume_connect(
+    State(ctx): State<Ctx>,
+    Path(volume): Path<String>,
+    body: Result<Json<Connect>, JsonRejection>,
+) -> ApiResult<(StatusCode, Json<ConnectionInfo>)> {
+    let Json(req) = body?;
+    if req.lun.is_some_and(|l| l > 16383) {
+        return Err(ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "invalid_lun",
+            "LUN numbers range from 0 to 16383",
+        ));
+    }
+    let info = blocking(move || {
+        let lun = ctx.array.connect(&volume, &req.host, req.lun)?;
+        Ok(ConnectionInfo {
+            url: lun_url(&ctx, lun),
+            host: req.host,
+            lun,
+        })
+    })
+    .await?;
+    Ok((StatusCode::CREATED, Json(info)))
+}
+
+async fn volume_disconnect(
+    State(ctx): State<Ctx>,
+    Path((volume, host)): Path<(String, String)>,
+) -> ApiResult<StatusCode> {
+    blocking(move || ctx.array.disconnect(&volume, &host)).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+// ---- hosts ----
+
+/// A host as the API shows it (CHAP secrets are never returned).
+#[derive(Debug, Serialize, Deserialize)]
+pub struct HostInfo {
+    pub name: String,
+    pub iqns: Vec<String>,
+    pub chap_user: Option<String>,
+    pub volumes: Vec<String>,
+}
+
+async fn host_list(State(ctx): State<Ctx>) -> Json<Vec<HostInfo>> {
+    let connections = ctx.array.connections();
+    Json(
+        ctx.array
+            .hosts()
+            .into_iter()
+            .map(|h| HostInfo {
+                volumes: connections
+                    .iter()
+                    .filter(|c| c.host == h.name)
+                    .map(|c| c.volume.clone())
+                    .collect(),
+                chap_user: h.chap.map(|c| c.user),
+                iqns: h.iqns,
+                name: h.name,
+            })
+            .collect(),
+    )
+}
+
+/// `POST /api/v1/hosts`.
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CreateHost {
+    pub name: String,
+    pub iqns: Vec<String>,
+    #[serde(default)]
+    pub chap_user: Option<String>,
+    #[serde(default)]
+    pub chap_secret: Option<String>,
+}
+
+async fn host_create(
+    State(ctx): State<Ctx>,
+    body: Result<Json<CreateHost>, JsonRejection>,
+) -> ApiResult<(StatusCode, Json<HostInfo>)> {
+    let Json(req) = body?;
+    for iqn in &req.iqns {
+        validate_initiator_name(iqn)?;
+    }
+    let chap = match (req.chap_user, req.chap_secret) {
+        (None, None) => None,
+        (Some(user), Some(secret)) => {
+            validate_chap(&user, &secret)?;
+            Some(ChapSecret { user, secret })
+        }
+        _ => {
+            return Err(ApiError::new(
+                StatusCode::BAD_REQUEST,
+                "invalid_chap",
+                "give both chap_user and chap_secret, or neither",
+            ))
+        }
+    };
+    let info = HostInfo {
+        name: req.name.clone(),
+        iqns: req.iqns.clone(),
+        chap_user: chap.as_ref().map(|c| c.user.clone()),
+        volumes: vec![],
+    };
+    blocking(move || ctx.array.create_host(&req.name, req.iqns, chap)).await?;
+    Ok((StatusCode::CREATED, Json(info)))
+}
+
+/// iSCSI names: `iqn.`, `eui.` or `naa.` forms, at most 223 bytes (RFC 7143 4.2.7.1).
+pub fn validate_initiator_name(name: &str) -> Result<(), ApiError> {
+    let lower = name.to_ascii_lowercase();
+    let ok = name.len() <= 223
+        && ["iqn.", "eui.", "naa."]
+            .iter()
+            .any(|p| lower.starts_with(p) && lower.len() > p.len())
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"-.:".contains(&b));
+    if ok {
+        Ok(())
+    } else {
+        Err(ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "invalid_iqn",
+            format!(
+                "'{name}' is not an iSCSI name (iqn., eui. or naa. form, at most 223 characters)"
+            ),
+        ))
+    }
+}
+
+/// CHAP secrets: 12 to 255 bytes (RFC 7143 recommends at least 12 for one-way CHAP).
+pub fn validate_chap(user: &str, secret: &str) -> Result<(), ApiError> {
+    if user.is_empty() || user.len() > 255 || user.chars().any(|c| c.is_control()) {
+        return Err(ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "invalid_chap",
+            "the CHAP user name must be 1 to 255 printable characters",
+        ));
+    }
+    if secret.len() < 12 || secret.len() > 255 {
+        return Err(ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "invalid_chap",
+            "the CHAP secret must be 12 to 255 bytes long",
+        ));
+    }
+    Ok(())
+}
+
+async fn host_delete(State(ctx): State<Ctx>, Path(name): Path<String>) -> ApiResult<StatusCode> {
+    blocking(move || ctx.array.delete_host(&name)).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+// ---- statistics ----
+
+/// `GET /api/v1/stats`: cumulative counters per volume; clients compute rates from deltas.
+#[derive(Debug, Serialize)]
+pub struct Stats {
+    /// Milliseconds since the Unix epoch when the counters were read.
+    pub time_ms: u64,
+    pub volumes: Vec<VolumeStats>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct VolumeStats {
+    pub name: String,
+    pub data_reduction: f64,
+    /// By command class name (`read`, `write`, `compare_and_write`, `write_same`, `unmap`,
+    /// `extended_copy`, `other`).
+    pub classes: std::collections::BTreeMap<&'static str, sliver_scsi::ClassStats>,
+    pub vaai: sliver_scsi::VaaiCounters,
+}
+
+async fn stats(State(ctx): State<Ctx>) -> ApiResult<Json<Stats>> {
+    blocking(move || {
+        let time_ms = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_millis() as u64)
+            .unwrap_or(0);
+        let mut volumes = Vec::new();
+        for record in ctx.array.volumes() {
+            let Some(unit) = ctx.array.unit(&record.name) else {
+                continue;
+            };
+            let data_reduction = unit.volume().space().map(|s| s.data_reduction)?;
+            let stats = unit.stats();
+            volumes.push(VolumeStats {
+                name: record.name,
+                data_reduction,
+                classes: stats
+                    .classes
+                    .iter()
+                    .map(|(c, s)| (c.name(), s.clone()))
+                    .collect(),
+                vaai: stats.vaai,
+            });
+        }
+        Ok(Stats { time_ms, volumes })
+    })
+    .await
+    .map(Json)
+}
+
+async fn metrics_text(State(ctx): State<Ctx>) -> ApiResult<Response> {
+    let text = blocking(move || metrics::render(&ctx)).await?;
+    Ok((
+        [(
+            header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
+        text,
+    )
+        .into_response())
+}

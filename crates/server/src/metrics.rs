@@ -1,0 +1,323 @@
+//! Prometheus text exposition (format 0.0.4) of the array's counters and gauges.
+//!
+//! The counters already live in atomics (per-LU statistics, engine counters); a scrape reads
+//! a snapshot and prints it. Hand-written because the format is a few lines of text and a
+//! registry crate would only duplicate state we keep anyway.
+
+use crate::api::ApiContext;
+use crate::array::ArrayError;
+use sliver_scsi::{CommandClass, LATENCY_BOUNDS_US};
+use std::fmt::Write;
+
+/// Metric text for every volume and the array.
+pub fn render(ctx: &ApiContext) -> Result<String, ArrayError> {
+    let mut out = Text::default();
+    let mut volumes = Vec::new();
+    for record in ctx.array.volumes() {
+        let Some(unit) = ctx.array.unit(&record.name) else {
+            continue;
+        };
+        let space = unit.volume().space()?;
+        volumes.push((record.name, unit.stats(), space));
+    }
+
+    out.help(
+        "sliver_volume_commands_total",
+        "counter",
+        "SCSI commands completed, by command class.",
+    );
+    for (name, stats, _) in &volumes {
+        for (class, s) in &stats.classes {
+            out.sample(
+                "sliver_volume_commands_total",
+                &[("volume", name), ("class", class.name())],
+                s.commands as f64,
+            );
+        }
+    }
+    out.help(
+        "sliver_volume_command_errors_total",
+        "counter",
+        "SCSI commands that completed with CHECK CONDITION or RESERVATION CONFLICT.",
+    );
+    for (name, stats, _) in &volumes {
+        for (class, s) in &stats.classes {
+            out.sample(
+                "sliver_volume_command_errors_total",
+                &[("volume", name), ("class", class.name())],
+                s.errors as f64,
+            );
+        }
+    }
+    out.help(
+        "sliver_volume_bytes_total",
+        "counter",
+        "Bytes read or written by hosts; for WRITE SAME, UNMAP and EXTENDED COPY the bytes of the ranges affected.",
+    );
+    for (name, stats, _) in &volumes {
+        for (class, s) in &stats.classes {
+            out.sample(
+                "sliver_volume_bytes_total",
+                &[("volume", name), ("class", class.name())],
+                s.bytes as f64,
+            );
+        }
+    }
+    out.help(
+        "sliver_volume_command_latency_seconds",
+        "histogram",
+        "Time from command arrival at the SCSI device server to its completion.",
+    );
+    for (name, stats, _) in &volumes {
+        for class in CommandClass::ALL {
+            let s = stats.class(class);
+            let mut cumulative = 0u64;
+            for (i, count) in s.latency_buckets.iter().enumerate() {
+                cumulative += count;
+                let le = match LATENCY_BOUNDS_US.get(i) {
+                    Some(us) => format!("{}", *us as f64 / 1e6),
+                    None => "+Inf".into(),
+                };
+                out.sample(
+                    "sliver_volume_command_latency_seconds_bucket",
+                    &[("volume", name), ("class", class.name()), ("le", &le)],
+                    cumulative as f64,
+                );
+            }
+            out.sample(
+                "sliver_volume_command_latency_seconds_sum",
+                &[("volume", name), ("class", class.name())],
+                s.latency_sum_us as f64 / 1e6,
+            );
+            out.sample(
+                "sliver_volume_command_latency_seconds_count",
+                &[("volume", name), ("class", class.name())],
+                s.commands as f64,
+            );
+        }
+    }
+
+    out.help(
+        "sliver_volume_vaai_total",
+        "counter",
+        "VAAI primitives by esxtop column: ats, ats_failed, clone_read, clone_write, clone_failed, zero, zero_failed, delete, delete_failed.",
+    );
+    for (name, stats, _) in &volumes {
+        let v = &stats.vaai;
+        for (primitive, value) in [
+            ("ats", v.ats),
+            ("ats_failed", v.ats_failed),
+            ("clone_read", v.clone_read),
+            ("clone_write", v.clone_write),
+            ("clone_failed", v.clone_failed),
+            ("zero", v.zero),
+            ("zero_failed", v.zero_failed),
+            ("delete", v.delete),
+            ("delete_failed", v.delete_failed),
+        ] {
+            out.sample(
+                "sliver_volume_vaai_total",
+                &[("volume", name), ("primitive", primitive)],
+                value as f64,
+            );
+        }
+    }
+    for (metric, help, pick) in [
+        (
+            "sliver_volume_unmapped_bytes_total",
+            "Bytes released by UNMAP (esxtop MBDEL).",
+            (|v: &sliver_scsi::VaaiCounters| v.deleted_bytes) as fn(&_) -> u64,
+        ),
+        (
+            "sliver_volume_zeroed_bytes_total",
+            "Bytes written by WRITE SAME.",
+            |v| v.zeroed_bytes,
+        ),
+        (
+            "sliver_volume_cloned_bytes_total",
+            "Bytes copied into this volume by EXTENDED COPY.",
+            |v| v.cloned_bytes,
+        ),
+    ] {
+        out.help(metric, "counter", help);
+        for (name, stats, _) in &volumes {
+            out.sample(metric, &[("volume", name)], pick(&stats.vaai) as f64);
+        }
+    }
+
+    for (metric, help, pick) in [
+        (
+            "sliver_volume_provisioned_bytes",
+            "Size the hosts see.",
+            (|s: &sliver_volume::VolumeSpace| s.provisioned_bytes as f64) as fn(&_) -> f64,
+        ),
+        (
+            "sliver_volume_mapped_bytes",
+            "Bytes hosts wrote and did not unmap (zeros excluded).",
+            |s| s.mapped_bytes as f64,
+        ),
+        (
+            "sliver_volume_unique_bytes",
+            "Physical bytes only this volume references (freed by deleting it).",
+            |s| s.unique_bytes as f64,
+        ),
+        (
+            "sliver_volume_shared_bytes",
+            "Physical bytes shared with other volumes.",
+            |s| s.shared_bytes as f64,
+        ),
+        (
+            "sliver_volume_data_reduction_ratio",
+            "Mapped bytes per physical byte referenced (dedup x compression).",
+            |s| s.data_reduction,
+        ),
+        (
+            "sliver_volume_thin_provisioning_ratio",
+            "Share of the volume never written (0..1).",
+            |s| s.thin_provisioning(),
+        ),
+    ] {
+        out.help(metric, "gauge", help);
+        for (name, _, space) in &volumes {
+            out.sample(metric, &[("volume", name)], pick(space));
+        }
+    }
+
+    let space = ctx.array.engine_space();
+    for (metric, kind, help, value) in [
+        (
+            "sliver_array_capacity_bytes",
+            "gauge",
+            "Bytes hosts can fill (log capacity less the collector's reserve).",
+            space.capacity_bytes as f64,
+        ),
+        (
+            "sliver_array_physical_used_bytes",
+            "gauge",
+            "Bytes of log segments in use.",
+            space.physical_used_bytes as f64,
+        ),
+        (
+            "sliver_array_live_bytes",
+            "gauge",
+            "Bytes of stored data still referenced.",
+            space.live_bytes as f64,
+        ),
+        (
+            "sliver_array_reclaimable_bytes",
+            "gauge",
+            "Bytes in use that garbage collection can return.",
+            space.reclaimable_bytes as f64,
+        ),
+        (
+            "sliver_array_provisioned_bytes",
+            "gauge",
+            "Provisioned bytes of all volumes.",
+            space.provisioned_bytes as f64,
+        ),
+        (
+            "sliver_array_mapped_bytes",
+            "gauge",
+            "Logical bytes mapped by all volumes.",
+            space.logical_mapped_bytes as f64,
+        ),
+        (
+            "sliver_array_data_reduction_ratio",
+            "gauge",
+            "Mapped bytes per live byte (dedup x compression).",
+            space.data_reduction,
+        ),
+        (
+            "sliver_array_total_reduction_ratio",
+            "gauge",
+            "Provisioned bytes per physical byte used (thin provisioning and zeros included).",
+            space.total_reduction,
+        ),
+        (
+            "sliver_array_soft_threshold_exceeded",
+            "gauge",
+            "1 while the thin-provisioning soft threshold is exceeded.",
+            u8::from(space.soft_threshold_exceeded) as f64,
+        ),
+        (
+            "sliver_gc_write_amplification_ratio",
+            "gauge",
+            "(host + relocated bytes) / host bytes since the array was created.",
+            space.write_amplification,
+        ),
+        (
+            "sliver_gc_relocated_bytes_total",
+            "counter",
+            "Bytes the garbage collector relocated.",
+            space.gc_relocated_bytes as f64,
+        ),
+        (
+            "sliver_host_written_bytes_total",
+            "counter",
+            "Bytes the engine stored for hosts (after dedup and compression).",
+            space.host_written_bytes as f64,
+        ),
+    ] {
+        out.help(metric, kind, help);
+        out.sample(metric, &[], value);
+    }
+    Ok(out.0)
+}
+
+#[derive(Default)]
+struct Text(String);
+
+impl Text {
+    fn help(&mut self, name: &str, kind: &str, help: &str) {
+        let _ = writeln!(self.0, "# HELP {name} {help}");
+        let _ = writeln!(self.0, "# TYPE {name} {kind}");
+    }
+
+    fn sample(&mut self, name: &str, labels: &[(&str, &str)], value: f64) {
+        self.0.push_str(name);
+        if !labels.is_empty() {
+            self.0.push('{');
+            for (i, (k, v)) in labels.iter().enumerate() {
+                if i > 0 {
+                    self.0.push(',');
+                }
+                let _ = write!(self.0, "{k}=\"{}\"", escape_label(v));
+            }
+            self.0.push('}');
+        }
+        let _ = writeln!(self.0, " {}", format_value(value));
+    }
+}
+
+/// Label values escape backslash, double quote and newline.
+fn escape_label(v: &str) -> String {
+    v.replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
+}
+
+fn format_value(v: f64) -> String {
+    if v.is_nan() {
+        "NaN".into()
+    } else if v.is_infinite() {
+        if v > 0.0 { "+Inf" } else { "-Inf" }.into()
+    } else if v.fract() == 0.0 && v.abs() < 1e15 {
+        format!("{}", v as i64)
+    } else {
+        format!("{v}")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn labels_are_escaped_and_values_formatted() {
+        let mut t = Text::default();
+        t.sample("m", &[("volume", "a\"b\\c")], 3.0);
+        t.sample("m", &[], 0.25);
+        t.sample("m", &[], f64::INFINITY);
+        assert_eq!(t.0, "m{volume=\"a\\\"b\\\\c\"} 3\nm 0.25\nm +Inf\n");
+    }
+}

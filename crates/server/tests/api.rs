@@ -1,0 +1,397 @@
+//! The HTTP API on a real listener: the OpenAPI document against the live routes, error
+//! codes, token authentication and the metrics text.
+
+use serde_json::{json, Value};
+use sliver_server::api::{self, ApiContext, OPENAPI, ROUTES};
+use sliver_server::Array;
+use std::collections::BTreeSet;
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+struct Api {
+    base: String,
+    _runtime: tokio::runtime::Runtime,
+    _dir: tempfile::TempDir,
+    array: Arc<Array>,
+}
+
+fn start(token: Option<&str>) -> Api {
+    let dir = tempfile::tempdir().unwrap();
+    let array = Arc::new(
+        Array::open_with(
+            dir.path(),
+            "iqn.2026-11.test.sliver:api",
+            sliver_server::array::ArrayOptions {
+                capacity_bytes: Some(512 << 20),
+                ..Default::default()
+            },
+        )
+        .unwrap(),
+    );
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    let listener = runtime
+        .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
+        .unwrap();
+    let addr = listener.local_addr().unwrap();
+    let ctx = ApiContext {
+        array: array.clone(),
+        portals: vec!["127.0.0.1:3260".parse::<SocketAddr>().unwrap()],
+        token: token.map(str::to_string),
+    };
+    runtime.spawn(api::serve(listener, ctx, std::future::pending()));
+    Api {
+        base: format!("http://{addr}"),
+        _runtime: runtime,
+        _dir: dir,
+        array,
+    }
+}
+
+/// (status, JSON body or Null, raw text)
+fn call(api: &Api, method: &str, path: &str, body: Option<Value>) -> (u16, Value, String) {
+    call_with(api, method, path, body, None)
+}
+
+fn call_with(
+    api: &Api,
+    method: &str,
+    path: &str,
+    body: Option<Value>,
+    token: Option<&str>,
+) -> (u16, Value, String) {
+    let mut req = ureq::request(method, &format!("{}{path}", api.base));
+    if let Some(t) = token {
+        req = req.set("Authorization", &format!("Bearer {t}"));
+    }
+    let result = match body {
+        Some(b) => req.send_json(b),
+        None => req.call(),
+    };
+    let response = match result {
+        Ok(r) => r,
+        Err(ureq::Error::Status(_, r)) => r,
+        Err(e) => panic!("{method} {path}: {e}"),
+    };
+    let status = response.status();
+    let text = response.into_string().unwrap();
+    (
+        status,
+        serde_json::from_str(&text).unwrap_or(Value::Null),
+        text,
+    )
+}
+
+#[test]
+fn the_openapi_document_matches_the_live_routes() {
+    let doc: Value = serde_json::from_str(OPENAPI).unwrap();
+    let mut documented = BTreeSet::new();
+    for (path, item) in doc["paths"].as_object().unwrap() {
+        for method in item.as_object().unwrap().keys() {
+            if method != "parameters" {
+                documented.insert((method.clone(), path.clone()));
+            }
+        }
+    }
+    let routed: BTreeSet<(String, String)> = ROUTES
+        .iter()
+        .map(|(m, p)| (m.to_string(), p.to_string()))
+        .collect();
+    assert_eq!(documented, routed, "openapi.json and ROUTES differ");
+
+    // Every documented route is served: no route-level 404 or 405 for any of them.
+    let api = start(None);
+    for (method, path) in &routed {
+        let concrete = path
+            .replace("{name}", "nothing")
+            .replace("{host}", "nobody");
+        let body = matches!(method.as_str(), "post" | "patch").then(|| json!({}));
+        let (status, value, text) = call(&api, &method.to_uppercase(), &concrete, body);
+        let code = value["error"]["code"].as_str().unwrap_or("");
+        assert!(
+            status != 405 && code != "not_found" && code != "method_not_allowed",
+            "{method} {path}: HTTP {status} {text}"
+        );
+    }
+    // And something that is not documented is not served.
+    let (status, value, _) = call(&api, "GET", "/api/v1/nothing", None);
+    assert_eq!(
+        (status, value["error"]["code"].as_str()),
+        (404, Some("not_found"))
+    );
+    let (status, value, _) = call(&api, "PUT", "/api/v1/volumes", None);
+    assert_eq!(
+        (status, value["error"]["code"].as_str()),
+        (405, Some("method_not_allowed"))
+    );
+    // Every error code the server can produce is in the document's enum.
+    let codes: Vec<&str> = doc["components"]["schemas"]["Error"]["properties"]["error"]
+        ["properties"]["code"]["enum"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_str().unwrap())
+        .collect();
+    let source = include_str!("../src/api.rs");
+    for piece in source.split('"').skip(1).step_by(2) {
+        let looks_like_code = piece.len() > 3
+            && piece.bytes().all(|b| b.is_ascii_lowercase() || b == b'_')
+            && piece.contains('_')
+            && source.contains(&format!("\"{piece}\")"));
+        if looks_like_code && !codes.contains(&piece) {
+            panic!("error code {piece} is missing from openapi.json");
+        }
+    }
+}
+
+#[test]
+fn volumes_hosts_and_connections_round_trip_with_stable_error_codes() {
+    let api = start(None);
+    let (s, v, t) = call(
+        &api,
+        "POST",
+        "/api/v1/volumes",
+        Some(json!({"name": "vol1", "size_bytes": 64u64 << 20})),
+    );
+    assert_eq!(s, 201, "{t}");
+    assert_eq!(v["name"], "vol1");
+    assert_eq!(v["provisioned_bytes"], 64u64 << 20);
+    assert_eq!(v["mapped_bytes"], 0);
+    assert_eq!(v["thin_provisioning"], 1.0);
+    assert_eq!(v["kind"], "engine");
+
+    let code = |r: (u16, Value, String)| (r.0, r.1["error"]["code"].as_str().map(str::to_string));
+    let expect = |r: (u16, Value, String), status: u16, c: &str| {
+        assert_eq!(code(r), (status, Some(c.to_string())));
+    };
+    expect(
+        call(
+            &api,
+            "POST",
+            "/api/v1/volumes",
+            Some(json!({"name": "vol1", "size_bytes": 4096})),
+        ),
+        409,
+        "volume_exists",
+    );
+    expect(
+        call(
+            &api,
+            "POST",
+            "/api/v1/volumes",
+            Some(json!({"name": "v2", "size_bytes": 1000})),
+        ),
+        400,
+        "invalid_size",
+    );
+    expect(
+        call(
+            &api,
+            "POST",
+            "/api/v1/volumes",
+            Some(json!({"name": "../etc", "size_bytes": 4096})),
+        ),
+        400,
+        "invalid_name",
+    );
+    expect(
+        call(
+            &api,
+            "POST",
+            "/api/v1/volumes",
+            Some(json!({"name": "v2", "size": 4096})),
+        ),
+        400,
+        "bad_request",
+    );
+    expect(
+        call(&api, "GET", "/api/v1/volumes/missing", None),
+        404,
+        "volume_not_found",
+    );
+
+    // Hosts and connections.
+    let (s, _, t) = call(
+        &api,
+        "POST",
+        "/api/v1/hosts",
+        Some(
+            json!({"name": "esx1", "iqns": ["iqn.1998-01.com.vmware:esx1"], "chap_user": "esx1", "chap_secret": "twelve-chars-secret"}),
+        ),
+    );
+    assert_eq!(s, 201, "{t}");
+    expect(
+        call(
+            &api,
+            "POST",
+            "/api/v1/hosts",
+            Some(json!({"name": "h2", "iqns": ["not an iqn"]})),
+        ),
+        400,
+        "invalid_iqn",
+    );
+    expect(
+        call(
+            &api,
+            "POST",
+            "/api/v1/hosts",
+            Some(json!({"name": "h2", "iqns": [], "chap_user": "u", "chap_secret": "short"})),
+        ),
+        400,
+        "invalid_chap",
+    );
+    let (_, hosts, text) = call(&api, "GET", "/api/v1/hosts", None);
+    assert_eq!(hosts[0]["chap_user"], "esx1");
+    assert!(
+        !text.contains("twelve-chars-secret"),
+        "secrets are never returned"
+    );
+
+    let (s, c, t) = call(
+        &api,
+        "POST",
+        "/api/v1/volumes/vol1/connections",
+        Some(json!({"host": "esx1", "lun": 3})),
+    );
+    assert_eq!(s, 201, "{t}");
+    assert_eq!(
+        c["url"],
+        "iscsi://127.0.0.1:3260/iqn.2026-11.test.sliver:api/3"
+    );
+    expect(
+        call(
+            &api,
+            "POST",
+            "/api/v1/volumes/vol1/connections",
+            Some(json!({"host": "esx1"})),
+        ),
+        409,
+        "already_connected",
+    );
+    expect(
+        call(&api, "DELETE", "/api/v1/volumes/vol1", None),
+        409,
+        "volume_connected",
+    );
+    expect(
+        call(&api, "DELETE", "/api/v1/hosts/esx1", None),
+        409,
+        "host_in_use",
+    );
+
+    // Snapshot, clone, resize, rename.
+    let (s, snap, t) = call(
+        &api,
+        "POST",
+        "/api/v1/volumes/vol1/snapshots",
+        Some(json!({"name": "vol1.snap"})),
+    );
+    assert_eq!(s, 201, "{t}");
+    assert_eq!(snap["kind"], "snapshot");
+    assert_eq!(snap["read_only"], true);
+    let (s, _, t) = call(
+        &api,
+        "POST",
+        "/api/v1/volumes/vol1.snap/clones",
+        Some(json!({"name": "vol1-clone"})),
+    );
+    assert_eq!(s, 201, "{t}");
+    expect(
+        call(
+            &api,
+            "PATCH",
+            "/api/v1/volumes/vol1",
+            Some(json!({"size_bytes": 4096})),
+        ),
+        400,
+        "shrink_not_supported",
+    );
+    let (s, v, t) = call(
+        &api,
+        "PATCH",
+        "/api/v1/volumes/vol1",
+        Some(json!({"size_bytes": 128u64 << 20, "name": "vol-one"})),
+    );
+    assert_eq!(s, 200, "{t}");
+    assert_eq!(
+        (v["name"].as_str(), v["provisioned_bytes"].as_u64()),
+        (Some("vol-one"), Some(128 << 20))
+    );
+    assert_eq!(
+        v["connections"][0]["host"], "esx1",
+        "connections follow a rename"
+    );
+    assert_eq!(
+        api.array
+            .volumes()
+            .iter()
+            .filter(|v| v.name == "vol-one")
+            .count(),
+        1
+    );
+
+    // Disconnect, delete.
+    expect(
+        call(
+            &api,
+            "DELETE",
+            "/api/v1/volumes/vol-one/connections/nobody",
+            None,
+        ),
+        404,
+        "not_connected",
+    );
+    let (s, _, _) = call(
+        &api,
+        "DELETE",
+        "/api/v1/volumes/vol-one/connections/esx1",
+        None,
+    );
+    assert_eq!(s, 204);
+    for name in ["vol-one", "vol1.snap", "vol1-clone"] {
+        let (s, _, t) = call(&api, "DELETE", &format!("/api/v1/volumes/{name}"), None);
+        assert_eq!(s, 204, "{name}: {t}");
+    }
+    let (s, _, _) = call(&api, "DELETE", "/api/v1/hosts/esx1", None);
+    assert_eq!(s, 204);
+    let (_, list, _) = call(&api, "GET", "/api/v1/volumes", None);
+    assert_eq!(list, json!([]));
+    let (_, array, _) = call(&api, "GET", "/api/v1/array", None);
+    assert_eq!(array["volumes"], 0);
+    assert!(array["capacity_bytes"].as_u64().unwrap() > 0);
+}
+
+#[test]
+fn a_token_protects_every_route_and_metrics_name_the_counters() {
+    let token = "0123456789abcdef-token";
+    let api = start(Some(token));
+    for path in ["/api/v1/array", "/metrics", "/api/openapi.json"] {
+        let (s, v, _) = call(&api, "GET", path, None);
+        assert_eq!(
+            (s, v["error"]["code"].as_str()),
+            (401, Some("unauthorized")),
+            "{path}"
+        );
+        let (s, _, _) = call_with(&api, "GET", path, None, Some("wrong-token-wrong-token"));
+        assert_eq!(s, 401, "{path}");
+        let (s, _, _) = call_with(&api, "GET", path, None, Some(token));
+        assert_eq!(s, 200, "{path}");
+    }
+    api.array.create_volume("m1", 8 << 20, 512).unwrap();
+    let (_, _, text) = call_with(&api, "GET", "/metrics", None, Some(token));
+    for needle in [
+        "# TYPE sliver_volume_commands_total counter",
+        "sliver_volume_commands_total{volume=\"m1\",class=\"read\"} 0",
+        "sliver_volume_command_latency_seconds_bucket{volume=\"m1\",class=\"write\",le=\"+Inf\"} 0",
+        "sliver_volume_vaai_total{volume=\"m1\",primitive=\"ats_failed\"} 0",
+        "sliver_volume_unmapped_bytes_total{volume=\"m1\"} 0",
+        "sliver_volume_provisioned_bytes{volume=\"m1\"} 8388608",
+        "sliver_array_capacity_bytes ",
+        "sliver_gc_write_amplification_ratio ",
+    ] {
+        assert!(text.contains(needle), "missing {needle:?} in\n{text}");
+    }
+}

@@ -1,0 +1,391 @@
+//! `sliver volume|host|array ...`: administration through the HTTP API.
+
+use crate::client::{segment, ApiArgs, Client};
+use clap::Subcommand;
+use serde_json::{json, Value};
+use sliver_reclaim::units::{human_bytes, parse_size};
+use sliver_server::api::{ArrayInfo, ConnectionInfo, HostInfo, VolumeInfo};
+
+#[derive(Subcommand)]
+pub enum VolumeCommand {
+    /// Create a thin volume.
+    Create {
+        name: String,
+        /// Provisioned size, e.g. 10G (GiB), 500GB (decimal), 1T.
+        #[arg(long)]
+        size: String,
+        /// Logical block size: 512 or 4096.
+        #[arg(long, default_value_t = 512)]
+        block_size: u32,
+        /// Store data byte for byte in a sparse file instead of the engine.
+        #[arg(long)]
+        passthrough: bool,
+    },
+    /// List volumes and snapshots.
+    List {
+        #[arg(long)]
+        json: bool,
+    },
+    /// Show one volume: space, data reduction, connections, VAAI counters.
+    Show {
+        name: String,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Grow a volume (connected hosts are told the capacity changed).
+    Resize {
+        name: String,
+        #[arg(long)]
+        size: String,
+    },
+    /// Rename a volume (hosts keep seeing the same disk).
+    Rename { name: String, new_name: String },
+    /// Delete a volume or snapshot (it must be disconnected first).
+    Delete { name: String },
+    /// Take a read-only snapshot.
+    Snapshot { name: String, snapshot: String },
+    /// Create a writable clone of a volume or snapshot.
+    Clone { source: String, new: String },
+    /// Connect a volume to a host ('*' for every initiator).
+    Connect {
+        name: String,
+        #[arg(long)]
+        host: String,
+        #[arg(long)]
+        lun: Option<u64>,
+    },
+    /// Disconnect a volume from a host.
+    Disconnect {
+        name: String,
+        #[arg(long)]
+        host: String,
+    },
+    /// Print the iSCSI URL of a connected volume (for scripts, QEMU and libiscsi tools).
+    Url {
+        name: String,
+        /// The host whose connection to print (default: the first).
+        #[arg(long)]
+        host: Option<String>,
+    },
+}
+
+#[derive(Subcommand)]
+pub enum HostCommand {
+    /// Create a host from initiator names (repeat --iqn), with optional CHAP.
+    Create {
+        name: String,
+        #[arg(long = "iqn", required = true)]
+        iqns: Vec<String>,
+        #[arg(long, requires = "chap_secret")]
+        chap_user: Option<String>,
+        /// CHAP secret, 12 to 255 bytes (env SLIVER_CHAP_SECRET keeps it out of shell history).
+        #[arg(
+            long,
+            env = "SLIVER_CHAP_SECRET",
+            hide_env_values = true,
+            requires = "chap_user"
+        )]
+        chap_secret: Option<String>,
+    },
+    List {
+        #[arg(long)]
+        json: bool,
+    },
+    /// Delete a host (its volumes must be disconnected first).
+    Delete { name: String },
+}
+
+#[derive(Subcommand)]
+pub enum ArrayCommand {
+    /// Capacity, space used, reclaimable space, data reduction, GC state.
+    Show {
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+fn size_arg(s: &str) -> Result<u64, String> {
+    parse_size(s).map_err(|e| format!("bad size '{s}': {e}"))
+}
+
+fn print_json(v: &impl serde::Serialize) -> Result<(), String> {
+    println!(
+        "{}",
+        serde_json::to_string_pretty(v).map_err(|e| e.to_string())?
+    );
+    Ok(())
+}
+
+pub fn volume(api: &ApiArgs, cmd: VolumeCommand) -> Result<(), String> {
+    let c = Client::new(api);
+    match cmd {
+        VolumeCommand::Create {
+            name,
+            size,
+            block_size,
+            passthrough,
+        } => {
+            let body = json!({
+                "name": name,
+                "size_bytes": size_arg(&size)?,
+                "block_size": block_size,
+                "kind": if passthrough { "passthrough" } else { "engine" },
+            });
+            let v: VolumeInfo = c.post("/api/v1/volumes", &body)?;
+            println!(
+                "created volume '{}' ({})",
+                v.name,
+                human_bytes(v.provisioned_bytes)
+            );
+        }
+        VolumeCommand::List { json } => {
+            let list: Vec<VolumeInfo> = c.get("/api/v1/volumes")?;
+            if json {
+                return print_json(&list);
+            }
+            println!(
+                "{:<24} {:<11} {:>10} {:>10} {:>6} {:>10} {:>9}  HOSTS",
+                "NAME", "KIND", "SIZE", "MAPPED", "THIN", "PHYSICAL", "REDUCTION"
+            );
+            for v in list {
+                let hosts: Vec<String> = v
+                    .connections
+                    .iter()
+                    .map(|c| format!("{}:{}", c.host, c.lun))
+                    .collect();
+                println!(
+                    "{:<24} {:<11} {:>10} {:>10} {:>5.0}% {:>10} {:>8.2}x  {}",
+                    v.name,
+                    v.kind,
+                    human_bytes(v.provisioned_bytes),
+                    human_bytes(v.mapped_bytes),
+                    v.thin_provisioning * 100.0,
+                    human_bytes(v.physical_bytes),
+                    v.data_reduction,
+                    hosts.join(",")
+                );
+            }
+        }
+        VolumeCommand::Show { name, json } => {
+            let v: VolumeInfo = c.get(&format!("/api/v1/volumes/{}", segment(&name)))?;
+            if json {
+                return print_json(&v);
+            }
+            print_volume(&v);
+        }
+        VolumeCommand::Resize { name, size } => {
+            let v: VolumeInfo = c.patch(
+                &format!("/api/v1/volumes/{}", segment(&name)),
+                &json!({ "size_bytes": size_arg(&size)? }),
+            )?;
+            println!(
+                "volume '{}' is now {}",
+                v.name,
+                human_bytes(v.provisioned_bytes)
+            );
+        }
+        VolumeCommand::Rename { name, new_name } => {
+            let v: VolumeInfo = c.patch(
+                &format!("/api/v1/volumes/{}", segment(&name)),
+                &json!({ "name": new_name }),
+            )?;
+            println!("volume '{name}' is now '{}'", v.name);
+        }
+        VolumeCommand::Delete { name } => {
+            c.delete(&format!("/api/v1/volumes/{}", segment(&name)))?;
+            println!("deleted volume '{name}'");
+        }
+        VolumeCommand::Snapshot { name, snapshot } => {
+            let _: VolumeInfo = c.post(
+                &format!("/api/v1/volumes/{}/snapshots", segment(&name)),
+                &json!({ "name": snapshot }),
+            )?;
+            println!("snapshot '{snapshot}' of '{name}' created");
+        }
+        VolumeCommand::Clone { source, new } => {
+            let _: VolumeInfo = c.post(
+                &format!("/api/v1/volumes/{}/clones", segment(&source)),
+                &json!({ "name": new }),
+            )?;
+            println!("clone '{new}' of '{source}' created");
+        }
+        VolumeCommand::Connect { name, host, lun } => {
+            let conn: ConnectionInfo = c.post(
+                &format!("/api/v1/volumes/{}/connections", segment(&name)),
+                &json!({ "host": host, "lun": lun }),
+            )?;
+            println!(
+                "volume '{name}' connected to host '{}' at LUN {}: {}",
+                conn.host, conn.lun, conn.url
+            );
+        }
+        VolumeCommand::Disconnect { name, host } => {
+            c.delete(&format!(
+                "/api/v1/volumes/{}/connections/{}",
+                segment(&name),
+                segment(&host)
+            ))?;
+            println!("volume '{name}' disconnected from host '{host}'");
+        }
+        VolumeCommand::Url { name, host } => {
+            let v: VolumeInfo = c.get(&format!("/api/v1/volumes/{}", segment(&name)))?;
+            let conn = v
+                .connections
+                .iter()
+                .find(|c| host.as_deref().is_none_or(|h| h == c.host))
+                .ok_or_else(|| match &host {
+                    Some(h) => format!("volume '{name}' is not connected to host '{h}'"),
+                    None => format!("volume '{name}' is not connected to any host"),
+                })?;
+            println!("{}", conn.url);
+        }
+    }
+    Ok(())
+}
+
+fn print_volume(v: &VolumeInfo) {
+    let row = |k: &str, val: String| println!("{k:<20} {val}");
+    row("name", v.name.clone());
+    row("kind", v.kind.clone());
+    row("id", v.id.clone());
+    row("block size", v.block_size.to_string());
+    row("provisioned", human_bytes(v.provisioned_bytes));
+    row(
+        "mapped",
+        format!(
+            "{} (thin provisioning {:.1}%)",
+            human_bytes(v.mapped_bytes),
+            v.thin_provisioning * 100.0
+        ),
+    );
+    row("physical (unique)", human_bytes(v.physical_bytes));
+    row("physical (shared)", human_bytes(v.shared_bytes));
+    row("data reduction", format!("{:.2}:1", v.data_reduction));
+    for c in &v.connections {
+        row(
+            "connection",
+            format!("host {} LUN {}  {}", c.host, c.lun, c.url),
+        );
+    }
+    let a = &v.vaai;
+    row(
+        "VAAI",
+        format!(
+            "ATS {} (failed {})  CLONE_RD {}  CLONE_WR {} (failed {})  ZERO {} (failed {})  DELETE {} (failed {}, {} deleted)",
+            a.ats,
+            a.ats_failed,
+            a.clone_read,
+            a.clone_write,
+            a.clone_failed,
+            a.zero,
+            a.zero_failed,
+            a.delete,
+            a.delete_failed,
+            human_bytes(a.deleted_bytes)
+        ),
+    );
+}
+
+pub fn host(api: &ApiArgs, cmd: HostCommand) -> Result<(), String> {
+    let c = Client::new(api);
+    match cmd {
+        HostCommand::Create {
+            name,
+            iqns,
+            chap_user,
+            chap_secret,
+        } => {
+            let h: HostInfo = c.post(
+                "/api/v1/hosts",
+                &json!({ "name": name, "iqns": iqns, "chap_user": chap_user, "chap_secret": chap_secret }),
+            )?;
+            println!(
+                "created host '{}' ({}{})",
+                h.name,
+                h.iqns.join(", "),
+                if h.chap_user.is_some() { ", CHAP" } else { "" }
+            );
+        }
+        HostCommand::List { json } => {
+            let hosts: Vec<HostInfo> = c.get("/api/v1/hosts")?;
+            if json {
+                return print_json(&hosts);
+            }
+            println!("{:<24} {:<6} {:<50} VOLUMES", "NAME", "CHAP", "IQNS");
+            for h in hosts {
+                println!(
+                    "{:<24} {:<6} {:<50} {}",
+                    h.name,
+                    if h.chap_user.is_some() { "yes" } else { "no" },
+                    h.iqns.join(","),
+                    h.volumes.join(",")
+                );
+            }
+        }
+        HostCommand::Delete { name } => {
+            c.delete(&format!("/api/v1/hosts/{}", segment(&name)))?;
+            println!("deleted host '{name}'");
+        }
+    }
+    Ok(())
+}
+
+pub fn array(api: &ApiArgs, cmd: ArrayCommand) -> Result<(), String> {
+    let c = Client::new(api);
+    match cmd {
+        ArrayCommand::Show { json } => {
+            if json {
+                let v: Value = c.get("/api/v1/array")?;
+                return print_json(&v);
+            }
+            let a: ArrayInfo = c.get("/api/v1/array")?;
+            let row = |k: &str, val: String| println!("{k:<22} {val}");
+            let pct = |n: u64| {
+                if a.capacity_bytes == 0 {
+                    0.0
+                } else {
+                    n as f64 * 100.0 / a.capacity_bytes as f64
+                }
+            };
+            row("target", a.target_name.clone());
+            row("portals", a.portals.join(", "));
+            row("capacity", human_bytes(a.capacity_bytes));
+            row(
+                "physical used",
+                format!(
+                    "{} ({:.1}%)",
+                    human_bytes(a.physical_used_bytes),
+                    pct(a.physical_used_bytes)
+                ),
+            );
+            row("reclaimable", human_bytes(a.reclaimable_bytes));
+            row("provisioned", human_bytes(a.provisioned_bytes));
+            row("mapped", human_bytes(a.mapped_bytes));
+            row("data reduction", format!("{:.2}:1", a.data_reduction));
+            row("total reduction", format!("{:.2}:1", a.total_reduction));
+            row(
+                "soft threshold",
+                format!(
+                    "{:.0}%{}",
+                    a.soft_threshold * 100.0,
+                    if a.soft_threshold_exceeded {
+                        " (EXCEEDED)"
+                    } else {
+                        ""
+                    }
+                ),
+            );
+            row("GC priority", a.gc.priority.clone());
+            row(
+                "write amplification",
+                format!(
+                    "{:.2} ({} relocated)",
+                    a.gc.write_amplification,
+                    human_bytes(a.gc.relocated_bytes)
+                ),
+            );
+            row("volumes / hosts", format!("{} / {}", a.volumes, a.hosts));
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,120 @@
+//! The CLI side of the HTTP API: one blocking request per command.
+
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+use std::time::Duration;
+
+/// Where the API is and how to authenticate.
+#[derive(clap::Args, Clone, Debug)]
+pub struct ApiArgs {
+    /// URL of the sliver API.
+    #[arg(
+        long = "api",
+        env = "SLIVER_API",
+        default_value = "http://127.0.0.1:8600",
+        global = true
+    )]
+    pub url: String,
+    /// API token (when the server requires one).
+    #[arg(
+        long = "api-token",
+        env = "SLIVER_API_TOKEN",
+        global = true,
+        hide_env_values = true
+    )]
+    pub token: Option<String>,
+}
+
+pub struct Client {
+    base: String,
+    token: Option<String>,
+    agent: ureq::Agent,
+}
+
+impl Client {
+    pub fn new(args: &ApiArgs) -> Client {
+        Client {
+            base: args.url.trim_end_matches('/').to_string(),
+            token: args.token.clone(),
+            agent: ureq::AgentBuilder::new()
+                .timeout_connect(Duration::from_secs(5))
+                // Deleting a large volume or taking a snapshot of a busy one can take a while.
+                .timeout(Duration::from_secs(600))
+                .build(),
+        }
+    }
+
+    pub fn get<T: DeserializeOwned>(&self, path: &str) -> Result<T, String> {
+        let response = self.send("GET", path, None::<&()>)?;
+        response
+            .into_json()
+            .map_err(|e| format!("unexpected answer from the API at {}: {e}", self.base))
+    }
+
+    pub fn post<B: Serialize, T: DeserializeOwned>(
+        &self,
+        path: &str,
+        body: &B,
+    ) -> Result<T, String> {
+        self.send("POST", path, Some(body))?
+            .into_json()
+            .map_err(|e| format!("unexpected answer from the API at {}: {e}", self.base))
+    }
+
+    pub fn patch<B: Serialize, T: DeserializeOwned>(
+        &self,
+        path: &str,
+        body: &B,
+    ) -> Result<T, String> {
+        self.send("PATCH", path, Some(body))?
+            .into_json()
+            .map_err(|e| format!("unexpected answer from the API at {}: {e}", self.base))
+    }
+
+    pub fn delete(&self, path: &str) -> Result<(), String> {
+        self.send("DELETE", path, None::<&()>).map(|_| ())
+    }
+
+    fn send<B: Serialize>(
+        &self,
+        method: &str,
+        path: &str,
+        body: Option<&B>,
+    ) -> Result<ureq::Response, String> {
+        let mut request = self.agent.request(method, &format!("{}{path}", self.base));
+        if let Some(token) = &self.token {
+            request = request.set("Authorization", &format!("Bearer {token}"));
+        }
+        let result = match body {
+            Some(b) => request.send_json(b),
+            None => request.call(),
+        };
+        match result {
+            Ok(r) => Ok(r),
+            Err(ureq::Error::Status(status, response)) => {
+                let text = response.into_string().unwrap_or_default();
+                Err(serde_json::from_str::<serde_json::Value>(&text)
+                    .ok()
+                    .and_then(|v| v["error"]["message"].as_str().map(str::to_string))
+                    .unwrap_or_else(|| format!("the API answered HTTP {status}: {text}")))
+            }
+            Err(ureq::Error::Transport(t)) => Err(format!(
+                "cannot reach the sliver API at {} ({t}); is `sliver serve` running? (--api / SLIVER_API select another)",
+                self.base
+            )),
+        }
+    }
+}
+
+/// Percent-encode one path segment (names are restricted, but `*` and user input are not).
+pub fn segment(s: &str) -> String {
+    let mut out = String::new();
+    for b in s.bytes() {
+        if b.is_ascii_alphanumeric() || b"-._~".contains(&b) {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}

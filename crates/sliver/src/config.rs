@@ -1,0 +1,374 @@
+//! The `sliver serve --config FILE` TOML file.
+//!
+//! Every key is checked when the file is read: unknown keys and bad values are errors that
+//! name the key and its line, and the daemon refuses to start rather than guessing. Command
+//! line flags override the file. See `docs/configuration.md` (and `dist/sliver.toml`).
+
+use serde::{Deserialize, Deserializer};
+use sliver_engine::{Compression, GcPriority};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    /// Directory holding the array.
+    pub data_dir: Option<PathBuf>,
+    /// The target's iSCSI qualified name (used when the array is created).
+    pub target_name: Option<String>,
+    #[serde(default)]
+    pub iscsi: IscsiSection,
+    #[serde(default)]
+    pub api: ApiSection,
+    #[serde(default)]
+    pub capacity: CapacitySection,
+    #[serde(default)]
+    pub gc: GcSection,
+    #[serde(default)]
+    pub engine: EngineSection,
+    /// The target's own CHAP credentials, for mutual CHAP.
+    pub chap: Option<Chap>,
+    /// Hosts: created or updated at start to match this list.
+    #[serde(default)]
+    pub hosts: Vec<Host>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct IscsiSection {
+    /// Portal addresses.
+    #[serde(default)]
+    pub listen: Vec<SocketAddr>,
+    /// How long a connection may take to log in.
+    #[serde(default, deserialize_with = "duration")]
+    pub login_timeout: Option<std::time::Duration>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ApiSection {
+    pub listen: Option<SocketAddr>,
+    /// Bearer token for the API (required when it listens beyond loopback).
+    pub token: Option<String>,
+    /// A file holding the token (first line), kept out of the configuration.
+    pub token_file: Option<PathBuf>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CapacitySection {
+    /// Log capacity when the array is created, e.g. "2T" (default: 90% of free space).
+    #[serde(default, deserialize_with = "size")]
+    pub size: Option<u64>,
+    /// Space used, in percent of capacity, that raises the thin-provisioning soft threshold.
+    #[serde(default, deserialize_with = "percent")]
+    pub soft_threshold_percent: Option<f64>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GcSection {
+    /// off | low | medium | high, or a rate such as "100MB/s".
+    #[serde(default, deserialize_with = "gc_priority")]
+    pub priority: Option<GcPriority>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EngineSection {
+    /// none | lz4 | zstd | zstd:LEVEL.
+    #[serde(default, deserialize_with = "compression")]
+    pub compression: Option<Compression>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Chap {
+    pub user: String,
+    pub secret: String,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Host {
+    pub name: String,
+    pub iqns: Vec<String>,
+    pub chap_user: Option<String>,
+    pub chap_secret: Option<String>,
+}
+
+impl Config {
+    /// Read and check `path`. The error names the file, the line and the key.
+    pub fn load(path: &Path) -> Result<Config, String> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| format!("cannot read the configuration {}: {e}", path.display()))?;
+        Self::parse(&text).map_err(|e| format!("configuration {}: {e}", path.display()))
+    }
+
+    pub fn parse(text: &str) -> Result<Config, String> {
+        let config: Config = toml::from_str(text).map_err(|e| one_line(&e, text))?;
+        config.check(text)?;
+        Ok(config)
+    }
+
+    /// Checks that need more than one value.
+    fn check(&self, text: &str) -> Result<(), String> {
+        let line_of = |needle: &str| {
+            text.lines()
+                .position(|l| l.trim_start().starts_with(needle))
+                .map(|i| format!("line {}: ", i + 1))
+                .unwrap_or_default()
+        };
+        if let Some(chap) = &self.chap {
+            sliver_server::api::validate_chap(&chap.user, &chap.secret)
+                .map_err(|e| format!("{}[chap]: {}", line_of("[chap]"), api_message(e)))?;
+        }
+        if self.api.token.is_some() && self.api.token_file.is_some() {
+            return Err(format!(
+                "{}[api]: give token or token_file, not both",
+                line_of("token")
+            ));
+        }
+        let mut names = std::collections::HashSet::new();
+        for host in &self.hosts {
+            let at = line_of(&format!("name = \"{}\"", host.name));
+            if !names.insert(host.name.as_str()) {
+                return Err(format!(
+                    "{at}[[hosts]]: host '{}' is listed twice",
+                    host.name
+                ));
+            }
+            for iqn in &host.iqns {
+                sliver_server::api::validate_initiator_name(iqn)
+                    .map_err(|e| format!("{at}[[hosts]] '{}': {}", host.name, api_message(e)))?;
+            }
+            match (&host.chap_user, &host.chap_secret) {
+                (None, None) => {}
+                (Some(u), Some(s)) => sliver_server::api::validate_chap(u, s)
+                    .map_err(|e| format!("{at}[[hosts]] '{}': {}", host.name, api_message(e)))?,
+                _ => {
+                    return Err(format!(
+                        "{at}[[hosts]] '{}': give both chap_user and chap_secret, or neither",
+                        host.name
+                    ))
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The API token from `token` or `token_file`.
+    pub fn api_token(&self) -> Result<Option<String>, String> {
+        if let Some(t) = &self.api.token {
+            return Ok(Some(t.clone()));
+        }
+        match &self.api.token_file {
+            None => Ok(None),
+            Some(path) => {
+                let text = std::fs::read_to_string(path).map_err(|e| {
+                    format!("cannot read the API token file {}: {e}", path.display())
+                })?;
+                let token = text.lines().next().unwrap_or("").trim().to_string();
+                if token.is_empty() {
+                    return Err(format!("the API token file {} is empty", path.display()));
+                }
+                Ok(Some(token))
+            }
+        }
+    }
+}
+
+fn api_message(e: sliver_server::api::ApiError) -> String {
+    e.message().to_string()
+}
+
+/// toml's errors span several lines (with a caret under the value); keep the location and
+/// the message on one line.
+fn one_line(e: &toml::de::Error, text: &str) -> String {
+    let message = e.message().trim().to_string();
+    match e.span() {
+        Some(span) => {
+            let line = text[..span.start.min(text.len())].matches('\n').count() + 1;
+            let source = text.lines().nth(line - 1).unwrap_or("").trim();
+            format!("line {line} (`{source}`): {message}")
+        }
+        None => message,
+    }
+}
+
+fn size<'de, D: Deserializer<'de>>(d: D) -> Result<Option<u64>, D::Error> {
+    let s = String::deserialize(d)?;
+    sliver_reclaim::units::parse_size(&s)
+        .map(Some)
+        .map_err(serde::de::Error::custom)
+}
+
+fn percent<'de, D: Deserializer<'de>>(d: D) -> Result<Option<f64>, D::Error> {
+    let v = f64::deserialize(d)?;
+    if !(1.0..=100.0).contains(&v) {
+        return Err(serde::de::Error::custom(format!(
+            "{v} is not a percentage between 1 and 100"
+        )));
+    }
+    Ok(Some(v / 100.0))
+}
+
+fn duration<'de, D: Deserializer<'de>>(d: D) -> Result<Option<std::time::Duration>, D::Error> {
+    let s = String::deserialize(d)?;
+    sliver_reclaim::units::parse_duration(&s)
+        .map(Some)
+        .map_err(serde::de::Error::custom)
+}
+
+/// Parse a GC priority as the CLI and the configuration spell it.
+pub fn parse_gc_priority(s: &str) -> Result<GcPriority, String> {
+    match s {
+        "off" => Ok(GcPriority::Off),
+        "low" => Ok(GcPriority::Low),
+        "medium" => Ok(GcPriority::Medium),
+        "high" => Ok(GcPriority::High),
+        rate => sliver_reclaim::units::parse_rate(rate)
+            .map(GcPriority::Rate)
+            .map_err(|e| {
+                format!("'{s}' is not a GC priority (off, low, medium, high or a rate such as 100MB/s): {e}")
+            }),
+    }
+}
+
+fn gc_priority<'de, D: Deserializer<'de>>(d: D) -> Result<Option<GcPriority>, D::Error> {
+    let s = String::deserialize(d)?;
+    parse_gc_priority(&s)
+        .map(Some)
+        .map_err(serde::de::Error::custom)
+}
+
+/// Parse a compression setting: none, lz4, zstd or zstd:LEVEL (1..=19).
+pub fn parse_compression(s: &str) -> Result<Compression, String> {
+    match s {
+        "none" => Ok(Compression::None),
+        "lz4" => Ok(Compression::Lz4),
+        "zstd" => Ok(Compression::Zstd(3)),
+        other => other
+            .strip_prefix("zstd:")
+            .and_then(|l| l.parse::<i32>().ok())
+            .filter(|l| (1..=19).contains(l))
+            .map(Compression::Zstd)
+            .ok_or_else(|| {
+                format!("'{s}' is not a compression setting (none, lz4, zstd or zstd:1..19)")
+            }),
+    }
+}
+
+fn compression<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Compression>, D::Error> {
+    let s = String::deserialize(d)?;
+    parse_compression(&s)
+        .map(Some)
+        .map_err(serde::de::Error::custom)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const FULL: &str = r#"
+data_dir = "/var/lib/sliver"
+target_name = "iqn.2026-11.com.example:array1"
+
+[iscsi]
+listen = ["0.0.0.0:3260", "[::]:3260"]
+login_timeout = "20s"
+
+[api]
+listen = "0.0.0.0:8600"
+token = "s3cret-token"
+
+[capacity]
+size = "2T"
+soft_threshold_percent = 75
+
+[gc]
+priority = "250MB/s"
+
+[engine]
+compression = "zstd:5"
+
+[chap]
+user = "array1"
+secret = "target-secret-123"
+
+[[hosts]]
+name = "esx1"
+iqns = ["iqn.1998-01.com.vmware:esx1-12345678"]
+chap_user = "esx1"
+chap_secret = "host-secret-1234"
+"#;
+
+    #[test]
+    fn a_full_configuration_parses() {
+        let c = Config::parse(FULL).unwrap();
+        assert_eq!(c.iscsi.listen.len(), 2);
+        assert_eq!(
+            c.iscsi.login_timeout,
+            Some(std::time::Duration::from_secs(20))
+        );
+        assert_eq!(c.capacity.size, Some(2 << 40));
+        assert_eq!(c.capacity.soft_threshold_percent, Some(0.75));
+        assert_eq!(c.gc.priority, Some(GcPriority::Rate(250_000_000)));
+        assert_eq!(c.engine.compression, Some(Compression::Zstd(5)));
+        assert_eq!(c.hosts[0].name, "esx1");
+        assert_eq!(c.api_token().unwrap().as_deref(), Some("s3cret-token"));
+    }
+
+    #[test]
+    fn errors_name_the_key_and_the_line() {
+        let cases = [
+            ("[gc]\npriority = \"fast\"\n", "line 2", "fast"),
+            ("[iscsi]\nlisten = [\"nowhere\"]\n", "line 2", "listen"),
+            (
+                "[capacity]\nsoft_threshold_percent = 150\n",
+                "line 2",
+                "150",
+            ),
+            (
+                "[api]\nlisten = \"127.0.0.1:8600\"\ntokn = \"x\"\n",
+                "line 3",
+                "tokn",
+            ),
+            ("target_nam = \"x\"\n", "line 1", "target_nam"),
+            ("[capacity]\nsize = \"lots\"\n", "line 2", "size"),
+            (
+                "[[hosts]]\nname = \"h\"\niqns = [\"bogus\"]\n",
+                "line 2",
+                "bogus",
+            ),
+            (
+                "[[hosts]]\nname = \"h\"\niqns = []\nchap_user = \"u\"\n",
+                "line 2",
+                "chap_secret",
+            ),
+            ("[chap]\nuser = \"u\"\nsecret = \"short\"\n", "line 1", "12"),
+        ];
+        for (text, line, word) in cases {
+            let e = Config::parse(text).unwrap_err();
+            assert!(e.contains(line), "{text:?}: {e}");
+            assert!(e.contains(word), "{text:?}: {e}");
+            assert!(!e.contains('\n'), "one line: {e}");
+        }
+    }
+
+    #[test]
+    fn the_shipped_example_parses() {
+        let c = Config::parse(include_str!("../../../dist/sliver.toml")).unwrap();
+        assert_eq!(c.data_dir.as_deref(), Some(Path::new("/var/lib/sliver")));
+        assert_eq!(c.gc.priority, Some(GcPriority::Medium));
+    }
+
+    #[test]
+    fn gc_priority_and_compression_spellings() {
+        assert_eq!(parse_gc_priority("off").unwrap(), GcPriority::Off);
+        assert_eq!(parse_gc_priority("high").unwrap(), GcPriority::High);
+        assert!(parse_gc_priority("urgent").is_err());
+        assert_eq!(parse_compression("lz4").unwrap(), Compression::Lz4);
+        assert!(parse_compression("zstd:99").is_err());
+    }
+}
