@@ -989,7 +989,17 @@ fn write_atomically(dir: &Path, name: &str, bytes: &[u8]) -> Result<()> {
         let path = path.to_path_buf();
         move |source| ArrayError::Io { path, source }
     };
-    let mut f = fs::File::create(&tmp).map_err(io(&tmp))?;
+    // The configuration holds CHAP secrets: owner-only, like /etc/shadow's spirit.
+    let mut f = {
+        use std::os::unix::fs::OpenOptionsExt;
+        fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o600)
+            .open(&tmp)
+            .map_err(io(&tmp))?
+    };
     f.write_all(bytes).map_err(io(&tmp))?;
     f.sync_all().map_err(io(&tmp))?;
     fs::rename(&tmp, &target).map_err(io(&target))?;
@@ -1002,6 +1012,27 @@ fn write_atomically(dir: &Path, name: &str, bytes: &[u8]) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_configuration_is_readable_by_its_owner_only() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let a = Array::open(dir.path(), "iqn.2026-11.test:a").unwrap();
+        a.create_host(
+            "h",
+            vec!["iqn.2026-11.test:h".into()],
+            Some(ChapSecret {
+                user: "h".into(),
+                secret: "a-chap-secret".into(),
+            }),
+        )
+        .unwrap();
+        let mode = fs::metadata(dir.path().join(CONFIG_FILE))
+            .unwrap()
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o777, 0o600);
+    }
 
     #[test]
     fn volumes_hosts_and_luns_persist() {
