@@ -454,6 +454,15 @@ impl Engine {
         used > threshold * usable
     }
 
+    /// Bytes hosts can fill: the log less the collector's reserve (as in [`Engine::space`]).
+    pub fn capacity_bytes(&self) -> u64 {
+        let usable = self
+            .geometry
+            .segment_count
+            .saturating_sub(gc_reserve(self.geometry.segment_count));
+        usable as u64 * self.geometry.segment_size as u64
+    }
+
     /// Bytes hosts can still fill with new data (free segments outside the collector's reserve;
     /// reclaimable space not counted).
     pub fn available_bytes(&self) -> u64 {

@@ -7,6 +7,10 @@
 //! - 0x0A control: D_SENSE (descriptor-format sense) and SWP (software write protect) are
 //!   changeable.
 //! - 0x1C informational exceptions (fixed: reporting disabled)
+//! - 0x1C/0x02 logical block provisioning (SBC-3 6.5.8), for volumes in a pool: one soft
+//!   threshold descriptor on used LBA mapping resources, in threshold sets of
+//!   2^THRESHOLD EXPONENT blocks (VPD B2h). ENABLED and THRESHOLD COUNT are changeable; the
+//!   threshold belongs to the pool, so a change applies to every volume of the array.
 //!
 //! Parameters are shared by all nexuses and not saveable.
 
@@ -21,13 +25,24 @@ const PAGE_ERROR_RECOVERY: u8 = 0x01;
 const PAGE_CACHING: u8 = 0x08;
 const PAGE_CONTROL: u8 = 0x0a;
 const PAGE_INFO_EXCEPTIONS: u8 = 0x1c;
+const SUBPAGE_LBP: u8 = 0x02;
 const ALL_PAGES: u8 = 0x3f;
-const PAGES: [u8; 4] = [
-    PAGE_ERROR_RECOVERY,
-    PAGE_CACHING,
-    PAGE_CONTROL,
-    PAGE_INFO_EXCEPTIONS,
+const ALL_SUBPAGES: u8 = 0xff;
+/// (page, subpage) in the order MODE SENSE returns them.
+const PAGES: [(u8, u8); 5] = [
+    (PAGE_ERROR_RECOVERY, 0),
+    (PAGE_CACHING, 0),
+    (PAGE_CONTROL, 0),
+    (PAGE_INFO_EXCEPTIONS, 0),
+    (PAGE_INFO_EXCEPTIONS, SUBPAGE_LBP),
 ];
+/// Default soft threshold: 80% of the pool in use.
+const DEFAULT_THRESHOLD_SHARE: f64 = 0.8;
+const THRESHOLD_ENABLED: u8 = 0x80;
+/// THRESHOLD ARMING 001b: the threshold triggers as the resource count increases.
+const ARMING_INCREASING: u8 = 0x01;
+/// THRESHOLD RESOURCE 02h: used LBA mapping resources.
+const RESOURCE_USED_LBA_MAPPING: u8 = 0x02;
 
 const WCE: u8 = 0x04; // caching page byte 2
 const D_SENSE: u8 = 0x04; // control page byte 2
@@ -68,12 +83,42 @@ impl ModeParams {
     pub fn write_protected(&self) -> bool {
         self.write_protect.load(Ordering::Relaxed)
     }
+}
 
-    fn snapshot(&self) -> Values {
-        Values {
-            wce: self.write_cache(),
-            d_sense: self.descriptor_sense(),
-            swp: self.write_protected(),
+/// The pool's soft threshold as the LBP mode page expresses it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Threshold {
+    enabled: bool,
+    /// In threshold sets (2^THRESHOLD EXPONENT blocks).
+    count: u32,
+    /// Threshold sets in the whole pool.
+    sets: u64,
+    /// Bytes per threshold set.
+    set_bytes: u64,
+}
+
+impl Threshold {
+    fn from_share(share: f64, capacity: u64, set_bytes: u64) -> Threshold {
+        let sets = capacity / set_bytes.max(1);
+        let enabled = share < 1.0;
+        let count = if enabled {
+            (share * sets as f64).round().clamp(0.0, u32::MAX as f64) as u32
+        } else {
+            0
+        };
+        Threshold {
+            enabled,
+            count,
+            sets,
+            set_bytes,
+        }
+    }
+
+    fn share(&self) -> f64 {
+        if !self.enabled || self.sets == 0 {
+            1.0
+        } else {
+            (self.count as f64 / self.sets as f64).min(1.0)
         }
     }
 }
@@ -83,21 +128,62 @@ struct Values {
     wce: bool,
     d_sense: bool,
     swp: bool,
+    /// `None` for volumes without a pool (no LBP page).
+    threshold: Option<Threshold>,
 }
 
-const DEFAULTS: Values = Values {
-    wce: true,
-    d_sense: false,
-    swp: false,
-};
+/// Bytes per threshold set: 1 MiB, as VPD B2h's THRESHOLD EXPONENT says.
+fn threshold_set_bytes(lu: &LogicalUnit) -> u64 {
+    let bs = lu.volume.block_size() as u64;
+    bs << crate::vpd::threshold_exponent(lu.volume.block_size())
+}
+
+/// Current (or default) values of every page.
+fn values(lu: &LogicalUnit, control: PageControl) -> Values {
+    let set_bytes = threshold_set_bytes(lu);
+    let pool = lu.volume.soft_threshold();
+    if control == PageControl::Default {
+        return Values {
+            wce: true,
+            d_sense: false,
+            swp: false,
+            threshold: pool.map(|(_, capacity)| {
+                Threshold::from_share(DEFAULT_THRESHOLD_SHARE, capacity, set_bytes)
+            }),
+        };
+    }
+    Values {
+        wce: lu.mode.write_cache(),
+        d_sense: lu.mode.descriptor_sense(),
+        swp: lu.mode.write_protected(),
+        threshold: pool.map(|(share, capacity)| Threshold::from_share(share, capacity, set_bytes)),
+    }
+}
 
 /// The page as MODE SENSE returns it for `control`, or `None` for pages we lack.
-fn page(code: u8, control: PageControl, current: Values) -> Option<Vec<u8>> {
+fn page(code: u8, subpage: u8, control: PageControl, v: Values) -> Option<Vec<u8>> {
     let changeable = control == PageControl::Changeable;
-    let v = match control {
-        PageControl::Default => DEFAULTS,
-        _ => current,
-    };
+    if (code, subpage) == (PAGE_INFO_EXCEPTIONS, SUBPAGE_LBP) {
+        let t = v.threshold?;
+        let mut p = vec![0u8; 24];
+        p[0] = 0x40 | code; // SPF: subpage format
+        p[1] = subpage;
+        p[2..4].copy_from_slice(&20u16.to_be_bytes()); // page length: 24 - 4
+                                                       // Byte 4 SITUA = 0: the threshold's unit attention goes to every I_T nexus.
+        let d = &mut p[16..24];
+        if changeable {
+            d[0] = THRESHOLD_ENABLED;
+            d[4..8].copy_from_slice(&u32::MAX.to_be_bytes());
+        } else {
+            d[0] = if t.enabled { THRESHOLD_ENABLED } else { 0 } | ARMING_INCREASING;
+            d[1] = RESOURCE_USED_LBA_MAPPING;
+            d[4..8].copy_from_slice(&t.count.to_be_bytes());
+        }
+        return Some(p);
+    }
+    if subpage != 0 {
+        return None;
+    }
     let flag = |on: bool, bit: u8| if on { bit } else { 0 };
     let p = match code {
         PAGE_ERROR_RECOVERY => {
@@ -154,24 +240,29 @@ pub(crate) fn mode_sense(
     if control == PageControl::Saved {
         return Err(SenseReason::SavingParametersNotSupported.into());
     }
-    let current = lu.mode.snapshot();
+    let current = values(lu, control);
     let mut pages = Vec::new();
-    match (page_code, subpage) {
-        (ALL_PAGES, 0x00 | 0xff) => {
-            for code in PAGES {
-                pages.extend(page(code, control, current).unwrap_or_default());
-            }
+    let wanted = |code: u8, sub: u8| match (page_code, subpage) {
+        (ALL_PAGES, 0x00) => sub == 0,
+        (ALL_PAGES, ALL_SUBPAGES) => true,
+        (c, ALL_SUBPAGES) => c == code,
+        (c, s) => (c, s) == (code, sub),
+    };
+    for (code, sub) in PAGES {
+        if wanted(code, sub) {
+            pages.extend(page(code, sub, control, current).unwrap_or_default());
         }
-        // We have no subpages; 0xFF ("all subpages") of a page is just the page.
-        (code, 0x00 | 0xff) => match page(code, control, current) {
-            Some(p) => pages.extend(p),
-            None => return Err(invalid_cdb(2, Some(5))),
-        },
-        _ => return Err(invalid_cdb(3, None)),
+    }
+    if pages.is_empty() {
+        return Err(match (page_code, subpage) {
+            (ALL_PAGES, _) => invalid_cdb(3, None),
+            (_, 0x00) => invalid_cdb(2, Some(5)),
+            _ => invalid_cdb(3, None),
+        });
     }
 
     let volume = &lu.volume;
-    let write_protected = current.swp;
+    let write_protected = lu.mode.write_protected();
     // DEVICE-SPECIFIC PARAMETER: WP, DPOFUA (we honour DPO and FUA).
     let device_specific = 0x10 | if write_protected { 0x80 } else { 0 };
     let block_descriptor = if dbd {
@@ -284,42 +375,60 @@ pub(crate) fn mode_select(
     }
 
     let _serialized = lock_unpoisoned(&lu.mode.select);
-    let current = lu.mode.snapshot();
+    let current = values(lu, PageControl::Current);
     let mut new = current;
     let mut at = pages_at;
     while at < params.len() {
         let rest = &params[at..];
-        if rest[0] & 0x40 != 0 {
-            return Err(invalid_param(at)); // SPF: we have no subpages
-        }
         let code = rest[0] & 0x3f;
-        let Some(&len) = rest.get(1) else {
-            return Err(SenseReason::ParameterListLengthError.into());
+        // SPF: subpage format, with a 2-byte page length.
+        let (subpage, total) = if rest[0] & 0x40 != 0 {
+            let Some(h) = rest.get(..4) else {
+                return Err(SenseReason::ParameterListLengthError.into());
+            };
+            (h[1], u16::from_be_bytes([h[2], h[3]]) as usize + 4)
+        } else {
+            let Some(&len) = rest.get(1) else {
+                return Err(SenseReason::ParameterListLengthError.into());
+            };
+            (0, len as usize + 2)
         };
-        let total = len as usize + 2;
         let Some(sent) = rest.get(..total) else {
             return Err(SenseReason::ParameterListLengthError.into());
         };
         let (Some(ours), Some(mask)) = (
-            page(code, PageControl::Current, current),
-            page(code, PageControl::Changeable, current),
+            page(code, subpage, PageControl::Current, current),
+            page(code, subpage, PageControl::Changeable, current),
         ) else {
             return Err(invalid_param(at));
         };
+        let header = if subpage != 0 { 4 } else { 2 };
         if sent.len() != ours.len() {
             return Err(invalid_param(at + 1));
         }
         // Every bit that is not changeable must equal its current value (PS is ignored).
-        for i in 2..ours.len() {
+        for i in header..ours.len() {
             if (sent[i] ^ ours[i]) & !mask[i] != 0 {
                 return Err(invalid_param(at + i));
             }
         }
-        match code {
-            PAGE_CACHING => new.wce = sent[2] & WCE != 0,
-            PAGE_CONTROL => {
+        match (code, subpage) {
+            (PAGE_CACHING, 0) => new.wce = sent[2] & WCE != 0,
+            (PAGE_CONTROL, 0) => {
                 new.d_sense = sent[2] & D_SENSE != 0;
                 new.swp = sent[4] & SWP != 0;
+            }
+            (PAGE_INFO_EXCEPTIONS, SUBPAGE_LBP) => {
+                let mut t = current.threshold.expect("the page exists only with a pool");
+                t.enabled = sent[16] & THRESHOLD_ENABLED != 0;
+                t.count = u32::from_be_bytes([sent[20], sent[21], sent[22], sent[23]]);
+                if t.enabled && (t.count == 0 || t.count as u64 > t.sets) {
+                    return Err(invalid_param(at + 20));
+                }
+                if !t.enabled {
+                    t.count = 0;
+                }
+                new.threshold = Some(t);
             }
             _ => {}
         }
@@ -335,6 +444,11 @@ pub(crate) fn mode_select(
         if !new.wce {
             // Turning the write cache off must not leave earlier writes volatile.
             lu.volume.flush().map_err(crate::lu::write_failure)?;
+        }
+        if let Some(t) = new.threshold.filter(|_| new.threshold != current.threshold) {
+            lu.volume
+                .set_soft_threshold(t.share())
+                .map_err(crate::lu::write_failure)?;
         }
         lu.unit_attention_all(SenseReason::ModeParametersChanged, Some(nexus));
     }

@@ -927,3 +927,134 @@ fn statistics_count_each_command_once_by_class_and_outcome() {
         assert_eq!(c.latency_buckets.iter().sum::<u64>(), c.commands);
     }
 }
+
+/// A file volume in a pool of `capacity` bytes whose soft threshold can be read and set.
+struct PooledVolume {
+    inner: FileVolume,
+    capacity: u64,
+    share: std::sync::Mutex<f64>,
+}
+
+impl sliver_volume::Volume for PooledVolume {
+    fn block_size(&self) -> u32 {
+        self.inner.block_size()
+    }
+    fn num_blocks(&self) -> u64 {
+        self.inner.num_blocks()
+    }
+    fn read(&self, lba: u64, buf: &mut [u8]) -> sliver_volume::Result<()> {
+        self.inner.read(lba, buf)
+    }
+    fn write(&self, lba: u64, data: &[u8]) -> sliver_volume::Result<()> {
+        self.inner.write(lba, data)
+    }
+    fn flush(&self) -> sliver_volume::Result<()> {
+        self.inner.flush()
+    }
+    fn unmap(&self, lba: u64, blocks: u64) -> sliver_volume::Result<()> {
+        self.inner.unmap(lba, blocks)
+    }
+    fn block_status(&self, lba: u64) -> sliver_volume::Result<sliver_volume::BlockStatus> {
+        self.inner.block_status(lba)
+    }
+    fn space(&self) -> sliver_volume::Result<sliver_volume::VolumeSpace> {
+        self.inner.space()
+    }
+    fn soft_threshold(&self) -> Option<(f64, u64)> {
+        Some((*self.share.lock().unwrap(), self.capacity))
+    }
+    fn set_soft_threshold(&self, share: f64) -> sliver_volume::Result<()> {
+        *self.share.lock().unwrap() = share;
+        Ok(())
+    }
+}
+
+fn mode_sense10(lu: &LogicalUnit, n: &Nexus, page: u8, subpage: u8, pc: u8) -> Response {
+    let mut c = [0u8; 10];
+    c[0] = 0x5a;
+    c[1] = 0x08; // DBD
+    c[2] = (pc << 6) | page;
+    c[3] = subpage;
+    c[7..9].copy_from_slice(&1024u16.to_be_bytes());
+    run(lu, n, &c, &[])
+}
+
+#[test]
+fn the_logical_block_provisioning_mode_page_reads_and_sets_the_pool_threshold() {
+    let dir = tempfile::tempdir().unwrap();
+    let pool = Arc::new(PooledVolume {
+        inner: FileVolume::open(&dir.path().join("v"), BLOCKS * BS as u64, BS as u32).unwrap(),
+        capacity: 100 << 20, // 100 threshold sets of 1 MiB
+        share: std::sync::Mutex::new(0.8),
+    });
+    let lu = LogicalUnit::new(pool.clone(), fixture().lu.config.clone());
+    let n = nexus(1);
+    run(&lu, &n, &[0; 6], &[]); // absorb the power-on unit attention
+    let other = nexus(2);
+    run(&lu, &other, &[0; 6], &[]);
+
+    // MODE SENSE(10) 1Ch/02h: one soft-threshold descriptor, 80 sets.
+    let r = mode_sense10(&lu, &n, 0x1c, 0x02, 0);
+    good(&r);
+    let page = &r.data_in[8..];
+    assert_eq!(&page[..4], &[0x5c, 0x02, 0x00, 20]);
+    let d = &page[16..24];
+    assert_eq!(d[0], 0x80 | 0x01, "enabled, soft, arming increasing");
+    assert_eq!(d[1], 0x02, "used LBA mapping resources");
+    assert_eq!(u32::from_be_bytes(d[4..8].try_into().unwrap()), 80);
+    // Changeable: ENABLED and THRESHOLD COUNT.
+    let mask = mode_sense10(&lu, &n, 0x1c, 0x02, 1).data_in;
+    assert_eq!(mask[8 + 16], 0x80);
+    assert_eq!(&mask[8 + 20..8 + 24], &[0xff; 4]);
+    // 1Ch with all subpages returns both 1Ch pages; 3Fh/00h only pages without subpages.
+    let r = mode_sense10(&lu, &n, 0x1c, 0xff, 0);
+    assert_eq!(r.data_in.len(), 8 + 12 + 24);
+    let r = mode_sense10(&lu, &n, 0x3f, 0x00, 0);
+    assert!(!r.data_in[8..].windows(2).any(|w| w == [0x5c, 0x02]));
+    let r = mode_sense10(&lu, &n, 0x3f, 0xff, 0);
+    assert!(r.data_in[8..].windows(2).any(|w| w == [0x5c, 0x02]));
+
+    // MODE SELECT(10) the page back with 60 sets: the pool's threshold becomes 60%.
+    let mut params = vec![0u8; 8];
+    params.extend_from_slice(page);
+    params[8] &= 0x7f; // PS is not settable
+    params[8 + 20..8 + 24].copy_from_slice(&60u32.to_be_bytes());
+    let mut c = [0u8; 10];
+    c[0] = 0x55;
+    c[1] = 0x10; // PF
+    c[7..9].copy_from_slice(&(params.len() as u16).to_be_bytes());
+    good(&run(&lu, &n, &c, &params));
+    assert!((*pool.share.lock().unwrap() - 0.6).abs() < 1e-9);
+    let r = mode_sense10(&lu, &n, 0x1c, 0x02, 0);
+    assert_eq!(
+        u32::from_be_bytes(r.data_in[8 + 20..8 + 24].try_into().unwrap()),
+        60
+    );
+    // Others learn that mode parameters changed.
+    assert_eq!(
+        sense_codes(&run(&lu, &other, &[0; 6], &[])),
+        (0x6, 0x2a, 0x01)
+    );
+
+    // A count beyond the pool, or a change to a fixed field, is refused and changes nothing.
+    params[8 + 20..8 + 24].copy_from_slice(&101u32.to_be_bytes());
+    assert_eq!(sense_codes(&run(&lu, &n, &c, &params)), (0x5, 0x26, 0x00));
+    params[8 + 20..8 + 24].copy_from_slice(&50u32.to_be_bytes());
+    params[8 + 17] = 0x01; // THRESHOLD RESOURCE
+    assert_eq!(sense_codes(&run(&lu, &n, &c, &params)), (0x5, 0x26, 0x00));
+    assert!((*pool.share.lock().unwrap() - 0.6).abs() < 1e-9);
+
+    // Disabling the threshold: it never triggers.
+    params[8 + 17] = 0x02;
+    params[8 + 16] &= !0x80;
+    good(&run(&lu, &n, &c, &params));
+    assert_eq!(*pool.share.lock().unwrap(), 1.0);
+
+    // A volume without a pool has no such page.
+    let f = fixture();
+    run(&f.lu, &n, &[0; 6], &[]);
+    assert_eq!(
+        sense_codes(&mode_sense10(&f.lu, &n, 0x1c, 0x02, 0)),
+        (0x5, 0x24, 0x00)
+    );
+}

@@ -182,12 +182,19 @@ fn block_characteristics() -> Vec<u8> {
     b
 }
 
+/// THRESHOLD EXPONENT: threshold sets of 1 MiB (log page 0Ch and mode page 1Ch/02h count
+/// resources in these sets).
+pub(crate) fn threshold_exponent(block_size: u32) -> u8 {
+    (1u32 << 20)
+        .checked_div(block_size.max(1))
+        .unwrap_or(1)
+        .max(1)
+        .trailing_zeros() as u8
+}
+
 fn logical_block_provisioning(lu: &LogicalUnit) -> Vec<u8> {
-    // THRESHOLD EXPONENT: threshold sets of 1 MiB.
-    let bs = lu.volume.block_size().max(1);
-    let exponent = (1u32 << 20).checked_div(bs).unwrap_or(1).trailing_zeros() as u8;
     vec![
-        exponent,
+        threshold_exponent(lu.volume.block_size()),
         // LBPU, LBPWS, LBPWS10, LBPRZ=001b; ANC_SUP=0 (no anchored state), DP=0.
         0x80 | 0x40 | 0x20 | 0x04,
         0x02, // PROVISIONING TYPE: thin

@@ -6,7 +6,9 @@
 //! request, `/metrics` included, needs `Authorization: Bearer <token>`; `sliver serve`
 //! refuses to listen beyond loopback without one.
 
-use crate::array::{Array, ArrayError, ChapSecret, VolumeKind, VolumeRecord};
+use crate::array::{
+    gc_priority_name, parse_gc_priority, Array, ArrayError, ChapSecret, VolumeKind, VolumeRecord,
+};
 use crate::metrics;
 use axum::extract::rejection::JsonRejection;
 use axum::extract::{Path, Request, State};
@@ -27,6 +29,7 @@ pub const OPENAPI: &str = include_str!("openapi.json");
 pub const ROUTES: &[(&str, &str)] = &[
     ("get", "/api/openapi.json"),
     ("get", "/api/v1/array"),
+    ("patch", "/api/v1/array"),
     ("get", "/api/v1/volumes"),
     ("post", "/api/v1/volumes"),
     ("get", "/api/v1/volumes/{name}"),
@@ -59,7 +62,7 @@ pub fn router(ctx: ApiContext) -> Router {
     let ctx = Arc::new(ctx);
     let routes = Router::new()
         .route("/api/openapi.json", get(openapi))
-        .route("/api/v1/array", get(array_show))
+        .route("/api/v1/array", get(array_show).patch(array_update))
         .route("/api/v1/volumes", get(volume_list).post(volume_create))
         .route(
             "/api/v1/volumes/{name}",
@@ -158,6 +161,7 @@ pub fn error_code(e: &ArrayError) -> (StatusCode, &'static str) {
         InvalidSize(_) => (StatusCode::BAD_REQUEST, "invalid_size"),
         Shrink { .. } => (StatusCode::BAD_REQUEST, "shrink_not_supported"),
         NotSupported(_) => (StatusCode::BAD_REQUEST, "not_supported"),
+        InvalidSetting(_) => (StatusCode::BAD_REQUEST, "invalid_setting"),
         Engine(_) => (StatusCode::INTERNAL_SERVER_ERROR, "engine_error"),
         Volume(_) | Io { .. } => (StatusCode::INTERNAL_SERVER_ERROR, "io_error"),
         Config { .. } | Locked(_) => (StatusCode::INTERNAL_SERVER_ERROR, "internal_error"),
@@ -273,6 +277,43 @@ async fn array_show(State(ctx): State<Ctx>) -> Json<ArrayInfo> {
     Json(array_info(&ctx))
 }
 
+/// `PATCH /api/v1/array`: settings kept across restarts.
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct UpdateArray {
+    /// Share of capacity in use that raises the thin-provisioning soft threshold (0.01..=1;
+    /// 1 disables it).
+    #[serde(default)]
+    pub soft_threshold: Option<f64>,
+    /// `off`, `low`, `medium`, `high` or a rate such as `100MB/s`.
+    #[serde(default)]
+    pub gc_priority: Option<String>,
+}
+
+async fn array_update(
+    State(ctx): State<Ctx>,
+    body: Result<Json<UpdateArray>, JsonRejection>,
+) -> ApiResult<Json<ArrayInfo>> {
+    let Json(req) = body?;
+    let gc = req
+        .gc_priority
+        .as_deref()
+        .map(parse_gc_priority)
+        .transpose()
+        .map_err(|m| ApiError::new(StatusCode::BAD_REQUEST, "invalid_setting", m))?;
+    blocking(move || {
+        if let Some(t) = req.soft_threshold {
+            ctx.array.set_soft_threshold(t)?;
+        }
+        if let Some(p) = gc {
+            ctx.array.set_gc_priority(p)?;
+        }
+        Ok(array_info(&ctx))
+    })
+    .await
+    .map(Json)
+}
+
 pub(crate) fn array_info(ctx: &ApiContext) -> ArrayInfo {
     let space = ctx.array.engine_space();
     let tuning = ctx.array.engine().tuning();
@@ -298,18 +339,6 @@ pub(crate) fn array_info(ctx: &ApiContext) -> ArrayInfo {
         },
         volumes: ctx.array.volumes().len(),
         hosts: ctx.array.hosts().len(),
-    }
-}
-
-/// `off`, `low`, `medium`, `high` or a rate such as `100000000B/s`.
-pub fn gc_priority_name(p: sliver_engine::GcPriority) -> String {
-    use sliver_engine::GcPriority::*;
-    match p {
-        Off => "off".into(),
-        Low => "low".into(),
-        Medium => "medium".into(),
-        High => "high".into(),
-        Rate(r) => format!("{r}B/s"),
     }
 }
 

@@ -6,7 +6,9 @@
 //! passthrough volume under `volumes/`.
 
 use serde::{Deserialize, Serialize};
-use sliver_engine::{Engine, EngineConfig, EngineSpace, EngineVolume, FileBackend, Tuning};
+use sliver_engine::{
+    Engine, EngineConfig, EngineSpace, EngineVolume, FileBackend, GcPriority, Tuning,
+};
 use sliver_scsi::{LogicalUnit, LuConfig};
 use sliver_volume::{FileVolume, Volume};
 use std::collections::BTreeMap;
@@ -60,6 +62,8 @@ pub enum ArrayError {
     Engine(String),
     #[error("{0}")]
     NotSupported(String),
+    #[error("{0}")]
+    InvalidSetting(String),
     #[error("the array in {0} is in use by another sliver process")]
     Locked(PathBuf),
     #[error("I/O error on {path}: {source}")]
@@ -127,6 +131,70 @@ struct ArrayConfig {
     volumes: Vec<VolumeRecord>,
     hosts: Vec<HostRecord>,
     connections: Vec<ConnectionRecord>,
+    /// Tuning changed at run time (API, MODE SELECT is not saved): applied at every open.
+    #[serde(default, skip_serializing_if = "Settings::is_empty")]
+    settings: Settings,
+}
+
+/// Array settings kept across restarts.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+pub struct Settings {
+    /// Share of capacity in use that raises the thin-provisioning soft threshold.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub soft_threshold: Option<f64>,
+    /// Garbage-collection priority as `off`, `low`, `medium`, `high` or bytes per second.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gc_priority: Option<String>,
+}
+
+impl Settings {
+    fn is_empty(&self) -> bool {
+        *self == Settings::default()
+    }
+}
+
+/// `off`, `low`, `medium`, `high`, or a rate in bytes per second such as `100000000B/s`.
+pub fn gc_priority_name(p: GcPriority) -> String {
+    match p {
+        GcPriority::Off => "off".into(),
+        GcPriority::Low => "low".into(),
+        GcPriority::Medium => "medium".into(),
+        GcPriority::High => "high".into(),
+        GcPriority::Rate(r) => format!("{r}B/s"),
+    }
+}
+
+/// Parse a GC priority: `off`, `low`, `medium`, `high`, or a rate (`100MB/s`, `5000000B/s`,
+/// `1GB/s`; decimal or binary units).
+pub fn parse_gc_priority(s: &str) -> std::result::Result<GcPriority, String> {
+    match s {
+        "off" => return Ok(GcPriority::Off),
+        "low" => return Ok(GcPriority::Low),
+        "medium" => return Ok(GcPriority::Medium),
+        "high" => return Ok(GcPriority::High),
+        _ => {}
+    }
+    let bad =
+        || format!("'{s}' is not a GC priority (off, low, medium, high or a rate such as 100MB/s)");
+    let amount = s.strip_suffix("/s").ok_or_else(bad)?;
+    let digits = amount.trim_end_matches(|c: char| c.is_ascii_alphabetic());
+    let unit = &amount[digits.len()..];
+    let n: f64 = digits.trim().parse().map_err(|_| bad())?;
+    let scale: f64 = match unit {
+        "" | "B" => 1.0,
+        "KB" | "kB" => 1e3,
+        "MB" => 1e6,
+        "GB" => 1e9,
+        "K" | "KiB" => 1024.0,
+        "M" | "MiB" => 1024.0 * 1024.0,
+        "G" | "GiB" => 1024.0 * 1024.0 * 1024.0,
+        _ => return Err(bad()),
+    };
+    let rate = n * scale;
+    if !(1.0..=1e12).contains(&rate) {
+        return Err(bad());
+    }
+    Ok(GcPriority::Rate(rate as u64))
 }
 
 /// How a new array's engine is laid out.
@@ -207,9 +275,20 @@ impl Array {
                 volumes: vec![],
                 hosts: vec![],
                 connections: vec![],
+                settings: Settings::default(),
             },
             Err(e) => return Err(io(&path)(e)),
         };
+        let mut options = options;
+        if let Some(t) = config.settings.soft_threshold {
+            options.tuning.soft_threshold = t;
+        }
+        if let Some(p) = &config.settings.gc_priority {
+            options.tuning.gc = parse_gc_priority(p).map_err(|message| ArrayError::Config {
+                path: path.clone(),
+                message,
+            })?;
+        }
         let engine = Arc::new(open_engine(&dir.join(ENGINE_DIR), &options)?);
         // Volumes the configuration does not know were created or half-deleted when a crash
         // interrupted an operation (the engine commits first on create, last on delete).
@@ -638,6 +717,40 @@ impl Array {
         updated.target_chap = chap;
         self.save_locked(&updated)?;
         *config = updated;
+        Ok(())
+    }
+
+    /// Change the soft threshold (share of capacity in use, 0.01..=1) and keep it.
+    pub fn set_soft_threshold(&self, share: f64) -> Result<()> {
+        if !(0.01..=1.0).contains(&share) {
+            return Err(ArrayError::InvalidSetting(format!(
+                "soft threshold {share} is not between 0.01 and 1"
+            )));
+        }
+        self.update_settings(|s| s.soft_threshold = Some(share))?;
+        let mut tuning = self.engine.tuning();
+        tuning.soft_threshold = share;
+        self.engine.set_tuning(tuning);
+        Ok(())
+    }
+
+    /// Change the garbage collector's priority and keep it.
+    pub fn set_gc_priority(&self, priority: GcPriority) -> Result<()> {
+        self.update_settings(|s| s.gc_priority = Some(gc_priority_name(priority)))?;
+        let mut tuning = self.engine.tuning();
+        tuning.gc = priority;
+        self.engine.set_tuning(tuning);
+        Ok(())
+    }
+
+    fn update_settings(&self, change: impl FnOnce(&mut Settings)) -> Result<()> {
+        let mut config = self.config.write().unwrap();
+        let mut updated = config.clone();
+        change(&mut updated.settings);
+        if updated.settings != config.settings {
+            self.save_locked(&updated)?;
+            *config = updated;
+        }
         Ok(())
     }
 

@@ -207,4 +207,11 @@ fn qemu_copy_offload_shares_data_instead_of_copying_it() {
         usage.unique_bytes, 0,
         "everything dst holds is shared with src"
     );
+    // The copy is visible in the VAAI counters, as esxtop's CLONE_RD / CLONE_WR show it.
+    let src = r.array.unit("src").unwrap().stats().vaai;
+    let dst = r.array.unit("dst").unwrap().stats().vaai;
+    assert!(src.clone_read > 0 && src.clone_write == 0, "{src:?}");
+    assert!(dst.clone_write > 0 && dst.clone_read == 0, "{dst:?}");
+    assert_eq!(dst.cloned_bytes, DATA);
+    assert_eq!(src.clone_failed + dst.clone_failed, 0);
 }

@@ -102,6 +102,16 @@ pub enum ArrayCommand {
         #[arg(long)]
         json: bool,
     },
+    /// Change settings (kept across restarts).
+    Set {
+        /// Percent of capacity in use that raises the thin-provisioning soft threshold
+        /// (hosts get a unit attention; 100 disables it).
+        #[arg(long, value_name = "PERCENT")]
+        soft_threshold: Option<f64>,
+        /// Background garbage collection: off, low, medium, high or a rate such as 100MB/s.
+        #[arg(long)]
+        gc_priority: Option<String>,
+    },
 }
 
 fn size_arg(s: &str) -> Result<u64, String> {
@@ -333,6 +343,26 @@ pub fn host(api: &ApiArgs, cmd: HostCommand) -> Result<(), String> {
 pub fn array(api: &ApiArgs, cmd: ArrayCommand) -> Result<(), String> {
     let c = Client::new(api);
     match cmd {
+        ArrayCommand::Set {
+            soft_threshold,
+            gc_priority,
+        } => {
+            if soft_threshold.is_none() && gc_priority.is_none() {
+                return Err("nothing to set: give --soft-threshold and/or --gc-priority".into());
+            }
+            let a: ArrayInfo = c.patch(
+                "/api/v1/array",
+                &json!({
+                    "soft_threshold": soft_threshold.map(|p| p / 100.0),
+                    "gc_priority": gc_priority,
+                }),
+            )?;
+            println!(
+                "soft threshold {:.0}%, GC priority {}",
+                a.soft_threshold * 100.0,
+                a.gc.priority
+            );
+        }
         ArrayCommand::Show { json } => {
             if json {
                 let v: Value = c.get("/api/v1/array")?;

@@ -222,17 +222,7 @@ fn duration<'de, D: Deserializer<'de>>(d: D) -> Result<Option<std::time::Duratio
 
 /// Parse a GC priority as the CLI and the configuration spell it.
 pub fn parse_gc_priority(s: &str) -> Result<GcPriority, String> {
-    match s {
-        "off" => Ok(GcPriority::Off),
-        "low" => Ok(GcPriority::Low),
-        "medium" => Ok(GcPriority::Medium),
-        "high" => Ok(GcPriority::High),
-        rate => sliver_reclaim::units::parse_rate(rate)
-            .map(GcPriority::Rate)
-            .map_err(|e| {
-                format!("'{s}' is not a GC priority (off, low, medium, high or a rate such as 100MB/s): {e}")
-            }),
-    }
+    sliver_server::array::parse_gc_priority(s)
 }
 
 fn gc_priority<'de, D: Deserializer<'de>>(d: D) -> Result<Option<GcPriority>, D::Error> {

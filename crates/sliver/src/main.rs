@@ -166,6 +166,8 @@ struct Settings {
     login_timeout: Option<std::time::Duration>,
     target_chap: Option<ChapSecret>,
     hosts: Vec<config::Host>,
+    soft_threshold: Option<f64>,
+    gc_priority: Option<sliver_engine::GcPriority>,
 }
 
 fn settings(args: ServeArgs) -> Result<Settings, String> {
@@ -180,15 +182,13 @@ fn settings(args: ServeArgs) -> Result<Settings, String> {
     } else {
         options.capacity_bytes = file.capacity.size;
     }
-    if let Some(t) = file.capacity.soft_threshold_percent {
-        options.tuning.soft_threshold = t;
-    }
-    if let Some(p) = &args.gc_priority {
-        options.tuning.gc =
-            config::parse_gc_priority(p).map_err(|e| format!("--gc-priority: {e}"))?;
-    } else if let Some(p) = file.gc.priority {
-        options.tuning.gc = p;
-    }
+    // Explicit settings are applied after the array opens, over what it kept from earlier
+    // runs (`sliver array set`).
+    let soft_threshold = file.capacity.soft_threshold_percent;
+    let gc_priority = match &args.gc_priority {
+        Some(p) => Some(config::parse_gc_priority(p).map_err(|e| format!("--gc-priority: {e}"))?),
+        None => file.gc.priority,
+    };
     if let Some(c) = file.engine.compression {
         options.tuning.compression = c;
     }
@@ -234,6 +234,8 @@ fn settings(args: ServeArgs) -> Result<Settings, String> {
             secret: c.secret,
         }),
         hosts: file.hosts,
+        soft_threshold,
+        gc_priority,
     })
 }
 
@@ -243,6 +245,16 @@ fn serve(args: ServeArgs) -> Result<(), String> {
     let array = Array::open_with(&s.data_dir, &s.target_name, s.options)
         .map_err(|e| format!("cannot open the array in {}: {e}", s.data_dir.display()))?;
     let array = Arc::new(array);
+    if let Some(t) = s.soft_threshold {
+        array
+            .set_soft_threshold(t)
+            .map_err(|e| format!("cannot apply the soft threshold: {e}"))?;
+    }
+    if let Some(p) = s.gc_priority {
+        array
+            .set_gc_priority(p)
+            .map_err(|e| format!("cannot apply the GC priority: {e}"))?;
+    }
     if has_config {
         array
             .set_target_chap(s.target_chap.clone())

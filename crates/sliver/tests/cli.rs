@@ -247,6 +247,32 @@ fn every_subcommand_against_a_live_server() {
         assert!(a.get(key).is_some(), "array show --json lacks {key}: {a}");
     }
     assert!(ok(&s, &["array", "show"]).contains("write amplification"));
+    ok(
+        &s,
+        &[
+            "array",
+            "set",
+            "--soft-threshold",
+            "70",
+            "--gc-priority",
+            "high",
+        ],
+    );
+    let a = json(&s, &["array", "show", "--json"]);
+    assert_eq!(
+        (a["soft_threshold"].as_f64(), a["gc"]["priority"].as_str()),
+        (Some(0.7), Some("high"))
+    );
+    fails(
+        &s,
+        &["array", "set", "--soft-threshold", "250"],
+        "not between",
+    );
+    fails(
+        &s,
+        &["array", "set", "--gc-priority", "warp"],
+        "not a GC priority",
+    );
 
     // An API that is not there: one sentence, non-zero.
     let out = Command::new(SLIVER)

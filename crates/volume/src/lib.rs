@@ -178,6 +178,18 @@ pub trait Volume: Send + Sync {
         None
     }
 
+    /// The pool's thin-provisioning soft threshold: (share of capacity in use that raises
+    /// it, pool capacity in bytes); `None` when the volume has no pool.
+    fn soft_threshold(&self) -> Option<(f64, u64)> {
+        None
+    }
+
+    /// Change the pool's soft threshold (a share of capacity in 0..=1; 1 never triggers).
+    /// The pool is shared: every volume of it sees the change.
+    fn set_soft_threshold(&self, _share: f64) -> Result<()> {
+        Err(VolumeError::ReadOnly)
+    }
+
     /// Current space figures. Engines compute them from metadata; this may walk the volume's
     /// map, so callers poll it at human rates (API, metrics scrape), not per command.
     fn space(&self) -> Result<VolumeSpace>;
