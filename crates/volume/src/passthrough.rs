@@ -7,7 +7,6 @@
 use crate::{BlockStatus, ProvisioningState, Result, Volume, VolumeError, VolumeSpace};
 use std::fs::{File, OpenOptions};
 use std::os::unix::fs::FileExt;
-use std::os::unix::fs::MetadataExt;
 use std::os::unix::io::AsRawFd;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -185,11 +184,27 @@ impl Volume for FileVolume {
         })
     }
 
-    /// A passthrough file stores data as is: what the file system allocates is both mapped and
-    /// physical, and nothing is shared or reduced.
+    /// A passthrough file stores data as is: its data extents are both mapped and physical,
+    /// and nothing is shared or reduced. Extents come from `SEEK_DATA`/`SEEK_HOLE`, not
+    /// `st_blocks`, which also counts the file system's own extent-tree blocks.
     fn space(&self) -> Result<VolumeSpace> {
         let provisioned = self.num_blocks * self.block_size as u64;
-        let allocated = (self.file.metadata()?.blocks() * 512).min(provisioned);
+        let mut allocated = 0u64;
+        let mut offset = 0u64;
+        while offset < provisioned {
+            let Some(data) = self.seek(offset, libc::SEEK_DATA)? else {
+                break;
+            };
+            if data >= provisioned {
+                break;
+            }
+            let hole = self
+                .seek(data, libc::SEEK_HOLE)?
+                .unwrap_or(provisioned)
+                .min(provisioned);
+            allocated += hole.saturating_sub(data);
+            offset = hole.max(data + 1);
+        }
         Ok(VolumeSpace {
             provisioned_bytes: provisioned,
             mapped_bytes: allocated,
