@@ -274,6 +274,15 @@ fn every_subcommand_against_a_live_server() {
         "not a GC priority",
     );
 
+    // Shell completions know the subcommands.
+    for shell in ["bash", "zsh", "fish"] {
+        let script = ok(&s, &["completions", shell]);
+        assert!(
+            script.contains("snapshot") && script.contains("disconnect"),
+            "{shell}"
+        );
+    }
+
     // An API that is not there: one sentence, non-zero.
     let out = Command::new(SLIVER)
         .args(["volume", "list", "--api", "http://127.0.0.1:1"])
