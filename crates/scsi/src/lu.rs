@@ -48,7 +48,7 @@ pub enum Reset {
 pub(crate) struct Done {
     pub status: Status,
     pub data_in: Vec<u8>,
-    /// Bytes of the LBA ranges an UNMAP or EXTENDED COPY affected (statistics).
+    /// Bytes of the medium a write, WRITE SAME, UNMAP or EXTENDED COPY affected (statistics).
     pub affected_bytes: u64,
 }
 
@@ -226,6 +226,22 @@ pub(crate) fn lock_unpoisoned<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
+/// The statistics class of a command.
+fn classify(cmd: &Command) -> CommandClass {
+    match cmd {
+        Command::Read { .. } => CommandClass::Read,
+        Command::Write { .. }
+        | Command::WriteAtomic { .. }
+        | Command::WriteAndVerify { .. }
+        | Command::OrWrite { .. } => CommandClass::Write,
+        Command::CompareAndWrite { .. } => CommandClass::CompareAndWrite,
+        Command::WriteSame { .. } => CommandClass::WriteSame,
+        Command::Unmap { .. } => CommandClass::Unmap,
+        Command::ExtendedCopy { .. } => CommandClass::ExtendedCopy,
+        _ => CommandClass::Other,
+    }
+}
+
 /// One SCSI logical unit backed by a volume.
 pub struct LogicalUnit {
     pub(crate) volume: Arc<dyn Volume>,
@@ -277,12 +293,9 @@ impl LogicalUnit {
     pub fn execute(&self, req: &Request) -> Response {
         let started = std::time::Instant::now();
         let parsed = cdb::parse(req.cdb);
-        let (data_out_expected, class, range_bytes) = match &parsed {
-            Ok(cmd) => {
-                let (class, range_bytes) = self.classify(cmd);
-                (self.data_out_len(cmd), class, range_bytes)
-            }
-            Err(_) => (0, CommandClass::Other, 0),
+        let (data_out_expected, class) = match &parsed {
+            Ok(cmd) => (self.data_out_len(cmd), classify(cmd)),
+            Err(_) => (0, CommandClass::Other),
         };
         let outcome = self.run(req, parsed);
         // A command refused for a pending unit attention was never attempted: count it, but
@@ -300,8 +313,7 @@ impl LogicalUnit {
                 true,
                 match class {
                     CommandClass::Read | CommandClass::Other => done.data_in.len() as u64,
-                    CommandClass::Unmap | CommandClass::ExtendedCopy => done.affected_bytes,
-                    _ => range_bytes,
+                    _ => done.affected_bytes,
                 },
             ),
             _ => (false, 0),
@@ -314,23 +326,6 @@ impl LogicalUnit {
     /// Cumulative statistics of this LU.
     pub fn stats(&self) -> StatsSnapshot {
         self.stats.snapshot()
-    }
-
-    /// The statistics class of a command and the bytes of its LBA range.
-    fn classify(&self, cmd: &Command) -> (CommandClass, u64) {
-        let bytes = |r: &cdb::BlockRange| r.blocks.saturating_mul(self.volume.block_size() as u64);
-        match cmd {
-            Command::Read { range, .. } => (CommandClass::Read, bytes(range)),
-            Command::Write { range, .. }
-            | Command::WriteAtomic { range, .. }
-            | Command::WriteAndVerify { range }
-            | Command::OrWrite { range, .. } => (CommandClass::Write, bytes(range)),
-            Command::CompareAndWrite { range, .. } => (CommandClass::CompareAndWrite, bytes(range)),
-            Command::WriteSame { range, .. } => (CommandClass::WriteSame, bytes(range)),
-            Command::Unmap { .. } => (CommandClass::Unmap, 0),
-            Command::ExtendedCopy { .. } => (CommandClass::ExtendedCopy, 0),
-            _ => (CommandClass::Other, 0),
-        }
     }
 
     fn run(&self, req: &Request, parsed: Result<Command, Sense>) -> Outcome {

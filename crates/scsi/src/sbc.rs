@@ -149,7 +149,7 @@ fn write(lu: &LogicalUnit, r: BlockRange, fua: bool, data_out: &[u8]) -> Outcome
         let _lock = lu.locks.lock(r.lba, r.blocks);
         store(lu, r.lba, data, fua)?;
     }
-    Ok(Done::good())
+    Ok(Done::affected(bytes as u64))
 }
 
 /// WRITE ATOMIC(16): the volume applies the write as one unit (crash-atomic), and the LBA
@@ -232,7 +232,7 @@ fn write_and_verify(lu: &LogicalUnit, r: BlockRange, data_out: &[u8]) -> Outcome
     let mut medium = vec![0u8; bytes];
     lu.volume.read(r.lba, &mut medium).map_err(read_failure)?;
     compare(data, &medium)?;
-    Ok(Done::good())
+    Ok(Done::affected(bytes as u64))
 }
 
 fn or_write(lu: &LogicalUnit, r: BlockRange, fua: bool, data_out: &[u8]) -> Outcome {
@@ -249,7 +249,7 @@ fn or_write(lu: &LogicalUnit, r: BlockRange, fua: bool, data_out: &[u8]) -> Outc
         *m |= d;
     }
     store(lu, r.lba, &merged, fua)?;
-    Ok(Done::good())
+    Ok(Done::affected(bytes as u64))
 }
 
 fn compare_and_write(lu: &LogicalUnit, r: BlockRange, fua: bool, data_out: &[u8]) -> Outcome {
@@ -279,7 +279,7 @@ fn compare_and_write(lu: &LogicalUnit, r: BlockRange, fua: bool, data_out: &[u8]
     lu.volume.read(r.lba, &mut medium).map_err(read_failure)?;
     compare(expected, &medium)?;
     store(lu, r.lba, new_data, fua)?;
-    Ok(Done::good())
+    Ok(Done::affected(half as u64))
 }
 
 /// Write `block` repeatedly over `blocks` blocks at `lba`, a megabyte at a time.
@@ -356,7 +356,7 @@ fn write_same(
     if !lu.mode.write_cache() {
         lu.volume.flush().map_err(write_failure)?;
     }
-    Ok(Done::good())
+    Ok(Done::affected(blocks * bs as u64))
 }
 
 fn unmap(lu: &LogicalUnit, anchor: bool, param_len: usize, data_out: &[u8]) -> Outcome {

@@ -874,11 +874,20 @@ fn soft_threshold_raises_one_unit_attention_per_nexus() {
 
 #[test]
 fn statistics_count_each_command_once_by_class_and_outcome() {
-    use crate::CommandClass::*;
+    use crate::CommandClass::{self, *};
     let (f, n) = ready();
+    let write10 = |lba: u32, blocks: u16| {
+        let mut c = [0u8; 10];
+        c[0] = 0x2a;
+        c[2..6].copy_from_slice(&lba.to_be_bytes());
+        c[7..9].copy_from_slice(&blocks.to_be_bytes());
+        c
+    };
     for i in 0..3 {
-        good(&write16(&f.lu, &n, i * 8, &[0x11; 8 * BS]));
+        good(&run(&f.lu, &n, &write10(i * 8, 8), &[0x11; 8 * BS]));
     }
+    // Data-Out shorter than the CDB (residual overflow): only the 2 blocks sent count.
+    good(&run(&f.lu, &n, &write10(300, 8), &[0x33; 2 * BS + 100]));
     good(&read16(&f.lu, &n, 0, 4));
     good(&read16(&f.lu, &n, 4, 2));
     // COMPARE AND WRITE: one success, one miscompare.
@@ -889,8 +898,10 @@ fn statistics_count_each_command_once_by_class_and_outcome() {
     data.extend_from_slice(&[0x22; BS]);
     good(&run(&f.lu, &n, &caw, &data));
     assert_eq!(sense_codes(&run(&f.lu, &n, &caw, &data)).1, 0x1d);
-    // WRITE SAME of 100 blocks, UNMAP of two ranges (24 blocks).
+    // WRITE SAME of 100 blocks, one of 0 blocks (= to the last LBA, 48 blocks), UNMAP of
+    // two ranges (24 blocks).
     good(&run(&f.lu, &n, &cdb16(0x93, 100, 100), &[0u8; BS]));
+    good(&run(&f.lu, &n, &cdb16(0x93, BLOCKS - 48, 0), &[0u8; BS]));
     let p = unmap_params(&[(0, 16), (200, 8)]);
     good(&run(&f.lu, &n, &unmap_cdb(p.len()), &p));
     // An UNMAP beyond the end fails and counts as DELETE_F.
@@ -905,10 +916,10 @@ fn statistics_count_each_command_once_by_class_and_outcome() {
         let x = s.class(c);
         (x.commands, x.errors, x.bytes)
     };
-    assert_eq!(class(Write), (3, 0, 3 * 8 * BS as u64));
+    assert_eq!(class(Write), (4, 0, (3 * 8 + 2) * BS as u64));
     assert_eq!(class(Read), (2, 0, 6 * BS as u64));
     assert_eq!(class(CompareAndWrite), (2, 1, BS as u64));
-    assert_eq!(class(WriteSame), (1, 0, 100 * BS as u64));
+    assert_eq!(class(WriteSame), (2, 0, 148 * BS as u64));
     assert_eq!(class(Unmap), (2, 1, 24 * BS as u64));
     // ready() sent one TEST UNIT READY that got the power-on unit attention.
     assert_eq!(class(Other), (1, 1, 0));
@@ -916,15 +927,19 @@ fn statistics_count_each_command_once_by_class_and_outcome() {
     assert_eq!((v.ats, v.ats_failed), (1, 1));
     assert_eq!(
         (v.zero, v.zero_failed, v.zeroed_bytes),
-        (1, 0, 100 * BS as u64)
+        (2, 0, 148 * BS as u64)
     );
     assert_eq!(
         (v.delete, v.delete_failed, v.deleted_bytes),
         (1, 1, 24 * BS as u64)
     );
     assert_eq!((v.clone_read, v.clone_write, v.clone_failed), (0, 0, 0));
+    let classes: Vec<_> = s.classes.iter().map(|(c, _)| *c).collect();
+    assert_eq!(classes, CommandClass::ALL);
     for (_, c) in &s.classes {
+        assert_eq!(c.latency_buckets.len(), crate::LATENCY_BOUNDS_US.len() + 1);
         assert_eq!(c.latency_buckets.iter().sum::<u64>(), c.commands);
+        assert!(c.latency_sum_us < 60_000_000 * c.commands.max(1));
     }
 }
 
