@@ -350,6 +350,10 @@ impl Engine {
         )?;
         // Chunks no map references can only be left by damage; keep them visible to the checker
         // in read-only mode, free them otherwise.
+        // Replay frees ids as records drop references and reuses them as Chunk records name
+        // them, so the free list it leaves can hold an id twice or an id in use: rebuild it
+        // from the chunk table (found by the torture harness: an id handed out twice).
+        state.store.rebuild_free_ids();
         let mut head = match end {
             LogEnd::Torn(h) => {
                 recovery.torn_tail = true;
