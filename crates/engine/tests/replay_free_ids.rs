@@ -67,7 +67,7 @@ fn regression_after_replay_new_chunks_keep_the_engine_openable() {
     let e = Engine::open(image.clone(), Tuning::default(), false).unwrap();
     let mut two = chunk(10);
     two.extend_from_slice(&chunk(11));
-    let r = e.write(v, 8192, &two);
+    e.write(v, 8192, &two).unwrap();
     let image2 = image.crash(|_, n| vec![true; n]);
     drop(e);
     let r = Engine::open(Arc::new(image2), Tuning::default(), false);
