@@ -487,16 +487,14 @@ impl Run {
         }
     }
 
-    /// A snapshot or clone of a random writable volume, through the array library.
+    /// A snapshot or clone of a random writable volume, through the array library. The oldest
+    /// copies beyond `max_copies` are deleted first, so the source is chosen among what is
+    /// left (a deleted clone must not be the source).
     fn copy(&mut self, cycle: u32) -> Option<String> {
-        let sources: Vec<Lun> = self.luns.iter().filter(|l| l.writable).cloned().collect();
-        if sources.is_empty() {
-            return None;
-        }
-        let source = sources[self.rng.gen_range(0..sources.len())].clone();
         let snapshot = self.rng.gen_bool(0.5);
         let name = format!("{}-c{cycle}", if snapshot { "snap" } else { "clone" });
-        let result = (|| -> Result<u64, String> {
+        let pick = self.rng.gen::<u64>();
+        let result = (|| -> Result<Option<(Lun, u64)>, String> {
             let array = Array::open(&self.dir, TARGET).map_err(|e| format!("open: {e}"))?;
             while self.copies.len() >= self.opts.max_copies.max(1) {
                 let (old, lun) = self.copies.remove(0);
@@ -509,6 +507,12 @@ impl Run {
                 self.luns.retain(|l| l.lun != lun);
                 self.model.remove_lun(lun);
             }
+            let sources: Vec<&Lun> = self.luns.iter().filter(|l| l.writable).collect();
+            if sources.is_empty() {
+                array.shutdown().map_err(|e| format!("shutdown: {e}"))?;
+                return Ok(None);
+            }
+            let source = sources[(pick % sources.len() as u64) as usize].clone();
             if snapshot {
                 array.snapshot_volume(&source.volume, &name)
             } else {
@@ -519,10 +523,11 @@ impl Run {
                 .connect(&name, ANY_HOST, None)
                 .map_err(|e| format!("connect {name}: {e}"))?;
             array.shutdown().map_err(|e| format!("shutdown: {e}"))?;
-            Ok(lun)
+            Ok(Some((source, lun)))
         })();
         match result {
-            Ok(lun) => {
+            Ok(None) => None,
+            Ok(Some((source, lun))) => {
                 self.model.clone_lun(source.lun, lun);
                 self.luns.push(Lun {
                     lun,
