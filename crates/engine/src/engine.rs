@@ -902,7 +902,7 @@ impl Engine {
     fn commit(&self, m: &mut Meta, volume: u32, first: u64, items: &[&Prepared]) -> Result<()> {
         let mut ids = Vec::with_capacity(items.len());
         let mut new: Vec<(u32, &[u8; 16], Codec, &[u8])> = Vec::new();
-        let mut local: HashMap<[u8; 16], u32> = HashMap::new();
+        let mut local = crate::state::FingerprintIndex::default();
         let mut allocated = Vec::new();
         let mut size = RECORD_HEADER + RECORD_HEADER + 16 + 4 * items.len();
         for item in items {
@@ -1411,7 +1411,7 @@ impl Engine {
     /// the only candidates are too recent. Caller holds `maintenance`.
     fn collect_one(&self, max_live: f64, may_checkpoint: bool) -> Result<Option<u64>> {
         let seg = self.geometry.segment_size as u64;
-        let pick = |m: &Meta, eligible_only: bool| -> Option<(u32, u64)> {
+        let pick = |m: &Meta, eligible_only: bool| -> Option<(u32, u64, bool)> {
             m.state
                 .store
                 .segments
@@ -1421,7 +1421,7 @@ impl Engine {
                 .filter(|(_, s)| !eligible_only || s.seq < m.checkpoint_seq)
                 .filter(|(_, s)| (s.live as f64) <= max_live * seg as f64)
                 .min_by_key(|(_, s)| s.live)
-                .map(|(i, s)| (i as u32, s.seq))
+                .map(|(i, s)| (i as u32, s.seq, s.live == 0))
         };
         let victim = {
             let m = self.lock_meta();
@@ -1431,7 +1431,7 @@ impl Engine {
                 None => return Ok(None),
             }
         };
-        let (victim, seq) = match victim {
+        let (victim, seq, empty) = match victim {
             Some(v) => v,
             None => {
                 self.checkpoint_locked()?;
@@ -1444,10 +1444,16 @@ impl Engine {
         };
         // The segment is sealed: its bytes no longer change. Only the collector (us) moves
         // chunks out of it; hosts may free them meanwhile, which the liveness check sees.
-        let mut raw = vec![0u8; seg as usize];
-        self.backend
-            .read_at(&mut raw, victim as u64 * seg)
-            .map_err(|e| self.poison(format!("reading segment {victim} for collection: {e}")))?;
+        // Live bytes of a sealed segment only fall, so one found empty stays empty: nothing
+        // to read or relocate (the common case after a large UNMAP or zeroing).
+        let mut raw = vec![0u8; if empty { 0 } else { seg as usize }];
+        if !empty {
+            self.backend
+                .read_at(&mut raw, victim as u64 * seg)
+                .map_err(|e| {
+                    self.poison(format!("reading segment {victim} for collection: {e}"))
+                })?;
+        }
         let mut candidates: Vec<Candidate> = Vec::new();
         let mut visit = |buf: &[u8], base: usize| -> std::result::Result<bool, String> {
             for item in format::records(buf, seq) {
@@ -1554,7 +1560,9 @@ impl Engine {
             m.counters.gc_bytes += moved;
             relocated += moved;
         }
-        // Relocations durable before the old copies can disappear.
+        // Relocations durable before the old copies can disappear; and the records that made
+        // the victim's chunks dead (UNMAP, overwrites) durable before their data can be
+        // overwritten, or a replay after a crash would map chunks that are gone.
         self.flush()?;
         {
             let mut m = self.lock_meta();

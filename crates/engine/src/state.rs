@@ -114,11 +114,45 @@ pub struct Inconsistent(pub String);
 
 type Apply = Result<(), Inconsistent>;
 
+/// Hashes a chunk fingerprint for the dedup index by folding its bytes, no SipHash rounds.
+///
+/// Fingerprints are keyed BLAKE3 (the key is secret to the array), so their bits are already
+/// uniform and no host can aim writes at one hash bucket; SipHash's flooding protection buys
+/// nothing here and cost a visible share of every write and every freed chunk.
+#[derive(Default, Clone, Copy)]
+pub struct FingerprintHasher(u64);
+
+impl std::hash::Hasher for FingerprintHasher {
+    fn finish(&self) -> u64 {
+        // A multiply only carries bits upwards; fold the high half back down so every byte
+        // reaches the low (bucket) bits too.
+        let x = self.0 ^ (self.0 >> 32);
+        x.wrapping_mul(0xD6E8_FEB8_6659_FD93) ^ (x >> 29)
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        for word in bytes.chunks(8) {
+            let mut w = [0u8; 8];
+            w[..word.len()].copy_from_slice(word);
+            self.0 = (self.0.rotate_left(23) ^ u64::from_le_bytes(w))
+                .wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        }
+    }
+
+    fn write_usize(&mut self, n: usize) {
+        self.write(&n.to_le_bytes());
+    }
+}
+
+/// The dedup index: fingerprint -> chunk id.
+pub type FingerprintIndex =
+    HashMap<[u8; 16], u32, std::hash::BuildHasherDefault<FingerprintHasher>>;
+
 /// Chunks, their index and the per-segment usage they imply.
 #[derive(Default)]
 pub struct Store {
     pub chunks: Vec<Chunk>,
-    pub index: HashMap<[u8; 16], u32>,
+    pub index: FingerprintIndex,
     pub free_ids: Vec<u32>,
     pub segments: Vec<Segment>,
 }
@@ -128,7 +162,7 @@ impl Store {
         Store {
             // Id 0 means "unmapped" and is never allocated.
             chunks: vec![FREE_CHUNK],
-            index: HashMap::new(),
+            index: FingerprintIndex::default(),
             free_ids: Vec::new(),
             segments: vec![Segment::FREE; segment_count as usize],
         }
@@ -512,6 +546,38 @@ mod tests {
         segment: 0,
         offset: 0,
     };
+
+    /// Every byte of a fingerprint reaches the hash, in both halves of the hashbrown hash
+    /// (bucket bits low, tag bits high): fingerprints differing anywhere must not collide.
+    #[test]
+    fn fingerprint_hasher_uses_every_byte() {
+        use std::hash::BuildHasher;
+        let build = std::hash::BuildHasherDefault::<FingerprintHasher>::default();
+        let base = [0x5au8; 16];
+        let h0 = build.hash_one(base);
+        for i in 0..16 {
+            let mut k = base;
+            k[i] ^= 1;
+            let h = build.hash_one(k);
+            assert_ne!(h as u32, h0 as u32, "byte {i} does not reach the low bits");
+            assert_ne!(h >> 57, h0 >> 57, "byte {i} does not reach the tag bits");
+        }
+        let mut index = FingerprintIndex::default();
+        for n in 0..10_000u32 {
+            let mut k = [0u8; 16];
+            k[12..].copy_from_slice(&n.to_le_bytes());
+            index.insert(k, n);
+        }
+        assert_eq!(index.len(), 10_000);
+        assert_eq!(
+            index.get(&{
+                let mut k = [0u8; 16];
+                k[12..].copy_from_slice(&77u32.to_le_bytes());
+                k
+            }),
+            Some(&77)
+        );
+    }
 
     fn state_with_chunks(n: u32) -> State {
         let mut s = State::new(4096, 4);
