@@ -196,6 +196,12 @@ impl MemBackend {
         self.inner.lock().unwrap().fail_reads_at = Some((offset, len));
     }
 
+    /// Log space allocated now (allocation units in use).
+    pub fn allocated_bytes(&self) -> u64 {
+        let m = self.inner.lock().unwrap();
+        m.allocated.len() as u64 * m.allocation_unit
+    }
+
     /// Allow at most `bytes` of allocated log space, counted in `unit`-sized allocations.
     pub fn limit_space(&self, bytes: u64, unit: u64) {
         let mut m = self.inner.lock().unwrap();
