@@ -33,7 +33,7 @@ pub mod url;
 
 pub use cdb::{BlockLimits, Capacity, Command, LbaStatus, Provisioning};
 pub use sense::{Sense, SenseKey};
-pub use session::{Completion, Negotiated, Residual, Session, SessionOptions, Tag};
+pub use session::{Completion, Negotiated, RawConnection, Residual, Session, SessionOptions, Tag};
 pub use url::IscsiUrl;
 
 /// Why a task failed at the transport level (it has no SCSI status).

@@ -91,6 +91,24 @@ impl Default for Negotiated {
     }
 }
 
+/// A logged-in connection taken over by the caller (see [`Session::into_raw`]): the socket, in
+/// blocking mode, and the sequence numbers in force.
+#[derive(Debug)]
+pub struct RawConnection {
+    pub stream: TcpStream,
+    /// The next CmdSN to use.
+    pub cmd_sn: u32,
+    pub exp_stat_sn: u32,
+    pub max_cmd_sn: u32,
+    /// The next unused Initiator Task Tag.
+    pub next_itt: u32,
+    pub negotiated: Negotiated,
+    pub isid: [u8; 6],
+    pub tsih: u16,
+    /// Bytes already read from the socket and not handled yet.
+    pub pending: Vec<u8>,
+}
+
 /// Handle of a submitted command (its Initiator Task Tag).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Tag(pub u32);
@@ -285,6 +303,30 @@ impl Session {
     pub fn nop_ins_answered(&self) -> u64 {
         self.nop_ins_answered
     }
+    /// Hands the logged-in connection over to a caller that speaks the protocol itself (tests
+    /// that send hand-made or hostile PDUs). Nothing is logged out; no command may be
+    /// outstanding.
+    pub fn into_raw(mut self) -> Result<RawConnection, Error> {
+        self.check_usable()?;
+        if !self.tasks.is_empty() || !self.completed.is_empty() {
+            return Err(Error::Invalid("commands are outstanding".into()));
+        }
+        let stream = self.stream.try_clone()?;
+        stream.set_nonblocking(false)?;
+        self.finished = true;
+        Ok(RawConnection {
+            stream,
+            cmd_sn: self.cmd_sn,
+            exp_stat_sn: self.exp_stat_sn,
+            max_cmd_sn: self.max_cmd_sn,
+            next_itt: self.next_itt,
+            negotiated: self.params,
+            isid: self.isid,
+            tsih: self.tsih,
+            pending: self.rx.split_off(self.rx_pos),
+        })
+    }
+
     /// How many commands the target's CmdSN window admits right now.
     pub fn window(&self) -> u32 {
         if serial_lt(self.max_cmd_sn, self.cmd_sn) {

@@ -19,9 +19,18 @@ use crate::{
     TaskManagement, TmfFunction, TmfResponse,
 };
 
-/// Cap on Data-Out bytes a connection may have solicited (via R2T) but not yet handed over.
-/// Further R2T sequences wait until earlier tasks drain.
-const MAX_SOLICITED_BYTES: u64 = 64 << 20;
+/// Cap on Data-Out bytes a connection may have solicited (via R2T) for commands that have not
+/// completed yet: the reservation is held from the first R2T until the command's status is
+/// sent (or the task is dropped), so it bounds Data-Out being gathered and Data-Out handed to
+/// the server and still executing. Further R2T sequences wait until earlier tasks complete.
+pub const MAX_SOLICITED_BYTES: u64 = 64 << 20;
+/// Immediate SCSI commands (which bypass the CmdSN window) a connection may have outstanding;
+/// more are rejected with "immediate command reject" (RFC 7143 §11.17.1). RFC 7143 §3.2.2.1
+/// requires a target to take at least one.
+pub const MAX_IMMEDIATE_TASKS: usize = 16;
+/// Task management requests handed to the server and not yet answered; more get "function
+/// rejected".
+pub const MAX_PENDING_TMFS: usize = 16;
 /// Seconds the initiator is given to log out after our Async Message (event 1).
 const ASYNC_LOGOUT_SECONDS: u16 = 10;
 /// SCSI status CHECK CONDITION.
@@ -95,9 +104,12 @@ struct Task {
     next_r2t_offset: u32,
     next_r2t_sn: u32,
     r2ts: Vec<R2t>,
-    /// Bytes reserved against MAX_SOLICITED_BYTES.
+    /// Bytes reserved against MAX_SOLICITED_BYTES, until the task completes.
     reserved: u64,
     ordered: bool,
+    /// A non-immediate command that has run in CmdSN order: it occupies a slot of the CmdSN
+    /// window until it completes, so MaxCmdSN bounds the commands outstanding at the target.
+    holds_slot: bool,
     delivered: bool,
 }
 
@@ -140,6 +152,8 @@ pub struct Connection {
     stat_sn: u32,
     exp_cmd_sn: u32,
     held: HashMap<u32, Ordered>,
+    /// Non-immediate commands past ExpCmdSN and not yet completed (see [`Task::holds_slot`]).
+    slots_in_use: u32,
     tasks: HashMap<u32, Task>,
     r2t_waiting: VecDeque<u32>,
     solicited_bytes: u64,
@@ -169,6 +183,7 @@ impl Connection {
             stat_sn: 0,
             exp_cmd_sn: 0,
             held: HashMap::new(),
+            slots_in_use: 0,
             tasks: HashMap::new(),
             r2t_waiting: VecDeque::new(),
             solicited_bytes: 0,
@@ -230,6 +245,26 @@ impl Connection {
         !self.output.is_empty()
     }
 
+    /// True while the connection cannot make progress without more bytes from the initiator:
+    /// a PDU is partly received, a command waits for Data-Out (solicited or unsolicited), or
+    /// a CmdSN gap holds later commands back. The server bounds how long this may last
+    /// without input, so a stalled initiator cannot pin what those hold. (A half-done text
+    /// exchange holds at most a few KiB and does not count.)
+    pub fn is_waiting_for_initiator(&self) -> bool {
+        !self.rx.is_empty()
+            || !self.held.is_empty()
+            || self
+                .tasks
+                .values()
+                .any(|t| !t.delivered && (t.unsolicited_open || !t.r2ts.is_empty()))
+    }
+
+    /// Commands received and not yet completed (gathering data, waiting for their CmdSN turn,
+    /// or handed over and executing).
+    pub fn outstanding_commands(&self) -> usize {
+        self.tasks.len()
+    }
+
     /// True after a Logout response has been queued or a fatal error: flush output, then close.
     pub fn is_closing(&self) -> bool {
         self.closing || self.failed
@@ -242,7 +277,7 @@ impl Connection {
             Some(task) if task.delivered => {}
             _ => return,
         }
-        let Some(task) = self.tasks.remove(&itt) else {
+        let Some(task) = self.remove_task(itt) else {
             return;
         };
         let Phase::FullFeature(info) = &self.phase else {
@@ -435,9 +470,19 @@ impl Connection {
         }
     }
 
+    /// Commands the window admits beyond ExpCmdSN: the queue depth less the commands still
+    /// outstanding. MaxCmdSN = ExpCmdSN + this - 1 never decreases: a command that runs in
+    /// order advances ExpCmdSN and takes a slot, one that completes frees its slot.
+    fn window_size(&self) -> u32 {
+        self.settings
+            .queue_depth
+            .max(1)
+            .saturating_sub(self.slots_in_use)
+    }
+
     fn max_cmd_sn(&self) -> u32 {
         self.exp_cmd_sn
-            .wrapping_add(self.settings.queue_depth.max(1))
+            .wrapping_add(self.window_size())
             .wrapping_sub(1)
     }
 
@@ -478,7 +523,7 @@ impl Connection {
 
     /// Serial-number comparison (RFC 1982): is `sn` within [ExpCmdSN, MaxCmdSN]?
     fn in_window(&self, sn: u32) -> bool {
-        sn.wrapping_sub(self.exp_cmd_sn) < self.settings.queue_depth.max(1)
+        sn.wrapping_sub(self.exp_cmd_sn) < self.window_size()
     }
 
     fn session(&self) -> Option<&SessionInfo> {
@@ -610,6 +655,10 @@ impl Connection {
             Ordered::Task(itt) => {
                 if let Some(task) = self.tasks.get_mut(&itt) {
                     task.ordered = true;
+                    if !task.immediate && !task.holds_slot {
+                        task.holds_slot = true;
+                        self.slots_in_use += 1;
+                    }
                     self.advance_task(itt);
                 }
             }
@@ -645,6 +694,10 @@ impl Connection {
             Some(RejectReason::ProtocolError)
         } else if self.tasks.contains_key(&h.itt) || h.itt == RESERVED_TAG {
             Some(RejectReason::TaskInProgress)
+        } else if h.immediate
+            && self.tasks.values().filter(|t| t.immediate).count() >= MAX_IMMEDIATE_TASKS
+        {
+            Some(RejectReason::ImmediateCommandRejected)
         } else if !pdu.data.is_empty()
             && (!h.write
                 || !params.immediate_data
@@ -715,6 +768,7 @@ impl Connection {
             r2ts: Vec::new(),
             reserved: 0,
             ordered: false,
+            holds_slot: false,
             delivered: false,
         };
         self.tasks.insert(h.itt, task);
@@ -780,8 +834,8 @@ impl Connection {
             return;
         }
         if task.data_complete() {
+            // The Data-Out reservation stays with the task until it completes.
             task.delivered = true;
-            let released = std::mem::take(&mut task.reserved);
             let command = Command {
                 itt,
                 lun: task.lun,
@@ -793,7 +847,6 @@ impl Connection {
                 write: task.write,
             };
             self.events.push_back(Event::Command(command));
-            self.release(released);
         } else if !task.unsolicited_open {
             self.solicit(itt);
         }
@@ -878,16 +931,26 @@ impl Connection {
 
     /// Forgets a task, releasing its budget and its place in the CmdSN queue.
     fn drop_task(&mut self, itt: u32) {
-        let Some(task) = self.tasks.remove(&itt) else {
+        let Some(task) = self.remove_task(itt) else {
             return;
         };
-        self.r2t_waiting.retain(|w| *w != itt);
         if !task.ordered && !task.immediate {
             if let Some(slot) = self.held.get_mut(&task.cmd_sn) {
                 *slot = Ordered::Nothing;
             }
         }
-        self.release(task.reserved);
+    }
+
+    /// Removes a task that completed or was dropped: frees its CmdSN slot and its Data-Out
+    /// reservation (which may start deferred R2T sequences).
+    fn remove_task(&mut self, itt: u32) -> Option<Task> {
+        let mut task = self.tasks.remove(&itt)?;
+        self.r2t_waiting.retain(|w| *w != itt);
+        if task.holds_slot {
+            self.slots_in_use = self.slots_in_use.saturating_sub(1);
+        }
+        self.release(std::mem::take(&mut task.reserved));
+        Some(task)
     }
 
     // ---- NOP, text, task management, logout ----
@@ -1065,6 +1128,14 @@ impl Connection {
             .is_some_and(|s| s.session_type == SessionType::Discovery);
         if discovery {
             self.send_tmf_response(h.itt, TmfResponse::NotSupported);
+            return;
+        }
+        if self.pending_tmfs.contains_key(&h.itt) {
+            self.reject(&pdu.bhs, RejectReason::TaskInProgress);
+            return;
+        }
+        if self.pending_tmfs.len() >= MAX_PENDING_TMFS {
+            self.send_tmf_response(h.itt, TmfResponse::Rejected);
             return;
         }
         let referenced = h.referenced_task_tag;

@@ -20,7 +20,7 @@ mod scenario_tests;
 use std::sync::Arc;
 
 pub use chap::ChapCredentials;
-pub use connection::Connection;
+pub use connection::{Connection, MAX_IMMEDIATE_TASKS, MAX_PENDING_TMFS, MAX_SOLICITED_BYTES};
 pub use text::{NegotiatedParams, SessionType};
 
 /// What the target declares and accepts during negotiation.

@@ -732,6 +732,62 @@ fn bad_data_sn_fails_the_write() {
 }
 
 #[test]
+fn data_out_beyond_the_negotiated_bursts_is_refused() {
+    let mut ini = logged_in(&[
+        ("InitialR2T", "No"),
+        ("FirstBurstLength", "4096"),
+        ("MaxBurstLength", "8192"),
+        ("MaxRecvDataSegmentLength", "65536"),
+    ]);
+    let expect_failed = |ini: &mut Initiator, reject: RejectReason, itt: u32| {
+        let out = ini.recv();
+        assert_eq!(out.len(), 2, "{out:?}");
+        assert_eq!(RejectHeader::parse(&out[0].bhs).reason, reject);
+        let resp = ScsiResponseHeader::parse(&out[1].bhs);
+        assert_eq!((resp.itt, resp.status), (itt, 0x02));
+        assert!(ini.events().is_empty(), "nothing reaches the SCSI layer");
+    };
+    // Immediate data beyond FirstBurstLength: the command is rejected outright.
+    let (_, mut cmd) = ini.command(&[0x2a], 16_384, false, true);
+    cmd.data = vec![1; 8192];
+    ini.send(cmd).unwrap();
+    let reject = ini.recv_one();
+    assert_eq!(
+        RejectHeader::parse(&reject.bhs).reason,
+        RejectReason::ProtocolError
+    );
+    // Immediate data beyond the expected length: rejected too.
+    let (_, mut cmd) = ini.command(&[0x2a], 512, false, true);
+    cmd.data = vec![1; 1024];
+    ini.send(cmd).unwrap();
+    assert_eq!(ini.recv_one().bhs.opcode(), Opcode::Reject);
+    // Unsolicited Data-Out past the first burst fails the task.
+    let (itt, mut cmd) = ini.command(&[0x2a], 16_384, false, true);
+    cmd.bhs.set_final(false);
+    ini.send(cmd).unwrap();
+    ini.send(ini.data_out(itt, RESERVED_TAG, 0, 0, vec![2; 8192], true))
+        .unwrap();
+    expect_failed(&mut ini, RejectReason::ProtocolError, itt);
+    // Solicited Data-Out past the R2T's desired length fails the task.
+    let (itt, cmd) = ini.command(&[0x2a], 16_384, false, true);
+    ini.send(cmd).unwrap();
+    let r2t = ReadyToTransferHeader::parse(&ini.recv().remove(0).bhs);
+    assert_eq!(r2t.desired_length, 8192, "MaxBurstLength bounds one R2T");
+    ini.send(ini.data_out(itt, r2t.ttt, 0, 0, vec![3; 12_288], true))
+        .unwrap();
+    expect_failed(&mut ini, RejectReason::ProtocolError, itt);
+    // Data-Out for a task that does not exist is dropped without an answer.
+    ini.send(ini.data_out(0xdead, 77, 0, 0, vec![4; 512], true))
+        .unwrap();
+    assert!(ini.recv().is_empty() && ini.events().is_empty());
+    assert_eq!(ini.conn.outstanding_commands(), 0);
+    // The connection goes on.
+    let (_, cmd) = ini.command(&[0], 0, false, false);
+    ini.send(cmd).unwrap();
+    ini.command_event();
+}
+
+#[test]
 fn data_digest_error_on_data_out_rejects_and_fails_the_task() {
     let mut ini = logged_in(&[("DataDigest", "CRC32C"), ("InitialR2T", "Yes")]);
     let (itt, cmd) = ini.command(&[0x2a], 512, false, true);
@@ -919,11 +975,180 @@ fn commands_are_delivered_in_cmd_sn_order() {
     cmd.bhs.set_immediate(true);
     ini.send(cmd).unwrap();
     assert_eq!(ini.command_event().itt, imm);
-    // A response carries the window.
+    // A response carries the window: a, b and c are still outstanding and hold three of the
+    // 128 slots (the immediate command holds none).
     ini.conn.complete_command(imm, CommandResult::default());
     let h = ScsiResponseHeader::parse(&ini.recv_one().bhs);
     assert_eq!(h.sn.exp_cmd_sn, ini.cmd_sn);
+    assert_eq!(h.sn.max_cmd_sn, ini.cmd_sn + 127 - 3);
+    for itt in [a, b, c] {
+        ini.conn.complete_command(itt, CommandResult::default());
+    }
+    let last = ini.recv().pop().unwrap();
+    let h = ScsiResponseHeader::parse(&last.bhs);
     assert_eq!(h.sn.max_cmd_sn, ini.cmd_sn + 127);
+}
+
+#[test]
+fn the_cmd_sn_window_bounds_commands_until_they_complete() {
+    let settings = TargetSettings {
+        queue_depth: 4,
+        ..TargetSettings::default()
+    };
+    let mut ini = Initiator::new(settings, TestAuthority::open());
+    ini.login(&[]);
+    let mut delivered = Vec::new();
+    for _ in 0..4 {
+        let (itt, cmd) = ini.command(&[0], 0, false, false);
+        ini.send(cmd).unwrap();
+        assert_eq!(ini.command_event().itt, itt);
+        delivered.push(itt);
+    }
+    assert_eq!(ini.conn.outstanding_commands(), 4);
+    // ExpCmdSN moved past all four, but they still execute: a fifth is beyond MaxCmdSN and is
+    // dropped without consuming its CmdSN.
+    let (_, fifth) = ini.command(&[0], 0, false, false);
+    ini.send(fifth.clone()).unwrap();
+    assert!(ini.events().is_empty() && ini.recv().is_empty());
+    assert_eq!(ini.conn.outstanding_commands(), 4);
+    // One completes: its response opens the window by one and the fifth is taken.
+    ini.conn
+        .complete_command(delivered[0], CommandResult::default());
+    let h = ScsiResponseHeader::parse(&ini.recv_one().bhs);
+    assert_eq!(h.sn.exp_cmd_sn, ini.cmd_sn - 1);
+    assert_eq!(
+        h.sn.max_cmd_sn,
+        ini.cmd_sn - 1,
+        "room for exactly the fifth"
+    );
+    ini.send(fifth).unwrap();
+    ini.command_event();
+    // A task dropped by ABORT TASK SET frees its slot as well.
+    let (gathering, write) = ini.command(&[0x2a], 4096, false, true);
+    ini.conn
+        .complete_command(delivered[1], CommandResult::default());
+    ini.recv();
+    ini.send(write).unwrap();
+    assert!(ini.events().is_empty(), "{gathering} waits for Data-Out");
+    assert_eq!(ini.recv_one().bhs.opcode(), Opcode::ReadyToTransfer);
+    let tmf = TaskManagementRequestHeader {
+        immediate: true,
+        function: 2,
+        lun: pdu::encode_lun(3),
+        itt: 0x555,
+        referenced_task_tag: RESERVED_TAG,
+        cmd_sn: ini.cmd_sn,
+        exp_stat_sn: ini.exp_stat_sn,
+        ref_cmd_sn: 0,
+        exp_data_sn: 0,
+    };
+    ini.send(Pdu::new(tmf.to_bhs())).unwrap();
+    assert!(matches!(ini.events()[..], [Event::TaskManagement(_)]));
+    ini.conn
+        .complete_task_management(0x555, TmfResponse::FunctionComplete);
+    let r = TaskManagementResponseHeader::parse(&ini.recv_one().bhs);
+    assert_eq!(r.response, 0);
+    assert_eq!(ini.conn.outstanding_commands(), 0);
+    assert_eq!(r.sn.max_cmd_sn, ini.cmd_sn + 3, "all four slots free again");
+}
+
+#[test]
+fn immediate_commands_are_bounded() {
+    let mut ini = logged_in(&[("InitialR2T", "No")]);
+    // Immediate writes that never send their unsolicited Data-Out stay in the core.
+    for i in 0..MAX_IMMEDIATE_TASKS {
+        let (_, mut cmd) = ini.command(&[0x2a], 65_536, false, true);
+        ini.cmd_sn -= 1;
+        cmd.bhs.set_immediate(true);
+        cmd.bhs.set_final(false);
+        cmd.data = vec![0; 512];
+        ini.send(cmd).unwrap();
+        assert!(ini.recv().is_empty(), "immediate command {i} is taken");
+    }
+    let (_, mut cmd) = ini.command(&[0x2a], 65_536, false, true);
+    ini.cmd_sn -= 1;
+    cmd.bhs.set_immediate(true);
+    cmd.bhs.set_final(false);
+    ini.send(cmd).unwrap();
+    let reject = ini.recv_one();
+    assert_eq!(reject.bhs.opcode(), Opcode::Reject);
+    assert_eq!(
+        RejectHeader::parse(&reject.bhs).reason,
+        RejectReason::ImmediateCommandRejected
+    );
+    assert_eq!(ini.conn.outstanding_commands(), MAX_IMMEDIATE_TASKS);
+    // Non-immediate commands still go through the window.
+    let (_, cmd) = ini.command(&[0], 0, false, false);
+    ini.send(cmd).unwrap();
+    ini.command_event();
+}
+
+#[test]
+fn pending_task_management_requests_are_bounded() {
+    let mut ini = logged_in(&[]);
+    let tmf = |itt: u32, cmd_sn: u32| TaskManagementRequestHeader {
+        immediate: true,
+        function: 5,
+        lun: pdu::encode_lun(3),
+        itt,
+        referenced_task_tag: RESERVED_TAG,
+        cmd_sn,
+        exp_stat_sn: 0,
+        ref_cmd_sn: 0,
+        exp_data_sn: 0,
+    };
+    for i in 0..MAX_PENDING_TMFS as u32 {
+        ini.send(Pdu::new(tmf(0x100 + i, ini.cmd_sn).to_bhs()))
+            .unwrap();
+    }
+    assert_eq!(ini.events().len(), MAX_PENDING_TMFS);
+    assert!(ini.recv().is_empty());
+    // The same ITT again while the first is pending: rejected, not a second request.
+    ini.send(Pdu::new(tmf(0x100, ini.cmd_sn).to_bhs())).unwrap();
+    let reject = ini.recv_one();
+    assert_eq!(
+        RejectHeader::parse(&reject.bhs).reason,
+        RejectReason::TaskInProgress
+    );
+    ini.send(Pdu::new(tmf(0x999, ini.cmd_sn).to_bhs())).unwrap();
+    assert!(ini.events().is_empty());
+    let r = TaskManagementResponseHeader::parse(&ini.recv_one().bhs);
+    assert_eq!((r.itt, r.response), (0x999, 255), "function rejected");
+    // Answering one makes room for the next.
+    ini.conn
+        .complete_task_management(0x100, TmfResponse::FunctionComplete);
+    ini.recv_one();
+    ini.send(Pdu::new(tmf(0x99a, ini.cmd_sn).to_bhs())).unwrap();
+    assert_eq!(ini.events().len(), 1);
+}
+
+#[test]
+fn waiting_for_the_initiator_is_reported() {
+    let mut ini = logged_in(&[("InitialR2T", "Yes")]);
+    assert!(!ini.conn.is_waiting_for_initiator());
+    // Half a header.
+    let (itt, cmd) = ini.command(&[0x2a], 4096, false, true);
+    let mut wire = Vec::new();
+    cmd.encode(ini.digests, &mut wire);
+    ini.conn.receive(&wire[..20]).unwrap();
+    assert!(ini.conn.is_waiting_for_initiator());
+    // The rest: the command is taken and solicits its data.
+    ini.conn.receive(&wire[20..]).unwrap();
+    let r2t = ReadyToTransferHeader::parse(&ini.recv_one().bhs);
+    assert!(ini.conn.is_waiting_for_initiator(), "an R2T is outstanding");
+    ini.send(ini.data_out(itt, r2t.ttt, 0, 0, vec![0; 4096], true))
+        .unwrap();
+    ini.command_event();
+    assert!(
+        !ini.conn.is_waiting_for_initiator(),
+        "executing is the target's business"
+    );
+    // A CmdSN gap holds a later command back.
+    ini.cmd_sn += 1;
+    let (_, later) = ini.command(&[0], 0, false, false);
+    ini.send(later).unwrap();
+    assert!(ini.events().is_empty());
+    assert!(ini.conn.is_waiting_for_initiator());
 }
 
 #[test]
@@ -1197,6 +1422,78 @@ fn r2ts_are_deferred_beyond_the_connection_budget() {
     );
     ini.send(b).unwrap();
     assert!(ini.recv().is_empty(), "second task waits for budget");
+}
+
+#[test]
+fn solicited_data_out_stays_reserved_until_the_command_completes() {
+    let settings = TargetSettings {
+        max_transfer_length: 40 << 20,
+        ..TargetSettings::default()
+    };
+    let mut ini = Initiator::new(settings, TestAuthority::open());
+    ini.login(&[
+        ("InitialR2T", "Yes"),
+        ("MaxBurstLength", "16776192"),
+        ("MaxRecvDataSegmentLength", "262144"),
+    ]);
+    let len = 40u32 << 20;
+    let (a, cmd_a) = ini.command(&[0x2a], len, false, true);
+    let (b, cmd_b) = ini.command(&[0x2a], len, false, true);
+    ini.send(cmd_a).unwrap();
+    ini.send(cmd_b).unwrap();
+    let r2ts: Vec<ReadyToTransferHeader> = ini
+        .recv()
+        .iter()
+        .map(|p| ReadyToTransferHeader::parse(&p.bhs))
+        .collect();
+    assert!(!r2ts.is_empty() && r2ts.iter().all(|r| r.itt == a));
+    // Send all of a's data, R2T by R2T.
+    let mut pending = r2ts;
+    let chunk = vec![0x5a; 262_144];
+    while let Some(r) = pending.pop() {
+        let mut offset = r.buffer_offset;
+        let end = r.buffer_offset + r.desired_length;
+        let mut data_sn = 0;
+        while offset < end {
+            let n = (end - offset).min(chunk.len() as u32);
+            let last = offset + n == end;
+            ini.send(ini.data_out(
+                a,
+                r.ttt,
+                data_sn,
+                offset,
+                chunk[..n as usize].to_vec(),
+                last,
+            ))
+            .unwrap();
+            offset += n;
+            data_sn += 1;
+        }
+        for p in ini.recv() {
+            let r = ReadyToTransferHeader::parse(&p.bhs);
+            assert_eq!(r.itt, a, "b gets no R2T while a holds the budget");
+            pending.push(r);
+        }
+    }
+    assert_eq!(ini.command_event().data_out.len(), len as usize);
+    // a is handed over but executing: its 40 MiB are still held, so b still waits.
+    assert!(ini.recv().is_empty());
+    ini.conn.complete_command(
+        a,
+        CommandResult {
+            data_out_expected: len as usize,
+            ..CommandResult::default()
+        },
+    );
+    let out = ini.recv();
+    assert!(out.iter().any(|p| p.bhs.opcode() == Opcode::ScsiResponse));
+    let r2t_b = out
+        .iter()
+        .filter(|p| p.bhs.opcode() == Opcode::ReadyToTransfer)
+        .map(|p| ReadyToTransferHeader::parse(&p.bhs))
+        .next()
+        .expect("b solicits once a completed");
+    assert_eq!(r2t_b.itt, b);
 }
 
 proptest::proptest! {

@@ -38,7 +38,7 @@ pub enum ArrayError {
     VolumeExists(String),
     #[error("a host named '{0}' already exists")]
     HostExists(String),
-    #[error("invalid name '{0}': use 1-63 characters from A-Z a-z 0-9 . _ -")]
+    #[error("invalid name {0:?}: use 1-63 characters from A-Z a-z 0-9 . _ -, starting with a letter or digit")]
     InvalidName(String),
     #[error("invalid size {0}: it must be a non-zero multiple of the block size (4096 bytes for engine volumes)")]
     InvalidSize(u64),
@@ -999,9 +999,16 @@ fn naa_designator(id_hex: &str) -> [u8; 16] {
     value.to_be_bytes()
 }
 
+/// Volume and host names: 1-63 characters from `A-Z a-z 0-9 . _ -`, starting with a letter or
+/// digit. Names never become paths (storage files are named by random ids), and the first
+/// character rule also keeps out `.`, `..`, hidden-file names and names a command line would
+/// take for an option.
 fn validate_name(name: &str) -> Result<()> {
-    let ok = !name.is_empty()
-        && name.len() <= 63
+    let ok = name.len() <= 63
+        && name
+            .bytes()
+            .next()
+            .is_some_and(|b| b.is_ascii_alphanumeric())
         && name
             .bytes()
             .all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b));

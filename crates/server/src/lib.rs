@@ -2,13 +2,15 @@
 //!
 //! It listens on the iSCSI portals, drives one sans-I/O [`sliver_iscsi::Connection`] per TCP
 //! connection, keeps the session registry (TSIH allocation, session reinstatement), resolves
-//! LUNs through the [`array::Array`] and runs SCSI commands on the blocking thread pool.
+//! LUNs through the [`array::Array`] and runs SCSI commands off the tokio workers
+//! ([`executor`]).
 
 pub mod api;
 pub mod array;
+pub mod executor;
 mod metrics;
 mod session;
 mod target;
 
 pub use array::{Array, ArrayError};
-pub use target::{Server, ServerOptions};
+pub use target::{Server, ServerOptions, Timeouts, MAX_CONNECTIONS, MAX_SESSIONS};

@@ -2,7 +2,7 @@
 //! blocking pool, task management bookkeeping.
 
 use crate::array::MappedLun;
-use crate::target::{ConnectionAuthority, Server};
+use crate::target::{ConnectionAuthority, Server, Timeouts};
 use sliver_iscsi::{
     Command, CommandResult, Connection, Event, SessionInfo, SessionType, TaskManagement,
     TmfFunction, TmfResponse,
@@ -15,6 +15,7 @@ use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::sync::{mpsc, watch, Notify, OwnedSemaphorePermit, Semaphore};
+use tokio::time::Instant;
 
 /// Dead initiators are found with TCP keepalive, answered by the initiator's kernel. NOP-In
 /// pings are not used for that: a single-threaded initiator that sleeps between commands
@@ -86,16 +87,11 @@ pub(crate) async fn drive(
         kill: kill.clone(),
     });
     let mut conn = Connection::new(server.settings.clone(), authority);
-    let (mut reader, mut writer) = stream.into_split();
-    let (out_tx, mut out_rx) = mpsc::channel::<Vec<u8>>(WRITE_QUEUE);
-    let writer_task = tokio::spawn(async move {
-        while let Some(chunk) = out_rx.recv().await {
-            if writer.write_all(&chunk).await.is_err() {
-                break;
-            }
-        }
-        let _ = writer.shutdown().await;
-    });
+    let timeouts = server.timeouts();
+    let (mut reader, writer) = stream.into_split();
+    let (out_tx, out_rx) = mpsc::channel::<Vec<u8>>(WRITE_QUEUE);
+    let mut writer_task = tokio::spawn(write_output(writer, out_rx, timeouts.stall, peer));
+    let mut writer_done = false;
     let (results_tx, mut results_rx) = mpsc::unbounded_channel();
     let mut s = Session {
         server: server.clone(),
@@ -110,19 +106,44 @@ pub(crate) async fn drive(
     };
     let mut buf = vec![0u8; 256 * 1024];
     tracing::debug!(%peer, "connection opened");
-    let login_deadline = tokio::time::sleep(server.login_timeout());
-    tokio::pin!(login_deadline);
+    let opened = Instant::now();
+    // The last time the initiator sent anything, and the last ping we sent.
+    let mut last_input = opened;
+    let mut last_ping = opened;
+    let timer = tokio::time::sleep_until(opened + timeouts.login);
+    tokio::pin!(timer);
     loop {
+        let wait = next_wait(&s, &conn, &timeouts, opened, last_input, last_ping);
+        if timer.deadline() != wait.at() {
+            timer.as_mut().reset(wait.at());
+        }
         tokio::select! {
-            _ = &mut login_deadline, if s.info.is_none() => {
-                tracing::warn!(%peer, "no login within {:?}, closing", server.login_timeout());
-                break;
-            }
+            _ = &mut timer => match wait {
+                Wait::Login(_) => {
+                    tracing::warn!(%peer, "no login within {:?}, closing", timeouts.login);
+                    break;
+                }
+                Wait::Stalled(_) => {
+                    tracing::warn!(%peer, "initiator stalled for {:?} in the middle of a PDU or data transfer, closing",
+                        timeouts.stall);
+                    break;
+                }
+                Wait::Idle(_) => {
+                    tracing::warn!(%peer, "nothing from the initiator for {:?} (pings unanswered), closing",
+                        timeouts.idle);
+                    break;
+                }
+                Wait::Ping(_) => {
+                    last_ping = Instant::now();
+                    conn.ping();
+                }
+            },
             read = reader.read(&mut buf) => {
                 let n = match read {
                     Ok(0) | Err(_) => break,
                     Ok(n) => n,
                 };
+                last_input = Instant::now();
                 if let Err(e) = conn.receive(&buf[..n]) {
                     tracing::warn!(%peer, "protocol error, closing: {e}");
                     s.close_after_output = true;
@@ -142,6 +163,11 @@ pub(crate) async fn drive(
             _ = shutdown.changed() => {
                 conn.request_logout();
             }
+            _ = &mut writer_task => {
+                // The initiator stopped taking output, or the socket failed.
+                writer_done = true;
+                break;
+            }
         }
         if conn.has_output() {
             let mut out = Vec::new();
@@ -155,9 +181,101 @@ pub(crate) async fn drive(
         }
     }
     drop(out_tx);
-    let _ = writer_task.await;
+    if !writer_done {
+        let _ = writer_task.await;
+    }
     s.end();
     tracing::debug!(%peer, "connection closed");
+}
+
+/// What the connection loop waits for besides I/O, and until when.
+#[derive(Debug, Clone, Copy)]
+enum Wait {
+    /// Login must be complete by then.
+    Login(Instant),
+    /// The initiator owes bytes (a partial PDU, Data-Out, a CmdSN gap).
+    Stalled(Instant),
+    /// Time to ping a silent initiator.
+    Ping(Instant),
+    /// Silent for too long: close.
+    Idle(Instant),
+}
+
+impl Wait {
+    fn at(self) -> Instant {
+        match self {
+            Wait::Login(t) | Wait::Stalled(t) | Wait::Ping(t) | Wait::Idle(t) => t,
+        }
+    }
+}
+
+fn next_wait(
+    s: &Session,
+    conn: &Connection,
+    t: &Timeouts,
+    opened: Instant,
+    last_input: Instant,
+    last_ping: Instant,
+) -> Wait {
+    if s.info.is_none() {
+        return Wait::Login(opened + t.login);
+    }
+    let stall = Wait::Stalled(last_input + t.stall);
+    if conn.is_waiting_for_initiator() {
+        return stall;
+    }
+    if !s.in_flight.is_empty() {
+        // Commands are executing: the next thing to happen is ours. Keep pinging a silent
+        // initiator, but do not call it idle.
+        return Wait::Ping(last_input.max(last_ping) + t.ping_after);
+    }
+    let idle = last_input + t.idle;
+    let ping = last_input.max(last_ping) + t.ping_after;
+    if ping < idle {
+        Wait::Ping(ping)
+    } else {
+        Wait::Idle(idle)
+    }
+}
+
+/// The socket writer: sends output chunks in order. An initiator that takes no bytes at all
+/// for `stall` (it stopped reading its socket) gets its connection reset, which ends the
+/// connection loop and releases everything the connection holds.
+/// Output smaller than this is topped up with what else is queued before it is written.
+const COALESCE_BYTES: usize = 64 * 1024;
+
+async fn write_output(
+    mut writer: tokio::net::tcp::OwnedWriteHalf,
+    mut out_rx: mpsc::Receiver<Vec<u8>>,
+    stall: Duration,
+    peer: SocketAddr,
+) {
+    while let Some(mut chunk) = out_rx.recv().await {
+        // Responses queued meanwhile go out in the same write: at queue depth 32 a copy of a
+        // few small PDUs costs far less than a system call and a wake-up each.
+        while chunk.len() < COALESCE_BYTES {
+            match out_rx.try_recv() {
+                Ok(next) => chunk.extend_from_slice(&next),
+                Err(_) => break,
+            }
+        }
+        let mut rest = &chunk[..];
+        while !rest.is_empty() {
+            match tokio::time::timeout(stall, writer.write(rest)).await {
+                Ok(Ok(0)) | Ok(Err(_)) => return,
+                Ok(Ok(n)) => rest = &rest[n..],
+                Err(_) => {
+                    tracing::warn!(%peer, "initiator took no output for {stall:?}, resetting the connection");
+                    // Unsent data would otherwise linger in the kernel for a peer that never
+                    // reads: reset instead of a graceful close.
+                    let _ =
+                        socket2::SockRef::from(writer.as_ref()).set_linger(Some(Duration::ZERO));
+                    return;
+                }
+            }
+        }
+    }
+    let _ = writer.shutdown().await;
 }
 
 impl Session {
@@ -238,11 +356,12 @@ impl Session {
         let budget = self.budget.clone();
         let bytes = (cmd.data_out.len() as u64).max(cmd.expected_data_transfer_length as u64);
         let cost = (bytes / 1024 + 1).min(EXECUTION_BUDGET_KIB as u64) as u32;
+        let quick = crate::executor::is_quick(&cmd.cdb, bytes);
         tokio::spawn(async move {
             let Ok(permit) = budget.acquire_many_owned(cost).await else {
                 return;
             };
-            let _ = tokio::task::spawn_blocking(move || {
+            crate::executor::run(quick, move || {
                 let req = Request {
                     nexus: &nexus,
                     cdb: &cmd.cdb,

@@ -8,15 +8,52 @@ use sliver_iscsi::{
 };
 use std::collections::HashMap;
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 use tokio::net::TcpListener;
 use tokio::sync::{watch, Notify};
 
-/// Time a new connection has to complete its login.
-const DEFAULT_LOGIN_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
 /// Open connections the server accepts at once (each is bounded in memory by its negotiated
-/// limits and execution budget, so this bounds the whole target).
+/// limits and execution budget, so this bounds the whole target). Past it a new connection is
+/// closed at once.
 pub const MAX_CONNECTIONS: usize = 1024;
+/// Logged-in sessions (normal and discovery) at once. A session has one connection, so this
+/// is lower than [`MAX_CONNECTIONS`] to leave room for connections still logging in; a login
+/// past it fails with OUT OF RESOURCES (status 0302h), which initiators report and retry.
+pub const MAX_SESSIONS: usize = 512;
+
+/// How long the server waits for an initiator, by situation. Every one bounds how long a
+/// slow or stalled peer can hold a connection slot and what the connection buffers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Timeouts {
+    /// A new connection must complete login within this.
+    pub login: Duration,
+    /// A logged-in connection that is in the middle of a PDU, owes Data-Out (an R2T or
+    /// unsolicited data is outstanding) or leaves a CmdSN gap must send something within
+    /// this. Also the longest the socket writer waits for the initiator to take any output
+    /// (an initiator that stops reading its socket).
+    pub stall: Duration,
+    /// Silence after which a logged-in connection gets a NOP-In ping (repeated at this
+    /// interval while unanswered). Any PDU from the initiator counts as an answer.
+    pub ping_after: Duration,
+    /// Silence after which a logged-in connection is closed. Generous on purpose: a
+    /// single-threaded initiator (libiscsi's synchronous API) answers pings only when it
+    /// next calls in, which can be a minute later; dead peers are found sooner by TCP
+    /// keepalive.
+    pub idle: Duration,
+}
+
+impl Default for Timeouts {
+    fn default() -> Self {
+        Self {
+            login: Duration::from_secs(30),
+            stall: Duration::from_secs(30),
+            ping_after: Duration::from_secs(30),
+            idle: Duration::from_secs(300),
+        }
+    }
+}
 
 /// What `sliver serve` needs to start the target.
 #[derive(Debug, Clone)]
@@ -29,10 +66,12 @@ pub struct ServerOptions {
 pub struct Server {
     pub(crate) array: Arc<Array>,
     pub(crate) settings: Arc<TargetSettings>,
-    /// A connection must complete login within this time (slow-loris protection).
-    login_timeout: Mutex<std::time::Duration>,
-    /// Open connections, bounded: past the limit new connections are closed at once.
-    connections: Arc<tokio::sync::Semaphore>,
+    /// Slow-loris protection: see [`Timeouts`].
+    timeouts: Mutex<Timeouts>,
+    /// Open connections, bounded by `max_connections`: past it new ones are closed at once.
+    connections: Arc<AtomicUsize>,
+    max_connections: AtomicUsize,
+    max_sessions: AtomicUsize,
     registry: Mutex<Registry>,
     portals: Mutex<Vec<SocketAddr>>,
     shutdown: watch::Sender<bool>,
@@ -64,8 +103,10 @@ impl Server {
         Arc::new(Server {
             array,
             settings: Arc::new(settings),
-            login_timeout: Mutex::new(DEFAULT_LOGIN_TIMEOUT),
-            connections: Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS)),
+            timeouts: Mutex::new(Timeouts::default()),
+            connections: Arc::new(AtomicUsize::new(0)),
+            max_connections: AtomicUsize::new(MAX_CONNECTIONS),
+            max_sessions: AtomicUsize::new(MAX_SESSIONS),
             registry: Mutex::new(Registry {
                 next_tsih: 1,
                 ..Registry::default()
@@ -80,12 +121,37 @@ impl Server {
     }
 
     /// Change how long a connection may take to log in (default 30 s).
-    pub fn set_login_timeout(&self, timeout: std::time::Duration) {
-        *self.login_timeout.lock().unwrap() = timeout;
+    pub fn set_login_timeout(&self, timeout: Duration) {
+        self.timeouts.lock().unwrap().login = timeout;
     }
 
-    pub(crate) fn login_timeout(&self) -> std::time::Duration {
-        *self.login_timeout.lock().unwrap()
+    /// Change every timeout at once; connections opened later use them.
+    pub fn set_timeouts(&self, timeouts: Timeouts) {
+        *self.timeouts.lock().unwrap() = timeouts;
+    }
+
+    pub fn timeouts(&self) -> Timeouts {
+        *self.timeouts.lock().unwrap()
+    }
+
+    /// Change the most connections open at once (default [`MAX_CONNECTIONS`]).
+    pub fn set_max_connections(&self, n: usize) {
+        self.max_connections.store(n, Ordering::Relaxed);
+    }
+
+    /// Change the most sessions logged in at once (default [`MAX_SESSIONS`]).
+    pub fn set_max_sessions(&self, n: usize) {
+        self.max_sessions.store(n, Ordering::Relaxed);
+    }
+
+    /// TCP connections open now, logged in or not.
+    pub fn open_connections(&self) -> usize {
+        self.connections.load(Ordering::Relaxed)
+    }
+
+    /// Sessions logged in now (normal and discovery).
+    pub fn session_count(&self) -> usize {
+        self.registry.lock().unwrap().sessions.len()
     }
 
     /// Bind every portal. Returns the bound addresses (port 0 becomes the real port).
@@ -128,8 +194,12 @@ impl Server {
             tokio::select! {
                 accepted = listener.accept() => match accepted {
                     Ok((stream, peer)) => {
-                        let Ok(permit) = self.connections.clone().try_acquire_owned() else {
-                            tracing::warn!(%peer, "{MAX_CONNECTIONS} connections open: refusing another");
+                        let Some(slot) = ConnectionSlot::take(
+                            &self.connections,
+                            self.max_connections.load(Ordering::Relaxed),
+                        ) else {
+                            tracing::warn!(%peer, "{} connections open: refusing another",
+                                self.max_connections.load(Ordering::Relaxed));
                             drop(stream);
                             continue;
                         };
@@ -137,8 +207,9 @@ impl Server {
                         let server = self.clone();
                         let shutdown = self.shutdown.subscribe();
                         tokio::spawn(async move {
+                            // Released on drop, also if the connection task panics.
+                            let _slot = slot;
                             session::drive(server, stream, peer, shutdown).await;
-                            drop(permit);
                         });
                     }
                     Err(e) => {
@@ -158,6 +229,26 @@ impl Server {
         if reg.sessions.get(&key).map(|s| s.tsih) == Some(tsih) {
             reg.sessions.remove(&key);
         }
+    }
+}
+
+/// One open connection counted against the limit; released when dropped.
+struct ConnectionSlot(Arc<AtomicUsize>);
+
+impl ConnectionSlot {
+    fn take(count: &Arc<AtomicUsize>, limit: usize) -> Option<Self> {
+        count
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (n < limit).then_some(n + 1)
+            })
+            .ok()?;
+        Some(Self(count.clone()))
+    }
+}
+
+impl Drop for ConnectionSlot {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
     }
 }
 
@@ -214,6 +305,14 @@ impl Authority for ConnectionAuthority {
     fn register_session(&self, info: &SessionInfo) -> Result<u16, LoginStatus> {
         let mut reg = self.server.registry.lock().unwrap();
         let key = (info.initiator_name.clone(), info.isid);
+        let limit = self.server.max_sessions.load(Ordering::Relaxed);
+        if !reg.sessions.contains_key(&key) && reg.sessions.len() >= limit {
+            tracing::warn!(
+                initiator = %info.initiator_name,
+                "{limit} sessions logged in: refusing another"
+            );
+            return Err(LoginStatus::OutOfResources);
+        }
         if let Some(old) = reg.sessions.remove(&key) {
             tracing::info!(
                 initiator = %info.initiator_name,
