@@ -11,6 +11,7 @@ use std::io;
 use std::os::unix::fs::FileExt;
 use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 
 pub trait Backend: Send + Sync {
@@ -31,6 +32,13 @@ pub trait Backend: Send + Sync {
     /// Replace the checkpoint atomically and durably: after a crash, either the old or the new
     /// one is found, complete.
     fn store_checkpoint(&self, bytes: &[u8]) -> io::Result<()>;
+    /// Whether the storage can take `len` more bytes of log and still hold `keep` bytes more
+    /// plus a new checkpoint. The engine asks before it takes space for new data, so that a
+    /// full file system keeps room for what frees space: metadata records, a checkpoint, the
+    /// collector. A backend that cannot tell answers yes (allocation then decides).
+    fn has_room(&self, _len: u64, _keep: u64) -> bool {
+        true
+    }
 }
 
 /// The log in `<dir>/log` (sparse, `capacity` bytes) and the checkpoint in `<dir>/checkpoint`.
@@ -38,7 +46,13 @@ pub struct FileBackend {
     dir: PathBuf,
     log: File,
     capacity: u64,
+    /// Size of the last checkpoint loaded or stored: a new one needs about as much room.
+    checkpoint_len: AtomicU64,
 }
+
+/// Room [`FileBackend::has_room`] keeps beyond a checkpoint, for the file system's own
+/// metadata and the array's small files.
+const ROOM_SLACK: u64 = 1 << 20;
 
 const LOG_FILE: &str = "log";
 const CHECKPOINT_FILE: &str = "checkpoint";
@@ -65,7 +79,28 @@ impl FileBackend {
             dir: dir.to_path_buf(),
             capacity: capacity.max(len),
             log,
+            checkpoint_len: AtomicU64::new(0),
         })
+    }
+
+    /// Bytes this process may still allocate on the file system (root may use the blocks
+    /// reserved for it).
+    fn free_bytes(&self) -> io::Result<u64> {
+        use std::os::unix::ffi::OsStrExt;
+        let path = std::ffi::CString::new(self.dir.as_os_str().as_bytes())
+            .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
+        // SAFETY: statvfs fills the zeroed struct; the path is a valid C string.
+        let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+        if unsafe { libc::statvfs(path.as_ptr(), &mut st) } != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: geteuid has no preconditions.
+        let blocks = if unsafe { libc::geteuid() } == 0 {
+            st.f_bfree
+        } else {
+            st.f_bavail
+        };
+        Ok(blocks as u64 * st.f_frsize as u64)
     }
 
     fn fallocate(&self, mode: i32, offset: u64, len: u64) -> io::Result<()> {
@@ -129,21 +164,42 @@ impl Backend for FileBackend {
 
     fn load_checkpoint(&self) -> io::Result<Option<Vec<u8>>> {
         match std::fs::read(self.dir.join(CHECKPOINT_FILE)) {
-            Ok(bytes) => Ok(Some(bytes)),
+            Ok(bytes) => {
+                self.checkpoint_len
+                    .fetch_max(bytes.len() as u64, Ordering::Relaxed);
+                Ok(Some(bytes))
+            }
             Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
             Err(e) => Err(e),
         }
     }
 
     fn store_checkpoint(&self, bytes: &[u8]) -> io::Result<()> {
+        self.checkpoint_len
+            .store(bytes.len() as u64, Ordering::Relaxed);
         let tmp = self.dir.join("checkpoint.tmp");
-        {
+        let written = (|| {
             let mut f = File::create(&tmp)?;
             io::Write::write_all(&mut f, bytes)?;
-            f.sync_all()?;
+            f.sync_all()
+        })();
+        if let Err(e) = written {
+            // A full file system: give back what the partial copy took.
+            let _ = std::fs::remove_file(&tmp);
+            return Err(e);
         }
         std::fs::rename(&tmp, self.dir.join(CHECKPOINT_FILE))?;
         sync_dir(&self.dir)
+    }
+
+    fn has_room(&self, len: u64, keep: u64) -> bool {
+        match self.free_bytes() {
+            // The new checkpoint is written before the old one goes; leave room for growth.
+            Ok(free) => {
+                free >= len + keep + 2 * self.checkpoint_len.load(Ordering::Relaxed) + ROOM_SLACK
+            }
+            Err(_) => true,
+        }
     }
 }
 

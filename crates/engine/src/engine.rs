@@ -224,6 +224,10 @@ pub struct Engine {
     host_activity: AtomicU64,
     /// Bytes the collector has relocated since open (for rate limiting).
     gc_relocated: AtomicU64,
+    /// Segments (index, sequence) the collector could not read (a medium error): skipped
+    /// until their chunks are all dead, when they are freed without being read. A segment
+    /// reused later has another sequence number.
+    unreadable: Mutex<std::collections::BTreeSet<(u32, u64)>>,
     read_only: bool,
     recovery: Recovery,
 }
@@ -441,6 +445,7 @@ impl Engine {
             gc_wakeup: (Mutex::new(false), Condvar::new()),
             host_activity: AtomicU64::new(0),
             gc_relocated: AtomicU64::new(0),
+            unreadable: Mutex::new(Default::default()),
             read_only,
             recovery,
         }
@@ -652,6 +657,10 @@ impl Engine {
             if m.free.len() <= keep {
                 return Err(EngineError::NoSpace);
             }
+            // New data stops while the file system still holds what frees space.
+            if matches!(class, Space::Data) && !self.room_for_data(m) {
+                return Err(EngineError::NoSpace);
+            }
             let Some(next) = m.free.pop() else {
                 return Err(EngineError::NoSpace);
             };
@@ -679,10 +688,18 @@ impl Engine {
             let mut seal = Vec::new();
             Encoder::new(&mut seal, m.head.seq).seal(next, next_seq);
             let old = m.head;
-            self.write_log(old.segment, old.offset, &seal)?;
             let mut start = Vec::new();
             Encoder::new(&mut start, next_seq).segment_start(next_seq, next);
-            self.write_log(next, 0, &start)?;
+            // On failure nothing changed: the head stays where it was (the next record
+            // overwrites a seal written there) and the segment goes back.
+            if let Err(e) = self
+                .write_log(old.segment, old.offset, &seal)
+                .and_then(|()| self.write_log(next, 0, &start))
+            {
+                m.free.push(next);
+                m.undiscarded.insert(next);
+                return Err(e);
+            }
             let segments = &mut m.state.store.segments;
             segments[old.segment as usize].state = SegState::Sealed;
             segments[old.segment as usize].written = old.offset + SEAL_LEN as u32;
@@ -704,9 +721,50 @@ impl Engine {
 
     fn write_log(&self, segment: u32, offset: u32, bytes: &[u8]) -> Result<()> {
         let at = segment as u64 * self.geometry.segment_size as u64 + offset as u64;
-        self.backend
-            .write_at(bytes, at)
-            .map_err(|e| self.poison(format!("log write failed: {e}")))
+        match self.backend.write_at(bytes, at) {
+            Ok(()) => Ok(()),
+            Err(e) if out_of_space(&e) => self.clear_cut_short(at, bytes),
+            Err(e) => Err(self.poison(format!("log write failed: {e}"))),
+        }
+    }
+
+    /// A log write failed for want of space (a file system without fallocate, or one that
+    /// filled behind our back): the file may hold a prefix of it. Nothing refers to those
+    /// bytes, as the head has not moved, but the next record written there may be shorter and
+    /// leave whole records of the prefix (a batch's inner chunk records) right behind it,
+    /// where a replay would apply them. Zero the prefix; NoSpace when that works.
+    fn clear_cut_short(&self, at: u64, bytes: &[u8]) -> Result<()> {
+        let mut found = vec![0u8; bytes.len()];
+        if let Err(e) = self.backend.read_at(&mut found, at) {
+            return Err(self.poison(format!(
+                "cannot read back a log write cut short by a full file system: {e}"
+            )));
+        }
+        let landed = found.iter().zip(bytes).take_while(|(a, b)| a == b).count();
+        if landed > 0 {
+            if let Err(e) = self.backend.write_at(&vec![0u8; landed], at) {
+                return Err(self.poison(format!(
+                    "cannot clear a log write cut short by a full file system: {e}"
+                )));
+            }
+        }
+        Err(EngineError::NoSpace)
+    }
+
+    /// Whether the file system can take a segment of new data and still hold what frees space
+    /// (a segment of metadata or relocations, a checkpoint). When it cannot, freed segments
+    /// whose space was not given back yet are punched first.
+    fn room_for_data(&self, m: &mut Meta) -> bool {
+        let seg = self.geometry.segment_size as u64;
+        if self.backend.has_room(seg, seg) {
+            return true;
+        }
+        if m.undiscarded.is_empty() {
+            return false;
+        }
+        let pending = std::mem::take(&mut m.undiscarded);
+        self.punch(&pending.into_iter().collect::<Vec<_>>());
+        self.backend.has_room(seg, seg)
     }
 
     /// Write `bytes` (records encoded for `at.seq`) at the reserved position and apply them.
@@ -978,7 +1036,13 @@ impl Engine {
         e.map(volume, first, &ids);
         e.wrap_batch(0);
         debug_assert_eq!(buf.len(), size);
-        self.append_at(m, at, &buf)?;
+        if let Err(e) = self.append_at(m, at, &buf) {
+            if matches!(e, EngineError::NoSpace) {
+                // Nothing was applied.
+                m.state.store.free_ids.extend(allocated);
+            }
+            return Err(e);
+        }
         m.counters.host_bytes += host;
         Ok(())
     }
@@ -1395,9 +1459,15 @@ impl Engine {
             )
         };
         self.flush()?;
-        self.backend
-            .store_checkpoint(&bytes)
-            .map_err(|e| self.poison(format!("writing a checkpoint failed: {e}")))?;
+        self.backend.store_checkpoint(&bytes).map_err(|e| {
+            if out_of_space(&e) {
+                // The previous checkpoint and the log after it still recover everything, and
+                // segments it needs are not collected until a newer one is written.
+                EngineError::NoSpace
+            } else {
+                self.poison(format!("writing a checkpoint failed: {e}"))
+            }
+        })?;
         let mut m = self.lock_meta();
         m.checkpoint_seq = head.seq;
         m.appended_at_checkpoint = appended;
@@ -1415,22 +1485,30 @@ impl Engine {
     fn collect_for_space(&self) -> Result<bool> {
         let _maintenance = self.maintenance.lock().unwrap_or_else(|p| p.into_inner());
         let reserve = gc_reserve(self.geometry.segment_count) as usize;
+        // Room in the log (free segments) and on the file system under it (which can fill
+        // before the log does: freed segments give their space back).
+        let room = || {
+            let mut m = self.lock_meta();
+            m.free.len() > reserve + 1 && self.room_for_data(&mut m)
+        };
         let before = self.lock_meta().free.len();
-        if before > reserve + 1 {
+        if room() {
             // Another writer's collection already made room.
             return Ok(true);
         }
         // Relocating a nearly full segment costs a segment to win a sliver: require at least
         // a sixteenth of a segment to be dead, so every round gains ground.
         for _ in 0..self.geometry.segment_count {
-            if self.lock_meta().free.len() > reserve + 1 {
-                break;
-            }
-            if self.collect_one(1.0 - 1.0 / 16.0, true)?.is_none() {
+            if self.collect_one(1.0 - 1.0 / 16.0, true)?.is_none() || room() {
                 break;
             }
         }
-        Ok(self.lock_meta().free.len() > before)
+        let after = self.lock_meta().free.len();
+        let file_system = {
+            let mut m = self.lock_meta();
+            self.room_for_data(&mut m)
+        };
+        Ok(file_system && (after > before || after > reserve + 1))
     }
 
     /// Clean the emptiest eligible segment whose live share is at most `max_live`. Returns
@@ -1438,6 +1516,7 @@ impl Engine {
     /// the only candidates are too recent. Caller holds `maintenance`.
     fn collect_one(&self, max_live: f64, may_checkpoint: bool) -> Result<Option<u64>> {
         let seg = self.geometry.segment_size as u64;
+        let unreadable = self.unreadable.lock().unwrap().clone();
         let pick = |m: &Meta, eligible_only: bool| -> Option<(u32, u64, bool)> {
             m.state
                 .store
@@ -1445,6 +1524,7 @@ impl Engine {
                 .iter()
                 .enumerate()
                 .filter(|(_, s)| s.state == SegState::Sealed)
+                .filter(|(i, s)| s.live == 0 || !unreadable.contains(&(*i as u32, s.seq)))
                 .filter(|(_, s)| !eligible_only || s.seq < m.checkpoint_seq)
                 .filter(|(_, s)| (s.live as f64) <= max_live * seg as f64)
                 .min_by_key(|(_, s)| s.live)
@@ -1475,11 +1555,16 @@ impl Engine {
         // to read or relocate (the common case after a large UNMAP or zeroing).
         let mut raw = vec![0u8; if empty { 0 } else { seg as usize }];
         if !empty {
-            self.backend
-                .read_at(&mut raw, victim as u64 * seg)
-                .map_err(|e| {
-                    self.poison(format!("reading segment {victim} for collection: {e}"))
-                })?;
+            if let Err(e) = self.backend.read_at(&mut raw, victim as u64 * seg) {
+                // The medium's failure, not the log's: writes go on. Hosts reading the
+                // segment's chunks get medium errors until they rewrite them; once none is
+                // live the segment is freed without being read.
+                tracing::error!(
+                    "cannot read segment {victim} to collect it ({e}); the collector leaves it alone"
+                );
+                self.unreadable.lock().unwrap().insert((victim, seq));
+                return Ok(Some(0));
+            }
         }
         let mut candidates: Vec<Candidate> = Vec::new();
         let mut visit = |buf: &[u8], base: usize| -> std::result::Result<bool, String> {
@@ -1748,7 +1833,14 @@ impl Engine {
                 || (written > 0 && m.checkpointed_at.elapsed() >= CHECKPOINT_INTERVAL)
         };
         if due {
-            self.checkpoint_locked()?;
+            match self.checkpoint_locked() {
+                // Collection below may free file system space; the next round tries again.
+                Err(EngineError::NoSpace) => {
+                    tracing::warn!("no space for a checkpoint on the file system; retrying");
+                    self.lock_meta().checkpointed_at = Instant::now();
+                }
+                other => other?,
+            }
         }
         // Empty segments cost nothing to free: always take them.
         self.collect_empty()?;
@@ -1969,6 +2061,11 @@ enum LogEnd {
     Torn(Head),
     /// Right after a Seal whose next segment never got its start record.
     AfterSeal(Head),
+}
+
+/// ENOSPC or EDQUOT: the file system (or the quota) is full.
+fn out_of_space(e: &io::Error) -> bool {
+    matches!(e.raw_os_error(), Some(libc::ENOSPC) | Some(libc::EDQUOT))
 }
 
 fn replay(

@@ -512,12 +512,15 @@ impl LogicalUnit {
     /// SBC-3 4.7.3.7: while the pool is past its soft threshold, every nexus gets THIN
     /// PROVISIONING SOFT THRESHOLD REACHED on its next command, and again every
     /// [`SOFT_THRESHOLD_REPEAT`] while it holds (hosts that missed it, or logged in since,
-    /// hear it too).
+    /// hear it too). Dips below the threshold in between do not tell a nexus again sooner:
+    /// a busy log-structured pool hovers around its threshold as the collector frees
+    /// segments and writes fill them, and every crossing would fail a command of every
+    /// initiator (a load run saw a dozen per session in 90 seconds).
     fn check_soft_threshold(&self, nexus: &Nexus) {
         if !self.volume.soft_threshold_exceeded() {
             let mut told = lock_unpoisoned(&self.soft_threshold_told);
             if !told.is_empty() {
-                told.clear();
+                told.retain(|_, at| at.elapsed() < SOFT_THRESHOLD_REPEAT);
             }
             return;
         }

@@ -824,8 +824,8 @@ fn log_sense_lists_and_reports_logical_block_provisioning() {
     );
 }
 
-/// A volume whose pool is past its soft threshold.
-struct FullPool(FileVolume);
+/// A volume whose pool is past its soft threshold (while the flag is set).
+struct FullPool(FileVolume, std::sync::atomic::AtomicBool);
 
 impl sliver_volume::Volume for FullPool {
     fn block_size(&self) -> u32 {
@@ -853,7 +853,7 @@ impl sliver_volume::Volume for FullPool {
         self.0.space()
     }
     fn soft_threshold_exceeded(&self) -> bool {
-        true
+        self.1.load(std::sync::atomic::Ordering::SeqCst)
     }
 }
 
@@ -861,7 +861,10 @@ impl sliver_volume::Volume for FullPool {
 fn soft_threshold_raises_one_unit_attention_per_nexus() {
     let dir = tempfile::tempdir().unwrap();
     let volume = FileVolume::open(&dir.path().join("v"), BLOCKS * BS as u64, BS as u32).unwrap();
-    let lu = LogicalUnit::new(Arc::new(FullPool(volume)), fixture().lu.config.clone());
+    let lu = LogicalUnit::new(
+        Arc::new(FullPool(volume, true.into())),
+        fixture().lu.config.clone(),
+    );
     let (a, b) = (nexus(1), nexus(2));
     // Both nexuses first see power-on; the threshold is raised on the first command.
     assert_eq!(sense_codes(&run(&lu, &a, &[0; 6], &[])), (0x6, 0x29, 0x00));
@@ -870,6 +873,32 @@ fn soft_threshold_raises_one_unit_attention_per_nexus() {
     good(&run(&lu, &a, &[0; 6], &[]));
     assert_eq!(sense_codes(&run(&lu, &b, &[0; 6], &[])), (0x6, 0x38, 0x07));
     good(&run(&lu, &b, &[0; 6], &[]));
+}
+
+#[test]
+fn a_pool_hovering_at_its_soft_threshold_tells_each_nexus_once() {
+    use std::sync::atomic::Ordering::SeqCst;
+    let dir = tempfile::tempdir().unwrap();
+    let volume = FileVolume::open(&dir.path().join("v"), BLOCKS * BS as u64, BS as u32).unwrap();
+    let pool = Arc::new(FullPool(volume, false.into()));
+    let lu = LogicalUnit::new(pool.clone(), fixture().lu.config.clone());
+    let n = nexus(1);
+    assert_eq!(sense_codes(&run(&lu, &n, &[0; 6], &[])), (0x6, 0x29, 0x00));
+    good(&run(&lu, &n, &[0; 6], &[]));
+    pool.1.store(true, SeqCst);
+    assert_eq!(sense_codes(&run(&lu, &n, &[0; 6], &[])), (0x6, 0x38, 0x07));
+    // The collector frees segments, writes fill them: below, above, below, above.
+    for _ in 0..5 {
+        pool.1.store(false, SeqCst);
+        good(&run(&lu, &n, &[0; 6], &[]));
+        pool.1.store(true, SeqCst);
+        good(&run(&lu, &n, &[0; 6], &[]));
+    }
+    // A nexus that was not told yet still is.
+    let m = nexus(2);
+    assert_eq!(sense_codes(&run(&lu, &m, &[0; 6], &[])), (0x6, 0x29, 0x00));
+    assert_eq!(sense_codes(&run(&lu, &m, &[0; 6], &[])), (0x6, 0x38, 0x07));
+    good(&run(&lu, &m, &[0; 6], &[]));
 }
 
 #[test]

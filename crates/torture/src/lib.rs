@@ -9,6 +9,7 @@
 //! verified exactly. See [`model`] for the rules of what may survive a crash.
 
 pub mod io;
+pub mod load;
 pub mod model;
 pub mod server;
 pub mod verify;
