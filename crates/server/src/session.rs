@@ -92,6 +92,7 @@ pub(crate) async fn drive(
     let (out_tx, out_rx) = mpsc::channel::<Vec<u8>>(WRITE_QUEUE);
     let mut writer_task = tokio::spawn(write_output(writer, out_rx, timeouts.stall, peer));
     let mut writer_done = false;
+    let mut logout_requested = false;
     let (results_tx, mut results_rx) = mpsc::unbounded_channel();
     let mut s = Session {
         server: server.clone(),
@@ -160,7 +161,9 @@ pub(crate) async fn drive(
                 tracing::info!(%peer, "session reinstated by a new login, closing");
                 break;
             }
-            _ = shutdown.changed() => {
+            // wait_for also sees a shutdown that came before this connection subscribed.
+            _ = async { shutdown.wait_for(|stop| *stop).await.is_ok() }, if !logout_requested => {
+                logout_requested = true;
                 conn.request_logout();
             }
             _ = &mut writer_task => {

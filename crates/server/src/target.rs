@@ -217,7 +217,8 @@ impl Server {
                         tokio::time::sleep(std::time::Duration::from_millis(100)).await;
                     }
                 },
-                _ = shutdown.changed() => return,
+                // wait_for also sees a shutdown that came before this loop subscribed.
+                _ = async { shutdown.wait_for(|stop| *stop).await.is_ok() } => return,
             }
         }
     }

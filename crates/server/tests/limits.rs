@@ -57,3 +57,33 @@ fn a_connection_that_never_logs_in_is_closed_and_others_still_work() {
     server.shutdown();
     thread.join().unwrap();
 }
+
+/// A shutdown requested before the accept loops start still stops them: `run` returns. (The
+/// loops once waited for a change of the shutdown flag after subscribing, and a flag already
+/// set never changed again.)
+#[test]
+fn a_shutdown_before_run_still_stops_the_server() {
+    let dir = tempfile::tempdir().unwrap();
+    let array = Arc::new(Array::open(dir.path(), "iqn.2026-11.test.sliver:early").unwrap());
+    let server = Server::new(array);
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let listeners = runtime
+        .block_on(server.bind(&ServerOptions {
+            portals: vec!["127.0.0.1:0".parse().unwrap()],
+        }))
+        .unwrap();
+    server.shutdown();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let s = server.clone();
+    std::thread::spawn(move || {
+        runtime.block_on(s.run(listeners));
+        let _ = tx.send(());
+    });
+    // Bounded wait so a regression fails instead of hanging the suite.
+    rx.recv_timeout(Duration::from_secs(60))
+        .expect("run() returned after an early shutdown");
+}
