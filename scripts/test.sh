@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The whole test suite: formatting, lints, unit and integration tests, conformance against
-# independent initiators (libiscsi, QEMU), fuzz smoke runs. The README's test command.
+# independent initiators (libiscsi, QEMU), the quick benchmark against tgt, fuzz smoke runs.
+# The README's test command.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -17,6 +18,15 @@ cargo test --workspace
 
 step "conformance: libiscsi iscsi-test-cu and QEMU against a live sliver"
 scripts/conformance.sh
+
+if [ "${SLIVER_SKIP_BENCH:-0}" != 1 ]; then
+  step "benchmark quick mode: sliver and tgt side by side (figures reported, not asserted)"
+  # Fails on a sliver error, a data mismatch or a missing figure; writes nothing into the tree.
+  bench_out="$(mktemp -d)"
+  bench/run --quick --out "$bench_out/benchmarks.md" --raw "$bench_out/quick.json"
+  sed -n '/^| workload/,/^$/p' "$bench_out/benchmarks.md"
+  rm -rf "$bench_out"
+fi
 
 if [ "${SLIVER_SKIP_FUZZ:-0}" != 1 ]; then
   step "fuzz smoke runs"

@@ -561,6 +561,9 @@ def write(res, out_path, raw_rel, root):
             "only for its own checkpoints), driven in-process, so the figures show the engine "
             "without the network and SCSI layers: a 512 MiB log of 1 MiB segments, 4 KiB "
             f"chunks. Command: `{eg.get('command')}`.")
+        if eg.get("note"):
+            add("")
+            add(eg["note"])
         add("")
         add("Write amplification of uniform random 4 KiB overwrites of unique data (no "
             "compression) after one warm-up pass, against the greedy-GC theory of "
