@@ -672,8 +672,7 @@ impl Engine {
             {
                 // The file system is full but free segments still hold space: give it back
                 // now (the lock keeps them from being reused meanwhile) and try again.
-                let pending = std::mem::take(&mut m.undiscarded);
-                self.punch(&pending.into_iter().collect::<Vec<_>>());
+                self.punch_all_pending(m);
                 allocated = self.backend.allocate(base, seg as u64);
             }
             if let Err(e) = allocated {
@@ -762,8 +761,7 @@ impl Engine {
         if m.undiscarded.is_empty() {
             return false;
         }
-        let pending = std::mem::take(&mut m.undiscarded);
-        self.punch(&pending.into_iter().collect::<Vec<_>>());
+        self.punch_all_pending(m);
         self.backend.has_room(seg, seg)
     }
 
@@ -1782,6 +1780,13 @@ impl Engine {
         taken.len()
     }
 
+    /// Punch the holes of every free segment still holding file space, under the lock (so no
+    /// writer can take one meanwhile): a full file system, or a clean shutdown.
+    fn punch_all_pending(&self, m: &mut Meta) {
+        let pending: Vec<u32> = std::mem::take(&mut m.undiscarded).into_iter().collect();
+        self.punch(&pending);
+    }
+
     /// Punch the holes of `segments` (sorted), one call per run of adjacent segments.
     fn punch(&self, segments: &[u32]) {
         let seg = self.geometry.segment_size as u64;
@@ -1920,8 +1925,7 @@ impl Engine {
         // Give back all space freed segments still hold (under the lock: no writer can take
         // one meanwhile).
         let mut m = self.lock_meta();
-        let pending = std::mem::take(&mut m.undiscarded);
-        self.punch(&pending.into_iter().collect::<Vec<_>>());
+        self.punch_all_pending(&mut m);
         Ok(())
     }
 

@@ -581,27 +581,7 @@ pub fn run(opts: &TortureOptions) -> Result<TortureReport, String> {
             opts.sliver.display()
         ));
     }
-    let (dir, temp) = match &opts.data_dir {
-        Some(d) => {
-            if d.exists()
-                && std::fs::read_dir(d)
-                    .map_err(|e| format!("{}: {e}", d.display()))?
-                    .next()
-                    .is_some()
-            {
-                return Err(format!("the data directory {} is not empty", d.display()));
-            }
-            std::fs::create_dir_all(d).map_err(|e| format!("{}: {e}", d.display()))?;
-            (d.clone(), None)
-        }
-        None => {
-            let t = tempfile::Builder::new()
-                .prefix("sliver-torture-")
-                .tempdir()
-                .map_err(|e| format!("cannot create a temporary directory: {e}"))?;
-            (t.path().to_path_buf(), Some(t))
-        }
-    };
+    let (dir, temp) = server::data_dir(opts.data_dir.as_deref(), "sliver-torture-")?;
     let mut r = Run {
         opts: opts.clone(),
         dir: dir.clone(),
@@ -724,4 +704,59 @@ pub fn run(opts: &TortureOptions) -> Result<TortureReport, String> {
         cycles: r.report_cycles,
         total_seconds: started.elapsed().as_secs_f64(),
     })
+}
+
+/// A run's outcome as the command-line tools print it.
+pub trait Report: Serialize {
+    fn summary(&self) -> String;
+    fn passed(&self) -> bool;
+}
+
+impl Report for TortureReport {
+    fn summary(&self) -> String {
+        TortureReport::summary(self)
+    }
+    fn passed(&self) -> bool {
+        TortureReport::passed(self)
+    }
+}
+
+impl Report for load::LoadReport {
+    fn summary(&self) -> String {
+        load::LoadReport::summary(self)
+    }
+    fn passed(&self) -> bool {
+        load::LoadReport::passed(self)
+    }
+}
+
+/// Print `outcome` (JSON or the summary) and turn it into the exit status: 0 passed, 1 a
+/// problem found in sliver, 2 the run itself failed.
+pub fn exit_with(
+    tool: &str,
+    outcome: Result<impl Report, String>,
+    json: bool,
+) -> std::process::ExitCode {
+    use std::process::ExitCode;
+    match outcome {
+        Ok(report) => {
+            if json {
+                match serde_json::to_string_pretty(&report) {
+                    Ok(j) => println!("{j}"),
+                    Err(e) => eprintln!("{tool}: cannot encode the report: {e}"),
+                }
+            } else {
+                print!("{}", report.summary());
+            }
+            if report.passed() {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::FAILURE
+            }
+        }
+        Err(e) => {
+            eprintln!("{tool}: {e}");
+            ExitCode::from(2)
+        }
+    }
 }

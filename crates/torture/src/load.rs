@@ -1184,27 +1184,7 @@ pub fn run(opts: &LoadOptions) -> Result<LoadReport, String> {
         ));
     }
     raise_fd_limit();
-    let (dir, temp) = match &opts.data_dir {
-        Some(d) => {
-            if d.exists()
-                && std::fs::read_dir(d)
-                    .map_err(|e| format!("{}: {e}", d.display()))?
-                    .next()
-                    .is_some()
-            {
-                return Err(format!("the data directory {} is not empty", d.display()));
-            }
-            std::fs::create_dir_all(d).map_err(|e| format!("{}: {e}", d.display()))?;
-            (d.clone(), None)
-        }
-        None => {
-            let t = tempfile::Builder::new()
-                .prefix("sliver-load-")
-                .tempdir()
-                .map_err(|e| format!("cannot create a temporary directory: {e}"))?;
-            (t.path().to_path_buf(), Some(t))
-        }
-    };
+    let (dir, temp) = server::data_dir(opts.data_dir.as_deref(), "sliver-load-")?;
     prepare(&dir, opts)?;
     let server = ServerProcess::start(&opts.sliver, &dir)?;
     let pid = server.pid();

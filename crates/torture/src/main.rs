@@ -97,25 +97,5 @@ fn main() -> ExitCode {
             opts.sliver.display()
         );
     }
-    match run(&opts) {
-        Ok(report) => {
-            if a.json {
-                match serde_json::to_string_pretty(&report) {
-                    Ok(j) => println!("{j}"),
-                    Err(e) => eprintln!("sliver-torture: cannot encode the report: {e}"),
-                }
-            } else {
-                print!("{}", report.summary());
-            }
-            if report.passed() {
-                ExitCode::SUCCESS
-            } else {
-                ExitCode::FAILURE
-            }
-        }
-        Err(e) => {
-            eprintln!("sliver-torture: {e}");
-            ExitCode::from(2)
-        }
-    }
+    sliver_torture::exit_with("sliver-torture", run(&opts), a.json)
 }

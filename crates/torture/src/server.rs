@@ -296,3 +296,32 @@ pub fn default_sliver() -> PathBuf {
     }
     exe.with_file_name("sliver")
 }
+
+/// The array's directory: `dir` when given (created; it must be empty), else a new temporary
+/// directory named `prefix...`, returned too so it lives as long as the run.
+pub fn data_dir(
+    dir: Option<&Path>,
+    prefix: &str,
+) -> Result<(PathBuf, Option<tempfile::TempDir>), String> {
+    match dir {
+        Some(d) => {
+            if d.exists()
+                && std::fs::read_dir(d)
+                    .map_err(|e| format!("{}: {e}", d.display()))?
+                    .next()
+                    .is_some()
+            {
+                return Err(format!("the data directory {} is not empty", d.display()));
+            }
+            std::fs::create_dir_all(d).map_err(|e| format!("{}: {e}", d.display()))?;
+            Ok((d.to_path_buf(), None))
+        }
+        None => {
+            let t = tempfile::Builder::new()
+                .prefix(prefix)
+                .tempdir()
+                .map_err(|e| format!("cannot create a temporary directory: {e}"))?;
+            Ok((t.path().to_path_buf(), Some(t)))
+        }
+    }
+}

@@ -81,25 +81,5 @@ fn main() -> ExitCode {
         verbose: !a.quiet,
         ..defaults
     };
-    match run(&opts) {
-        Ok(report) => {
-            if a.json {
-                match serde_json::to_string_pretty(&report) {
-                    Ok(j) => println!("{j}"),
-                    Err(e) => eprintln!("sliver-load: cannot encode the report: {e}"),
-                }
-            } else {
-                print!("{}", report.summary());
-            }
-            if report.passed() {
-                ExitCode::SUCCESS
-            } else {
-                ExitCode::FAILURE
-            }
-        }
-        Err(e) => {
-            eprintln!("sliver-load: {e}");
-            ExitCode::from(2)
-        }
-    }
+    sliver_torture::exit_with("sliver-load", run(&opts), a.json)
 }
