@@ -244,6 +244,29 @@ enum Space {
     Collector,
 }
 
+/// Longest run one [`Engine::chunk_status`] call reports (4 GiB of 4 KiB chunks): about
+/// a millisecond of scanning under the lock.
+pub const STATUS_SCAN_CHUNKS: u64 = 1 << 20;
+
+/// Provisioning state of one chunk of a volume.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ChunkState {
+    /// Holds data (which may be shared).
+    Mapped,
+    /// Holds nothing and reads as zeros.
+    Deallocated,
+}
+
+impl ChunkState {
+    fn of(id: u32) -> Self {
+        if id == 0 {
+            ChunkState::Deallocated
+        } else {
+            ChunkState::Mapped
+        }
+    }
+}
+
 /// Segments kept for the collector's relocations: hosts cannot fill them.
 fn gc_reserve(segment_count: u32) -> u32 {
     (segment_count / 64).clamp(2, 64)
@@ -1296,8 +1319,11 @@ impl Engine {
         }
     }
 
-    /// Provisioning of chunk `index` onwards: (mapped, run length in chunks).
-    pub fn chunk_status(&self, volume: u32, index: u64) -> Result<(bool, u64)> {
+    /// Provisioning of chunk `index` onwards: its state and how many chunks from `index` share
+    /// it. The run is cut at [`STATUS_SCAN_CHUNKS`] so the lock is held for a bounded time
+    /// (a fully mapped 16 TiB volume would otherwise be scanned whole under it); callers that
+    /// want the whole run ask again from where it stopped.
+    pub fn chunk_status(&self, volume: u32, index: u64) -> Result<(ChunkState, u64)> {
         let m = self.lock_meta();
         let map = m
             .state
@@ -1313,31 +1339,39 @@ impl Engine {
                 size: map.size,
             });
         }
-        let mapped = map.get(index) != 0;
+        let limit = total.min(index + STATUS_SCAN_CHUNKS);
+        let state = ChunkState::of(map.get(index));
         let per = crate::state::PAGE_ENTRIES as u64;
         let mut i = index + 1;
-        while i < total {
-            if map.get(i) != 0 {
-                if !mapped {
-                    break;
-                }
-                i += 1;
-            } else if mapped {
-                break;
-            } else {
-                // Skip absent pages in one step.
-                let page = i / per;
-                if !map.pages.contains_key(&page) {
-                    i = match map.pages.range(page + 1..).next() {
-                        Some((&next, _)) => (next * per).min(total),
-                        None => total,
+        while i < limit {
+            let page_no = i / per;
+            let page_end = ((page_no + 1) * per).min(limit);
+            match map.pages.get(&page_no) {
+                // An absent page is all deallocated: skip to the next present one.
+                None if state == ChunkState::Deallocated => {
+                    i = match map.pages.range(page_no + 1..).next() {
+                        Some((&next, _)) => (next * per).min(limit),
+                        None => limit,
                     };
-                } else {
-                    i += 1;
+                }
+                None => break,
+                Some(page) => {
+                    let from = (i - page_no * per) as usize;
+                    let to = (page_end - page_no * per) as usize;
+                    match page.0[from..to]
+                        .iter()
+                        .position(|&id| ChunkState::of(id) != state)
+                    {
+                        Some(k) => {
+                            i += k as u64;
+                            break;
+                        }
+                        None => i = page_end,
+                    }
                 }
             }
         }
-        Ok((mapped, i - index))
+        Ok((state, i - index))
     }
 
     // ----- space -----

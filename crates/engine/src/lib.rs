@@ -15,8 +15,8 @@ pub mod volume;
 
 pub use backend::{Backend, FileBackend, MemBackend};
 pub use engine::{
-    Compression, Engine, EngineConfig, EngineError, EngineSpace, GcPriority, Recovery, Tuning,
-    VolumeUsage,
+    ChunkState, Compression, Engine, EngineConfig, EngineError, EngineSpace, GcPriority, Recovery,
+    Tuning, VolumeUsage, STATUS_SCAN_CHUNKS,
 };
 pub use volume::EngineVolume;
 

@@ -49,6 +49,25 @@ impl VolumeMap {
             .get(&(index / PAGE_ENTRIES as u64))
             .map_or(0, |p| p.0[(index % PAGE_ENTRIES as u64) as usize])
     }
+
+    /// Entries `first..first + count`, looking each page up once.
+    pub fn entries(&self, first: u64, count: u64) -> Vec<u32> {
+        let per = PAGE_ENTRIES as u64;
+        let mut out = Vec::with_capacity(count as usize);
+        let end = first + count;
+        let mut i = first;
+        while i < end {
+            let page_no = i / per;
+            let to = end.min((page_no + 1) * per);
+            let (a, b) = ((i - page_no * per) as usize, (to - page_no * per) as usize);
+            match self.pages.get(&page_no) {
+                Some(p) => out.extend_from_slice(&p.0[a..b]),
+                None => out.resize(out.len() + (b - a), 0),
+            }
+            i = to;
+        }
+        out
+    }
 }
 
 /// Where a chunk's record lives in the log.
@@ -379,8 +398,7 @@ impl State {
                 self.check_range(*src, *src_first, *count)?;
                 self.check_range(*dst, *dst_first, *count)?;
                 // Read the whole source first: memmove semantics for overlapping ranges.
-                let map = self.volume(*src)?;
-                let ids: Vec<u32> = (0..*count).map(|i| map.get(src_first + i)).collect();
+                let ids = self.volume(*src)?.entries(*src_first, *count);
                 self.set_entries(*dst, *dst_first, ids.into_iter())
             }
             Record::VolumeCreate { volume, size } => {
@@ -549,6 +567,32 @@ mod tests {
 
     /// Every byte of a fingerprint reaches the hash, in both halves of the hashbrown hash
     /// (bucket bits low, tag bits high): fingerprints differing anywhere must not collide.
+    #[test]
+    fn entries_match_get_across_present_and_absent_pages() {
+        let mut map = VolumeMap {
+            size: 0,
+            pages: BTreeMap::new(),
+        };
+        for page_no in [0u64, 2, 3] {
+            let mut p = Page::zeroed();
+            for (k, e) in p.0.iter_mut().enumerate() {
+                *e = (page_no * 10_000 + k as u64) as u32;
+            }
+            map.pages.insert(page_no, Arc::new(p));
+        }
+        let per = PAGE_ENTRIES as u64;
+        for (first, count) in [
+            (0, 0),
+            (5, 3),
+            (per - 2, 4),
+            (per - 1, 2 * per + 7),
+            (0, 5 * per),
+        ] {
+            let want: Vec<u32> = (first..first + count).map(|i| map.get(i)).collect();
+            assert_eq!(map.entries(first, count), want, "{first} {count}");
+        }
+    }
+
     #[test]
     fn fingerprint_hasher_uses_every_byte() {
         use std::hash::BuildHasher;

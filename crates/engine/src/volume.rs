@@ -1,6 +1,6 @@
 //! `EngineVolume`: one engine volume seen through the `Volume` trait, in logical blocks.
 
-use crate::engine::{Engine, EngineError};
+use crate::engine::{ChunkState, Engine, EngineError};
 use sliver_volume::{BlockStatus, ProvisioningState, Volume, VolumeError, VolumeSpace};
 use std::sync::Arc;
 
@@ -195,16 +195,15 @@ impl Volume for EngineVolume {
     fn block_status(&self, lba: u64) -> sliver_volume::Result<BlockStatus> {
         self.check_range(lba, 1)?;
         let per = (self.engine.chunk_size() / self.block_size) as u64;
-        let (mapped, chunks) = self
+        let (state, chunks) = self
             .engine
             .chunk_status(self.id, lba / per)
             .map_err(to_volume_error)?;
         let end = ((lba / per + chunks) * per).min(self.num_blocks());
         Ok(BlockStatus {
-            state: if mapped {
-                ProvisioningState::Mapped
-            } else {
-                ProvisioningState::Deallocated
+            state: match state {
+                ChunkState::Mapped => ProvisioningState::Mapped,
+                ChunkState::Deallocated => ProvisioningState::Deallocated,
             },
             blocks: end - lba,
         })

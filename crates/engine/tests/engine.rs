@@ -1,8 +1,8 @@
 //! Engine behaviour through its public API, on the in-memory backend and on real files.
 
 use sliver_engine::{
-    Backend, Compression, Engine, EngineConfig, EngineError, FileBackend, GcPriority, MemBackend,
-    Tuning,
+    Backend, ChunkState, Compression, Engine, EngineConfig, EngineError, FileBackend, GcPriority,
+    MemBackend, Tuning, STATUS_SCAN_CHUNKS,
 };
 use std::sync::Arc;
 
@@ -153,7 +153,10 @@ fn sub_chunk_writes_and_unaligned_unmap_merge_correctly() {
     assert!(back == model);
     // A chunk made all-zero by a partial unmap is unmapped.
     engine.unmap(v, 0, 1024).unwrap();
-    assert!(!engine.chunk_status(v, 0).unwrap().0);
+    assert_eq!(
+        engine.chunk_status(v, 0).unwrap().0,
+        ChunkState::Deallocated
+    );
     let mut odd = vec![0u8; 1536];
     engine.read(v, 3584 - 512, &mut odd).unwrap();
     assert!(odd[..] == model[3072..3072 + 1536]);
@@ -184,6 +187,32 @@ fn snapshots_are_isolated_and_deleting_frees_only_unshared_chunks() {
         "deleting the snapshot freed exactly what it alone held"
     );
     assert!(engine.check(&mut |_, _| {}).is_empty());
+}
+
+#[test]
+fn chunk_status_follows_runs_across_pages_and_stops_at_the_scan_limit() {
+    let (_, engine) = mem_engine(64 << 20);
+    // 8 GiB thin volume: twice the scan limit; map pages hold 1024 chunks.
+    let v = engine
+        .create_volume(2 * STATUS_SCAN_CHUNKS * CS as u64)
+        .unwrap();
+    // Chunks 1000..4000 mapped (one pattern, stored once), crossing three page boundaries.
+    let pattern = noise(3, CS);
+    for c in 1000..4000u64 {
+        engine.write(v, c * CS as u64, &pattern).unwrap();
+    }
+    engine.unmap(v, 2500 * CS as u64, CS as u64).unwrap();
+    let status = |c| engine.chunk_status(v, c).unwrap();
+    assert_eq!(status(0), (ChunkState::Deallocated, 1000));
+    assert_eq!(status(1000), (ChunkState::Mapped, 1500));
+    assert_eq!(status(1024), (ChunkState::Mapped, 1476));
+    assert_eq!(status(2500), (ChunkState::Deallocated, 1));
+    assert_eq!(status(2501), (ChunkState::Mapped, 1499));
+    // From inside a present page into absent ones, cut at the scan limit.
+    assert_eq!(status(4000), (ChunkState::Deallocated, STATUS_SCAN_CHUNKS));
+    let last = 2 * STATUS_SCAN_CHUNKS - 1;
+    assert_eq!(status(last), (ChunkState::Deallocated, 1));
+    assert!(engine.chunk_status(v, last + 1).is_err());
 }
 
 #[test]

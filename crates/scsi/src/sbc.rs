@@ -4,7 +4,7 @@
 //! limits, Data-Out size) before touching the volume. Writes hold an LBA range lock so
 //! read-modify-write commands (COMPARE AND WRITE, ORWRITE) are atomic against them.
 
-use sliver_volume::ProvisioningState;
+use sliver_volume::{BlockStatus, ProvisioningState};
 
 use crate::cdb::{BlockRange, Command, SanitizeAction, StartStop};
 use crate::lu::{
@@ -416,12 +416,34 @@ fn get_lba_status(lu: &LogicalUnit, lba: u64, alloc_len: usize) -> Outcome {
     let wanted = (alloc_len.saturating_sub(8) / 16).clamp(1, 1024);
     let mut data = vec![0u8; 8];
     let mut at = lba;
+    let status_at = |at: u64| -> Result<BlockStatus, Failure> {
+        let s = lu.volume.block_status(at).map_err(read_failure)?;
+        Ok(BlockStatus {
+            blocks: s.blocks.min(capacity - at),
+            ..s
+        })
+    };
+    let mut next = None;
     for _ in 0..wanted {
         if at >= capacity {
             break;
         }
-        let status = lu.volume.block_status(at).map_err(read_failure)?;
-        let run = status.blocks.min(capacity - at).min(u32::MAX as u64);
+        let status = match next.take() {
+            Some(s) => s,
+            None => status_at(at)?,
+        };
+        // A volume may report a long run in pieces (the engine bounds each lookup): join
+        // pieces in the same state so each descriptor covers a whole extent.
+        let mut run = status.blocks;
+        while run < u32::MAX as u64 && at + run < capacity {
+            let s = status_at(at + run)?;
+            if s.state != status.state {
+                next = Some(s);
+                break;
+            }
+            run += s.blocks;
+        }
+        let run = run.min(u32::MAX as u64);
         if run == 0 {
             break;
         }

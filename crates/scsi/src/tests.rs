@@ -2,7 +2,7 @@
 
 use std::sync::Arc;
 
-use sliver_volume::FileVolume;
+use sliver_volume::{BlockStatus, FileVolume, Volume, VolumeSpace};
 
 use crate::{LogicalUnit, LuConfig, Nexus, Request, Response, Status, TaskAttr};
 
@@ -15,10 +15,15 @@ struct Fixture {
 }
 
 fn fixture() -> Fixture {
+    fixture_with(|v| Arc::new(v))
+}
+
+/// A fixture whose FileVolume is wrapped by `wrap`.
+fn fixture_with(wrap: impl FnOnce(FileVolume) -> Arc<dyn Volume>) -> Fixture {
     let dir = tempfile::tempdir().unwrap();
     let volume = FileVolume::open(&dir.path().join("v"), BLOCKS * BS as u64, BS as u32).unwrap();
     let lu = LogicalUnit::new(
-        Arc::new(volume),
+        wrap(volume),
         LuConfig {
             vendor: "SLIVER".into(),
             product: "sliver".into(),
@@ -261,6 +266,61 @@ fn write_same_zero_with_unmap_deallocates() {
     let status = get_lba_status(&f.lu, &n, 0);
     assert_eq!(status[0], (0, status[0].1, 1));
     assert!(status[0].1 >= 32);
+}
+
+/// A volume that reports provisioning runs in pieces of at most 8 blocks, as the engine cuts
+/// long runs to bound its lock hold.
+struct Pieces(FileVolume);
+
+impl Volume for Pieces {
+    fn block_size(&self) -> u32 {
+        self.0.block_size()
+    }
+    fn num_blocks(&self) -> u64 {
+        self.0.num_blocks()
+    }
+    fn read(&self, lba: u64, buf: &mut [u8]) -> sliver_volume::Result<()> {
+        self.0.read(lba, buf)
+    }
+    fn write(&self, lba: u64, data: &[u8]) -> sliver_volume::Result<()> {
+        self.0.write(lba, data)
+    }
+    fn flush(&self) -> sliver_volume::Result<()> {
+        self.0.flush()
+    }
+    fn unmap(&self, lba: u64, blocks: u64) -> sliver_volume::Result<()> {
+        self.0.unmap(lba, blocks)
+    }
+    fn block_status(&self, lba: u64) -> sliver_volume::Result<BlockStatus> {
+        let s = self.0.block_status(lba)?;
+        Ok(BlockStatus {
+            blocks: s.blocks.min(8),
+            ..s
+        })
+    }
+    fn space(&self) -> sliver_volume::Result<VolumeSpace> {
+        self.0.space()
+    }
+}
+
+#[test]
+fn get_lba_status_joins_runs_a_volume_reports_in_pieces() {
+    let plain = fixture();
+    let pieces = fixture_with(|v| Arc::new(Pieces(v)));
+    let n = nexus(1);
+    for f in [&plain, &pieces] {
+        run(&f.lu, &n, &[0; 6], &[]); // the power-on unit attention
+        good(&write16(&f.lu, &n, 96, &[0x5a; 200 * BS]));
+        good(&write16(&f.lu, &n, 640, &[0xa5; 64 * BS]));
+    }
+    let want = get_lba_status(&plain.lu, &n, 0);
+    assert!(want.len() >= 4, "{want:?}");
+    assert!(want.iter().all(|d| d.1 > 8), "{want:?}");
+    assert_eq!(get_lba_status(&pieces.lu, &n, 0), want);
+    assert_eq!(
+        get_lba_status(&pieces.lu, &n, 100),
+        get_lba_status(&plain.lu, &n, 100)
+    );
 }
 
 #[test]

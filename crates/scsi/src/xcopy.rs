@@ -121,6 +121,25 @@ fn be64(b: &[u8], at: usize) -> u64 {
         .map_or(0, u64::from_be_bytes)
 }
 
+/// An upper bound on the bytes an EXTENDED COPY parameter list moves, for a server deciding
+/// where to run the command before it runs: `None` when the list does not parse (the command
+/// then fails at once). Block counts are taken at the largest block size a volume may have
+/// (4096 bytes), so the bound holds whichever volumes the descriptors name.
+pub fn copy_bytes_at_most(param_list: &[u8]) -> Option<u64> {
+    const LARGEST_BLOCK: u64 = 4096;
+    let list = parse_parameter_list(param_list).ok()?;
+    Some(
+        list.segments
+            .iter()
+            .map(|s| match s.length {
+                SegmentLength::Blocks(n) => u64::from(n) * LARGEST_BLOCK,
+                // The offsets can make the transfer touch one more block at each end.
+                SegmentLength::Bytes { bytes, .. } => u64::from(bytes) + 2 * LARGEST_BLOCK,
+            })
+            .sum(),
+    )
+}
+
 pub(crate) fn execute(lu: &LogicalUnit, req: &Request, cmd: &Command) -> Outcome {
     match *cmd {
         Command::ExtendedCopy { param_len } => extended_copy(lu, req, param_len),
@@ -1046,6 +1065,22 @@ mod tests {
         (0..blocks * BS)
             .map(|i| (i / BS) as u8 ^ seed ^ (i as u8))
             .collect()
+    }
+
+    #[test]
+    fn the_copy_bound_counts_every_segment_at_the_largest_block_size() {
+        let targets = [cscd(naa(0), 512), cscd(naa(1), 512)];
+        let one = params(0, 0b11, &targets, &[b2b(0, 1, 4096, 0, 0)]);
+        assert_eq!(copy_bytes_at_most(&one), Some(4096 * 4096));
+        let two = params(
+            0,
+            0b11,
+            &targets,
+            &[b2b(0, 1, 8, 0, 0), b2b_offsets(0, 1, 1000, (0, 0), (3, 7))],
+        );
+        assert_eq!(copy_bytes_at_most(&two), Some(8 * 4096 + 1000 + 2 * 4096));
+        assert_eq!(copy_bytes_at_most(&one[..one.len() - 1]), None, "cut short");
+        assert_eq!(copy_bytes_at_most(&[]), None);
     }
 
     #[test]

@@ -359,7 +359,7 @@ impl Session {
         let budget = self.budget.clone();
         let bytes = (cmd.data_out.len() as u64).max(cmd.expected_data_transfer_length as u64);
         let cost = (bytes / 1024 + 1).min(EXECUTION_BUDGET_KIB as u64) as u32;
-        let quick = crate::executor::is_quick(&cmd.cdb, bytes);
+        let quick = crate::executor::is_quick(&cmd.cdb, bytes, &cmd.data_out);
         tokio::spawn(async move {
             let Ok(permit) = budget.acquire_many_owned(cost).await else {
                 return;
