@@ -10,7 +10,7 @@
 //! preserves sharing exactly (and with it the reference counts, which are recomputed on load).
 
 use crate::format::{CHECKPOINT_MAGIC, FORMAT_VERSION};
-use crate::state::{Chunk, Loc, Page, SegState, Segment, State, VolumeMap, PAGE_ENTRIES};
+use crate::state::{Chunk, Loc, Page, SegState, Segment, State, VolumeMap, ANCHORED, PAGE_ENTRIES};
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
@@ -325,6 +325,10 @@ pub fn decode(bytes: &[u8]) -> Result<Loaded, CheckpointError> {
     }
     drop(pages);
     for (id, refs) in state.count_references() {
+        if id == ANCHORED {
+            state.store.anchored = refs;
+            continue;
+        }
         match state.store.chunks.get_mut(id as usize) {
             Some(c) if c.len != 0 => c.refs = refs,
             _ => return Err(bad(&format!("map references missing chunk {id}"))),

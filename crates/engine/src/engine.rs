@@ -12,7 +12,7 @@ use crate::checkpoint::{self, Counters, Geometry, Head};
 use crate::format::{
     self, Codec, Encoder, Record, CHUNK_PREFIX, RECORD_HEADER, SEAL_LEN, SEGMENT_START_LEN,
 };
-use crate::state::{Loc, SegState, Segment, State};
+use crate::state::{holds_data, Loc, SegState, Segment, State, ANCHORED};
 use std::collections::HashMap;
 use std::io;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -145,6 +145,8 @@ pub struct EngineSpace {
     pub gc_relocated_bytes: u64,
     pub soft_threshold_exceeded: bool,
     pub unique_chunks: u64,
+    /// Log space held for anchored blocks (SBC ANCHOR): not in use, but not available.
+    pub anchored_bytes: u64,
 }
 
 /// Space figures of one volume (see `sliver_volume::VolumeSpace`).
@@ -152,6 +154,8 @@ pub struct EngineSpace {
 pub struct VolumeUsage {
     pub provisioned_bytes: u64,
     pub mapped_bytes: u64,
+    /// Anchored: no data, space held for it.
+    pub anchored_bytes: u64,
     pub unique_bytes: u64,
     pub shared_bytes: u64,
 }
@@ -235,8 +239,12 @@ pub struct Engine {
 /// Who asks for log space, which decides how deep into the reserve it may go.
 #[derive(Clone, Copy)]
 enum Space {
-    /// New chunks from hosts: never into the collector's reserve.
+    /// New chunks from hosts: never into the collector's reserve nor into the space held for
+    /// anchored entries.
     Data,
+    /// New chunks from hosts that all replace anchored entries: may use the space held for
+    /// them (the anchors they replace give it up as the write applies).
+    AnchoredData,
     /// Records that free or share space (unmap, copy, dedup hits, volume changes): may use the
     /// reserve but leave the collector one segment.
     Metadata,
@@ -255,14 +263,16 @@ pub enum ChunkState {
     Mapped,
     /// Holds nothing and reads as zeros.
     Deallocated,
+    /// Holds nothing, reads as zeros, and has space held for a later write (SBC ANCHOR).
+    Anchored,
 }
 
 impl ChunkState {
     fn of(id: u32) -> Self {
-        if id == 0 {
-            ChunkState::Deallocated
-        } else {
-            ChunkState::Mapped
+        match id {
+            0 => ChunkState::Deallocated,
+            ANCHORED => ChunkState::Anchored,
+            _ => ChunkState::Mapped,
         }
     }
 }
@@ -496,7 +506,9 @@ impl Engine {
         let threshold = self.tuning.lock().unwrap().soft_threshold;
         let count = self.geometry.segment_count as f64;
         let usable = count - gc_reserve(self.geometry.segment_count) as f64;
-        let used = count - self.lock_meta().free.len() as f64;
+        let m = self.lock_meta();
+        let held = self.anchor_reserve(m.state.store.anchored) as f64;
+        let used = count - m.free.len() as f64 + held;
         used > threshold * usable
     }
 
@@ -512,9 +524,23 @@ impl Engine {
     /// Bytes hosts can still fill with new data (free segments outside the collector's reserve;
     /// reclaimable space not counted).
     pub fn available_bytes(&self) -> u64 {
-        let free = self.lock_meta().free.len() as u64;
-        free.saturating_sub(gc_reserve(self.geometry.segment_count) as u64)
-            * self.geometry.segment_size as u64
+        let m = self.lock_meta();
+        let keep = gc_reserve(self.geometry.segment_count) as u64
+            + self.anchor_reserve(m.state.store.anchored) as u64;
+        (m.free.len() as u64).saturating_sub(keep) * self.geometry.segment_size as u64
+    }
+
+    /// Segments held for `anchored` entries: room to store each as an incompressible chunk,
+    /// counting only 15/16 of a segment (a batch that does not fit starts a new segment),
+    /// plus one for rounding.
+    fn anchor_reserve(&self, anchored: u64) -> usize {
+        if anchored == 0 {
+            return 0;
+        }
+        let per = (RECORD_HEADER + CHUNK_PREFIX + self.geometry.chunk_size as usize + 4) as u64;
+        let usable =
+            (self.geometry.segment_size as u64 - (SEGMENT_START_LEN + SEAL_LEN) as u64) / 16 * 15;
+        (anchored.saturating_mul(per).div_ceil(usable) + 1) as usize
     }
 
     /// Largest write that is applied all or nothing across a crash.
@@ -673,7 +699,11 @@ impl Engine {
         }
         if m.head.offset as usize + len + SEAL_LEN > seg {
             let keep = match class {
-                Space::Data => gc_reserve(self.geometry.segment_count) as usize,
+                Space::Data => {
+                    gc_reserve(self.geometry.segment_count) as usize
+                        + self.anchor_reserve(m.state.store.anchored)
+                }
+                Space::AnchoredData => gc_reserve(self.geometry.segment_count) as usize,
                 Space::Metadata => 1,
                 Space::Collector => 0,
             };
@@ -681,7 +711,7 @@ impl Engine {
                 return Err(EngineError::NoSpace);
             }
             // New data stops while the file system still holds what frees space.
-            if matches!(class, Space::Data) && !self.room_for_data(m) {
+            if matches!(class, Space::Data | Space::AnchoredData) && !self.room_for_data(m) {
                 return Err(EngineError::NoSpace);
             }
             let Some(next) = m.free.pop() else {
@@ -973,7 +1003,8 @@ impl Engine {
             // Compare id and fingerprint: an id freed and reused meanwhile has other content.
             let changed = expected.iter().any(|&(c, old)| {
                 let id = map.get(c);
-                id != old.0 || (id != 0 && m.state.store.chunk(id).map(|x| x.hash) != Some(old.1))
+                id != old.0
+                    || (holds_data(id) && m.state.store.chunk(id).map(|x| x.hash) != Some(old.1))
             });
             if changed {
                 drop(m);
@@ -1009,8 +1040,9 @@ impl Engine {
         let mut new: Vec<(u32, &[u8; 16], Codec, &[u8])> = Vec::new();
         let mut local = crate::state::FingerprintIndex::default();
         let mut allocated = Vec::new();
+        let mut into_anchored = true;
         let mut size = RECORD_HEADER + RECORD_HEADER + 16 + 4 * items.len();
-        for item in items {
+        for (k, item) in items.iter().enumerate() {
             let id = match item {
                 Prepared::Zero => 0,
                 Prepared::Data { hash, codec, bytes } => {
@@ -1023,6 +1055,11 @@ impl Engine {
                             return Err(EngineError::NoSpace);
                         };
                         allocated.push(id);
+                        into_anchored &= m
+                            .state
+                            .volumes
+                            .get(&volume)
+                            .is_some_and(|map| map.get(first + k as u64) == ANCHORED);
                         local.insert(*hash, id);
                         new.push((id, hash, *codec, bytes));
                         size += RECORD_HEADER + CHUNK_PREFIX + bytes.len();
@@ -1036,6 +1073,8 @@ impl Engine {
         // they keep working on a full array.
         let class = if new.is_empty() {
             Space::Metadata
+        } else if into_anchored {
+            Space::AnchoredData
         } else {
             Space::Data
         };
@@ -1115,8 +1154,8 @@ impl Engine {
             let mut locs = Vec::with_capacity(count);
             for c in first..first + count as u64 {
                 let id = map.get(c);
-                if id == 0 {
-                    seen.push((0, [0; 16]));
+                if !holds_data(id) {
+                    seen.push((id, [0; 16]));
                     locs.push(None);
                     continue;
                 }
@@ -1199,6 +1238,19 @@ impl Engine {
 
     /// Make `len` bytes at `offset` read as zeros and release their space.
     pub fn unmap(&self, volume: u32, offset: u64, len: u64) -> Result<()> {
+        self.release(volume, offset, len, false)
+    }
+
+    /// Anchor `len` bytes at `offset` (SBC ANCHOR): whole chunks become anchored entries that
+    /// read as zeros and hold space for a later write of them; partial chunks at the edges
+    /// are zeroed as by [`Engine::unmap`]. [`EngineError::NoSpace`] when the space to hold is
+    /// not free (nothing of that piece changes).
+    pub fn anchor(&self, volume: u32, offset: u64, len: u64) -> Result<()> {
+        self.release(volume, offset, len, true)
+    }
+
+    /// UNMAP (`anchor` false) or ANCHOR a byte range.
+    fn release(&self, volume: u32, offset: u64, len: u64, anchor: bool) -> Result<()> {
         self.check_writable()?;
         {
             let m = self.lock_meta();
@@ -1229,10 +1281,38 @@ impl Engine {
         let mut c = full_first;
         while c < full_end {
             let n = PIECE.min(full_end - c);
-            self.append_data_meta(|e| e.unmap(volume, c, n))?;
+            if anchor {
+                self.append_data_meta_if(
+                    |m| self.room_to_anchor(m, volume, c, n),
+                    |e| e.anchor(volume, c, n),
+                )?;
+            } else {
+                self.append_data_meta(|e| e.unmap(volume, c, n))?;
+            }
             c += n;
         }
         self.wake_gc();
+        Ok(())
+    }
+
+    /// Whether anchoring chunks `first..first + count` of `volume` leaves the space it holds
+    /// free: segments outside the collector's reserve and the space already held.
+    fn room_to_anchor(&self, m: &Meta, volume: u32, first: u64, count: u64) -> Result<()> {
+        let map = m
+            .state
+            .volumes
+            .get(&volume)
+            .ok_or(EngineError::NoSuchVolume(volume))?;
+        let new = map
+            .entries(first, count)
+            .iter()
+            .filter(|&&id| id != ANCHORED)
+            .count() as u64;
+        let held = self.anchor_reserve(m.state.store.anchored + new);
+        // One segment more for the log records themselves (Space::Metadata keeps one).
+        if m.free.len() < gc_reserve(self.geometry.segment_count) as usize + held + 1 {
+            return Err(EngineError::NoSpace);
+        }
         Ok(())
     }
 
@@ -1295,9 +1375,30 @@ impl Engine {
     /// Append a data-path metadata record (unmap, copy): needs no new chunk space, but log
     /// space; waits for the collector when the log is full.
     fn append_data_meta(&self, build: impl Fn(&mut Encoder)) -> Result<()> {
+        self.append_data_meta_if(|_| Ok(()), build)
+    }
+
+    /// [`Engine::append_data_meta`] after `check` passed under the same lock hold.
+    fn append_data_meta_if(
+        &self,
+        check: impl Fn(&Meta) -> Result<()>,
+        build: impl Fn(&mut Encoder),
+    ) -> Result<()> {
         let mut collections = 0;
         loop {
             let mut m = self.lock_meta();
+            if let Err(e) = check(&m) {
+                // Short of space: what the collector can return may be enough.
+                drop(m);
+                collections += 1;
+                if !matches!(e, EngineError::NoSpace)
+                    || collections > MAX_COLLECTIONS
+                    || !self.collect_for_space()?
+                {
+                    return Err(e);
+                }
+                continue;
+            }
             let mut probe = Vec::new();
             build(&mut Encoder::new(&mut probe, 0));
             // Freeing space must keep working on a full array: unmap may use the reserve.
@@ -1395,12 +1496,13 @@ impl Engine {
         for map in m.state.volumes.values() {
             provisioned += map.size;
             for page in map.pages.values() {
-                logical += page.0.iter().filter(|&&id| id != 0).count() as u64 * cs;
+                logical += page.0.iter().filter(|&&id| holds_data(id)).count() as u64 * cs;
             }
         }
         let host = m.counters.host_bytes;
         let gc = m.counters.gc_bytes;
         let threshold = self.tuning.lock().unwrap().soft_threshold;
+        let held = self.anchor_reserve(store.anchored) as u64 * seg;
         EngineSpace {
             capacity_bytes: capacity,
             physical_used_bytes: physical,
@@ -1425,8 +1527,9 @@ impl Engine {
             },
             host_written_bytes: host,
             gc_relocated_bytes: gc,
-            soft_threshold_exceeded: physical as f64 > threshold * capacity as f64,
+            soft_threshold_exceeded: (physical + held) as f64 > threshold * capacity as f64,
             unique_chunks: store.index.len() as u64,
+            anchored_bytes: held,
         }
     }
 
@@ -1444,9 +1547,16 @@ impl Engine {
         let mut private: HashMap<u32, u64> = HashMap::new();
         let mut referenced: std::collections::HashSet<u32> = Default::default();
         let mut mapped = 0u64;
+        let mut anchored = 0u64;
         for page in map.pages.values() {
             let unique = std::sync::Arc::strong_count(page) == 1;
-            for &id in page.0.iter().filter(|&&id| id != 0) {
+            for &id in page.0.iter() {
+                if id == ANCHORED {
+                    anchored += cs;
+                }
+                if !holds_data(id) {
+                    continue;
+                }
                 mapped += cs;
                 referenced.insert(id);
                 if unique {
@@ -1467,6 +1577,7 @@ impl Engine {
         Ok(VolumeUsage {
             provisioned_bytes: map.size,
             mapped_bytes: mapped.min(map.size),
+            anchored_bytes: anchored.min(map.size),
             unique_bytes,
             shared_bytes,
         })
@@ -1970,7 +2081,7 @@ impl Engine {
     /// Returns a list of problems (empty when healthy).
     pub fn check(&self, progress: &mut dyn FnMut(u64, u64)) -> Vec<String> {
         let mut problems = Vec::new();
-        let (chunks, segment_live, counts, segment_seq) = {
+        let (chunks, segment_live, counts, segment_seq, anchored_tracked) = {
             let m = self.lock_meta();
             let counts = m.state.count_references();
             let chunks: Vec<(u32, crate::state::Chunk)> = m
@@ -1990,7 +2101,7 @@ impl Engine {
                 .iter()
                 .map(|s| (s.state, s.seq))
                 .collect();
-            (chunks, live, counts, seq)
+            (chunks, live, counts, seq, m.state.store.anchored)
         };
         let mut live = vec![0u64; segment_live.len()];
         for (id, c) in &chunks {
@@ -2010,7 +2121,13 @@ impl Engine {
             }
         }
         let existing: std::collections::HashSet<u32> = chunks.iter().map(|(id, _)| *id).collect();
-        for id in counts.keys() {
+        let anchored = counts.get(&ANCHORED).copied().unwrap_or(0);
+        if anchored != anchored_tracked {
+            problems.push(format!(
+                "{anchored_tracked} anchored entries counted but the maps hold {anchored}"
+            ));
+        }
+        for id in counts.keys().filter(|&&id| id != ANCHORED) {
             if !existing.contains(id) {
                 problems.push(format!("map references missing chunk {id}"));
             }

@@ -70,6 +70,7 @@ pub enum Kind {
     VolumeClone = 9,
     Seal = 10,
     Batch = 11,
+    Anchor = 12,
 }
 
 impl Kind {
@@ -86,6 +87,7 @@ impl Kind {
             9 => Kind::VolumeClone,
             10 => Kind::Seal,
             11 => Kind::Batch,
+            12 => Kind::Anchor,
             _ => return None,
         })
     }
@@ -113,6 +115,12 @@ pub enum Record<'a> {
         ids: Ids<'a>,
     },
     Unmap {
+        volume: u32,
+        first: u64,
+        count: u64,
+    },
+    /// Make `count` map entries of `volume` from `first` anchored (no data, space held).
+    Anchor {
         volume: u32,
         first: u64,
         count: u64,
@@ -300,6 +308,15 @@ fn decode_payload(kind: Kind, payload: &[u8]) -> Result<Record<'_>, DecodeError>
                 count: r.u64()?,
             }
         }
+        Kind::Anchor => {
+            let volume = r.u32()?;
+            r.u32()?;
+            Record::Anchor {
+                volume,
+                first: r.u64()?,
+                count: r.u64()?,
+            }
+        }
         Kind::Copy => {
             let src = r.u32()?;
             let dst = r.u32()?;
@@ -421,6 +438,15 @@ impl<'b> Encoder<'b> {
         self.finish(s);
     }
 
+    pub fn anchor(&mut self, volume: u32, first: u64, count: u64) {
+        let s = self.begin(Kind::Anchor);
+        self.put_u32(volume);
+        self.put_u32(0);
+        self.put_u64(first);
+        self.put_u64(count);
+        self.finish(s);
+    }
+
     pub fn copy(&mut self, src: u32, src_first: u64, dst: u32, dst_first: u64, count: u64) {
         let s = self.begin(Kind::Copy);
         self.put_u32(src);
@@ -522,9 +548,18 @@ mod tests {
         let b = e.out.len();
         e.map(1, 0, &[2]);
         e.wrap_batch(b);
+        e.anchor(2, 5, 6);
         e.seal(4, 8);
         let got: Vec<_> = records(&out, 7).map(|r| r.unwrap().1).collect();
-        assert_eq!(got.len(), 11);
+        assert_eq!(got.len(), 12);
+        assert_eq!(
+            got[10],
+            Record::Anchor {
+                volume: 2,
+                first: 5,
+                count: 6
+            }
+        );
         assert_eq!(got[0], Record::SegmentStart { seq: 7, segment: 3 });
         match &got[1] {
             Record::Chunk {
@@ -589,7 +624,7 @@ mod tests {
             other => panic!("{other:?}"),
         }
         assert_eq!(
-            got[10],
+            got[11],
             Record::Seal {
                 next_segment: 4,
                 next_seq: 8

@@ -23,7 +23,17 @@ const MAX_ID_GAP: usize = 1 << 16;
 /// Largest Copy record the engine writes (it splits larger copies).
 pub const MAX_COPY_CHUNKS: u64 = 64 * 1024;
 
-/// A page of a volume's block map: chunk ids, 0 = unmapped (reads as zeros).
+/// Map entry of an anchored chunk (SBC ANCHOR): no data, reads as zeros, space held for it.
+/// No chunk ever has this id. Reference counting treats it as one pseudo-chunk whose count
+/// (`Store::anchored`) is the number of anchored entries over all map page instances.
+pub const ANCHORED: u32 = u32::MAX;
+
+/// Whether a map entry points at stored data (not unmapped, not anchored).
+pub fn holds_data(id: u32) -> bool {
+    id != 0 && id != ANCHORED
+}
+
+/// A page of a volume's block map: chunk ids, 0 = unmapped (reads as zeros), [`ANCHORED`].
 #[derive(Clone)]
 pub struct Page(pub Box<[u32; PAGE_ENTRIES]>);
 
@@ -174,6 +184,8 @@ pub struct Store {
     pub index: FingerprintIndex,
     pub free_ids: Vec<u32>,
     pub segments: Vec<Segment>,
+    /// Anchored map entries, counted like references (per page instance).
+    pub anchored: u64,
 }
 
 impl Store {
@@ -184,6 +196,7 @@ impl Store {
             index: FingerprintIndex::default(),
             free_ids: Vec::new(),
             segments: vec![Segment::FREE; segment_count as usize],
+            anchored: 0,
         }
     }
 
@@ -198,7 +211,9 @@ impl Store {
                 return Some(id);
             }
         }
-        let id = u32::try_from(self.chunks.len()).ok()?;
+        let id = u32::try_from(self.chunks.len())
+            .ok()
+            .filter(|&id| id != ANCHORED)?;
         self.chunks.push(FREE_CHUNK);
         self.free_ids.push(id);
         self.free_ids.pop()
@@ -216,6 +231,10 @@ impl Store {
         if id == 0 {
             return Ok(());
         }
+        if id == ANCHORED {
+            self.anchored += 1;
+            return Ok(());
+        }
         match self.chunks.get_mut(id as usize) {
             Some(c) if c.len != 0 => {
                 c.refs += 1;
@@ -227,6 +246,13 @@ impl Store {
 
     fn decref(&mut self, id: u32) -> Apply {
         if id == 0 {
+            return Ok(());
+        }
+        if id == ANCHORED {
+            self.anchored = self
+                .anchored
+                .checked_sub(1)
+                .ok_or_else(|| Inconsistent("anchored entry count below zero".into()))?;
             return Ok(());
         }
         let Some(c) = self
@@ -249,7 +275,7 @@ impl Store {
     }
 
     fn put_chunk(&mut self, id: u32, hash: [u8; 16], loc: Loc, len: u32) -> Apply {
-        if id == 0 || loc.segment as usize >= self.segments.len() {
+        if id == 0 || id == ANCHORED || loc.segment as usize >= self.segments.len() {
             return Err(Inconsistent(format!("chunk {id} at an impossible place")));
         }
         // Ids are handed out densely (a failed batch can leave at most one batch of ids
@@ -369,7 +395,7 @@ impl State {
                 // Validate before changing anything: a refused record leaves no trace.
                 if let Some(id) = ids
                     .iter()
-                    .find(|&id| id != 0 && self.store.chunk(id).is_none())
+                    .find(|&id| holds_data(id) && self.store.chunk(id).is_none())
                 {
                     return Err(Inconsistent(format!("reference to missing chunk {id}")));
                 }
@@ -382,6 +408,14 @@ impl State {
             } => {
                 self.check_range(*volume, *first, *count)?;
                 self.unmap(*volume, *first, *count)
+            }
+            Record::Anchor {
+                volume,
+                first,
+                count,
+            } => {
+                self.check_range(*volume, *first, *count)?;
+                self.anchor(*volume, *first, *count)
             }
             Record::Copy {
                 src,
@@ -462,7 +496,10 @@ impl State {
             .get_mut(&volume)
             .ok_or_else(|| Inconsistent(format!("volume {volume} does not exist")))?;
         let ids: Vec<u32> = ids.collect();
-        if let Some(id) = ids.iter().find(|&&id| id != 0 && store.chunk(id).is_none()) {
+        if let Some(id) = ids
+            .iter()
+            .find(|&&id| holds_data(id) && store.chunk(id).is_none())
+        {
             return Err(Inconsistent(format!("reference to missing chunk {id}")));
         }
         // Take every new reference before giving up any old one. Doing it page by page is not
@@ -534,8 +571,43 @@ impl State {
         Ok(())
     }
 
+    /// Make entries `first..first + count` anchored, creating the pages they need.
+    fn anchor(&mut self, volume: u32, first: u64, count: u64) -> Apply {
+        let State { store, volumes, .. } = self;
+        let map = volumes
+            .get_mut(&volume)
+            .ok_or_else(|| Inconsistent(format!("volume {volume} does not exist")))?;
+        let end = first + count;
+        let per = PAGE_ENTRIES as u64;
+        let mut i = first;
+        while i < end {
+            let page_no = i / per;
+            let page_start = page_no * per;
+            let to = end.min(page_start + per);
+            if i == page_start && to == page_start + per {
+                let full = Arc::new(Page(Box::new([ANCHORED; PAGE_ENTRIES])));
+                store.anchored += per;
+                if let Some(old) = map.pages.insert(page_no, full) {
+                    store.drop_page(old)?;
+                }
+            } else {
+                let page = store.page_mut(&mut map.pages, page_no)?;
+                let released: Vec<u32> = (i..to)
+                    .map(|k| std::mem::replace(&mut page.0[(k - page_start) as usize], ANCHORED))
+                    .collect();
+                store.anchored += to - i;
+                for old in released {
+                    store.decref(old)?;
+                }
+            }
+            i = to;
+        }
+        Ok(())
+    }
+
     /// Recompute every chunk's reference count from the maps (after loading a checkpoint, and
-    /// by the checker to audit the counts kept incrementally).
+    /// by the checker to audit the counts kept incrementally). Anchored entries are counted
+    /// under [`ANCHORED`].
     pub fn count_references(&self) -> HashMap<u32, u64> {
         let mut counts = HashMap::new();
         let mut seen = std::collections::HashSet::new();

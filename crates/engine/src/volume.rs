@@ -124,6 +124,18 @@ impl Volume for EngineVolume {
             .map_err(to_volume_error)
     }
 
+    fn supports_anchor(&self) -> bool {
+        true
+    }
+
+    fn anchor(&self, lba: u64, blocks: u64) -> sliver_volume::Result<()> {
+        self.writable()?;
+        let (offset, len) = self.bytes(lba, blocks)?;
+        self.engine
+            .anchor(self.id, offset, len)
+            .map_err(to_volume_error)
+    }
+
     /// Zeros are never stored: zeroing is unmapping, with or without the host asking for it.
     fn write_zeroes(&self, lba: u64, blocks: u64, _deallocate: bool) -> sliver_volume::Result<()> {
         self.unmap(lba, blocks)
@@ -204,6 +216,7 @@ impl Volume for EngineVolume {
             state: match state {
                 ChunkState::Mapped => ProvisioningState::Mapped,
                 ChunkState::Deallocated => ProvisioningState::Deallocated,
+                ChunkState::Anchored => ProvisioningState::Anchored,
             },
             blocks: end - lba,
         })

@@ -466,3 +466,106 @@ fn corrupted_chunk_is_reported_for_its_blocks_only() {
     engine.read(v, 12288, &mut buf).unwrap();
     assert!(!engine.check(&mut |_, _| {}).is_empty());
 }
+
+#[test]
+fn anchored_chunks_read_zeros_hold_space_and_survive_replay_and_checkpoint() {
+    let backend = Arc::new(MemBackend::new(16 << 20));
+    let engine = Engine::create(backend.clone(), config(), Tuning::default()).unwrap();
+    let v = engine.create_volume(1 << 20).unwrap();
+    let mut model = noise(11, 256 << 10);
+    engine.write(v, 0, &model).unwrap();
+    engine.flush().unwrap();
+    let available = engine.available_bytes();
+    // Partial chunks at both ends are zeroed; chunks 1..49 become anchored.
+    engine.anchor(v, 1000, 200_000).unwrap();
+    model[1000..201_000].fill(0);
+    let five = noise(12, CS);
+    engine.write(v, 5 * CS as u64, &five).unwrap();
+    model[5 * CS..6 * CS].copy_from_slice(&five);
+    let expect = |engine: &Engine| {
+        let status = |c| engine.chunk_status(v, c).unwrap();
+        assert_eq!(status(0), (ChunkState::Mapped, 1));
+        assert_eq!(status(1), (ChunkState::Anchored, 4));
+        assert_eq!(
+            status(5),
+            (ChunkState::Mapped, 1),
+            "written after anchoring"
+        );
+        assert_eq!(status(6), (ChunkState::Anchored, 43));
+        assert_eq!(status(49).0, ChunkState::Mapped);
+        let mut back = vec![0u8; model.len()];
+        engine.read(v, 0, &mut back).unwrap();
+        assert!(back == model);
+        assert_eq!(
+            engine.volume_usage(v).unwrap().anchored_bytes,
+            47 * CS as u64
+        );
+        assert!(engine.space().anchored_bytes >= 47 * CS as u64);
+        assert!(engine.available_bytes() + 47 * CS as u64 <= available);
+        assert_eq!(engine.check(&mut |_, _| {}), Vec::<String>::new());
+    };
+    expect(&engine);
+    // Crash after a flush: the anchors come back by replaying the log.
+    engine.flush().unwrap();
+    let crashed = Arc::new(backend.crash(|_, n| vec![false; n]));
+    drop(engine);
+    let engine = Engine::open(crashed.clone(), Tuning::default(), false).unwrap();
+    assert!(engine.recovery().records_replayed > 0);
+    expect(&engine);
+    // Clean restart: from the checkpoint.
+    engine.shutdown().unwrap();
+    drop(engine);
+    let engine = Engine::open(crashed, Tuning::default(), false).unwrap();
+    assert_eq!(engine.recovery().records_replayed, 0);
+    expect(&engine);
+    // A snapshot shares the anchored page; deleting both gives all the held space back.
+    let snap = engine.clone_volume(v).unwrap();
+    engine.write(v, 7 * CS as u64, &five).unwrap();
+    assert_eq!(engine.check(&mut |_, _| {}), Vec::<String>::new());
+    engine.delete_volume(v).unwrap();
+    engine.delete_volume(snap).unwrap();
+    assert_eq!(engine.space().anchored_bytes, 0);
+    assert_eq!(engine.check(&mut |_, _| {}), Vec::<String>::new());
+}
+
+#[test]
+fn writes_into_anchored_chunks_use_the_space_held_for_them() {
+    let (_, engine) = mem_engine(8 << 20);
+    let v = engine.create_volume(64 << 20).unwrap();
+    const PIECE: usize = 64 << 10;
+    let anchored = 1 << 20;
+    engine.anchor(v, 0, anchored).unwrap();
+    // Fill everything else with unique data until the array refuses.
+    let mut offset = anchored;
+    let mut seed = 100;
+    loop {
+        match engine.write(v, offset, &noise(seed, PIECE)) {
+            Ok(()) => {}
+            Err(EngineError::NoSpace) => break,
+            Err(e) => panic!("{e}"),
+        }
+        offset += PIECE as u64;
+        seed += 1;
+        assert!(offset < 64 << 20, "the array never filled");
+    }
+    assert!(offset > 2 << 20, "wrote only {offset} bytes");
+    // More anchoring needs space that is not there; nothing changes.
+    let c = (offset + (1 << 20)) / CS as u64;
+    assert!(matches!(
+        engine.anchor(v, c * CS as u64, 1 << 20),
+        Err(EngineError::NoSpace)
+    ));
+    assert_eq!(
+        engine.chunk_status(v, c).unwrap().0,
+        ChunkState::Deallocated
+    );
+    // Every anchored chunk can still be written with data that does not compress.
+    for (i, at) in (0..anchored).step_by(PIECE).enumerate() {
+        engine.write(v, at, &noise(9000 + i as u64, PIECE)).unwrap();
+    }
+    assert_eq!(engine.space().anchored_bytes, 0);
+    let mut back = vec![0u8; PIECE];
+    engine.read(v, anchored - PIECE as u64, &mut back).unwrap();
+    assert!(back == noise(9000 + (anchored / PIECE as u64 - 1), PIECE));
+    assert_eq!(engine.check(&mut |_, _| {}), Vec::<String>::new());
+}

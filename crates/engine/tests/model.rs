@@ -100,6 +100,12 @@ enum Op {
         offset: u64,
         len: u64,
     },
+    /// SBC ANCHOR: reads as zeros like an unmap, but holds space.
+    Anchor {
+        vol: usize,
+        offset: u64,
+        len: u64,
+    },
     Copy {
         src: usize,
         dst: usize,
@@ -157,6 +163,9 @@ fn op_strategy() -> impl Strategy<Value = Op> {
         2 => (any::<usize>(), any::<u64>()).prop_map(|(vol, seed)| Op::Fill { vol, seed }),
         6 => (any::<usize>(), any::<u64>(), 1u64..300_000).prop_map(|(vol, offset, len)| {
             Op::Unmap { vol, offset, len }
+        }),
+        3 => (any::<usize>(), any::<u64>(), 1u64..300_000).prop_map(|(vol, offset, len)| {
+            Op::Anchor { vol, offset, len }
         }),
         6 => (
             any::<usize>(),
@@ -392,13 +401,18 @@ impl Harness {
                 self.log.push(format!("  -> volume {vol} 0+{size}"));
                 self.write(vol, 0, &bytes);
             }
-            Op::Unmap { vol, offset, len } => {
+            Op::Unmap { vol, offset, len } | Op::Anchor { vol, offset, len } => {
                 let Some(vol) = self.pick(vol) else { return };
                 let size = self.model[&vol].len() as u64;
                 let offset = offset % size;
                 let len = len.min(size - offset);
                 self.log.push(format!("  -> volume {vol} {offset}+{len}"));
-                match self.engine.unmap(vol, offset, len) {
+                let done = if matches!(op, Op::Anchor { .. }) {
+                    self.engine.anchor(vol, offset, len)
+                } else {
+                    self.engine.unmap(vol, offset, len)
+                };
+                match done {
                     Ok(()) => {
                         self.model.get_mut(&vol).unwrap()[offset as usize..(offset + len) as usize]
                             .fill(0);

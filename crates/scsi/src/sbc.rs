@@ -307,8 +307,9 @@ fn write_same(
     ndob: bool,
     data_out: &[u8],
 ) -> Outcome {
-    if anchor {
-        return Err(invalid_cdb(1, Some(4))); // ANC_SUP = 0
+    // SBC-4 5.50 (table 122): ANCHOR needs UNMAP, and a volume that keeps anchored blocks.
+    if anchor && (!unmap || !lu.volume.supports_anchor()) {
+        return Err(invalid_cdb(1, Some(4)));
     }
     let capacity = lu.volume.num_blocks();
     // NUMBER OF LOGICAL BLOCKS 0 means "to the last LBA" (WSNZ = 0 in VPD 0xB0).
@@ -341,7 +342,11 @@ fn write_same(
         return Ok(Done::good());
     }
     let _lock = lu.locks.lock(r.lba, blocks);
-    if unmap {
+    if anchor {
+        // Like UNMAP below, the Data-Out pattern is not consulted: anchored blocks read as
+        // zeros (LBPRZ).
+        lu.volume.anchor(r.lba, blocks).map_err(write_failure)?;
+    } else if unmap {
         // The host asked for deallocation: with LBPRZ=1 the blocks then read as zeros. Like
         // LIO and tgt (and as libiscsi's WriteSame*.UnmapUntilEnd expects) the Data-Out
         // pattern is not consulted; hosts send zeros with the UNMAP bit in practice.
@@ -360,7 +365,7 @@ fn write_same(
 }
 
 fn unmap(lu: &LogicalUnit, anchor: bool, param_len: usize, data_out: &[u8]) -> Outcome {
-    if anchor {
+    if anchor && !lu.volume.supports_anchor() {
         return Err(invalid_cdb(1, Some(0)));
     }
     if param_len == 0 {
@@ -402,7 +407,11 @@ fn unmap(lu: &LogicalUnit, anchor: bool, param_len: usize, data_out: &[u8]) -> O
     check_writable(lu)?;
     for r in ranges {
         let _lock = lu.locks.lock(r.lba, r.blocks);
-        lu.volume.unmap(r.lba, r.blocks).map_err(write_failure)?;
+        if anchor {
+            lu.volume.anchor(r.lba, r.blocks).map_err(write_failure)?;
+        } else {
+            lu.volume.unmap(r.lba, r.blocks).map_err(write_failure)?;
+        }
     }
     Ok(Done::affected(total * lu.volume.block_size() as u64))
 }

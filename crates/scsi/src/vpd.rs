@@ -195,8 +195,9 @@ pub(crate) fn threshold_exponent(block_size: u32) -> u8 {
 fn logical_block_provisioning(lu: &LogicalUnit) -> Vec<u8> {
     vec![
         threshold_exponent(lu.volume.block_size()),
-        // LBPU, LBPWS, LBPWS10, LBPRZ=001b; ANC_SUP=0 (no anchored state), DP=0.
-        0x80 | 0x40 | 0x20 | 0x04,
+        // LBPU, LBPWS, LBPWS10, LBPRZ=001b (unmapped blocks, deallocated or anchored, read
+        // as zeros); ANC_SUP when the volume keeps anchored blocks; DP=0.
+        0x80 | 0x40 | 0x20 | 0x04 | if lu.volume.supports_anchor() { 0x02 } else { 0 },
         0x02, // PROVISIONING TYPE: thin
         0,
     ]

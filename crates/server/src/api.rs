@@ -252,6 +252,9 @@ pub struct ArrayInfo {
     pub portals: Vec<String>,
     pub capacity_bytes: u64,
     pub physical_used_bytes: u64,
+    /// Log space held for anchored blocks (SBC ANCHOR).
+    #[serde(default)]
+    pub anchored_bytes: u64,
     pub live_bytes: u64,
     pub reclaimable_bytes: u64,
     pub provisioned_bytes: u64,
@@ -323,6 +326,7 @@ pub(crate) fn array_info(ctx: &ApiContext) -> ArrayInfo {
         portals: ctx.portals.iter().map(|p| p.to_string()).collect(),
         capacity_bytes: space.capacity_bytes,
         physical_used_bytes: space.physical_used_bytes,
+        anchored_bytes: space.anchored_bytes,
         live_bytes: space.live_bytes,
         reclaimable_bytes: space.reclaimable_bytes,
         provisioned_bytes: space.provisioned_bytes,

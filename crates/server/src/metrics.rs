@@ -198,6 +198,12 @@ pub fn render(ctx: &ApiContext) -> Result<String, ArrayError> {
             space.physical_used_bytes as f64,
         ),
         (
+            "sliver_array_anchored_bytes",
+            "gauge",
+            "Log space held for anchored blocks (SBC ANCHOR).",
+            space.anchored_bytes as f64,
+        ),
+        (
             "sliver_array_live_bytes",
             "gauge",
             "Bytes of stored data still referenced.",

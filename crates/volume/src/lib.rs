@@ -121,6 +121,18 @@ pub trait Volume: Send + Sync {
     /// Deallocate `blocks` blocks at `lba`; they read back as zeros afterwards.
     fn unmap(&self, lba: u64, blocks: u64) -> Result<()>;
 
+    /// Whether the volume keeps anchored blocks ([`Volume::anchor`]; VPD 0xB2 ANC_SUP).
+    fn supports_anchor(&self) -> bool {
+        false
+    }
+
+    /// Anchor `blocks` blocks at `lba` (SBC ANCHOR): they read back as zeros, like unmapped
+    /// blocks, but keep space held so a later write of them does not run out of it. Fails
+    /// with [`VolumeError::NoSpace`] when that space is not free.
+    fn anchor(&self, _lba: u64, _blocks: u64) -> Result<()> {
+        Err(VolumeError::Io(io::Error::from(io::ErrorKind::Unsupported)))
+    }
+
     /// Make `blocks` blocks at `lba` read as zeros. With `deallocate` the volume may (and a
     /// thin volume should) release their space; without it the blocks stay mapped.
     fn write_zeroes(&self, lba: u64, blocks: u64, deallocate: bool) -> Result<()> {
