@@ -16,6 +16,10 @@ cargo clippy --workspace --all-targets -- -D warnings
 step "unit and integration tests"
 cargo test --workspace
 
+step "the README's run command resolves to sliver"
+# `cargo run` with no --bin must pick the product (it broke once when test tools added binaries).
+cargo run --quiet -- --version
+
 step "conformance: libiscsi iscsi-test-cu and QEMU against a live sliver"
 scripts/conformance.sh
 
