@@ -1387,27 +1387,16 @@ impl Engine {
         let mut collections = 0;
         loop {
             let mut m = self.lock_meta();
-            if let Err(e) = check(&m) {
-                // Short of space: what the collector can return may be enough.
-                drop(m);
-                collections += 1;
-                if !matches!(e, EngineError::NoSpace)
-                    || collections > MAX_COLLECTIONS
-                    || !self.collect_for_space()?
-                {
-                    return Err(e);
-                }
-                continue;
-            }
             let mut probe = Vec::new();
             build(&mut Encoder::new(&mut probe, 0));
             // Freeing space must keep working on a full array: unmap may use the reserve.
-            match self.reserve(&mut m, probe.len(), Space::Metadata) {
+            match check(&m).and_then(|()| self.reserve(&mut m, probe.len(), Space::Metadata)) {
                 Ok(at) => {
                     let mut buf = Vec::with_capacity(probe.len());
                     build(&mut Encoder::new(&mut buf, at.seq));
                     return self.append_at(&mut m, at, &buf);
                 }
+                // Short of space: what the collector can return may be enough.
                 Err(EngineError::NoSpace) => {
                     drop(m);
                     collections += 1;

@@ -532,6 +532,18 @@ impl State {
     }
 
     fn unmap(&mut self, volume: u32, first: u64, count: u64) -> Apply {
+        self.fill(volume, first, count, 0)
+    }
+
+    /// Make entries `first..first + count` anchored, creating the pages they need.
+    fn anchor(&mut self, volume: u32, first: u64, count: u64) -> Apply {
+        self.fill(volume, first, count, ANCHORED)
+    }
+
+    /// Set entries `first..first + count` to `value`: 0 (unmapped) or [`ANCHORED`], neither
+    /// of which refers to a stored chunk.
+    fn fill(&mut self, volume: u32, first: u64, count: u64, value: u32) -> Apply {
+        debug_assert!(!holds_data(value));
         let State { store, volumes, .. } = self;
         let map = volumes
             .get_mut(&volume)
@@ -541,24 +553,35 @@ impl State {
         }
         let end = first + count;
         let per = PAGE_ENTRIES as u64;
-        // Only pages that exist can hold references: visit those, not the whole range.
-        let present: Vec<u64> = map
-            .pages
-            .range(first / per..=(end - 1) / per)
-            .map(|(&no, _)| no)
-            .collect();
-        for page_no in present {
+        let pages = first / per..=(end - 1) / per;
+        // Unmapping only changes pages that exist: visit those, not the whole range.
+        let visit: Vec<u64> = if value == 0 {
+            map.pages.range(pages).map(|(&no, _)| no).collect()
+        } else {
+            pages.collect()
+        };
+        for page_no in visit {
             let page_start = page_no * per;
             let from = first.max(page_start);
             let to = end.min(page_start + per);
+            if value == ANCHORED {
+                store.anchored += to - from;
+            }
             if from == page_start && to == page_start + per {
-                let page = map.pages.remove(&page_no).expect("present");
-                store.drop_page(page)?;
+                let old = if value == 0 {
+                    map.pages.remove(&page_no)
+                } else {
+                    map.pages
+                        .insert(page_no, Arc::new(Page(Box::new([value; PAGE_ENTRIES]))))
+                };
+                if let Some(old) = old {
+                    store.drop_page(old)?;
+                }
                 continue;
             }
             let page = store.page_mut(&mut map.pages, page_no)?;
             let released: Vec<u32> = (from..to)
-                .map(|i| std::mem::replace(&mut page.0[(i - page_start) as usize], 0))
+                .map(|i| std::mem::replace(&mut page.0[(i - page_start) as usize], value))
                 .collect();
             let empty = page.is_empty();
             for old in released {
@@ -567,40 +590,6 @@ impl State {
             if empty {
                 map.pages.remove(&page_no);
             }
-        }
-        Ok(())
-    }
-
-    /// Make entries `first..first + count` anchored, creating the pages they need.
-    fn anchor(&mut self, volume: u32, first: u64, count: u64) -> Apply {
-        let State { store, volumes, .. } = self;
-        let map = volumes
-            .get_mut(&volume)
-            .ok_or_else(|| Inconsistent(format!("volume {volume} does not exist")))?;
-        let end = first + count;
-        let per = PAGE_ENTRIES as u64;
-        let mut i = first;
-        while i < end {
-            let page_no = i / per;
-            let page_start = page_no * per;
-            let to = end.min(page_start + per);
-            if i == page_start && to == page_start + per {
-                let full = Arc::new(Page(Box::new([ANCHORED; PAGE_ENTRIES])));
-                store.anchored += per;
-                if let Some(old) = map.pages.insert(page_no, full) {
-                    store.drop_page(old)?;
-                }
-            } else {
-                let page = store.page_mut(&mut map.pages, page_no)?;
-                let released: Vec<u32> = (i..to)
-                    .map(|k| std::mem::replace(&mut page.0[(k - page_start) as usize], ANCHORED))
-                    .collect();
-                store.anchored += to - i;
-                for old in released {
-                    store.decref(old)?;
-                }
-            }
-            i = to;
         }
         Ok(())
     }

@@ -268,45 +268,12 @@ fn write_same_zero_with_unmap_deallocates() {
     assert!(status[0].1 >= 32);
 }
 
-/// A volume that reports provisioning runs in pieces of at most 8 blocks, as the engine cuts
-/// long runs to bound its lock hold.
-struct Pieces(FileVolume);
-
-impl Volume for Pieces {
-    fn block_size(&self) -> u32 {
-        self.0.block_size()
-    }
-    fn num_blocks(&self) -> u64 {
-        self.0.num_blocks()
-    }
-    fn read(&self, lba: u64, buf: &mut [u8]) -> sliver_volume::Result<()> {
-        self.0.read(lba, buf)
-    }
-    fn write(&self, lba: u64, data: &[u8]) -> sliver_volume::Result<()> {
-        self.0.write(lba, data)
-    }
-    fn flush(&self) -> sliver_volume::Result<()> {
-        self.0.flush()
-    }
-    fn unmap(&self, lba: u64, blocks: u64) -> sliver_volume::Result<()> {
-        self.0.unmap(lba, blocks)
-    }
-    fn block_status(&self, lba: u64) -> sliver_volume::Result<BlockStatus> {
-        let s = self.0.block_status(lba)?;
-        Ok(BlockStatus {
-            blocks: s.blocks.min(8),
-            ..s
-        })
-    }
-    fn space(&self) -> sliver_volume::Result<VolumeSpace> {
-        self.0.space()
-    }
-}
-
 #[test]
 fn get_lba_status_joins_runs_a_volume_reports_in_pieces() {
     let plain = fixture();
-    let pieces = fixture_with(|v| Arc::new(Pieces(v)));
+    // Provisioning runs reported in pieces of at most 8 blocks, as the engine cuts long runs
+    // to bound its lock hold.
+    let pieces = fixture_with(|v| Arc::new(Altered::new(v).status_runs_of(8)));
     let n = nexus(1);
     for f in [&plain, &pieces] {
         run(&f.lu, &n, &[0; 6], &[]); // the power-on unit attention
@@ -716,37 +683,69 @@ fn fuzz_entry_point_survives_garbage() {
     crate::fuzz_cdb(&[6, 0x15, 0x10, 0, 0, 0xff, 0, 0, 0, 0, 0x40]);
 }
 
-/// A passthrough volume that claims crash-atomic writes up to 16 blocks, to exercise the
-/// WRITE ATOMIC(16) command rules (the engine provides the real atomicity).
-struct AtomicVolume(FileVolume);
+/// A FileVolume with some answers changed, to exercise command rules a plain file volume does
+/// not reach.
+struct Altered {
+    inner: FileVolume,
+    /// Crash-atomic write limit to claim (the engine provides real atomicity).
+    atomic_bytes: u64,
+    /// Longest provisioning run to report at once.
+    status_run: u64,
+}
 
-impl sliver_volume::Volume for AtomicVolume {
+impl Altered {
+    fn new(inner: FileVolume) -> Self {
+        Altered {
+            inner,
+            atomic_bytes: 0,
+            status_run: u64::MAX,
+        }
+    }
+    fn atomic_writes_up_to(self, bytes: u64) -> Self {
+        Altered {
+            atomic_bytes: bytes,
+            ..self
+        }
+    }
+    fn status_runs_of(self, blocks: u64) -> Self {
+        Altered {
+            status_run: blocks,
+            ..self
+        }
+    }
+}
+
+impl Volume for Altered {
     fn block_size(&self) -> u32 {
-        self.0.block_size()
+        self.inner.block_size()
     }
     fn num_blocks(&self) -> u64 {
-        self.0.num_blocks()
+        self.inner.num_blocks()
     }
     fn read(&self, lba: u64, buf: &mut [u8]) -> sliver_volume::Result<()> {
-        self.0.read(lba, buf)
+        self.inner.read(lba, buf)
     }
     fn write(&self, lba: u64, data: &[u8]) -> sliver_volume::Result<()> {
-        self.0.write(lba, data)
+        self.inner.write(lba, data)
     }
     fn flush(&self) -> sliver_volume::Result<()> {
-        self.0.flush()
+        self.inner.flush()
     }
     fn unmap(&self, lba: u64, blocks: u64) -> sliver_volume::Result<()> {
-        self.0.unmap(lba, blocks)
+        self.inner.unmap(lba, blocks)
     }
-    fn block_status(&self, lba: u64) -> sliver_volume::Result<sliver_volume::BlockStatus> {
-        self.0.block_status(lba)
+    fn block_status(&self, lba: u64) -> sliver_volume::Result<BlockStatus> {
+        let s = self.inner.block_status(lba)?;
+        Ok(BlockStatus {
+            blocks: s.blocks.min(self.status_run),
+            ..s
+        })
     }
-    fn space(&self) -> sliver_volume::Result<sliver_volume::VolumeSpace> {
-        self.0.space()
+    fn space(&self) -> sliver_volume::Result<VolumeSpace> {
+        self.inner.space()
     }
     fn max_atomic_write_bytes(&self) -> u64 {
-        16 * BS as u64
+        self.atomic_bytes
     }
 }
 
@@ -780,33 +779,31 @@ fn write_atomic_is_unsupported_where_the_volume_cannot_promise_it() {
 
 #[test]
 fn write_atomic_writes_within_the_advertised_limit() {
-    let dir = tempfile::tempdir().unwrap();
-    let volume = FileVolume::open(&dir.path().join("v"), BLOCKS * BS as u64, BS as u32).unwrap();
-    let lu = LogicalUnit::new(Arc::new(AtomicVolume(volume)), fixture().lu.config.clone());
+    let f = fixture_with(|v| Arc::new(Altered::new(v).atomic_writes_up_to(16 * BS as u64)));
     let n = nexus(1);
-    let _ = run(&lu, &n, &[0; 6], &[]);
-    let r = run(&lu, &n, &[0x12, 1, 0xb0, 0, 0xff, 0], &[]);
+    let _ = run(&f.lu, &n, &[0; 6], &[]);
+    let r = run(&f.lu, &n, &[0x12, 1, 0xb0, 0, 0xff, 0], &[]);
     good(&r);
     assert_eq!(
         u32::from_be_bytes(r.data_in[44..48].try_into().unwrap()),
         16
     );
-    good(&run(&lu, &n, &write_atomic16(8, 16, 0), &[7; 16 * BS]));
-    let r = run(&lu, &n, &cdb16(0x88, 8, 16), &[]);
+    good(&run(&f.lu, &n, &write_atomic16(8, 16, 0), &[7; 16 * BS]));
+    let r = run(&f.lu, &n, &cdb16(0x88, 8, 16), &[]);
     good(&r);
     assert!(r.data_in.iter().all(|&b| b == 7));
     // Too long, a boundary, beyond the end (the range is checked first), WRPROTECT.
     assert_eq!(
-        sense_codes(&run(&lu, &n, &write_atomic16(0, 17, 0), &[7; 17 * BS])),
+        sense_codes(&run(&f.lu, &n, &write_atomic16(0, 17, 0), &[7; 17 * BS])),
         (0x5, 0x24, 0x00)
     );
     assert_eq!(
-        sense_codes(&run(&lu, &n, &write_atomic16(0, 4, 4), &[7; 4 * BS])),
+        sense_codes(&run(&f.lu, &n, &write_atomic16(0, 4, 4), &[7; 4 * BS])),
         (0x5, 0x24, 0x00)
     );
     assert_eq!(
         sense_codes(&run(
-            &lu,
+            &f.lu,
             &n,
             &write_atomic16(BLOCKS - 8, 32, 0),
             &[7; 32 * BS]
@@ -816,11 +813,11 @@ fn write_atomic_writes_within_the_advertised_limit() {
     let mut wrprotect = write_atomic16(0, 1, 0);
     wrprotect[1] = 0x20;
     assert_eq!(
-        sense_codes(&run(&lu, &n, &wrprotect, &[7; BS])),
+        sense_codes(&run(&f.lu, &n, &wrprotect, &[7; BS])),
         (0x5, 0x24, 0x00)
     );
     let r = run(
-        &lu,
+        &f.lu,
         &n,
         &[0xa3, 0x0c, 0x01, 0x9c, 0, 0, 0, 0, 0x10, 0, 0, 0],
         &[],

@@ -1,8 +1,10 @@
 //! Access control and CHAP, judged by an independent initiator (libiscsi's command-line
 //! tools from Debian's libiscsi-bin) against a real listener on loopback.
 
+mod support;
+
 use sliver_server::array::ChapSecret;
-use sliver_server::{Array, Server, ServerOptions};
+use sliver_server::{Array, Server};
 use std::net::SocketAddr;
 use std::process::{Command, Output};
 use std::sync::Arc;
@@ -32,19 +34,7 @@ fn start(setup: impl FnOnce(&Array)) -> Running {
     let array = Arc::new(Array::open(dir.path(), TARGET).unwrap());
     setup(&array);
     let server = Server::new(array);
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
-    let listeners = runtime
-        .block_on(server.bind(&ServerOptions {
-            portals: vec!["127.0.0.1:0".parse().unwrap()],
-        }))
-        .unwrap();
-    let addr = server.portals()[0];
-    let s = server.clone();
-    let thread = std::thread::spawn(move || runtime.block_on(s.run(listeners)));
+    let (addr, thread) = support::serve_on_loopback(&server, "sliver-test");
     Running {
         addr,
         server,

@@ -7,6 +7,8 @@
 //! - On a file system without fallocate, where ENOSPC shows up on the log write itself (a
 //!   model backend, no root needed): the same 27/07, with nothing half-written left behind.
 
+mod support;
+
 use sliver_engine::{
     Backend, Compression, Engine, EngineConfig, EngineVolume, GcPriority, MemBackend, Tuning,
 };
@@ -14,7 +16,7 @@ use sliver_initiator::sense::SenseKey;
 use sliver_initiator::{Error, Session, SessionOptions};
 use sliver_scsi::{LogicalUnit, LuConfig, Nexus, Request, Response, Status, TaskAttr};
 use sliver_server::array::{check_array, ArrayOptions, ANY_HOST};
-use sliver_server::{Array, Server, ServerOptions};
+use sliver_server::{Array, Server};
 use std::collections::BTreeSet;
 use std::io;
 use std::path::{Path, PathBuf};
@@ -123,19 +125,8 @@ struct Running {
 fn serve(dir: &Path, options: ArrayOptions) -> Running {
     let array = Arc::new(Array::open_with(dir, TARGET, options).unwrap());
     let server = Server::new(array.clone());
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
-    let listeners = runtime
-        .block_on(server.bind(&ServerOptions {
-            portals: vec!["127.0.0.1:0".parse().unwrap()],
-        }))
-        .unwrap();
-    let url = format!("iscsi://{}/{TARGET}/0", server.portals()[0]);
-    let s = server.clone();
-    let thread = std::thread::spawn(move || runtime.block_on(s.run(listeners)));
+    let (addr, thread) = support::serve_on_loopback(&server, "sliver-test");
+    let url = format!("iscsi://{}/{TARGET}/0", addr);
     Running {
         array,
         server,

@@ -10,6 +10,8 @@
 //! `SLIVER_HOSTILE_SEED=S` changes the seed; the ignored test `stateful_fuzzer_long` runs 200
 //! rounds of four connections.
 
+mod support;
+
 use sliver_initiator::{cdb, Command, Error, RawConnection, SenseKey, Session, SessionOptions};
 use sliver_iscsi::pdu::{
     self, Bhs, DataOutHeader, Digests, LogoutRequestHeader, Opcode, Pdu, ReadyToTransferHeader,
@@ -17,7 +19,7 @@ use sliver_iscsi::pdu::{
     BHS_LEN, RESERVED_TAG,
 };
 use sliver_server::array::ArrayError;
-use sliver_server::{Array, Server, ServerOptions, Timeouts};
+use sliver_server::{Array, Server, Timeouts};
 use std::io::{ErrorKind, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering::SeqCst};
@@ -125,23 +127,7 @@ fn start(setup: impl FnOnce(&Array), tune: impl FnOnce(&Server)) -> Running {
     setup(&array);
     let server = Server::new(array.clone());
     tune(&server);
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .thread_name(SERVER_THREAD)
-        .enable_all()
-        .build()
-        .unwrap();
-    let listeners = runtime
-        .block_on(server.bind(&ServerOptions {
-            portals: vec!["127.0.0.1:0".parse().unwrap()],
-        }))
-        .unwrap();
-    let addr = server.portals()[0];
-    let s = server.clone();
-    let thread = std::thread::Builder::new()
-        .name(format!("{SERVER_THREAD}-main"))
-        .spawn(move || runtime.block_on(s.run(listeners)))
-        .unwrap();
+    let (addr, thread) = support::serve_on_loopback(&server, SERVER_THREAD);
     Running {
         addr,
         server,

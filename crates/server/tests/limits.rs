@@ -1,5 +1,7 @@
 //! Resource limits against hostile or broken initiators, on a real listener.
 
+mod support;
+
 use sliver_server::array::ANY_HOST;
 use sliver_server::{Array, Server, ServerOptions};
 use std::io::Read;
@@ -16,19 +18,7 @@ fn a_connection_that_never_logs_in_is_closed_and_others_still_work() {
     array.connect("v", ANY_HOST, Some(0)).unwrap();
     let server = Server::new(array);
     server.set_login_timeout(Duration::from_millis(300));
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
-    let listeners = runtime
-        .block_on(server.bind(&ServerOptions {
-            portals: vec!["127.0.0.1:0".parse().unwrap()],
-        }))
-        .unwrap();
-    let addr = server.portals()[0];
-    let s = server.clone();
-    let thread = std::thread::spawn(move || runtime.block_on(s.run(listeners)));
+    let (addr, thread) = support::serve_on_loopback(&server, "sliver-test");
 
     // A slow-loris peer: connects, sends half a header, then nothing.
     let mut idle = TcpStream::connect(addr).unwrap();

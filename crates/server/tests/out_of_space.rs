@@ -3,11 +3,13 @@
 //! data already stored keep working; after freeing space writes succeed
 //! again, and the offline checker finds the array consistent.
 
+mod support;
+
 use sliver_engine::{EngineConfig, Tuning};
 use sliver_initiator::sense::SenseKey;
 use sliver_initiator::{cdb, Error, Provisioning, Session, SessionOptions};
 use sliver_server::array::{check_array, ArrayOptions, ANY_HOST};
-use sliver_server::{Array, Server, ServerOptions};
+use sliver_server::{Array, Server};
 use std::sync::Arc;
 
 const TARGET: &str = "iqn.2026-11.test.sliver:full";
@@ -77,19 +79,7 @@ fn start() -> Running {
     array.connect("big", ANY_HOST, Some(0)).unwrap();
     array.connect("other", ANY_HOST, Some(1)).unwrap();
     let server = Server::new(array.clone());
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
-    let listeners = runtime
-        .block_on(server.bind(&ServerOptions {
-            portals: vec!["127.0.0.1:0".parse().unwrap()],
-        }))
-        .unwrap();
-    let addr = server.portals()[0];
-    let s = server.clone();
-    let thread = std::thread::spawn(move || runtime.block_on(s.run(listeners)));
+    let (addr, thread) = support::serve_on_loopback(&server, "sliver-test");
     Running {
         dir,
         array,
