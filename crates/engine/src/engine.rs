@@ -1055,11 +1055,12 @@ impl Engine {
                             return Err(EngineError::NoSpace);
                         };
                         allocated.push(id);
-                        into_anchored &= m
-                            .state
-                            .volumes
-                            .get(&volume)
-                            .is_some_and(|map| map.get(first + k as u64) == ANCHORED);
+                        // Without anchors anywhere (the usual case) no lookup is needed.
+                        into_anchored &= m.state.store.anchored > 0
+                            && m.state
+                                .volumes
+                                .get(&volume)
+                                .is_some_and(|map| map.get(first + k as u64) == ANCHORED);
                         local.insert(*hash, id);
                         new.push((id, hash, *codec, bytes));
                         size += RECORD_HEADER + CHUNK_PREFIX + bytes.len();
