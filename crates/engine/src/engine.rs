@@ -105,7 +105,8 @@ pub struct Tuning {
     pub gc: GcPriority,
     /// Share of capacity in use that raises the thin-provisioning soft threshold (0..1).
     pub soft_threshold: f64,
-    /// Write a checkpoint after this many bytes of log.
+    /// Write a checkpoint after this many bytes of log (or 8 times the last checkpoint's size,
+    /// whichever is more).
     pub checkpoint_bytes: u64,
 }
 
@@ -171,6 +172,8 @@ struct Meta {
     checkpoint_seq: u64,
     appended_at_checkpoint: u64,
     checkpointed_at: Instant,
+    /// Size of the last checkpoint written (0 before the first of this run).
+    checkpoint_len: u64,
     free: Vec<u32>,
     /// Free segments whose file space has not been given back yet (see
     /// [`Engine::discard_freed`]). Always a subset of `free`.
@@ -180,6 +183,12 @@ struct Meta {
 /// A checkpoint at least this often while the log grows: bounds recovery time and lets the
 /// collector reach recently emptied segments.
 const CHECKPOINT_INTERVAL: Duration = Duration::from_secs(30);
+
+/// A checkpoint holds the whole metadata (about 0.75 % of the unique data), so the log
+/// written between two of them is at least this many times its size: checkpoints then cost
+/// at most 1/8 of the bytes and of the encoding work that hosts' writes cause, while replay
+/// after a crash reads at most this many checkpoints' worth of log.
+const CHECKPOINT_SIZE_FACTOR: u64 = 8;
 
 /// Collections a write may trigger before it reports out of space (the backing file system
 /// itself may be full, which collection cannot always fix).
@@ -428,6 +437,12 @@ impl Engine {
             recovery,
         );
         engine.read_only = read_only;
+        // Paces the next checkpoint (see CHECKPOINT_SIZE_FACTOR) like one written by this run.
+        engine
+            .meta
+            .get_mut()
+            .unwrap_or_else(|p| p.into_inner())
+            .checkpoint_len = bytes.len() as u64;
         Ok(engine)
     }
 
@@ -460,6 +475,7 @@ impl Engine {
                 counters,
                 checkpoint_seq,
                 appended_at_checkpoint: 0,
+                checkpoint_len: 0,
                 checkpointed_at: Instant::now(),
                 free,
                 undiscarded,
@@ -1583,14 +1599,22 @@ impl Engine {
     }
 
     fn checkpoint_locked(&self) -> Result<()> {
-        let (bytes, head, appended) = {
+        let started = Instant::now();
+        // Capture under the lock (pointer copies), encode and write outside it: hosts' commands
+        // must not wait for a pass over the whole metadata.
+        let (image, head, appended) = {
             let m = self.lock_meta();
             (
-                checkpoint::encode(&self.geometry, m.head, m.counters, &m.state),
+                checkpoint::Image::capture(&self.geometry, m.head, m.counters, &m.state),
                 m.head,
                 m.appended,
             )
         };
+        let captured = started.elapsed();
+        let bytes = image.encode();
+        // Drop the image before writing: blocks it still shares would be copied by every
+        // host write that changes them.
+        drop(image);
         self.flush()?;
         self.backend.store_checkpoint(&bytes).map_err(|e| {
             if out_of_space(&e) {
@@ -1605,6 +1629,14 @@ impl Engine {
         m.checkpoint_seq = head.seq;
         m.appended_at_checkpoint = appended;
         m.checkpointed_at = Instant::now();
+        m.checkpoint_len = bytes.len() as u64;
+        drop(m);
+        tracing::debug!(
+            bytes = bytes.len(),
+            lock_held_us = captured.as_micros() as u64,
+            total_ms = started.elapsed().as_millis() as u64,
+            "checkpoint written"
+        );
         Ok(())
     }
 
@@ -1969,7 +2001,10 @@ impl Engine {
         let due = {
             let m = self.lock_meta();
             let written = m.appended - m.appended_at_checkpoint;
-            written >= tuning.checkpoint_bytes
+            written
+                >= tuning
+                    .checkpoint_bytes
+                    .max(CHECKPOINT_SIZE_FACTOR * m.checkpoint_len)
                 || (written > 0 && m.checkpointed_at.elapsed() >= CHECKPOINT_INTERVAL)
         };
         if due {
@@ -2503,6 +2538,156 @@ mod tests {
         assert!(back == fresh);
         assert!(engine.lock_meta().undiscarded.is_empty());
         assert!(engine.poisoned().is_none());
+    }
+
+    fn noise(seed: u64, len: usize) -> Vec<u8> {
+        let mut x = seed | 1;
+        (0..len)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                x as u8
+            })
+            .collect()
+    }
+
+    /// A checkpoint is encoded after the metadata lock is released, from an image captured
+    /// under it: host commands that change the shared chunk table blocks, segments and map
+    /// pages afterwards must not reach the image.
+    #[test]
+    fn a_captured_checkpoint_image_is_unchanged_by_later_writes() {
+        let backend = Arc::new(MemBackend::new(256 << 20));
+        let config = EngineConfig {
+            chunk_size: 4096,
+            segment_size: 1 << 20,
+        };
+        let engine = Engine::create(backend, config, Tuning::default()).unwrap();
+        let v = engine.create_volume(64 << 20).unwrap();
+        // More than one 4,096-entry block of the chunk table.
+        engine.write(v, 0, &noise(1, 20 << 20)).unwrap();
+        let (image, expected) = {
+            let m = engine.lock_meta();
+            (
+                checkpoint::Image::capture(&engine.geometry, m.head, m.counters, &m.state),
+                checkpoint::encode(&engine.geometry, m.head, m.counters, &m.state),
+            )
+        };
+        engine.write(v, 4 << 20, &noise(2, 8 << 20)).unwrap();
+        engine.unmap(v, 0, 2 << 20).unwrap();
+        engine.copy(v, 16 << 20, v, 40 << 20, 4 << 20).unwrap();
+        let w = engine.create_volume(8 << 20).unwrap();
+        engine.write(w, 0, &noise(3, 1 << 20)).unwrap();
+        assert!(
+            image.encode() == expected,
+            "the image changed after capture"
+        );
+        // And what it encodes is a state the engine really had: it decodes, with the first
+        // write's data mapped.
+        let loaded = checkpoint::decode(&image.encode()).unwrap();
+        assert_eq!(loaded.state.volumes.len(), 1);
+        assert_eq!(
+            loaded
+                .state
+                .store
+                .chunks
+                .iter()
+                .filter(|c| c.len != 0)
+                .count(),
+            5120
+        );
+    }
+
+    /// Version 1 checkpoints (lz4-compressed body) still load after the format went to
+    /// uncompressed version 2 bodies.
+    #[test]
+    fn a_version_1_checkpoint_still_loads() {
+        let backend = Arc::new(MemBackend::new(64 << 20));
+        let config = EngineConfig {
+            chunk_size: 4096,
+            segment_size: 1 << 20,
+        };
+        let engine = Engine::create(backend, config, Tuning::default()).unwrap();
+        let v = engine.create_volume(8 << 20).unwrap();
+        engine.write(v, 0, &noise(4, 2 << 20)).unwrap();
+        let v2 = {
+            let m = engine.lock_meta();
+            checkpoint::encode(&engine.geometry, m.head, m.counters, &m.state)
+        };
+        assert_eq!(u32::from_le_bytes(v2[8..12].try_into().unwrap()), 2);
+        let body = lz4_flex::block::compress_prepend_size(&v2[16..]);
+        let mut v1 = v2[..8].to_vec();
+        v1.extend_from_slice(&1u32.to_le_bytes());
+        v1.extend_from_slice(&crc32c::crc32c(&body).to_le_bytes());
+        v1.extend_from_slice(&body);
+        let a = checkpoint::decode(&v1).unwrap();
+        let b = checkpoint::decode(&v2).unwrap();
+        let encode =
+            |l: &checkpoint::Loaded| checkpoint::encode(&l.geometry, l.head, l.counters, &l.state);
+        assert!(encode(&a) == encode(&b) && encode(&b) == v2);
+        let mut v3 = v2.clone();
+        v3[8..12].copy_from_slice(&3u32.to_le_bytes());
+        assert!(matches!(
+            checkpoint::decode(&v3),
+            Err(checkpoint::CheckpointError::Version(3))
+        ));
+    }
+
+    /// Checkpoints come after `checkpoint_bytes` of log or 8 times the last checkpoint's
+    /// size, whichever is more: a large metadata state is not rewritten every few MiB.
+    #[test]
+    fn checkpoints_are_paced_by_their_own_size() {
+        let backend = Arc::new(MemBackend::new(256 << 20));
+        let config = EngineConfig {
+            chunk_size: 4096,
+            segment_size: 1 << 20,
+        };
+        let tuning = Tuning {
+            gc: GcPriority::Off,
+            checkpoint_bytes: 64 << 10,
+            ..Tuning::default()
+        };
+        let engine = Engine::create(backend, config, tuning).unwrap();
+        let v = engine.create_volume(64 << 20).unwrap();
+        engine.write(v, 0, &noise(5, 8 << 20)).unwrap();
+        engine.checkpoint().unwrap();
+        let (len, at) = {
+            let m = engine.lock_meta();
+            (m.checkpoint_len, m.appended_at_checkpoint)
+        };
+        assert!(
+            len > 64 << 10,
+            "2,048 chunks make a checkpoint of {len} bytes"
+        );
+        let since = |e: &Engine| {
+            let m = e.lock_meta();
+            (
+                m.appended - m.appended_at_checkpoint,
+                m.appended_at_checkpoint,
+            )
+        };
+        // More than checkpoint_bytes, less than 8 checkpoints' worth: no checkpoint yet.
+        let mut offset = 8 << 20;
+        while since(&engine).0 < 2 * (64 << 10) {
+            engine.write(v, offset, &noise(offset, 64 << 10)).unwrap();
+            offset += 64 << 10;
+        }
+        engine.maintain().unwrap();
+        assert_eq!(
+            since(&engine).1,
+            at,
+            "checkpointed after {} bytes",
+            since(&engine).0
+        );
+        while since(&engine).0 < 8 * len {
+            engine.write(v, offset, &noise(offset, 256 << 10)).unwrap();
+            offset += 256 << 10;
+        }
+        engine.maintain().unwrap();
+        assert!(
+            since(&engine).1 > at,
+            "no checkpoint after 8 checkpoints' worth of log"
+        );
     }
 
     /// While hosts are idle, maintenance gives the file space of freed segments back to the

@@ -20,7 +20,10 @@ pub const RECORD_HEADER: usize = 16;
 /// Magic at the start of every segment's first record payload.
 pub const SEGMENT_MAGIC: u64 = u64::from_le_bytes(*b"SLVRLOG1");
 pub const CHECKPOINT_MAGIC: u64 = u64::from_le_bytes(*b"SLVRCKP1");
-pub const FORMAT_VERSION: u32 = 1;
+/// Version of the checkpoint format. 2: the body is stored uncompressed, and logs may hold
+/// Anchor records (kind 12), which version 1 binaries cannot replay; they refuse a version 2
+/// checkpoint instead of failing part way through a replay.
+pub const FORMAT_VERSION: u32 = 2;
 /// Bytes of a Chunk record payload before the stored data.
 pub const CHUNK_PREFIX: usize = 24;
 /// Size of a Seal record: always kept free at a segment's end.
