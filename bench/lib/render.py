@@ -314,8 +314,13 @@ def write(res, out_path, raw_rel, root):
         if not w.get("supported"):
             return "not supported (" + w.get("detail", "")[-70:] + ")"
         a, b = w["alone"]["lat_us"], w["under_load"]["lat_us"]
-        return (f"alone p50 {a['p50']:.0f} / p99 {a['p99']:.0f} us; under QD16 writes p50 "
+        cell = (f"alone p50 {a['p50']:.0f} / p99 {a['p99']:.0f} us; under QD16 writes p50 "
                 f"{b['p50']:.0f} / p99 {b['p99']:.0f} us")
+        if w.get("under_stream"):
+            c = w["under_stream"]["lat_us"]
+            cell += (f"; under 1 MiB writes p50 {c['p50']:.0f} / p99 {c['p99']:.0f} / max "
+                     f"{c['max']:.0f} us")
+        return cell
     if not ws or not ws.get("supported"):
         missing.append("COMPARE AND WRITE")
     tab.add("COMPARE AND WRITE, QD1, one block", "iscsi-load", wcell(ws, "sliver"),
@@ -536,9 +541,20 @@ def write(res, out_path, raw_rel, root):
     add("### COMPARE AND WRITE")
     add("")
     add("One block, queue depth 1, each command comparing with what the previous one wrote "
-        f"(an ATS heartbeat), {p.get('caw_seconds')} s alone and {p.get('caw_seconds')} s "
-        "while a second session writes 4 KiB random unique data at QD16.")
+        f"(an ATS heartbeat), {p.get('caw_seconds')} s alone, {p.get('caw_seconds')} s "
+        "while a second session writes 4 KiB random unique data at QD16, and "
+        f"{p.get('caw_seconds')} s while it writes 1 MiB sequential unique data at QD8 (the "
+        "load that fills sliver's log fastest, so its checkpoints fall in this window).")
     add("")
+    def stream(w):
+        c = w.get("under_stream")
+        if not c:
+            return ""
+        bg = w.get("background_stream") or {}
+        rate = f", background {bg['bytes_per_s'] / 1e6:.0f} MB/s" if bg.get("bytes_per_s") else ""
+        return (f"; under 1 MiB writes {c['iops']:.0f} per s, p50 {c['lat_us']['p50']:.0f} us, "
+                f"p99 {c['lat_us']['p99']:.0f} us, max {c['lat_us']['max']:.0f} us{rate}")
+
     for name in ("sliver", "tgt"):
         w = get(res, f"caw.{name}")
         if w and w.get("supported"):
@@ -547,7 +563,7 @@ def write(res, out_path, raw_rel, root):
                 f"{a['lat_us']['p99']:.0f} us; under load {b['iops']:.0f} per s, p50 "
                 f"{b['lat_us']['p50']:.0f} us, p99 {b['lat_us']['p99']:.0f} us, p99.9 "
                 f"{b['lat_us']['p999']:.0f} us (background writes: "
-                f"{w['background']['iops']:.0f} IOPS)")
+                f"{w['background']['iops']:.0f} IOPS)" + stream(w))
         else:
             add(f"- {name}: " + (("not supported: " + w.get("detail", "")) if w else
                                  why(res, f"caw.{name}")))
