@@ -11,14 +11,13 @@
 //! Pages shared between volumes are stored once and referenced by index, so a checkpoint
 //! preserves sharing exactly (and with it the reference counts, which are recomputed on load).
 
-use crate::cow_vec::CowVec;
 use crate::format::{CHECKPOINT_MAGIC, FORMAT_VERSION};
-
-/// Checkpoint version whose body is lz4-compressed (still read, no longer written).
-const LZ4_BODY_VERSION: u32 = 1;
 use crate::state::{Chunk, Loc, Page, SegState, Segment, State, VolumeMap, ANCHORED, PAGE_ENTRIES};
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
+
+/// Checkpoint version whose body is lz4-compressed (still read, no longer written).
+const LZ4_BODY_VERSION: u32 = 1;
 
 /// Fixed parameters of an engine, chosen at creation.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -104,49 +103,9 @@ impl<'a> R<'a> {
     }
 }
 
-/// The whole state [`encode`] writes, captured under the metadata lock and encoded after it is
-/// released. Capturing copies pointers only (chunk and segment table blocks, map pages), so
-/// hosts' commands wait microseconds for a checkpoint instead of the whole encoding.
-pub struct Image {
-    geometry: Geometry,
-    head: Head,
-    counters: Counters,
-    segments: CowVec<Segment>,
-    chunks: CowVec<Chunk>,
-    volumes: BTreeMap<u32, VolumeMap>,
-}
-
-impl Image {
-    pub fn capture(geometry: &Geometry, head: Head, counters: Counters, state: &State) -> Image {
-        Image {
-            geometry: *geometry,
-            head,
-            counters,
-            segments: state.store.segments.clone(),
-            chunks: state.store.chunks.clone(),
-            volumes: state.volumes.clone(),
-        }
-    }
-
-    pub fn encode(&self) -> Vec<u8> {
-        encode_image(self)
-    }
-}
-
 /// A checkpoint of `state` at `head`.
 pub fn encode(geometry: &Geometry, head: Head, counters: Counters, state: &State) -> Vec<u8> {
-    Image::capture(geometry, head, counters, state).encode()
-}
-
-fn encode_image(image: &Image) -> Vec<u8> {
-    let Image {
-        geometry,
-        head,
-        counters,
-        segments,
-        chunks,
-        volumes,
-    } = image;
+    let (segments, chunks, volumes) = (&state.store.segments, &state.store.chunks, &state.volumes);
     let pages_upper_bound: usize = volumes.values().map(|v| v.pages.len()).sum();
     let mut w = W(Vec::with_capacity(
         64 + segments.len() * 17 + chunks.len() * 32 + pages_upper_bound * (PAGE_ENTRIES * 4 + 12),
@@ -396,4 +355,56 @@ pub fn decode(bytes: &[u8]) -> Result<Loaded, CheckpointError> {
         counters,
         state,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::format::Record;
+
+    /// Version 1 checkpoints (lz4-compressed body) still load; unknown versions are refused.
+    #[test]
+    fn a_version_1_checkpoint_still_loads() {
+        let mut state = State::new(4096, 8);
+        let create = Record::VolumeCreate {
+            volume: 1,
+            size: 1 << 20,
+        };
+        let at = Loc {
+            segment: 0,
+            offset: 0,
+        };
+        state.apply(&create, at, 1).unwrap();
+        let geometry = Geometry {
+            chunk_size: 4096,
+            segment_size: 1 << 20,
+            segment_count: 8,
+            key: [7; 32],
+        };
+        let head = Head {
+            segment: 0,
+            seq: 1,
+            offset: 64,
+        };
+        let v2 = encode(&geometry, head, Counters::default(), &state);
+        assert_eq!(u32::from_le_bytes(v2[8..12].try_into().unwrap()), 2);
+        let body = lz4_flex::block::compress_prepend_size(&v2[16..]);
+        let mut v1 = v2[..8].to_vec();
+        v1.extend_from_slice(&1u32.to_le_bytes());
+        v1.extend_from_slice(&crc32c::crc32c(&body).to_le_bytes());
+        v1.extend_from_slice(&body);
+        let loaded = decode(&v1).unwrap();
+        assert_eq!(loaded.state.volumes[&1].size, 1 << 20);
+        assert!(
+            encode(
+                &loaded.geometry,
+                loaded.head,
+                loaded.counters,
+                &loaded.state
+            ) == v2
+        );
+        let mut v3 = v2.clone();
+        v3[8..12].copy_from_slice(&3u32.to_le_bytes());
+        assert!(matches!(decode(&v3), Err(CheckpointError::Version(3))));
+    }
 }

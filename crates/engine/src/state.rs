@@ -10,7 +10,6 @@
 //! snapshot therefore costs one pointer per map page, and deleting a volume touches only the
 //! pages nothing else shares.
 
-use crate::cow_vec::CowVec;
 use crate::format::{Record, RECORD_HEADER};
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
@@ -181,10 +180,10 @@ pub type FingerprintIndex =
 /// Chunks, their index and the per-segment usage they imply.
 #[derive(Default)]
 pub struct Store {
-    pub chunks: CowVec<Chunk>,
+    pub chunks: Vec<Chunk>,
     pub index: FingerprintIndex,
     pub free_ids: Vec<u32>,
-    pub segments: CowVec<Segment>,
+    pub segments: Vec<Segment>,
     /// Anchored map entries, counted like references (per page instance).
     pub anchored: u64,
 }
@@ -193,10 +192,10 @@ impl Store {
     pub fn new(segment_count: u32) -> Self {
         Store {
             // Id 0 means "unmapped" and is never allocated.
-            chunks: CowVec::from_elem(FREE_CHUNK, 1),
+            chunks: vec![FREE_CHUNK],
             index: FingerprintIndex::default(),
             free_ids: Vec::new(),
-            segments: CowVec::from_elem(Segment::FREE, segment_count as usize),
+            segments: vec![Segment::FREE; segment_count as usize],
             anchored: 0,
         }
     }
@@ -406,17 +405,19 @@ impl State {
                 volume,
                 first,
                 count,
-            } => {
-                self.check_range(*volume, *first, *count)?;
-                self.unmap(*volume, *first, *count)
             }
-            Record::Anchor {
+            | Record::Anchor {
                 volume,
                 first,
                 count,
             } => {
                 self.check_range(*volume, *first, *count)?;
-                self.anchor(*volume, *first, *count)
+                let value = if matches!(record, Record::Anchor { .. }) {
+                    ANCHORED
+                } else {
+                    0
+                };
+                self.fill(*volume, *first, *count, value)
             }
             Record::Copy {
                 src,
@@ -536,13 +537,8 @@ impl State {
         self.fill(volume, first, count, 0)
     }
 
-    /// Make entries `first..first + count` anchored, creating the pages they need.
-    fn anchor(&mut self, volume: u32, first: u64, count: u64) -> Apply {
-        self.fill(volume, first, count, ANCHORED)
-    }
-
-    /// Set entries `first..first + count` to `value`: 0 (unmapped) or [`ANCHORED`], neither
-    /// of which refers to a stored chunk.
+    /// Set entries `first..first + count` to `value`: 0 (unmapped) or [`ANCHORED`] (pages
+    /// created as needed), neither of which refers to a stored chunk.
     fn fill(&mut self, volume: u32, first: u64, count: u64, value: u32) -> Apply {
         debug_assert!(!holds_data(value));
         let State { store, volumes, .. } = self;
