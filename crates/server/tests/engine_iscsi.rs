@@ -1,8 +1,10 @@
 //! The engine's data reduction and copy offload, judged through iSCSI by QEMU's block
 //! driver (qemu-img, qemu-io from Debian's qemu-utils and qemu-block-extra).
 
+mod support;
+
 use sliver_server::array::{ArrayOptions, ANY_HOST};
-use sliver_server::{Array, Server, ServerOptions};
+use sliver_server::{Array, Server};
 use std::net::SocketAddr;
 use std::process::Command;
 use std::sync::Arc;
@@ -47,19 +49,7 @@ fn start(volumes: &[&str]) -> Running {
         array.connect(name, ANY_HOST, Some(lun as u64)).unwrap();
     }
     let server = Server::new(array.clone());
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
-    let listeners = runtime
-        .block_on(server.bind(&ServerOptions {
-            portals: vec!["127.0.0.1:0".parse().unwrap()],
-        }))
-        .unwrap();
-    let addr = server.portals()[0];
-    let s = server.clone();
-    let thread = std::thread::spawn(move || runtime.block_on(s.run(listeners)));
+    let (addr, thread) = support::serve_on_loopback(&server, "sliver-engine-iscsi");
     Running {
         addr,
         array,

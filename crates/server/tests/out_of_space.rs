@@ -89,6 +89,18 @@ fn start() -> Running {
     }
 }
 
+/// Write unique MiBs from `from` until a write fails; returns where it stopped and the error.
+fn fill_until_full(s: &mut Session, from: u64) -> (u64, Error) {
+    let mut at = from;
+    loop {
+        match s.write16(at / 512, unique(at / MIB)) {
+            Ok(()) => at += MIB,
+            Err(e) => return (at, e),
+        }
+        assert!(at < 256 * MIB, "a 64 MiB array took 256 MiB");
+    }
+}
+
 #[test]
 fn a_full_array_refuses_new_data_with_27_07_and_recovers_when_space_is_freed() {
     let r = start();
@@ -98,14 +110,7 @@ fn a_full_array_refuses_new_data_with_27_07_and_recovers_when_space_is_freed() {
     other.write16(0, unique(1000)).unwrap();
 
     // Fill with unique data until the array says it is full.
-    let mut written = 0u64;
-    let failure = loop {
-        match big.write16(written / 512, unique(written / MIB)) {
-            Ok(()) => written += MIB,
-            Err(e) => break e,
-        }
-        assert!(written < 256 * MIB, "a 64 MiB array took 256 MiB");
-    };
+    let (written, failure) = fill_until_full(&mut big, 0);
     assert_eq!(
         sense_of(&failure),
         Some((SenseKey::DataProtect, 0x27, 0x07)),
@@ -166,14 +171,7 @@ fn anchored_blocks_hold_space_so_their_writes_succeed_on_a_full_array() {
     assert!(big.read16(0, 2048).unwrap().iter().all(|&b| b == 0));
 
     // Fill the rest with unique data until the array is full.
-    let mut at = 16 * MIB;
-    let failure = loop {
-        match big.write16(at / 512, unique(at / MIB)) {
-            Ok(()) => at += MIB,
-            Err(e) => break e,
-        }
-        assert!(at < 256 * MIB, "a 64 MiB array took 256 MiB");
-    };
+    let (at, failure) = fill_until_full(&mut big, 16 * MIB);
     assert_eq!(
         sense_of(&failure),
         Some((SenseKey::DataProtect, 0x27, 0x07))
