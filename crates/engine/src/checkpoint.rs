@@ -11,8 +11,11 @@
 //! Pages shared between volumes are stored once and referenced by index, so a checkpoint
 //! preserves sharing exactly (and with it the reference counts, which are recomputed on load).
 
+use crate::cow_vec::CowVec;
 use crate::format::{CHECKPOINT_MAGIC, FORMAT_VERSION};
-use crate::state::{Chunk, Loc, Page, SegState, Segment, State, VolumeMap, ANCHORED, PAGE_ENTRIES};
+use crate::state::{
+    Chunk, Inconsistent, Loc, Page, SegState, Segment, State, VolumeMap, ANCHORED, PAGE_ENTRIES,
+};
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
@@ -103,9 +106,81 @@ impl<'a> R<'a> {
     }
 }
 
+/// The whole state [`encode`] writes, captured under the metadata lock and encoded after it is
+/// released. Capturing copies pointers only (chunk and segment table blocks, map pages), so
+/// hosts' commands wait microseconds for a checkpoint instead of the whole encoding.
+///
+/// The map pages it holds look shared to the state, so hosts' writes copy them and count their
+/// chunks again: an image must go back through [`Image::release`] under the lock, which drops
+/// the references of the pages it held last. Dropped otherwise, those chunks would never be
+/// freed.
+pub struct Image {
+    geometry: Geometry,
+    head: Head,
+    counters: Counters,
+    segments: CowVec<Segment>,
+    chunks: CowVec<Chunk>,
+    volumes: BTreeMap<u32, VolumeMap>,
+}
+
+impl Image {
+    pub fn capture(geometry: &Geometry, head: Head, counters: Counters, state: &State) -> Image {
+        Image {
+            geometry: *geometry,
+            head,
+            counters,
+            segments: state.store.segments.clone(),
+            chunks: state.store.chunks.clone(),
+            volumes: state.volumes.clone(),
+        }
+    }
+
+    pub fn encode(&self) -> Vec<u8> {
+        encode_parts(
+            &self.geometry,
+            self.head,
+            self.counters,
+            &self.segments,
+            &self.chunks,
+            &self.volumes,
+        )
+    }
+
+    /// Hand the map pages back to `state` (caller holds the metadata lock).
+    pub fn release(mut self, state: &mut State) -> Result<(), Inconsistent> {
+        state.release_pages(std::mem::take(&mut self.volumes))
+    }
+}
+
+impl Drop for Image {
+    fn drop(&mut self) {
+        debug_assert!(
+            self.volumes.is_empty() || std::thread::panicking(),
+            "a checkpoint image dropped without Image::release leaks chunk references"
+        );
+    }
+}
+
 /// A checkpoint of `state` at `head`.
 pub fn encode(geometry: &Geometry, head: Head, counters: Counters, state: &State) -> Vec<u8> {
-    let (segments, chunks, volumes) = (&state.store.segments, &state.store.chunks, &state.volumes);
+    encode_parts(
+        geometry,
+        head,
+        counters,
+        &state.store.segments,
+        &state.store.chunks,
+        &state.volumes,
+    )
+}
+
+fn encode_parts(
+    geometry: &Geometry,
+    head: Head,
+    counters: Counters,
+    segments: &CowVec<Segment>,
+    chunks: &CowVec<Chunk>,
+    volumes: &BTreeMap<u32, VolumeMap>,
+) -> Vec<u8> {
     let pages_upper_bound: usize = volumes.values().map(|v| v.pages.len()).sum();
     let mut w = W(Vec::with_capacity(
         64 + segments.len() * 17 + chunks.len() * 32 + pages_upper_bound * (PAGE_ENTRIES * 4 + 12),

@@ -105,7 +105,8 @@ pub struct Tuning {
     pub gc: GcPriority,
     /// Share of capacity in use that raises the thin-provisioning soft threshold (0..1).
     pub soft_threshold: f64,
-    /// Write a checkpoint after this many bytes of log.
+    /// Write a checkpoint after this many bytes of log (or 8 times the last checkpoint's size,
+    /// whichever is more).
     pub checkpoint_bytes: u64,
 }
 
@@ -171,15 +172,38 @@ struct Meta {
     checkpoint_seq: u64,
     appended_at_checkpoint: u64,
     checkpointed_at: Instant,
+    /// Size of the last checkpoint written (0 before the first of this run).
+    checkpoint_len: u64,
     free: Vec<u32>,
+    /// Segments the collector has freed since open. A writer waiting for space judges a
+    /// collection by this, not by the free list's length: other writers may take the freed
+    /// segments before it retries, which is progress too.
+    freed: u64,
     /// Free segments whose file space has not been given back yet (see
     /// [`Engine::discard_freed`]). Always a subset of `free`.
     undiscarded: std::collections::BTreeSet<u32>,
+    /// Free segments whose file space was allocated ahead of need, outside the lock (see
+    /// [`Engine::prepare_segments`]); the head moves to these first. A subset of `free`,
+    /// disjoint from `undiscarded`.
+    ready: std::collections::BTreeSet<u32>,
+    /// Free segments the preparer is allocating right now (still in `free`, so space figures
+    /// and the reserve checks do not move; the head takes them last).
+    preparing: std::collections::BTreeSet<u32>,
 }
+
+/// Free segments kept allocated in the log file ahead of the head (256 MiB with 4 MiB
+/// segments: about a second of a fast sequential write, the longest allocation stall seen).
+const READY_SEGMENTS: usize = 64;
 
 /// A checkpoint at least this often while the log grows: bounds recovery time and lets the
 /// collector reach recently emptied segments.
 const CHECKPOINT_INTERVAL: Duration = Duration::from_secs(30);
+
+/// A checkpoint holds the whole metadata (about 0.75 % of the unique data), so the log
+/// written between two of them is at least this many times its size: checkpoints then cost
+/// at most 1/8 of the bytes and of the encoding work that hosts' writes cause, while replay
+/// after a crash reads at most this many checkpoints' worth of log.
+const CHECKPOINT_SIZE_FACTOR: u64 = 8;
 
 /// Collections a write may trigger before it reports out of space (the backing file system
 /// itself may be full, which collection cannot always fix).
@@ -223,6 +247,8 @@ pub struct Engine {
     tuning: Mutex<Tuning>,
     stop: AtomicBool,
     gc_wakeup: (Mutex<bool>, Condvar),
+    /// Wakes the thread that prepares segments ([`Engine::prepare_segments`]).
+    segments_wakeup: (Mutex<bool>, Condvar),
     /// Bumped by every host read and write: maintenance gives file space back only while it
     /// stands still (hole punching stalls the log appends and reads hosts wait for).
     host_activity: AtomicU64,
@@ -428,6 +454,12 @@ impl Engine {
             recovery,
         );
         engine.read_only = read_only;
+        // Paces the next checkpoint (see CHECKPOINT_SIZE_FACTOR) like one written by this run.
+        engine
+            .meta
+            .get_mut()
+            .unwrap_or_else(|p| p.into_inner())
+            .checkpoint_len = bytes.len() as u64;
         Ok(engine)
     }
 
@@ -460,9 +492,13 @@ impl Engine {
                 counters,
                 checkpoint_seq,
                 appended_at_checkpoint: 0,
+                checkpoint_len: 0,
                 checkpointed_at: Instant::now(),
                 free,
+                freed: 0,
                 undiscarded,
+                ready: Default::default(),
+                preparing: Default::default(),
             }),
             reuse: RwLock::new(()),
             flush: Mutex::new(FlushState {
@@ -476,6 +512,7 @@ impl Engine {
             tuning: Mutex::new(tuning),
             stop: AtomicBool::new(false),
             gc_wakeup: (Mutex::new(false), Condvar::new()),
+            segments_wakeup: (Mutex::new(false), Condvar::new()),
             host_activity: AtomicU64::new(0),
             gc_relocated: AtomicU64::new(0),
             unreadable: Mutex::new(Default::default()),
@@ -714,12 +751,43 @@ impl Engine {
             if matches!(class, Space::Data | Space::AnchoredData) && !self.room_for_data(m) {
                 return Err(EngineError::NoSpace);
             }
-            let Some(next) = m.free.pop() else {
-                return Err(EngineError::NoSpace);
+            // A prepared segment needs no system call here: allocating file space under the
+            // lock stalled every command for up to a second while the file system committed
+            // its journal for a checkpoint's fsync.
+            let prepared = m.ready.pop_first();
+            let next = match prepared {
+                Some(s) => {
+                    // Prepared segments sit on top of the free list.
+                    if let Some(i) = m.free.iter().rposition(|&f| f == s) {
+                        m.free.remove(i);
+                    }
+                    s
+                }
+                // The top segment not being prepared; failing that, one that is (allocating it
+                // twice is harmless, and the preparer sees it was taken).
+                None => {
+                    let i = m
+                        .free
+                        .iter()
+                        .rposition(|s| !m.preparing.contains(s))
+                        .or(m.free.len().checked_sub(1));
+                    let Some(i) = i else {
+                        return Err(EngineError::NoSpace);
+                    };
+                    let s = m.free.remove(i);
+                    m.preparing.remove(&s);
+                    s
+                }
             };
+            if m.ready.len() < READY_SEGMENTS / 2 {
+                self.wake_segments();
+            }
             m.undiscarded.remove(&next);
             let base = next as u64 * seg as u64;
-            let mut allocated = self.backend.allocate(base, seg as u64);
+            let mut allocated = match prepared {
+                Some(_) => Ok(()),
+                None => self.backend.allocate(base, seg as u64),
+            };
             if matches!(&allocated, Err(e) if e.raw_os_error() == Some(libc::ENOSPC))
                 && !m.undiscarded.is_empty()
             {
@@ -1583,14 +1651,25 @@ impl Engine {
     }
 
     fn checkpoint_locked(&self) -> Result<()> {
-        let (bytes, head, appended) = {
+        let started = Instant::now();
+        // Capture under the lock (pointer copies), encode and write outside it: hosts' commands
+        // must not wait for a pass over the whole metadata.
+        let (image, head, appended) = {
             let m = self.lock_meta();
             (
-                checkpoint::encode(&self.geometry, m.head, m.counters, &m.state),
+                checkpoint::Image::capture(&self.geometry, m.head, m.counters, &m.state),
                 m.head,
                 m.appended,
             )
         };
+        let captured = started.elapsed();
+        let bytes = image.encode();
+        // Release the image before writing: blocks and pages it still shares would be copied
+        // by every host write that changes them, and chunks only it still refers to freed.
+        let released = image.release(&mut self.lock_meta().state);
+        if let Err(e) = released {
+            return Err(self.poison(format!("releasing a checkpoint image: {e}")));
+        }
         self.flush()?;
         self.backend.store_checkpoint(&bytes).map_err(|e| {
             if out_of_space(&e) {
@@ -1605,6 +1684,14 @@ impl Engine {
         m.checkpoint_seq = head.seq;
         m.appended_at_checkpoint = appended;
         m.checkpointed_at = Instant::now();
+        m.checkpoint_len = bytes.len() as u64;
+        drop(m);
+        tracing::debug!(
+            bytes = bytes.len(),
+            lock_held_us = captured.as_micros() as u64,
+            total_ms = started.elapsed().as_millis() as u64,
+            "checkpoint written"
+        );
         Ok(())
     }
 
@@ -1614,7 +1701,86 @@ impl Engine {
         cv.notify_all();
     }
 
-    /// A writer found the log full: run the collector now. Returns whether space was freed.
+    fn wake_segments(&self) {
+        let (lock, cv) = &self.segments_wakeup;
+        *lock.lock().unwrap() = true;
+        cv.notify_all();
+    }
+
+    /// Allocate the file space of up to [`READY_SEGMENTS`] free segments outside the metadata
+    /// lock, so the head moves on without a system call under it. Returns how many became
+    /// ready. The segments stay on the free list meanwhile (marked `preparing`), so free space
+    /// as writers and reports see it does not change.
+    pub fn prepare_segments(&self) -> usize {
+        if self.read_only || self.poisoned.load(Ordering::Acquire) {
+            return 0;
+        }
+        let seg = self.geometry.segment_size as u64;
+        // Only where the file system has room to spare for them and as much again: on a small
+        // or nearly full one the head allocates as it goes, and a full file system is
+        // reported by the write that needs the space (27/07), not by this thread.
+        let ready_bytes = READY_SEGMENTS as u64 * seg;
+        if !self.backend.has_room(ready_bytes, ready_bytes) {
+            return 0;
+        }
+        let taken: Vec<u32> = {
+            let mut m = self.lock_meta();
+            // Never more than the writers' own margin over the collector's reserve.
+            let spare = m
+                .free
+                .len()
+                .saturating_sub(gc_reserve(self.geometry.segment_count) as usize + 2);
+            let want = READY_SEGMENTS
+                .saturating_sub(m.ready.len() + m.preparing.len())
+                .min(spare.saturating_sub(m.ready.len()));
+            let mut taken = Vec::with_capacity(want);
+            // From the top of the free list: the segments the head would take next anyway.
+            let mut i = m.free.len();
+            while taken.len() < want && i > 0 {
+                i -= 1;
+                let s = m.free[i];
+                if !m.ready.contains(&s) && !m.preparing.contains(&s) {
+                    taken.push(s);
+                }
+            }
+            for s in &taken {
+                m.preparing.insert(*s);
+                // Allocated from now on: not to be punched.
+                m.undiscarded.remove(s);
+            }
+            taken
+        };
+        if taken.is_empty() {
+            return 0;
+        }
+        let results: Vec<(u32, bool)> = taken
+            .iter()
+            .map(|&s| (s, self.backend.allocate(s as u64 * seg, seg).is_ok()))
+            .collect();
+        let mut m = self.lock_meta();
+        let mut ready = 0;
+        for (s, ok) in results {
+            // Not preparing any more: the head took it meanwhile.
+            if !m.preparing.remove(&s) {
+                continue;
+            }
+            if ok {
+                m.ready.insert(s);
+                ready += 1;
+            } else {
+                // The file system is full: the head allocates (and reports) itself; what was
+                // allocated of this one is given back when idle.
+                m.undiscarded.insert(s);
+            }
+        }
+        ready
+    }
+
+    /// A writer found the log full: run the collector now. Returns whether the writer should
+    /// try again: there is room, or this collection freed segments (which other writers may
+    /// have taken meanwhile: with the lock released while the collector checkpoints and
+    /// relocates, they keep writing, and comparing the free list's length before and after
+    /// would turn their progress into this writer's out-of-space error).
     fn collect_for_space(&self) -> Result<bool> {
         let _maintenance = self.maintenance.lock().unwrap_or_else(|p| p.into_inner());
         let reserve = gc_reserve(self.geometry.segment_count) as usize;
@@ -1624,11 +1790,11 @@ impl Engine {
             let mut m = self.lock_meta();
             m.free.len() > reserve + 1 && self.room_for_data(&mut m)
         };
-        let before = self.lock_meta().free.len();
         if room() {
             // Another writer's collection already made room.
             return Ok(true);
         }
+        let freed_before = self.lock_meta().freed;
         // Relocating a nearly full segment costs a segment to win a sliver: require at least
         // a sixteenth of a segment to be dead, so every round gains ground.
         for _ in 0..self.geometry.segment_count {
@@ -1636,12 +1802,10 @@ impl Engine {
                 break;
             }
         }
-        let after = self.lock_meta().free.len();
-        let file_system = {
-            let mut m = self.lock_meta();
-            self.room_for_data(&mut m)
-        };
-        Ok(file_system && (after > before || after > reserve + 1))
+        let mut m = self.lock_meta();
+        let freed = m.freed > freed_before;
+        let file_system = self.room_for_data(&mut m);
+        Ok(file_system && (freed || m.free.len() > reserve + 1))
     }
 
     /// Clean the emptiest eligible segment whose live share is at most `max_live`. Returns
@@ -1825,6 +1989,7 @@ impl Engine {
         drop(self.reuse.write().unwrap_or_else(|p| p.into_inner()));
         let mut m = self.lock_meta();
         m.free.push(victim);
+        m.freed += 1;
         m.undiscarded.insert(victim);
         drop(m);
         self.gc_relocated.fetch_add(relocated, Ordering::Relaxed);
@@ -1876,6 +2041,7 @@ impl Engine {
         drop(self.reuse.write().unwrap_or_else(|p| p.into_inner()));
         let mut m = self.lock_meta();
         m.free.extend_from_slice(&victims);
+        m.freed += victims.len() as u64;
         m.undiscarded.extend(victims.iter().copied());
         Ok(victims.len())
     }
@@ -1969,7 +2135,10 @@ impl Engine {
         let due = {
             let m = self.lock_meta();
             let written = m.appended - m.appended_at_checkpoint;
-            written >= tuning.checkpoint_bytes
+            written
+                >= tuning
+                    .checkpoint_bytes
+                    .max(CHECKPOINT_SIZE_FACTOR * m.checkpoint_len)
                 || (written > 0 && m.checkpointed_at.elapsed() >= CHECKPOINT_INTERVAL)
         };
         if due {
@@ -2022,6 +2191,7 @@ impl Engine {
     /// Start the background maintenance thread. It holds a weak reference and stops when the
     /// engine is dropped or [`Engine::shutdown`] is called.
     pub fn start_background(self: &Arc<Self>) -> std::thread::JoinHandle<()> {
+        self.start_segment_preparer();
         let weak = Arc::downgrade(self);
         std::thread::Builder::new()
             .name("sliver-gc".into())
@@ -2049,17 +2219,44 @@ impl Engine {
             .expect("spawn the maintenance thread")
     }
 
+    /// Start the thread that keeps [`READY_SEGMENTS`] segments allocated ahead of the head
+    /// (part of [`Engine::start_background`]); it stops when the engine is dropped or shut down.
+    fn start_segment_preparer(self: &Arc<Self>) -> std::thread::JoinHandle<()> {
+        let weak = Arc::downgrade(self);
+        std::thread::Builder::new()
+            .name("sliver-segments".into())
+            .spawn(move || loop {
+                let Some(engine) = weak.upgrade() else { return };
+                if engine.stop.load(Ordering::Acquire) {
+                    return;
+                }
+                engine.prepare_segments();
+                let (lock, cv) = &engine.segments_wakeup;
+                let woken = lock.lock().unwrap();
+                let (mut woken, _) = cv
+                    .wait_timeout_while(woken, Duration::from_secs(1), |w| !*w)
+                    .unwrap();
+                *woken = false;
+            })
+            .expect("spawn the segment thread")
+    }
+
     /// Flush, checkpoint and stop background work (clean shutdown: fast recovery next time).
     pub fn shutdown(&self) -> Result<()> {
         self.stop.store(true, Ordering::Release);
         self.wake_gc();
+        self.wake_segments();
         if self.read_only || self.poisoned.load(Ordering::Acquire) {
             return Ok(());
         }
         self.checkpoint()?;
         // Give back all space freed segments still hold (under the lock: no writer can take
-        // one meanwhile).
+        // one meanwhile), prepared ones included.
         let mut m = self.lock_meta();
+        let ready = std::mem::take(&mut m.ready);
+        m.undiscarded.extend(ready);
+        let preparing = std::mem::take(&mut m.preparing);
+        m.undiscarded.extend(preparing);
         self.punch_all_pending(&mut m);
         Ok(())
     }
@@ -2503,6 +2700,176 @@ mod tests {
         assert!(back == fresh);
         assert!(engine.lock_meta().undiscarded.is_empty());
         assert!(engine.poisoned().is_none());
+    }
+
+    fn noise(seed: u64, len: usize) -> Vec<u8> {
+        let mut x = seed | 1;
+        (0..len)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                x as u8
+            })
+            .collect()
+    }
+
+    /// A checkpoint is encoded after the metadata lock is released, from an image captured
+    /// under it: host commands that change the shared chunk table blocks, segments and map
+    /// pages afterwards must not reach the image.
+    #[test]
+    fn a_captured_checkpoint_image_is_unchanged_by_later_writes() {
+        let backend = Arc::new(MemBackend::new(256 << 20));
+        let config = EngineConfig {
+            chunk_size: 4096,
+            segment_size: 1 << 20,
+        };
+        let engine = Engine::create(backend, config, Tuning::default()).unwrap();
+        let v = engine.create_volume(64 << 20).unwrap();
+        // More than one 4,096-entry block of the chunk table.
+        engine.write(v, 0, &noise(1, 20 << 20)).unwrap();
+        let (image, expected) = {
+            let m = engine.lock_meta();
+            (
+                checkpoint::Image::capture(&engine.geometry, m.head, m.counters, &m.state),
+                checkpoint::encode(&engine.geometry, m.head, m.counters, &m.state),
+            )
+        };
+        engine.write(v, 4 << 20, &noise(2, 8 << 20)).unwrap();
+        engine.unmap(v, 0, 2 << 20).unwrap();
+        engine.copy(v, 16 << 20, v, 40 << 20, 4 << 20).unwrap();
+        let w = engine.create_volume(8 << 20).unwrap();
+        engine.write(w, 0, &noise(3, 1 << 20)).unwrap();
+        assert!(
+            image.encode() == expected,
+            "the image changed after capture"
+        );
+        // And what it encodes is a state the engine really had: it decodes, with the first
+        // write's data mapped.
+        let loaded = checkpoint::decode(&image.encode()).unwrap();
+        assert_eq!(loaded.state.volumes.len(), 1);
+        assert_eq!(
+            loaded
+                .state
+                .store
+                .chunks
+                .iter()
+                .filter(|c| c.len != 0)
+                .count(),
+            5120
+        );
+        // Pages the writes copied away from the image held references of their own; released
+        // under the lock, the counts and segment usage are exact again (the checker recounts).
+        image.release(&mut engine.lock_meta().state).unwrap();
+        assert_eq!(engine.check(&mut |_, _| {}), Vec::<String>::new());
+    }
+
+    /// Checkpoints come after `checkpoint_bytes` of log or 8 times the last checkpoint's
+    /// size, whichever is more: a large metadata state is not rewritten every few MiB.
+    #[test]
+    fn checkpoints_are_paced_by_their_own_size() {
+        let backend = Arc::new(MemBackend::new(256 << 20));
+        let config = EngineConfig {
+            chunk_size: 4096,
+            segment_size: 1 << 20,
+        };
+        let tuning = Tuning {
+            gc: GcPriority::Off,
+            checkpoint_bytes: 64 << 10,
+            ..Tuning::default()
+        };
+        let engine = Engine::create(backend, config, tuning).unwrap();
+        let v = engine.create_volume(64 << 20).unwrap();
+        engine.write(v, 0, &noise(5, 8 << 20)).unwrap();
+        engine.checkpoint().unwrap();
+        let (len, at) = {
+            let m = engine.lock_meta();
+            (m.checkpoint_len, m.appended_at_checkpoint)
+        };
+        assert!(
+            len > 64 << 10,
+            "2,048 chunks make a checkpoint of {len} bytes"
+        );
+        let since = |e: &Engine| {
+            let m = e.lock_meta();
+            (
+                m.appended - m.appended_at_checkpoint,
+                m.appended_at_checkpoint,
+            )
+        };
+        // More than checkpoint_bytes, less than 8 checkpoints' worth: no checkpoint yet.
+        let mut offset = 8 << 20;
+        while since(&engine).0 < 2 * (64 << 10) {
+            engine.write(v, offset, &noise(offset, 64 << 10)).unwrap();
+            offset += 64 << 10;
+        }
+        engine.maintain().unwrap();
+        assert_eq!(
+            since(&engine).1,
+            at,
+            "checkpointed after {} bytes",
+            since(&engine).0
+        );
+        while since(&engine).0 < 8 * len {
+            engine.write(v, offset, &noise(offset, 256 << 10)).unwrap();
+            offset += 256 << 10;
+        }
+        engine.maintain().unwrap();
+        assert!(
+            since(&engine).1 > at,
+            "no checkpoint after 8 checkpoints' worth of log"
+        );
+    }
+
+    /// Segments prepared outside the lock are allocated in the file, stay on the free list
+    /// (space figures do not change), are never punched while ready, and are where the head
+    /// goes next; shutdown gives their space back.
+    #[test]
+    fn prepared_segments_are_allocated_free_and_taken_first() {
+        let backend = Arc::new(MemBackend::new(1 << 30));
+        let config = EngineConfig {
+            chunk_size: 4096,
+            segment_size: 1 << 20,
+        };
+        let tuning = Tuning {
+            gc: GcPriority::Off,
+            ..Tuning::default()
+        };
+        let engine = Engine::create(backend.clone(), config, tuning).unwrap();
+        let v = engine.create_volume(256 << 20).unwrap();
+        let free_before = engine.lock_meta().free.len();
+        let allocated_before = backend.allocated_bytes();
+        assert_eq!(engine.prepare_segments(), READY_SEGMENTS);
+        assert_eq!(engine.prepare_segments(), 0, "already enough ready");
+        {
+            let m = engine.lock_meta();
+            assert_eq!(m.free.len(), free_before);
+            assert!(m.ready.iter().all(|s| m.free.contains(s)));
+            assert!(m.ready.iter().all(|s| !m.undiscarded.contains(s)));
+        }
+        assert!(backend.allocated_bytes() >= allocated_before + ((READY_SEGMENTS as u64) << 20));
+        let ready: Vec<u32> = engine.lock_meta().ready.iter().copied().collect();
+        let data = noise(6, 8 << 20);
+        engine.write(v, 0, &data).unwrap();
+        let (head, left) = {
+            let m = engine.lock_meta();
+            (m.head.segment, m.ready.len())
+        };
+        assert!(
+            ready.contains(&head),
+            "the head moved to segment {head}, not a prepared one"
+        );
+        assert!(left < READY_SEGMENTS);
+        // Idle discards leave prepared segments alone.
+        while engine.discard_freed(64) > 0 {}
+        assert_eq!(engine.lock_meta().ready.len(), left);
+        let mut back = vec![0u8; 8 << 20];
+        engine.read(v, 0, &mut back).unwrap();
+        assert!(back == data);
+        let after_writes = backend.allocated_bytes();
+        engine.shutdown().unwrap();
+        assert!(engine.lock_meta().ready.is_empty());
+        assert!(backend.allocated_bytes() + ((left as u64) << 20) <= after_writes);
     }
 
     /// While hosts are idle, maintenance gives the file space of freed segments back to the

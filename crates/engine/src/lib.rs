@@ -8,6 +8,7 @@
 
 pub mod backend;
 pub mod checkpoint;
+pub mod cow_vec;
 pub mod engine;
 pub mod format;
 pub mod state;

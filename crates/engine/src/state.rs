@@ -10,6 +10,7 @@
 //! snapshot therefore costs one pointer per map page, and deleting a volume touches only the
 //! pages nothing else shares.
 
+use crate::cow_vec::CowVec;
 use crate::format::{Record, RECORD_HEADER};
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
@@ -180,10 +181,10 @@ pub type FingerprintIndex =
 /// Chunks, their index and the per-segment usage they imply.
 #[derive(Default)]
 pub struct Store {
-    pub chunks: Vec<Chunk>,
+    pub chunks: CowVec<Chunk>,
     pub index: FingerprintIndex,
     pub free_ids: Vec<u32>,
-    pub segments: Vec<Segment>,
+    pub segments: CowVec<Segment>,
     /// Anchored map entries, counted like references (per page instance).
     pub anchored: u64,
 }
@@ -192,10 +193,10 @@ impl Store {
     pub fn new(segment_count: u32) -> Self {
         Store {
             // Id 0 means "unmapped" and is never allocated.
-            chunks: vec![FREE_CHUNK],
+            chunks: CowVec::from_elem(FREE_CHUNK, 1),
             index: FingerprintIndex::default(),
             free_ids: Vec::new(),
-            segments: vec![Segment::FREE; segment_count as usize],
+            segments: CowVec::from_elem(Segment::FREE, segment_count as usize),
             anchored: 0,
         }
     }
@@ -586,6 +587,20 @@ impl State {
             }
             if empty {
                 map.pages.remove(&page_no);
+            }
+        }
+        Ok(())
+    }
+
+    /// Give back the map pages a checkpoint image held (see [`crate::checkpoint::Image`]).
+    /// References are counted per page instance and a page shared with anything is copied
+    /// before it changes, the copy counting its chunks again: a page the volumes changed
+    /// while the image held it left the image the last holder of the old instance, whose
+    /// references are dropped here. Pages the volumes still hold only lose a pointer.
+    pub fn release_pages(&mut self, volumes: BTreeMap<u32, VolumeMap>) -> Apply {
+        for map in volumes.into_values() {
+            for page in map.pages.into_values() {
+                self.store.drop_page(page)?;
             }
         }
         Ok(())
