@@ -236,14 +236,20 @@ def write(res, out_path, raw_rel, root):
     csize = size(p.get("clone", 0))
     if cs and ct:
         so, sh, to, th = cs["offload"], cs["host"], ct["offload"], ct["host"]
-        speed = th["seconds"] / so["seconds"] if so["seconds"] else None
+        # The acceptance compares with the same copy without -C in the same run: sliver's own
+        # host copy. tgt's host copy is shown beside it.
+        speed = sh["seconds"] / so["seconds"] if so["seconds"] else None
+        speed_tgt = th["seconds"] / so["seconds"] if so["seconds"] else None
         tab.add(f"clone {csize}, copy offload requested (`convert -C`)", "qemu-img convert",
                 f"{so['seconds']:.2f} s" + (" (XCOPY)" if so.get("offload_used") else
                                             " (**not offloaded**)"),
                 f"{to['seconds']:.2f} s" + (" (XCOPY)" if to.get("offload_used") else
                                             " (no XCOPY: qemu fell back to a host copy)"),
                 ratio(so["seconds"], to["seconds"], lower_is_better=True),
-                f">= 50x tgt's host copy: {speed:.0f}x, {verdict(speed, 50)}" if speed else "", "")
+                f">= 50x the copy without `-C` and < 1 s: {speed:.0f}x (tgt's host copy: "
+                f"{speed_tgt:.0f}x), {so['seconds']:.2f} s, "
+                f"{verdict(speed, 50) if so['seconds'] < 1 else '**MISSED**'}"
+                if speed else "", "")
         tab.add(f"clone {csize}, host copy", "qemu-img convert", f"{sh['seconds']:.2f} s",
                 f"{th['seconds']:.2f} s", ratio(sh["seconds"], th["seconds"],
                                                 lower_is_better=True), "",
