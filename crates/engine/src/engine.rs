@@ -1664,8 +1664,8 @@ impl Engine {
         };
         let captured = started.elapsed();
         let bytes = image.encode();
-        // Release the image before writing: blocks and pages it still shares would be copied
-        // by every host write that changes them, and chunks only it still refers to freed.
+        // Release the image before writing: host writes would go on copying the blocks and
+        // pages it shares, and chunks only its pages still refer to stay allocated until then.
         let released = image.release(&mut self.lock_meta().state);
         if let Err(e) = released {
             return Err(self.poison(format!("releasing a checkpoint image: {e}")));
