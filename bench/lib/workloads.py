@@ -324,10 +324,10 @@ def caw(t, p):
     # Under load: a second session writes unique data meanwhile, 4 KiB random at QD16 (many
     # VMs' small writes), then 1 MiB sequential at QD8 (a host-side copy or a restore): the
     # stream also fills the log fastest, so the engine's checkpoints fall in this window.
-    for key, what, args in (
-            ("under_load", "a QD16 random write load",
+    for key, bg_key, what, args in (
+            ("under_load", "background", "a QD16 random write load",
              ["-p", "rand", "-q", "16", "-s", "4096", "-S", "77"]),
-            ("under_stream", "a QD8 1 MiB sequential write stream",
+            ("under_stream", "background_stream", "a QD8 1 MiB sequential write stream",
              ["-p", "seq", "-q", "8", "-s", str(MIB), "-S", "78"])):
         log(f"{t.name}: COMPARE AND WRITE under {what}, {secs} s")
         bg = subprocess.Popen([LOAD, "-u", url, "-o", "write", *args, "-L", str(p["region"]),
@@ -338,8 +338,7 @@ def caw(t, p):
             time.sleep(0.5)
             r[key] = load(url, "caw", offset=off, seconds=secs)
             out, _ = bg.communicate(timeout=BUDGET.timeout(secs + 30))
-            r["background" if key == "under_load" else "background_stream"] = json.loads(
-                out.strip().splitlines()[-1])
+            r[bg_key] = json.loads(out.strip().splitlines()[-1])
         finally:
             if bg.poll() is None:
                 bg.kill()

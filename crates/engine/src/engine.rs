@@ -191,6 +191,27 @@ struct Meta {
     preparing: std::collections::BTreeSet<u32>,
 }
 
+/// A flag a background thread sleeps on until it is set or a timeout passes.
+#[derive(Default)]
+struct Wakeup {
+    woken: Mutex<bool>,
+    cv: Condvar,
+}
+
+impl Wakeup {
+    fn wake(&self) {
+        *self.woken.lock().unwrap() = true;
+        self.cv.notify_all();
+    }
+
+    /// Sleep until woken or `timeout` passes, and clear the flag.
+    fn wait(&self, timeout: Duration) {
+        let woken = self.woken.lock().unwrap();
+        let (mut woken, _) = self.cv.wait_timeout_while(woken, timeout, |w| !*w).unwrap();
+        *woken = false;
+    }
+}
+
 /// Free segments kept allocated in the log file ahead of the head (256 MiB with 4 MiB
 /// segments: about a second of a fast sequential write, the longest allocation stall seen).
 const READY_SEGMENTS: usize = 64;
@@ -246,9 +267,9 @@ pub struct Engine {
     maintenance: Mutex<()>,
     tuning: Mutex<Tuning>,
     stop: AtomicBool,
-    gc_wakeup: (Mutex<bool>, Condvar),
+    gc_wakeup: Wakeup,
     /// Wakes the thread that prepares segments ([`Engine::prepare_segments`]).
-    segments_wakeup: (Mutex<bool>, Condvar),
+    segments_wakeup: Wakeup,
     /// Bumped by every host read and write: maintenance gives file space back only while it
     /// stands still (hole punching stalls the log appends and reads hosts wait for).
     host_activity: AtomicU64,
@@ -511,8 +532,8 @@ impl Engine {
             maintenance: Mutex::new(()),
             tuning: Mutex::new(tuning),
             stop: AtomicBool::new(false),
-            gc_wakeup: (Mutex::new(false), Condvar::new()),
-            segments_wakeup: (Mutex::new(false), Condvar::new()),
+            gc_wakeup: Wakeup::default(),
+            segments_wakeup: Wakeup::default(),
             host_activity: AtomicU64::new(0),
             gc_relocated: AtomicU64::new(0),
             unreadable: Mutex::new(Default::default()),
@@ -1696,15 +1717,11 @@ impl Engine {
     }
 
     fn wake_gc(&self) {
-        let (lock, cv) = &self.gc_wakeup;
-        *lock.lock().unwrap() = true;
-        cv.notify_all();
+        self.gc_wakeup.wake();
     }
 
     fn wake_segments(&self) {
-        let (lock, cv) = &self.segments_wakeup;
-        *lock.lock().unwrap() = true;
-        cv.notify_all();
+        self.segments_wakeup.wake();
     }
 
     /// Allocate the file space of up to [`READY_SEGMENTS`] free segments outside the metadata
@@ -1802,10 +1819,8 @@ impl Engine {
                 break;
             }
         }
-        let mut m = self.lock_meta();
-        let freed = m.freed > freed_before;
-        let file_system = self.room_for_data(&mut m);
-        Ok(file_system && (freed || m.free.len() > reserve + 1))
+        let freed = self.lock_meta().freed > freed_before;
+        Ok(room() || (freed && self.room_for_data(&mut self.lock_meta())))
     }
 
     /// Clean the emptiest eligible segment whose live share is at most `max_live`. Returns
@@ -2188,57 +2203,54 @@ impl Engine {
         }
     }
 
-    /// Start the background maintenance thread. It holds a weak reference and stops when the
-    /// engine is dropped or [`Engine::shutdown`] is called.
+    /// Start the background threads: maintenance (`sliver-gc`: checkpoints, collection, giving
+    /// space back while idle) and `sliver-segments` (keeps [`READY_SEGMENTS`] segments
+    /// allocated ahead of the head). Returns the maintenance thread's handle.
     pub fn start_background(self: &Arc<Self>) -> std::thread::JoinHandle<()> {
-        self.start_segment_preparer();
-        let weak = Arc::downgrade(self);
-        std::thread::Builder::new()
-            .name("sliver-gc".into())
-            .spawn(move || loop {
-                let Some(engine) = weak.upgrade() else { return };
-                if engine.stop.load(Ordering::Acquire) {
-                    return;
-                }
-                let sleep = match engine.maintain() {
-                    Ok(d) => d,
-                    Err(e) => {
-                        tracing::warn!("background maintenance: {e}");
-                        Duration::from_secs(1)
-                    }
-                };
+        self.spawn_worker(
+            "sliver-segments",
+            |e| &e.segments_wakeup,
+            |e| {
+                e.prepare_segments();
+                Duration::from_secs(1)
+            },
+        );
+        self.spawn_worker(
+            "sliver-gc",
+            |e| &e.gc_wakeup,
+            |e| {
+                let sleep = e.maintain().unwrap_or_else(|err| {
+                    tracing::warn!("background maintenance: {err}");
+                    Duration::from_secs(1)
+                });
                 // Outside `maintenance`: it sleeps to see whether hosts are idle.
-                engine.discard_while_idle();
-                let (lock, cv) = &engine.gc_wakeup;
-                let woken = lock.lock().unwrap();
-                let (mut woken, _) = cv
-                    .wait_timeout_while(woken, sleep.min(Duration::from_secs(1)), |w| !*w)
-                    .unwrap();
-                *woken = false;
-            })
-            .expect("spawn the maintenance thread")
+                e.discard_while_idle();
+                sleep
+            },
+        )
     }
 
-    /// Start the thread that keeps [`READY_SEGMENTS`] segments allocated ahead of the head
-    /// (part of [`Engine::start_background`]); it stops when the engine is dropped or shut down.
-    fn start_segment_preparer(self: &Arc<Self>) -> std::thread::JoinHandle<()> {
+    /// A thread running `round` until the engine is dropped (it holds a weak reference) or
+    /// shut down, sleeping between rounds for what `round` returns, at most 1 s, or until
+    /// its wakeup fires.
+    fn spawn_worker(
+        self: &Arc<Self>,
+        name: &str,
+        wakeup: fn(&Engine) -> &Wakeup,
+        round: fn(&Engine) -> Duration,
+    ) -> std::thread::JoinHandle<()> {
         let weak = Arc::downgrade(self);
         std::thread::Builder::new()
-            .name("sliver-segments".into())
+            .name(name.into())
             .spawn(move || loop {
                 let Some(engine) = weak.upgrade() else { return };
                 if engine.stop.load(Ordering::Acquire) {
                     return;
                 }
-                engine.prepare_segments();
-                let (lock, cv) = &engine.segments_wakeup;
-                let woken = lock.lock().unwrap();
-                let (mut woken, _) = cv
-                    .wait_timeout_while(woken, Duration::from_secs(1), |w| !*w)
-                    .unwrap();
-                *woken = false;
+                let sleep = round(&engine);
+                wakeup(&engine).wait(sleep.min(Duration::from_secs(1)));
             })
-            .expect("spawn the segment thread")
+            .unwrap_or_else(|e| panic!("spawn the {name} thread: {e}"))
     }
 
     /// Flush, checkpoint and stop background work (clean shutdown: fast recovery next time).
@@ -2253,10 +2265,14 @@ impl Engine {
         // Give back all space freed segments still hold (under the lock: no writer can take
         // one meanwhile), prepared ones included.
         let mut m = self.lock_meta();
-        let ready = std::mem::take(&mut m.ready);
-        m.undiscarded.extend(ready);
-        let preparing = std::mem::take(&mut m.preparing);
-        m.undiscarded.extend(preparing);
+        let Meta {
+            undiscarded,
+            ready,
+            preparing,
+            ..
+        } = &mut *m;
+        undiscarded.append(ready);
+        undiscarded.append(preparing);
         self.punch_all_pending(&mut m);
         Ok(())
     }
@@ -2651,21 +2667,30 @@ mod tests {
     use super::*;
     use crate::backend::MemBackend;
 
+    /// An engine with 4 KiB chunks on an in-memory backend of `capacity` bytes.
+    fn mem_engine(capacity: u64, segment_size: u32, tuning: Tuning) -> (Arc<MemBackend>, Engine) {
+        let backend = Arc::new(MemBackend::new(capacity));
+        let config = EngineConfig {
+            chunk_size: 4096,
+            segment_size,
+        };
+        let engine = Engine::create(backend.clone(), config, tuning).unwrap();
+        (backend, engine)
+    }
+
+    fn gc_off() -> Tuning {
+        Tuning {
+            gc: GcPriority::Off,
+            ..Tuning::default()
+        }
+    }
+
     /// When the file system is full, a writer that needs a new segment first gets back the
     /// space freed segments still hold (their holes are punched lazily). Here the free list
     /// offers a never-allocated segment while dead ones still hold space, as after a restart.
     #[test]
     fn a_full_file_system_gets_back_the_space_of_freed_segments_first() {
-        let backend = Arc::new(MemBackend::new(16 << 20));
-        let config = EngineConfig {
-            chunk_size: 4096,
-            segment_size: 128 << 10,
-        };
-        let tuning = Tuning {
-            gc: GcPriority::Off,
-            ..Tuning::default()
-        };
-        let engine = Engine::create(backend.clone(), config, tuning).unwrap();
+        let (backend, engine) = mem_engine(16 << 20, 128 << 10, gc_off());
         let v = engine.create_volume(8 << 20).unwrap();
         let mut x = 0x2545_f491_4f6c_dd1du64;
         let mut noise = |len: usize| -> Vec<u8> {
@@ -2719,12 +2744,7 @@ mod tests {
     /// pages afterwards must not reach the image.
     #[test]
     fn a_captured_checkpoint_image_is_unchanged_by_later_writes() {
-        let backend = Arc::new(MemBackend::new(256 << 20));
-        let config = EngineConfig {
-            chunk_size: 4096,
-            segment_size: 1 << 20,
-        };
-        let engine = Engine::create(backend, config, Tuning::default()).unwrap();
+        let (_, engine) = mem_engine(256 << 20, 1 << 20, Tuning::default());
         let v = engine.create_volume(64 << 20).unwrap();
         // More than one 4,096-entry block of the chunk table.
         engine.write(v, 0, &noise(1, 20 << 20)).unwrap();
@@ -2768,17 +2788,11 @@ mod tests {
     /// size, whichever is more: a large metadata state is not rewritten every few MiB.
     #[test]
     fn checkpoints_are_paced_by_their_own_size() {
-        let backend = Arc::new(MemBackend::new(256 << 20));
-        let config = EngineConfig {
-            chunk_size: 4096,
-            segment_size: 1 << 20,
-        };
         let tuning = Tuning {
-            gc: GcPriority::Off,
             checkpoint_bytes: 64 << 10,
-            ..Tuning::default()
+            ..gc_off()
         };
-        let engine = Engine::create(backend, config, tuning).unwrap();
+        let (_, engine) = mem_engine(256 << 20, 1 << 20, tuning);
         let v = engine.create_volume(64 << 20).unwrap();
         engine.write(v, 0, &noise(5, 8 << 20)).unwrap();
         engine.checkpoint().unwrap();
@@ -2826,16 +2840,7 @@ mod tests {
     /// goes next; shutdown gives their space back.
     #[test]
     fn prepared_segments_are_allocated_free_and_taken_first() {
-        let backend = Arc::new(MemBackend::new(1 << 30));
-        let config = EngineConfig {
-            chunk_size: 4096,
-            segment_size: 1 << 20,
-        };
-        let tuning = Tuning {
-            gc: GcPriority::Off,
-            ..Tuning::default()
-        };
-        let engine = Engine::create(backend.clone(), config, tuning).unwrap();
+        let (backend, engine) = mem_engine(1 << 30, 1 << 20, gc_off());
         let v = engine.create_volume(256 << 20).unwrap();
         let free_before = engine.lock_meta().free.len();
         let allocated_before = backend.allocated_bytes();

@@ -335,6 +335,14 @@ impl Store {
         Ok(Arc::get_mut(arc).expect("page just made private"))
     }
 
+    /// Drop every page of a map (see [`Store::drop_page`]).
+    fn drop_map(&mut self, map: VolumeMap) -> Apply {
+        for page in map.pages.into_values() {
+            self.drop_page(page)?;
+        }
+        Ok(())
+    }
+
     /// Drop a page from a map; a page nothing else shares gives up its references.
     fn drop_page(&mut self, page: Arc<Page>) -> Apply {
         if let Some(page) = Arc::into_inner(page) {
@@ -456,10 +464,7 @@ impl State {
                     .volumes
                     .remove(volume)
                     .ok_or_else(|| Inconsistent(format!("delete of missing volume {volume}")))?;
-                for (_, page) in map.pages {
-                    self.store.drop_page(page)?;
-                }
-                Ok(())
+                self.store.drop_map(map)
             }
             Record::VolumeResize { volume, size } => {
                 let old = self.chunks_of(self.volume(*volume)?.size);
@@ -599,9 +604,7 @@ impl State {
     /// references are dropped here. Pages the volumes still hold only lose a pointer.
     pub fn release_pages(&mut self, volumes: BTreeMap<u32, VolumeMap>) -> Apply {
         for map in volumes.into_values() {
-            for page in map.pages.into_values() {
-                self.store.drop_page(page)?;
-            }
+            self.store.drop_map(map)?;
         }
         Ok(())
     }
