@@ -241,6 +241,17 @@ impl Connection {
         out.append(&mut self.output);
     }
 
+    /// Pending outgoing bytes, for a caller that writes them in place; see
+    /// [`Connection::consume_output`].
+    pub fn output(&self) -> &[u8] {
+        &self.output
+    }
+
+    /// Drop the first `n` bytes of pending output (they were written).
+    pub fn consume_output(&mut self, n: usize) {
+        self.output.drain(..n.min(self.output.len()));
+    }
+
     pub fn has_output(&self) -> bool {
         !self.output.is_empty()
     }

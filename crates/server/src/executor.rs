@@ -85,11 +85,16 @@ pub fn is_quick(cdb: &[u8], transfer_bytes: u64, data_out: &[u8]) -> bool {
 /// has been handed over (quick) or has finished (blocking pool).
 pub async fn run(quick: bool, job: impl FnOnce() + Send + 'static) {
     if quick {
-        // The pool lives as long as the process, so the channel never closes.
-        let _ = quick_pool().jobs.send(Box::new(job));
+        run_quick(job);
     } else {
         let _ = tokio::task::spawn_blocking(job).await;
     }
+}
+
+/// Hand `job` to the quick pool.
+pub fn run_quick(job: impl FnOnce() + Send + 'static) {
+    // The pool lives as long as the process, so the channel never closes.
+    let _ = quick_pool().jobs.send(Box::new(job));
 }
 
 #[cfg(test)]

@@ -1,5 +1,5 @@
 //! One TCP connection: socket I/O around a sans-I/O [`Connection`], SCSI commands on the
-//! blocking pool, task management bookkeeping.
+//! executor's threads (which also send their responses), task management bookkeeping.
 
 use crate::array::MappedLun;
 use crate::target::{ConnectionAuthority, Server, Timeouts};
@@ -10,9 +10,11 @@ use sliver_iscsi::{
 use sliver_scsi::{CopyTargets, LogicalUnit, Nexus, Request, Reset, TaskAttr};
 use std::collections::{HashMap, HashSet};
 use std::net::SocketAddr;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::AsyncReadExt;
+use tokio::net::tcp::OwnedWriteHalf;
 use tokio::net::TcpStream;
 use tokio::sync::{mpsc, watch, Notify, OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant;
@@ -58,9 +60,70 @@ struct Session {
     pending_tmfs: Vec<PendingTmf>,
     /// Logical units this session touched, told about nexus loss at the end.
     touched: HashMap<u64, Arc<LogicalUnit>>,
-    results: mpsc::UnboundedSender<(u32, CommandResult, OwnedSemaphorePermit)>,
     budget: Arc<Semaphore>,
     close_after_output: bool,
+}
+
+/// What the connection loop and the threads that finish its commands share.
+///
+/// A command completes on the thread that executed it: that thread builds the response
+/// and, when nothing is queued ahead of it, writes it to the socket itself. Handing every
+/// result back to the connection loop cost a wake-up of a tokio worker per command, a
+/// tenth of the round trip of a QEMU clone's EXTENDED COPY (figures in docs/design.md).
+struct Shared {
+    core: Mutex<Core>,
+    writer: OwnedWriteHalf,
+    /// Output chunks handed to the writer task and not yet written in full. Only holders of
+    /// `core` add to it, so when a holder reads zero nothing is queued or half-written and
+    /// it may write to the socket directly without overtaking anything.
+    queued: AtomicUsize,
+    /// Wakes the connection loop when a completion left it work: output the socket did not
+    /// take, or a connection to close.
+    kick: Notify,
+}
+
+struct Core {
+    session: Session,
+    conn: Connection,
+    /// The loop has ended: late completions are dropped.
+    ended: bool,
+}
+
+impl Shared {
+    fn lock(&self) -> MutexGuard<'_, Core> {
+        // Commands execute outside the lock. A panic under it ends the connection's task;
+        // a completion arriving after that only needs the socket, so it takes the state as is.
+        self.core.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Write what the socket takes of the connection's output, unless output is queued for
+    /// the writer task (which must go first).
+    fn write_direct(&self, conn: &mut Connection) {
+        if conn.has_output() && self.queued.load(Ordering::Acquire) == 0 {
+            if let Ok(n) = self.writer.try_write(conn.output()) {
+                conn.consume_output(n);
+            }
+        }
+    }
+
+    /// Finish a command on the thread that executed it.
+    fn complete(&self, itt: u32, result: CommandResult) {
+        let mut core = self.lock();
+        if core.ended {
+            return;
+        }
+        let Core { session, conn, .. } = &mut *core;
+        session.finish(conn, itt, result);
+        // With other commands of this connection still running, the loop writes: it gathers
+        // the responses that complete meanwhile into one write, where a system call per
+        // response on the I/O threads cost a sixth of the IOPS at queue depth 32.
+        if session.in_flight.is_empty() {
+            self.write_direct(conn);
+        }
+        if conn.has_output() || conn.is_closing() || session.close_after_output {
+            self.kick.notify_one();
+        }
+    }
 }
 
 pub(crate) async fn drive(
@@ -86,25 +149,33 @@ pub(crate) async fn drive(
         local,
         kill: kill.clone(),
     });
-    let mut conn = Connection::new(server.settings.clone(), authority);
+    let conn = Connection::new(server.settings.clone(), authority);
     let timeouts = server.timeouts();
     let (mut reader, writer) = stream.into_split();
-    let (out_tx, out_rx) = mpsc::channel::<Vec<u8>>(WRITE_QUEUE);
-    let mut writer_task = tokio::spawn(write_output(writer, out_rx, timeouts.stall, peer));
-    let mut writer_done = false;
-    let mut logout_requested = false;
-    let (results_tx, mut results_rx) = mpsc::unbounded_channel();
-    let mut s = Session {
+    let session = Session {
         server: server.clone(),
         info: None,
         nexus: None,
         in_flight: HashMap::new(),
         pending_tmfs: Vec::new(),
         touched: HashMap::new(),
-        results: results_tx,
         budget: Arc::new(Semaphore::new(EXECUTION_BUDGET_KIB as usize)),
         close_after_output: false,
     };
+    let shared = Arc::new(Shared {
+        core: Mutex::new(Core {
+            session,
+            conn,
+            ended: false,
+        }),
+        writer,
+        queued: AtomicUsize::new(0),
+        kick: Notify::new(),
+    });
+    let (out_tx, out_rx) = mpsc::channel::<Vec<u8>>(WRITE_QUEUE);
+    let mut writer_task = tokio::spawn(write_output(shared.clone(), out_rx, timeouts.stall, peer));
+    let mut writer_done = false;
+    let mut logout_requested = false;
     let mut buf = vec![0u8; 256 * 1024];
     tracing::debug!(%peer, "connection opened");
     let opened = Instant::now();
@@ -114,7 +185,17 @@ pub(crate) async fn drive(
     let timer = tokio::time::sleep_until(opened + timeouts.login);
     tokio::pin!(timer);
     loop {
-        let wait = next_wait(&s, &conn, &timeouts, opened, last_input, last_ping);
+        let wait = {
+            let core = shared.lock();
+            next_wait(
+                &core.session,
+                &core.conn,
+                &timeouts,
+                opened,
+                last_input,
+                last_ping,
+            )
+        };
         if timer.deadline() != wait.at() {
             timer.as_mut().reset(wait.at());
         }
@@ -136,7 +217,7 @@ pub(crate) async fn drive(
                 }
                 Wait::Ping(_) => {
                     last_ping = Instant::now();
-                    conn.ping();
+                    shared.lock().conn.ping();
                 }
             },
             read = reader.read(&mut buf) => {
@@ -145,18 +226,17 @@ pub(crate) async fn drive(
                     Ok(n) => n,
                 };
                 last_input = Instant::now();
+                let mut core = shared.lock();
+                let Core { session, conn, .. } = &mut *core;
                 if let Err(e) = conn.receive(&buf[..n]) {
                     tracing::warn!(%peer, "protocol error, closing: {e}");
-                    s.close_after_output = true;
+                    session.close_after_output = true;
                 }
                 while let Some(event) = conn.next_event() {
-                    s.handle_event(&mut conn, event);
+                    session.handle_event(conn, event, &shared);
                 }
             }
-            Some((itt, result, permit)) = results_rx.recv() => {
-                s.finish(&mut conn, itt, result);
-                drop(permit);
-            }
+            _ = shared.kick.notified() => {}
             _ = kill.notified() => {
                 tracing::info!(%peer, "session reinstated by a new login, closing");
                 break;
@@ -164,7 +244,7 @@ pub(crate) async fn drive(
             // wait_for also sees a shutdown that came before this connection subscribed.
             _ = async { shutdown.wait_for(|stop| *stop).await.is_ok() }, if !logout_requested => {
                 logout_requested = true;
-                conn.request_logout();
+                shared.lock().conn.request_logout();
             }
             _ = &mut writer_task => {
                 // The initiator stopped taking output, or the socket failed.
@@ -172,22 +252,35 @@ pub(crate) async fn drive(
                 break;
             }
         }
-        if conn.has_output() {
+        let (out, close) = {
+            let mut core = shared.lock();
+            // A response to one command at a time goes to the socket from here; what it does
+            // not take goes through the writer task, which waits for the initiator to read
+            // (and resets a stalled one).
+            shared.write_direct(&mut core.conn);
             let mut out = Vec::new();
-            conn.take_output(&mut out);
-            if out_tx.send(out).await.is_err() {
-                break;
+            if core.conn.has_output() {
+                core.conn.take_output(&mut out);
+                shared.queued.fetch_add(1, Ordering::AcqRel);
             }
+            (
+                out,
+                core.conn.is_closing() || core.session.close_after_output,
+            )
+        };
+        if !out.is_empty() && out_tx.send(out).await.is_err() {
+            break;
         }
-        if conn.is_closing() || s.close_after_output {
+        if close {
             break;
         }
     }
+    shared.lock().ended = true;
     drop(out_tx);
     if !writer_done {
         let _ = writer_task.await;
     }
-    s.end();
+    shared.lock().session.end();
     tracing::debug!(%peer, "connection closed");
 }
 
@@ -248,23 +341,28 @@ fn next_wait(
 const COALESCE_BYTES: usize = 64 * 1024;
 
 async fn write_output(
-    mut writer: tokio::net::tcp::OwnedWriteHalf,
+    shared: Arc<Shared>,
     mut out_rx: mpsc::Receiver<Vec<u8>>,
     stall: Duration,
     peer: SocketAddr,
 ) {
+    let writer = &shared.writer;
     while let Some(mut chunk) = out_rx.recv().await {
-        // Responses queued meanwhile go out in the same write: at queue depth 32 a copy of a
-        // few small PDUs costs far less than a system call and a wake-up each.
+        let mut chunks = 1;
+        // Output queued meanwhile goes out in the same write: a copy of a few PDUs costs far
+        // less than a system call each.
         while chunk.len() < COALESCE_BYTES {
             match out_rx.try_recv() {
-                Ok(next) => chunk.extend_from_slice(&next),
+                Ok(next) => {
+                    chunk.extend_from_slice(&next);
+                    chunks += 1;
+                }
                 Err(_) => break,
             }
         }
         let mut rest = &chunk[..];
         while !rest.is_empty() {
-            match tokio::time::timeout(stall, writer.write(rest)).await {
+            match tokio::time::timeout(stall, write_some(writer, rest)).await {
                 Ok(Ok(0)) | Ok(Err(_)) => return,
                 Ok(Ok(n)) => rest = &rest[n..],
                 Err(_) => {
@@ -277,12 +375,24 @@ async fn write_output(
                 }
             }
         }
+        shared.queued.fetch_sub(chunks, Ordering::AcqRel);
     }
-    let _ = writer.shutdown().await;
+    let _ = socket2::SockRef::from(writer.as_ref()).shutdown(std::net::Shutdown::Write);
+}
+
+/// Writes what the socket takes of `buf` once it is writable.
+async fn write_some(writer: &OwnedWriteHalf, buf: &[u8]) -> std::io::Result<usize> {
+    loop {
+        writer.writable().await?;
+        match writer.try_write(buf) {
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
+            other => return other,
+        }
+    }
 }
 
 impl Session {
-    fn handle_event(&mut self, conn: &mut Connection, event: Event) {
+    fn handle_event(&mut self, conn: &mut Connection, event: Event, shared: &Arc<Shared>) {
         match event {
             Event::LoggedIn(info) => {
                 tracing::info!(
@@ -299,7 +409,7 @@ impl Session {
                 });
                 self.info = Some(info);
             }
-            Event::Command(cmd) => self.start_command(conn, cmd),
+            Event::Command(cmd) => self.start_command(conn, cmd, shared),
             Event::TaskManagement(tmf) => self.task_management(conn, tmf),
             Event::LoggedOut => {
                 // Release the nexus before the Logout response goes out, so an initiator that
@@ -319,7 +429,7 @@ impl Session {
         }
     }
 
-    fn start_command(&mut self, conn: &mut Connection, cmd: Command) {
+    fn start_command(&mut self, conn: &mut Connection, cmd: Command, shared: &Arc<Shared>) {
         let Some(nexus) = self.nexus.clone() else {
             return;
         };
@@ -355,16 +465,13 @@ impl Session {
                 aborted: false,
             },
         );
-        let results = self.results.clone();
+        let shared = shared.clone();
         let budget = self.budget.clone();
         let bytes = (cmd.data_out.len() as u64).max(cmd.expected_data_transfer_length as u64);
         let cost = (bytes / 1024 + 1).min(EXECUTION_BUDGET_KIB as u64) as u32;
         let quick = crate::executor::is_quick(&cmd.cdb, bytes, &cmd.data_out);
-        tokio::spawn(async move {
-            let Ok(permit) = budget.acquire_many_owned(cost).await else {
-                return;
-            };
-            crate::executor::run(quick, move || {
+        let job = move |permit: OwnedSemaphorePermit| {
+            move || {
                 let req = Request {
                     nexus: &nexus,
                     cdb: &cmd.cdb,
@@ -383,9 +490,23 @@ impl Session {
                     data_in: resp.data_in,
                     data_out_expected: resp.data_out_expected,
                 };
-                let _ = results.send((cmd.itt, result, permit));
-            })
-            .await;
+                shared.complete(cmd.itt, result);
+                drop(permit);
+            }
+        };
+        // A quick command within the budget goes to the pool from here; a task of its own
+        // would cost a spawn and often a wake-up of the other tokio worker per command.
+        if quick {
+            if let Ok(permit) = budget.clone().try_acquire_many_owned(cost) {
+                crate::executor::run_quick(job(permit));
+                return;
+            }
+        }
+        tokio::spawn(async move {
+            let Ok(permit) = budget.acquire_many_owned(cost).await else {
+                return;
+            };
+            crate::executor::run(quick, job(permit)).await;
         });
     }
 

@@ -1326,6 +1326,102 @@ fn an_initiator_that_stops_reading_is_disconnected() {
     t.assert_healthy();
 }
 
+/// Responses are written by the threads that execute commands when nothing is queued ahead
+/// of them, and by the connection's writer task otherwise. An initiator that reads slowly
+/// while it keeps sending makes both happen on one connection all the time: every Data-In
+/// must still arrive whole, in order and with the right bytes, and every command complete.
+#[test]
+fn responses_stay_whole_and_in_order_when_the_initiator_reads_slowly() {
+    let t = start(fuzz_and_check_volumes, |_| {});
+    const SPAN: u64 = 8 << 20;
+    const COMMANDS: usize = 600;
+    const OUTSTANDING: usize = 48;
+    let mut rng = Rng::new(11);
+    let pattern = Arc::new(rng.bytes(SPAN as usize));
+    let mut s = Session::connect(&t.url(0), options(GOOD)).unwrap();
+    s.test_unit_ready().unwrap();
+    for (i, piece) in pattern.chunks(1 << 20).enumerate() {
+        s.write16(i as u64 * 2048, piece.to_vec()).unwrap();
+    }
+    let mut raw = s.into_raw().unwrap();
+    // Reads of 256 KiB and more run on the blocking pool, 4 KiB reads on the quick pool:
+    // their completions race to write.
+    let mut expected = std::collections::HashMap::new();
+    let mut pdus = Vec::new();
+    for i in 0..COMMANDS {
+        let blocks: u32 = if i % 4 == 0 { 1024 } else { 8 };
+        let lba = rng.below(SPAN / 512 - blocks as u64);
+        let mut cdb = [0u8; 16];
+        cdb[0] = 0x88;
+        cdb[2..10].copy_from_slice(&lba.to_be_bytes());
+        cdb[10..14].copy_from_slice(&blocks.to_be_bytes());
+        let start = lba as usize * 512;
+        expected.insert(raw.next_itt, start..start + blocks as usize * 512);
+        pdus.push(encode(raw_command(
+            &mut raw,
+            &cdb,
+            blocks * 512,
+            true,
+            false,
+        )));
+    }
+    let completed = Arc::new(AtomicU64::new(0));
+    let mut sender = raw.stream.try_clone().unwrap();
+    let sent = {
+        let completed = completed.clone();
+        std::thread::spawn(move || {
+            for (i, p) in pdus.iter().enumerate() {
+                let deadline = Instant::now() + PATIENCE;
+                while i as u64 >= completed.load(SeqCst) + OUTSTANDING as u64 {
+                    assert!(Instant::now() < deadline, "no progress after {i} commands");
+                    std::thread::sleep(Duration::from_micros(200));
+                }
+                sender.write_all(p).unwrap();
+            }
+        })
+    };
+    let mut received: std::collections::HashMap<u32, Vec<u8>> = Default::default();
+    let mut reads = 0u32;
+    while (completed.load(SeqCst) as usize) < COMMANDS {
+        // Read late now and then, so the socket fills and output queues for the writer.
+        reads += 1;
+        if reads.is_multiple_of(16) {
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        let p = read_until(&mut raw, |p| {
+            matches!(p.bhs.opcode(), Opcode::DataIn | Opcode::ScsiResponse)
+        });
+        let (itt, done, status) = if p.bhs.opcode() == Opcode::DataIn {
+            let h = pdu::DataInHeader::parse(&p.bhs);
+            let got = received.entry(h.itt).or_default();
+            assert_eq!(
+                h.buffer_offset as usize,
+                got.len(),
+                "Data-In for ITT {} out of order",
+                h.itt
+            );
+            got.extend_from_slice(&p.data);
+            (h.itt, h.has_status, h.status)
+        } else {
+            let h = pdu::ScsiResponseHeader::parse(&p.bhs);
+            (h.itt, true, h.status)
+        };
+        if done {
+            assert_eq!(status, 0, "ITT {itt} did not complete with GOOD");
+            let range = expected
+                .get(&itt)
+                .expect("a response for a command we sent");
+            assert!(
+                received.remove(&itt).as_deref() == Some(&pattern[range.clone()]),
+                "ITT {itt} read back the wrong bytes"
+            );
+            completed.fetch_add(1, SeqCst);
+        }
+    }
+    sent.join().unwrap();
+    t.assert_healthy();
+}
+
 // ---------------------------------------------------------------------------------------------
 // Session and connection limits
 
