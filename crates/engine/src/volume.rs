@@ -82,6 +82,22 @@ fn to_volume_error(e: EngineError) -> VolumeError {
     }
 }
 
+impl EngineVolume {
+    /// [`to_volume_error`] for a request starting at block `lba`: damaged data becomes
+    /// [`VolumeError::Unreadable`] naming the first block of the request that it affects
+    /// (the engine names the chunk, which may start before the request).
+    fn request_error(&self, lba: u64) -> impl Fn(EngineError) -> VolumeError + '_ {
+        move |e| match e {
+            EngineError::Corrupt { offset, reason } => {
+                let lba = (offset / self.block_size as u64).max(lba);
+                tracing::error!(volume = self.id, lba, "unreadable data: {reason}");
+                VolumeError::Unreadable { lba, reason }
+            }
+            other => to_volume_error(other),
+        }
+    }
+}
+
 impl Volume for EngineVolume {
     fn block_size(&self) -> u32 {
         self.block_size
@@ -100,7 +116,7 @@ impl Volume for EngineVolume {
         let (offset, _) = self.bytes(lba, blocks)?;
         self.engine
             .read(self.id, offset, buf)
-            .map_err(to_volume_error)
+            .map_err(self.request_error(lba))
     }
 
     fn write(&self, lba: u64, data: &[u8]) -> sliver_volume::Result<()> {
@@ -109,7 +125,7 @@ impl Volume for EngineVolume {
         let (offset, _) = self.bytes(lba, blocks)?;
         self.engine
             .write(self.id, offset, data)
-            .map_err(to_volume_error)
+            .map_err(self.request_error(lba))
     }
 
     fn flush(&self) -> sliver_volume::Result<()> {

@@ -119,6 +119,12 @@ pub(crate) fn write_failure(e: VolumeError) -> Failure {
 
 fn volume_failure(e: VolumeError, io_reason: SenseReason) -> Failure {
     let reason = match e {
+        // Also for a write: a partial-chunk write that cannot read what it merges with.
+        VolumeError::Unreadable { lba, .. } => {
+            return Failure::Check(
+                Sense::from(SenseReason::UnrecoveredReadError).with_information(lba),
+            )
+        }
         VolumeError::OutOfRange { .. } => SenseReason::LbaOutOfRange,
         VolumeError::NoSpace => SenseReason::SpaceAllocationFailedWriteProtect,
         VolumeError::ReadOnly => SenseReason::WriteProtected,

@@ -195,11 +195,12 @@ impl Sense {
         let mut s = vec![0u8; 18];
         s[0] = 0x70;
         s[2] = key as u8;
-        if let Some(info) = self.information {
+        // Fixed format holds 4 bytes. A larger value (an LBA past 2 TiB at 512-byte blocks)
+        // is not reported (VALID 0), as disks do: a saturated one would name the wrong block.
+        // Descriptor format (D_SENSE) holds 8.
+        if let Some(info) = self.information.and_then(|i| u32::try_from(i).ok()) {
             s[0] |= 0x80;
-            // Fixed format holds 4 bytes; larger values saturate (descriptor format holds 8).
-            let v = u32::try_from(info).unwrap_or(u32::MAX);
-            s[3..7].copy_from_slice(&v.to_be_bytes());
+            s[3..7].copy_from_slice(&info.to_be_bytes());
         }
         s[7] = 10; // additional sense length
         s[12] = asc;
@@ -248,6 +249,17 @@ mod tests {
         assert_eq!(b[2], 0x0e);
         assert_eq!(u32::from_be_bytes(b[3..7].try_into().unwrap()), 513);
         assert_eq!((b[12], b[13]), (0x1d, 0x00));
+    }
+
+    #[test]
+    fn information_past_four_bytes_is_not_valid_in_fixed_format_but_is_in_descriptor_format() {
+        let s = Sense::from(SenseReason::UnrecoveredReadError).with_information(1 << 32);
+        let b = s.to_fixed();
+        assert_eq!(b[0], 0x70, "VALID must be clear");
+        assert_eq!(&b[3..7], &[0, 0, 0, 0]);
+        let d = s.to_descriptor();
+        assert_eq!(&d[8..12], &[0x00, 0x0a, 0x80, 0]);
+        assert_eq!(u64::from_be_bytes(d[12..20].try_into().unwrap()), 1 << 32);
     }
 
     #[test]

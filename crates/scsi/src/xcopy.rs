@@ -534,9 +534,12 @@ fn copy_failure(e: VolumeError) -> Failure {
     match e {
         VolumeError::NoSpace => SenseReason::SpaceAllocationFailedWriteProtect.into(),
         VolumeError::ReadOnly => SenseReason::WriteProtected.into(),
-        VolumeError::OutOfRange { .. } | VolumeError::Poisoned(_) | VolumeError::Io(_) => {
-            SenseReason::CopyTargetDeviceNotReachable.into()
-        }
+        // An unreadable source block too: the host's fallback copy then reads it itself and
+        // gets the MEDIUM ERROR naming the block.
+        VolumeError::OutOfRange { .. }
+        | VolumeError::Poisoned(_)
+        | VolumeError::Unreadable { .. }
+        | VolumeError::Io(_) => SenseReason::CopyTargetDeviceNotReachable.into(),
     }
 }
 

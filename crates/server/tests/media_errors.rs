@@ -189,6 +189,11 @@ fn codes(r: &Response) -> (u8, u8, u8) {
     (r.sense[2] & 0x0f, r.sense[12], r.sense[13])
 }
 
+/// The INFORMATION field of fixed-format sense data, if VALID.
+fn information(r: &Response) -> Option<u64> {
+    (r.sense[0] & 0x80 != 0).then(|| u32::from_be_bytes(r.sense[3..7].try_into().unwrap()) as u64)
+}
+
 #[track_caller]
 fn good(r: &Response) {
     assert_eq!(r.status, Status::Good, "sense {:02x?}", r.sense);
@@ -236,12 +241,22 @@ fn an_unreadable_chunk_is_a_medium_error_for_its_blocks_only() {
     let at = find_in_log(&f.backend, &data[bad..bad + CHUNK]);
     f.backend.mem.fail_reads(at, CHUNK as u64);
 
-    for (lba, blocks) in [(40, 8), (44, 1), (47, 1), (0, 256), (36, 8)] {
+    // The INFORMATION field names the first bad block of the request (Linux fails only the
+    // blocks from there on and completes the ones before).
+    for (lba, blocks, first_bad) in [
+        (40, 8, 40),
+        (44, 1, 44),
+        (47, 1, 47),
+        (0, 256, 40),
+        (36, 8, 40),
+    ] {
+        let r = f.read(lba, blocks);
         assert_eq!(
-            codes(&f.read(lba, blocks)),
+            codes(&r),
             MEDIUM_ERROR_UNRECOVERED_READ,
             "READ LBA {lba} x{blocks} covers the bad chunk"
         );
+        assert_eq!(information(&r), Some(first_bad), "READ LBA {lba} x{blocks}");
     }
     // Every other block reads back, right up to the bad chunk's edges.
     for (lba, blocks) in [(0u64, 40u32), (32, 8), (39, 1), (48, 8), (48, 208)] {
@@ -263,6 +278,7 @@ fn an_unreadable_chunk_is_a_medium_error_for_its_blocks_only() {
     // error, nothing written, and the engine not poisoned.
     let r = f.write(41, &pattern(3, 1), false);
     assert_eq!(codes(&r).0, 0x3, "MEDIUM ERROR, sense {:02x?}", r.sense);
+    assert_eq!(information(&r), Some(41));
     assert!(
         f.engine.poisoned().is_none(),
         "a read error poisoned the engine"

@@ -34,6 +34,11 @@ pub enum VolumeError {
     /// A previous durability failure (failed fsync) makes every later write unsafe.
     #[error("volume is poisoned after an earlier I/O failure: {0}")]
     Poisoned(String),
+    /// Stored data of the request cannot be read back (a failed read of the medium, a bad
+    /// checksum); `lba` is the first block affected, which hosts use to fail only the
+    /// blocks from there on.
+    #[error("block {lba} is unreadable: {reason}")]
+    Unreadable { lba: u64, reason: String },
     /// The backing store failed.
     #[error("I/O error: {0}")]
     Io(#[from] io::Error),
