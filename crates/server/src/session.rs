@@ -30,9 +30,10 @@ const TCP_KEEPALIVE_RETRIES: u32 = 3;
 /// Kept short: each chunk can hold a whole Data-In sequence, and a slow reader must stall
 /// the loop (and so command execution) rather than let output pile up.
 const WRITE_QUEUE: usize = 4;
-/// KiB of Data-In plus Data-Out that commands of one connection may hold while they
-/// execute; further commands wait. With the short write queue this bounds the memory of a
-/// connection whose initiator queues many large reads and then reads its socket slowly.
+/// KiB of Data-In plus Data-Out that commands of one connection may hold from the start of
+/// their execution until the socket has taken their responses; further commands wait. This
+/// bounds the memory of a connection whose initiator queues many large reads and then reads
+/// its socket slowly.
 const EXECUTION_BUDGET_KIB: u32 = 64 * 1024;
 const SANITIZE: u8 = 0x48;
 
@@ -85,14 +86,19 @@ struct Shared {
 struct Core {
     session: Session,
     conn: Connection,
-    /// The loop has ended: late completions are dropped.
+    /// Budget permits of commands whose responses are still in `conn`'s output: they keep
+    /// the connection's memory bounded while the loop waits for a slow reader, as they did
+    /// when results queued for the loop.
+    held: Vec<OwnedSemaphorePermit>,
+    /// The loop has ended or is closing the connection: late completions are dropped.
     ended: bool,
 }
 
 impl Shared {
     fn lock(&self) -> MutexGuard<'_, Core> {
-        // Commands execute outside the lock. A panic under it ends the connection's task;
-        // a completion arriving after that only needs the socket, so it takes the state as is.
+        // Commands execute outside the lock; a panic under it would be a bug in the protocol
+        // bookkeeping. Later holders carry on with the state as it was left rather than turn
+        // every command of the connection into another panic.
         self.core.lock().unwrap_or_else(|e| e.into_inner())
     }
 
@@ -106,21 +112,37 @@ impl Shared {
         }
     }
 
-    /// Finish a command on the thread that executed it.
-    fn complete(&self, itt: u32, result: CommandResult) {
+    /// Finish a command on the thread that executed it; `permit` is its share of the
+    /// connection's execution budget.
+    fn complete(&self, itt: u32, result: CommandResult, permit: OwnedSemaphorePermit) {
         let mut core = self.lock();
         if core.ended {
             return;
         }
-        let Core { session, conn, .. } = &mut *core;
+        let Core {
+            session,
+            conn,
+            held,
+            ..
+        } = &mut *core;
         session.finish(conn, itt, result);
         // With other commands of this connection still running, the loop writes: it gathers
         // the responses that complete meanwhile into one write, where a system call per
         // response on the I/O threads cost a sixth of the IOPS at queue depth 32.
-        if session.in_flight.is_empty() {
+        if session.in_flight.is_empty() && !conn.is_closing() {
             self.write_direct(conn);
         }
-        if conn.has_output() || conn.is_closing() || session.close_after_output {
+        if conn.has_output() {
+            held.push(permit);
+        } else {
+            held.clear();
+        }
+        // The loop also arms the stall timer when the completion released deferred R2Ts.
+        if conn.has_output()
+            || conn.is_closing()
+            || session.close_after_output
+            || conn.is_waiting_for_initiator()
+        {
             self.kick.notify_one();
         }
     }
@@ -166,13 +188,14 @@ pub(crate) async fn drive(
         core: Mutex::new(Core {
             session,
             conn,
+            held: Vec::new(),
             ended: false,
         }),
         writer,
         queued: AtomicUsize::new(0),
         kick: Notify::new(),
     });
-    let (out_tx, out_rx) = mpsc::channel::<Vec<u8>>(WRITE_QUEUE);
+    let (out_tx, out_rx) = mpsc::channel::<Output>(WRITE_QUEUE);
     let mut writer_task = tokio::spawn(write_output(shared.clone(), out_rx, timeouts.stall, peer));
     let mut writer_done = false;
     let mut logout_requested = false;
@@ -252,7 +275,7 @@ pub(crate) async fn drive(
                 break;
             }
         }
-        let (out, close) = {
+        let (out, permits, close) = {
             let mut core = shared.lock();
             // A response to one command at a time goes to the socket from here; what it does
             // not take goes through the writer task, which waits for the initiator to read
@@ -263,19 +286,35 @@ pub(crate) async fn drive(
                 core.conn.take_output(&mut out);
                 shared.queued.fetch_add(1, Ordering::AcqRel);
             }
-            (
-                out,
-                core.conn.is_closing() || core.session.close_after_output,
-            )
+            // The permits go with the output: the budget counts responses until the socket
+            // has taken them.
+            let permits = std::mem::take(&mut core.held);
+            let close = core.conn.is_closing() || core.session.close_after_output;
+            // Nothing may follow the last output (a Logout response): completions from now
+            // on are dropped.
+            core.ended |= close;
+            (out, permits, close)
         };
-        if !out.is_empty() && out_tx.send(out).await.is_err() {
+        if !out.is_empty() && out_tx.send((out, permits)).await.is_err() {
             break;
         }
         if close {
             break;
         }
     }
-    shared.lock().ended = true;
+    // Output left by a completion that the loop did not get to (a partial direct write
+    // right before a timeout or a reinstatement) still goes out whole, before the FIN.
+    let rest = {
+        let mut core = shared.lock();
+        core.ended = true;
+        let permits = std::mem::take(&mut core.held);
+        let mut rest = Vec::new();
+        core.conn.take_output(&mut rest);
+        (rest, permits)
+    };
+    if !rest.0.is_empty() && !writer_done {
+        let _ = out_tx.send(rest).await;
+    }
     drop(out_tx);
     if !writer_done {
         let _ = writer_task.await;
@@ -334,27 +373,32 @@ fn next_wait(
     }
 }
 
-/// The socket writer: sends output chunks in order. An initiator that takes no bytes at all
-/// for `stall` (it stopped reading its socket) gets its connection reset, which ends the
-/// connection loop and releases everything the connection holds.
 /// Output smaller than this is topped up with what else is queued before it is written.
 const COALESCE_BYTES: usize = 64 * 1024;
 
+/// Output for the socket writer, with the budget permits of the commands it answers
+/// (released once the socket has taken it).
+type Output = (Vec<u8>, Vec<OwnedSemaphorePermit>);
+
+/// The socket writer: sends output chunks in order. An initiator that takes no bytes at all
+/// for `stall` (it stopped reading its socket) gets its connection reset, which ends the
+/// connection loop and releases everything the connection holds.
 async fn write_output(
     shared: Arc<Shared>,
-    mut out_rx: mpsc::Receiver<Vec<u8>>,
+    mut out_rx: mpsc::Receiver<Output>,
     stall: Duration,
     peer: SocketAddr,
 ) {
     let writer = &shared.writer;
-    while let Some(mut chunk) = out_rx.recv().await {
+    while let Some((mut chunk, mut permits)) = out_rx.recv().await {
         let mut chunks = 1;
         // Output queued meanwhile goes out in the same write: a copy of a few PDUs costs far
         // less than a system call each.
         while chunk.len() < COALESCE_BYTES {
             match out_rx.try_recv() {
-                Ok(next) => {
+                Ok((next, more)) => {
                     chunk.extend_from_slice(&next);
+                    permits.extend(more);
                     chunks += 1;
                 }
                 Err(_) => break,
@@ -376,6 +420,7 @@ async fn write_output(
             }
         }
         shared.queued.fetch_sub(chunks, Ordering::AcqRel);
+        drop(permits);
     }
     let _ = socket2::SockRef::from(writer.as_ref()).shutdown(std::net::Shutdown::Write);
 }
@@ -490,8 +535,7 @@ impl Session {
                     data_in: resp.data_in,
                     data_out_expected: resp.data_out_expected,
                 };
-                shared.complete(cmd.itt, result);
-                drop(permit);
+                shared.complete(cmd.itt, result, permit);
             }
         };
         // A quick command within the budget goes to the pool from here; a task of its own

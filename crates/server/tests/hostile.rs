@@ -1326,6 +1326,68 @@ fn an_initiator_that_stops_reading_is_disconnected() {
     t.assert_healthy();
 }
 
+/// An initiator that queues a full CmdSN window of 1 MiB reads and reads nothing: commands
+/// hold their share of the connection's 64 MiB execution budget until the socket has taken
+/// their responses, so at most about that much is executed and held, not the whole window.
+#[test]
+fn a_reader_that_does_not_read_holds_at_most_the_execution_budget() {
+    let t = start(fuzz_and_check_volumes, |s| {
+        s.set_timeouts(Timeouts {
+            stall: Duration::from_secs(60),
+            ..Timeouts::default()
+        })
+    });
+    let mut raw = raw_login(&t, HOSTILE);
+    let unit = t
+        .array
+        .unit("fuzz")
+        .expect("the fuzz volume's logical unit");
+    let reads = || {
+        unit.stats()
+            .class(sliver_scsi::stats::CommandClass::Read)
+            .commands
+    };
+    let before = reads();
+    let mut wire = Vec::new();
+    for i in 0..120u64 {
+        let mut cdb = [0u8; 16];
+        cdb[0] = 0x88;
+        cdb[2..10].copy_from_slice(&((i % 60) * 2048).to_be_bytes());
+        cdb[10..14].copy_from_slice(&2048u32.to_be_bytes());
+        wire.extend(encode(raw_command(&mut raw, &cdb, 1 << 20, true, false)));
+    }
+    raw.stream.write_all(&wire).unwrap();
+    // Wait until execution stops making progress.
+    let mut last = reads();
+    loop {
+        std::thread::sleep(Duration::from_millis(500));
+        let now = reads();
+        if now == last {
+            break;
+        }
+        last = now;
+    }
+    let executed = last - before;
+    // 64 MiB of budget, plus what the kernel's socket buffers took (a few MiB on loopback).
+    assert!(
+        (32..=96).contains(&executed),
+        "{executed} of 120 queued 1 MiB reads executed while the initiator read nothing"
+    );
+    // Reading now lets the rest through.
+    let mut completed = 0;
+    while completed < 120 {
+        let p = read_until(&mut raw, |p| {
+            matches!(p.bhs.opcode(), Opcode::DataIn | Opcode::ScsiResponse)
+        });
+        let done = match p.bhs.opcode() {
+            Opcode::DataIn => pdu::DataInHeader::parse(&p.bhs).has_status,
+            _ => true,
+        };
+        completed += done as usize;
+    }
+    t.assert_healthy();
+}
+
 /// Responses are written by the threads that execute commands when nothing is queued ahead
 /// of them, and by the connection's writer task otherwise. An initiator that reads slowly
 /// while it keeps sending makes both happen on one connection all the time: every Data-In
