@@ -1134,6 +1134,15 @@ fn raw_command(raw: &mut RawConnection, cdb: &[u8], edtl: u32, read: bool, write
     Pdu::new(h.to_bhs())
 }
 
+/// A READ(16) CDB.
+fn read16_cdb(lba: u64, blocks: u32) -> [u8; 16] {
+    let mut cdb = [0u8; 16];
+    cdb[0] = 0x88;
+    cdb[2..10].copy_from_slice(&lba.to_be_bytes());
+    cdb[10..14].copy_from_slice(&blocks.to_be_bytes());
+    cdb
+}
+
 /// Reads PDUs from a raw connection until `want` matches one (which is returned).
 fn read_until(raw: &mut RawConnection, want: impl Fn(&Pdu) -> bool) -> Pdu {
     raw.stream.set_read_timeout(Some(PATIENCE)).unwrap();
@@ -1310,10 +1319,7 @@ fn an_initiator_that_stops_reading_is_disconnected() {
     // target's writer cannot make progress and gives up.
     let mut wire = Vec::new();
     for i in 0..64u64 {
-        let mut cdb = [0u8; 16];
-        cdb[0] = 0x88;
-        cdb[2..10].copy_from_slice(&(i * 2048).to_be_bytes());
-        cdb[10..14].copy_from_slice(&2048u32.to_be_bytes());
+        let cdb = read16_cdb(i * 2048, 2048);
         wire.extend(encode(raw_command(&mut raw, &cdb, 1 << 20, true, false)));
     }
     raw.stream.write_all(&wire).unwrap();
@@ -1350,10 +1356,7 @@ fn a_reader_that_does_not_read_holds_at_most_the_execution_budget() {
     let before = reads();
     let mut wire = Vec::new();
     for i in 0..120u64 {
-        let mut cdb = [0u8; 16];
-        cdb[0] = 0x88;
-        cdb[2..10].copy_from_slice(&((i % 60) * 2048).to_be_bytes());
-        cdb[10..14].copy_from_slice(&2048u32.to_be_bytes());
+        let cdb = read16_cdb((i % 60) * 2048, 2048);
         wire.extend(encode(raw_command(&mut raw, &cdb, 1 << 20, true, false)));
     }
     raw.stream.write_all(&wire).unwrap();
@@ -1413,10 +1416,7 @@ fn responses_stay_whole_and_in_order_when_the_initiator_reads_slowly() {
     for i in 0..COMMANDS {
         let blocks: u32 = if i % 4 == 0 { 1024 } else { 8 };
         let lba = rng.below(SPAN / 512 - blocks as u64);
-        let mut cdb = [0u8; 16];
-        cdb[0] = 0x88;
-        cdb[2..10].copy_from_slice(&lba.to_be_bytes());
-        cdb[10..14].copy_from_slice(&blocks.to_be_bytes());
+        let cdb = read16_cdb(lba, blocks);
         let start = lba as usize * 512;
         expected.insert(raw.next_itt, start..start + blocks as usize * 512);
         pdus.push(encode(raw_command(
