@@ -69,8 +69,8 @@ struct Session {
 ///
 /// A command completes on the thread that executed it: that thread builds the response
 /// and, when nothing is queued ahead of it, writes it to the socket itself. Handing every
-/// result back to the connection loop cost a wake-up of a tokio worker per command, a
-/// tenth of the round trip of a QEMU clone's EXTENDED COPY (figures in docs/design.md).
+/// result back to the connection loop cost a wake-up of a tokio worker per command, on the
+/// round trip of every client that waits for each answer (docs/design.md).
 struct Shared {
     core: Mutex<Core>,
     writer: OwnedWriteHalf,
@@ -112,6 +112,20 @@ impl Shared {
         }
     }
 
+    /// The connection's pending output for the writer task, with the budget permits of the
+    /// commands it answers (the budget counts responses until the socket has taken them);
+    /// counted in `queued` from here. Permits of responses already written are dropped.
+    fn take_for_writer(&self, core: &mut Core) -> Option<Output> {
+        let permits = std::mem::take(&mut core.held);
+        if !core.conn.has_output() {
+            return None;
+        }
+        let mut out = Vec::new();
+        core.conn.take_output(&mut out);
+        self.queued.fetch_add(1, Ordering::AcqRel);
+        Some((out, permits))
+    }
+
     /// Finish a command on the thread that executed it; `permit` is its share of the
     /// connection's execution budget.
     fn complete(&self, itt: u32, result: CommandResult, permit: OwnedSemaphorePermit) {
@@ -127,8 +141,8 @@ impl Shared {
         } = &mut *core;
         session.finish(conn, itt, result);
         // With other commands of this connection still running, the loop writes: it gathers
-        // the responses that complete meanwhile into one write, where a system call per
-        // response on the I/O threads cost a sixth of the IOPS at queue depth 32.
+        // the responses that complete meanwhile into one write instead of a system call per
+        // response on the I/O threads.
         if session.in_flight.is_empty() && !conn.is_closing() {
             self.write_direct(conn);
         }
@@ -275,28 +289,23 @@ pub(crate) async fn drive(
                 break;
             }
         }
-        let (out, permits, close) = {
+        let (out, close) = {
             let mut core = shared.lock();
             // A response to one command at a time goes to the socket from here; what it does
             // not take goes through the writer task, which waits for the initiator to read
             // (and resets a stalled one).
             shared.write_direct(&mut core.conn);
-            let mut out = Vec::new();
-            if core.conn.has_output() {
-                core.conn.take_output(&mut out);
-                shared.queued.fetch_add(1, Ordering::AcqRel);
-            }
-            // The permits go with the output: the budget counts responses until the socket
-            // has taken them.
-            let permits = std::mem::take(&mut core.held);
+            let out = shared.take_for_writer(&mut core);
             let close = core.conn.is_closing() || core.session.close_after_output;
             // Nothing may follow the last output (a Logout response): completions from now
             // on are dropped.
             core.ended |= close;
-            (out, permits, close)
+            (out, close)
         };
-        if !out.is_empty() && out_tx.send((out, permits)).await.is_err() {
-            break;
+        if let Some(out) = out {
+            if out_tx.send(out).await.is_err() {
+                break;
+            }
         }
         if close {
             break;
@@ -307,12 +316,9 @@ pub(crate) async fn drive(
     let rest = {
         let mut core = shared.lock();
         core.ended = true;
-        let permits = std::mem::take(&mut core.held);
-        let mut rest = Vec::new();
-        core.conn.take_output(&mut rest);
-        (rest, permits)
+        shared.take_for_writer(&mut core)
     };
-    if !rest.0.is_empty() && !writer_done {
+    if let (Some(rest), false) = (rest, writer_done) {
         let _ = out_tx.send(rest).await;
     }
     drop(out_tx);

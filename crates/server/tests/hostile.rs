@@ -1143,6 +1143,37 @@ fn read16_cdb(lba: u64, blocks: u32) -> [u8; 16] {
     cdb
 }
 
+/// A Data-In or SCSI Response PDU from a raw connection.
+struct Reply {
+    itt: u32,
+    /// A Data-In's buffer offset and data.
+    data_in: Option<(u32, Vec<u8>)>,
+    /// Set when the PDU ends its command.
+    status: Option<u8>,
+}
+
+/// Reads until the next Data-In or SCSI Response.
+fn next_reply(raw: &mut RawConnection) -> Reply {
+    let p = read_until(raw, |p| {
+        matches!(p.bhs.opcode(), Opcode::DataIn | Opcode::ScsiResponse)
+    });
+    if p.bhs.opcode() == Opcode::DataIn {
+        let h = pdu::DataInHeader::parse(&p.bhs);
+        Reply {
+            itt: h.itt,
+            data_in: Some((h.buffer_offset, p.data)),
+            status: h.has_status.then_some(h.status),
+        }
+    } else {
+        let h = pdu::ScsiResponseHeader::parse(&p.bhs);
+        Reply {
+            itt: h.itt,
+            data_in: None,
+            status: Some(h.status),
+        }
+    }
+}
+
 /// Reads PDUs from a raw connection until `want` matches one (which is returned).
 fn read_until(raw: &mut RawConnection, want: impl Fn(&Pdu) -> bool) -> Pdu {
     raw.stream.set_read_timeout(Some(PATIENCE)).unwrap();
@@ -1164,6 +1195,16 @@ fn read_until(raw: &mut RawConnection, want: impl Fn(&Pdu) -> bool) -> Pdu {
         assert!(n > 0, "the target closed the connection");
         raw.pending.extend_from_slice(&buf[..n]);
     }
+}
+
+/// A target over the `fuzz` and `check` volumes whose stall timeout is `stall`.
+fn start_with_stall(stall: Duration) -> Running {
+    start(fuzz_and_check_volumes, |s| {
+        s.set_timeouts(Timeouts {
+            stall,
+            ..Timeouts::default()
+        })
+    })
 }
 
 fn short_stall() -> Timeouts {
@@ -1308,12 +1349,7 @@ fn a_silent_initiator_is_pinged_and_disconnected_one_that_answers_stays() {
 
 #[test]
 fn an_initiator_that_stops_reading_is_disconnected() {
-    let t = start(fuzz_and_check_volumes, |s| {
-        s.set_timeouts(Timeouts {
-            stall: Duration::from_millis(500),
-            ..Timeouts::default()
-        })
-    });
+    let t = start_with_stall(Duration::from_millis(500));
     let mut raw = raw_login(&t, HOSTILE);
     // Queue 64 MiB of reads and never read the answers: the socket buffers fill, the
     // target's writer cannot make progress and gives up.
@@ -1337,12 +1373,7 @@ fn an_initiator_that_stops_reading_is_disconnected() {
 /// their responses, so at most about that much is executed and held, not the whole window.
 #[test]
 fn a_reader_that_does_not_read_holds_at_most_the_execution_budget() {
-    let t = start(fuzz_and_check_volumes, |s| {
-        s.set_timeouts(Timeouts {
-            stall: Duration::from_secs(60),
-            ..Timeouts::default()
-        })
-    });
+    let t = start_with_stall(Duration::from_secs(60));
     let mut raw = raw_login(&t, HOSTILE);
     let unit = t
         .array
@@ -1379,14 +1410,7 @@ fn a_reader_that_does_not_read_holds_at_most_the_execution_budget() {
     // Reading now lets the rest through.
     let mut completed = 0;
     while completed < 120 {
-        let p = read_until(&mut raw, |p| {
-            matches!(p.bhs.opcode(), Opcode::DataIn | Opcode::ScsiResponse)
-        });
-        let done = match p.bhs.opcode() {
-            Opcode::DataIn => pdu::DataInHeader::parse(&p.bhs).has_status,
-            _ => true,
-        };
-        completed += done as usize;
+        completed += next_reply(&mut raw).status.is_some() as usize;
     }
     t.assert_healthy();
 }
@@ -1450,25 +1474,21 @@ fn responses_stay_whole_and_in_order_when_the_initiator_reads_slowly() {
         if reads.is_multiple_of(16) {
             std::thread::sleep(Duration::from_millis(2));
         }
-        let p = read_until(&mut raw, |p| {
-            matches!(p.bhs.opcode(), Opcode::DataIn | Opcode::ScsiResponse)
-        });
-        let (itt, done, status) = if p.bhs.opcode() == Opcode::DataIn {
-            let h = pdu::DataInHeader::parse(&p.bhs);
-            let got = received.entry(h.itt).or_default();
+        let Reply {
+            itt,
+            data_in,
+            status,
+        } = next_reply(&mut raw);
+        if let Some((offset, data)) = data_in {
+            let got = received.entry(itt).or_default();
             assert_eq!(
-                h.buffer_offset as usize,
+                offset as usize,
                 got.len(),
-                "Data-In for ITT {} out of order",
-                h.itt
+                "Data-In for ITT {itt} out of order"
             );
-            got.extend_from_slice(&p.data);
-            (h.itt, h.has_status, h.status)
-        } else {
-            let h = pdu::ScsiResponseHeader::parse(&p.bhs);
-            (h.itt, true, h.status)
-        };
-        if done {
+            got.extend_from_slice(&data);
+        }
+        if let Some(status) = status {
             assert_eq!(status, 0, "ITT {itt} did not complete with GOOD");
             let range = expected
                 .get(&itt)
