@@ -123,8 +123,8 @@ corpus = {
         "sync_cache16": bytes([16, 0x91] + [0] * 15),
     },
     "parameter_lists": {
-        # first byte selects the command (mod 5): 0 UNMAP, 1 PR OUT, 2 MODE SELECT(6),
-        # 3 MODE SELECT(10), 4 EXTENDED COPY
+        # first byte selects the command (mod 7): 0 UNMAP, 1 PR OUT, 2 MODE SELECT(6),
+        # 3 MODE SELECT(10), 4 EXTENDED COPY, 5 POPULATE TOKEN, 6 WRITE USING TOKEN
         "unmap": bytes([0]) + struct.pack(">HH4x", 22, 16) + struct.pack(">QI4x", 8, 16),
         "pr_register": bytes([1 << 3 | 1]) + b"\0" * 8 + struct.pack(">Q", 0x1234) + b"\0" * 8,
         "mode_select6_caching": bytes([2]) + bytes([0, 0, 0, 0, 0x08, 18, 0x04] + [0] * 17),
@@ -135,6 +135,14 @@ corpus = {
         + bytes([0xE4, 0, 0, 0, 0x01, 0x03, 0, 0x10]) + b"\x60" + b"\0" * 15 + b"\0" * 8
         + bytes([0x02, 0, 0, 0x18, 0, 0, 0, 1, 0, 8, 0, 0])
         + struct.pack(">QQ", 0, 64),
+        "populate_token_two_ranges": bytes([5])
+        + struct.pack(">HxxIIxxH", 46, 0, 0, 32)
+        + struct.pack(">QI4x", 0, 8) + struct.pack(">QI4x", 64, 8),
+        # The well-known zero token, written over one range.
+        "write_using_token_zero": bytes([6])
+        + struct.pack(">H6xQ", 550, 0)
+        + struct.pack(">I2xH", 0xFFFF0001, 0x1F8) + b"\0" * 504
+        + b"\0" * 6 + struct.pack(">H", 16) + struct.pack(">QI4x", 8, 8),
     },
 }
 

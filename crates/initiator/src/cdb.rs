@@ -154,6 +154,139 @@ pub fn get_lba_status(lba: u64, alloc: u32) -> Command {
     Command::new(cdb).with_data_in(alloc)
 }
 
+/// Range descriptors (LBA, NUMBER OF LOGICAL BLOCKS) of the token commands.
+fn token_ranges(ranges: &[(u64, u32)]) -> Vec<u8> {
+    let mut d = Vec::with_capacity(ranges.len() * 16);
+    for &(lba, blocks) in ranges {
+        d.extend_from_slice(&lba.to_be_bytes());
+        d.extend_from_slice(&blocks.to_be_bytes());
+        d.extend_from_slice(&[0; 4]);
+    }
+    d
+}
+
+/// A THIRD-PARTY COPY OUT CDB (EXTENDED COPY family) with a parameter list.
+fn third_party_copy_out(action: u8, list_id: u32, param: Vec<u8>) -> Result<Command, Error> {
+    let len =
+        u32::try_from(param.len()).map_err(|_| Error::Invalid("parameter list too long".into()))?;
+    let mut cdb = vec![0u8; 16];
+    cdb[0] = 0x83;
+    cdb[1] = action;
+    cdb[6..10].copy_from_slice(&list_id.to_be_bytes());
+    cdb[10..14].copy_from_slice(&len.to_be_bytes());
+    Ok(Command::new(cdb).with_data_out(param))
+}
+
+/// POPULATE TOKEN for `ranges` ((lba, blocks)) with an inactivity timeout in seconds (0: the
+/// copy manager's default) and the copy manager's choice of ROD type.
+pub fn populate_token(
+    list_id: u32,
+    ranges: &[(u64, u32)],
+    inactivity_secs: u32,
+) -> Result<Command, Error> {
+    let r = token_ranges(ranges);
+    let mut p = vec![0u8; 16];
+    let len = u16::try_from(14 + r.len())
+        .map_err(|_| Error::Invalid(format!("{} ranges are too many", ranges.len())))?;
+    p[0..2].copy_from_slice(&len.to_be_bytes());
+    p[4..8].copy_from_slice(&inactivity_secs.to_be_bytes());
+    p[14..16].copy_from_slice(&(r.len() as u16).to_be_bytes());
+    p.extend_from_slice(&r);
+    third_party_copy_out(0x10, list_id, p)
+}
+
+/// WRITE USING TOKEN: write `ranges` from the data `token` represents, starting `offset`
+/// blocks into it.
+pub fn write_using_token(
+    list_id: u32,
+    token: &[u8],
+    offset: u64,
+    ranges: &[(u64, u32)],
+) -> Result<Command, Error> {
+    if token.len() != 512 {
+        return Err(Error::Invalid(format!(
+            "a ROD token is 512 bytes, not {}",
+            token.len()
+        )));
+    }
+    let r = token_ranges(ranges);
+    let mut p = vec![0u8; 536];
+    let len = u16::try_from(534 + r.len())
+        .map_err(|_| Error::Invalid(format!("{} ranges are too many", ranges.len())))?;
+    p[0..2].copy_from_slice(&len.to_be_bytes());
+    p[8..16].copy_from_slice(&offset.to_be_bytes());
+    p[16..528].copy_from_slice(token);
+    p[534..536].copy_from_slice(&(r.len() as u16).to_be_bytes());
+    p.extend_from_slice(&r);
+    third_party_copy_out(0x11, list_id, p)
+}
+
+/// RECEIVE ROD TOKEN INFORMATION for `list_id`.
+pub fn receive_rod_token_information(list_id: u32) -> Command {
+    const ALLOC: u32 = 1024;
+    let mut cdb = vec![0u8; 16];
+    cdb[0] = 0x84;
+    cdb[1] = 0x07;
+    cdb[2..6].copy_from_slice(&list_id.to_be_bytes());
+    cdb[10..14].copy_from_slice(&ALLOC.to_be_bytes());
+    Command::new(cdb).with_data_in(ALLOC)
+}
+
+/// RECEIVE ROD TOKEN INFORMATION parameter data, the fields a copy needs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RodTokenInformation {
+    /// The command it reports on: 0x10 POPULATE TOKEN, 0x11 WRITE USING TOKEN.
+    pub service_action: u8,
+    /// 0x01 done, 0x02 failed, 0x10/0x11 in progress.
+    pub copy_status: u8,
+    /// TRANSFER COUNT, in logical blocks.
+    pub transfer_blocks: u64,
+    /// The sense data of a failed command.
+    pub sense: Vec<u8>,
+    /// The token a POPULATE TOKEN made.
+    pub token: Option<Vec<u8>>,
+}
+
+impl RodTokenInformation {
+    pub fn parse(d: &[u8]) -> Result<Self, Error> {
+        let short = || {
+            Error::Protocol(format!(
+                "RECEIVE ROD TOKEN INFORMATION data of {} bytes",
+                d.len()
+            ))
+        };
+        if d.len() < 36 {
+            return Err(short());
+        }
+        if d[15] != 0xf1 {
+            return Err(Error::Protocol(format!(
+                "transfer count units {:#x}, not blocks",
+                d[15]
+            )));
+        }
+        let field = d[13] as usize;
+        let sense_len = (d[14] as usize).min(field);
+        let sense = d.get(32..32 + sense_len).ok_or_else(short)?.to_vec();
+        let at = 32 + field;
+        let descriptors = d
+            .get(at..at + 4)
+            .map(|b| u32::from_be_bytes([b[0], b[1], b[2], b[3]]) as usize)
+            .ok_or_else(short)?;
+        let token = if descriptors >= 514 {
+            Some(d.get(at + 6..at + 6 + 512).ok_or_else(short)?.to_vec())
+        } else {
+            None
+        };
+        Ok(RodTokenInformation {
+            service_action: d[4],
+            copy_status: d[5],
+            transfer_blocks: u64::from_be_bytes(d[16..24].try_into().map_err(|_| short())?),
+            sense,
+            token,
+        })
+    }
+}
+
 /// READ CAPACITY(16) parameter data.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Capacity {

@@ -437,3 +437,154 @@ fn target_pings_are_answered_and_logout_requests_seen() {
     let answered = target.join().unwrap();
     assert!(answered >= 8, "the target saw {answered} pings answered");
 }
+
+/// Run an independent decoder on bytes sliver produced, when it is installed (CI installs
+/// sg3-utils and ddpt; elsewhere the check is skipped with a note).
+fn decode_with(tool: &str, args: &[&str], bytes: &[u8], hex: bool) -> Option<String> {
+    if std::process::Command::new(tool)
+        .arg("--version")
+        .output()
+        .is_err()
+    {
+        assert!(std::env::var_os("CI").is_none(), "{tool} is missing on CI");
+        eprintln!("{tool} not installed: skipping its decoding");
+        return None;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("in");
+    if hex {
+        let text: Vec<String> = bytes
+            .chunks(16)
+            .map(|l| {
+                l.iter()
+                    .map(|b| format!("{b:02x}"))
+                    .collect::<Vec<_>>()
+                    .join(" ")
+            })
+            .collect();
+        std::fs::write(&path, text.join("\n")).unwrap();
+    } else {
+        std::fs::write(&path, bytes).unwrap();
+    }
+    let args: Vec<String> = args
+        .iter()
+        .map(|a| a.replace("{}", path.to_str().unwrap()))
+        .collect();
+    let out = std::process::Command::new(tool)
+        .args(&args)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{tool} {args:?}: {out:?}");
+    Some(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+#[test]
+fn token_copy_between_volumes_shares_data_and_a_change_revokes_the_token() {
+    let t = start(|array| {
+        for (name, lun) in [("a", 0), ("b", 1)] {
+            array.create_volume(name, 64 * MIB as u64, 512).unwrap();
+            array.connect(name, "*", Some(lun)).unwrap();
+        }
+    });
+    let mut s = Session::connect(&t.url(0), SessionOptions::default()).unwrap();
+    // What Windows checks before it uses ODX: 3PC, and the token limits in VPD page 0x8F,
+    // decoded by sg3-utils.
+    assert_eq!(s.inquiry(None).unwrap()[5] & 0x08, 0x08, "3PC");
+    let page = s
+        .execute_checked(cdb::inquiry(Some(0x8f), 4096))
+        .unwrap()
+        .data;
+    assert_eq!(
+        u16::from_be_bytes([page[2], page[3]]) as usize + 4,
+        page.len()
+    );
+    if let Some(text) = decode_with("sg_vpd", &["--inhex={}", "-p", "tpc"], &page, true) {
+        for line in [
+            "Block Device ROD Token Limits",
+            "Maximum range descriptors: 64",
+            "Default inactivity timeout: 60 seconds",
+            "Populate token",
+            "Write using token",
+            "Receive ROD token information",
+            "point in time copy - change vulnerable",
+        ] {
+            assert!(text.contains(line), "sg_vpd lacks {line:?}:\n{text}");
+        }
+    }
+
+    let data = pattern(11, 8 * MIB);
+    s.write16(0, data.clone()).unwrap();
+    s.synchronize_cache16(0, 0).unwrap();
+    let before = t.array.engine_space();
+
+    // POPULATE TOKEN for two ranges of "a", out of order, and fetch the token.
+    s.execute_checked(cdb::populate_token(5, &[(4096, 8192), (0, 4096)], 0).unwrap())
+        .unwrap();
+    let info = s
+        .execute_checked(cdb::receive_rod_token_information(5))
+        .unwrap();
+    let info = cdb::RodTokenInformation::parse(&info.data).unwrap();
+    assert_eq!((info.service_action, info.copy_status), (0x10, 0x01));
+    assert_eq!(info.transfer_blocks, 12288);
+    let token = info.token.expect("a token");
+    if let Some(text) = decode_with("ddptctl", &["--info", "--rtf={}"], &token, false) {
+        for line in [
+            "point in time copy - change vulnerable",
+            "Number of bytes represented: 6291456",
+            "block size: 512",
+            "designator type: NAA",
+        ] {
+            assert!(text.contains(line), "ddptctl lacks {line:?}:\n{text}");
+        }
+    }
+
+    // WRITE USING TOKEN on "b" (LUN 1) through the same session.
+    s.execute_checked(
+        cdb::write_using_token(6, &token, 0, &[(16384, 12288)])
+            .unwrap()
+            .on_lun(1),
+    )
+    .unwrap();
+    let info = s
+        .execute_checked(cdb::receive_rod_token_information(6).on_lun(1))
+        .unwrap();
+    let info = cdb::RodTokenInformation::parse(&info.data).unwrap();
+    assert_eq!((info.service_action, info.copy_status), (0x11, 0x01));
+    assert_eq!(info.transfer_blocks, 12288);
+    let copied = s
+        .execute_checked(cdb::read16(16384, 12288, 512).unwrap().on_lun(1))
+        .unwrap()
+        .data;
+    assert!(copied[..4 * MIB] == data[2 * MIB..6 * MIB], "first range");
+    assert!(copied[4 * MIB..] == data[..2 * MIB], "second range");
+    // Shared, not copied: 6 MiB more mapped, no more data stored.
+    let after = t.array.engine_space();
+    assert_eq!(
+        after.live_bytes, before.live_bytes,
+        "{before:?} -> {after:?}"
+    );
+    assert_eq!(
+        after.logical_mapped_bytes,
+        before.logical_mapped_bytes + 6 * MIB as u64,
+        "{before:?} -> {after:?}"
+    );
+    let b = t.array.unit("b").unwrap().stats();
+    assert!(b.vaai.clone_write > 0, "{:?}", b.vaai);
+
+    // A write to one represented block revokes the token: the host must copy by itself.
+    s.write16(5000, pattern(12, 512)).unwrap();
+    let c = s
+        .execute(
+            cdb::write_using_token(7, &token, 0, &[(20000, 8)])
+                .unwrap()
+                .on_lun(1),
+        )
+        .unwrap();
+    assert_eq!(c.status, status::CHECK_CONDITION);
+    let sense = c.sense.expect("sense");
+    assert_eq!(
+        (sense.key, sense.asc, sense.ascq),
+        (SenseKey::IllegalRequest, 0x23, 0x06)
+    );
+    s.logout().unwrap();
+}

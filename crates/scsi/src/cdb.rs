@@ -68,13 +68,17 @@ pub mod opcode {
     pub const SA_SANITIZE_BLOCK_ERASE: u8 = 0x02;
     pub const SA_SANITIZE_CRYPTO_ERASE: u8 = 0x03;
     pub const SA_SANITIZE_EXIT_FAILURE_MODE: u8 = 0x1f;
-    /// EXTENDED COPY service actions (LID4 and the token-based ones are not implemented).
+    /// THIRD-PARTY COPY OUT service actions: EXTENDED COPY(LID1) and the token-based copy
+    /// (LID4 EXTENDED COPY, COPY OPERATION ABORT and friends are not implemented).
     pub const SA_EXTENDED_COPY_LID1: u8 = 0x00;
+    pub const SA_POPULATE_TOKEN: u8 = 0x10;
+    pub const SA_WRITE_USING_TOKEN: u8 = 0x11;
     /// RECEIVE COPY RESULTS service actions (RECEIVE DATA, 01h, is not implemented: no
     /// segment type we accept holds data).
     pub const SA_COPY_STATUS: u8 = 0x00;
     pub const SA_OPERATING_PARAMETERS: u8 = 0x03;
     pub const SA_FAILED_SEGMENT_DETAILS: u8 = 0x04;
+    pub const SA_RECEIVE_ROD_TOKEN_INFORMATION: u8 = 0x07;
 }
 
 use opcode::*;
@@ -253,6 +257,22 @@ pub enum Command {
     ReceiveCopyResults {
         action: CopyResultsAction,
         list_id: u8,
+        alloc_len: usize,
+    },
+    /// POPULATE TOKEN (SBC-3): make a ROD token for LBA ranges of this LU.
+    PopulateToken {
+        list_id: u32,
+        param_len: usize,
+    },
+    /// WRITE USING TOKEN (SBC-3): write the data a ROD token represents.
+    WriteUsingToken {
+        list_id: u32,
+        param_len: usize,
+    },
+    /// RECEIVE ROD TOKEN INFORMATION (SBC-3): the outcome of a POPULATE TOKEN or WRITE
+    /// USING TOKEN, with the token.
+    ReceiveRodTokenInformation {
+        list_id: u32,
         alloc_len: usize,
     },
     ReportTargetPortGroups {
@@ -619,8 +639,22 @@ pub fn parse(cdb: &[u8]) -> Result<Command, Sense> {
             SA_EXTENDED_COPY_LID1 => Command::ExtendedCopy {
                 param_len: f.u32(10) as usize,
             },
+            SA_POPULATE_TOKEN => Command::PopulateToken {
+                list_id: f.u32(6),
+                param_len: f.u32(10) as usize,
+            },
+            SA_WRITE_USING_TOKEN => Command::WriteUsingToken {
+                list_id: f.u32(6),
+                param_len: f.u32(10) as usize,
+            },
             _ => Command::Unsupported { opcode: op },
         },
+        RECEIVE_COPY_RESULTS if f.u8(1) & 0x1f == SA_RECEIVE_ROD_TOKEN_INFORMATION => {
+            Command::ReceiveRodTokenInformation {
+                list_id: f.u32(2),
+                alloc_len: f.u32(10) as usize,
+            }
+        }
         RECEIVE_COPY_RESULTS => {
             let action = match f.u8(1) & 0x1f {
                 SA_COPY_STATUS => CopyResultsAction::CopyStatus,
@@ -846,6 +880,20 @@ pub static SUPPORTED_COMMANDS: &[CommandInfo] = &[
         ],
     ),
     info(
+        EXTENDED_COPY,
+        Some(SA_POPULATE_TOKEN as u16),
+        &[
+            0x83, 0x10, 0, 0, 0, 0, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x1f, 0x03,
+        ],
+    ),
+    info(
+        EXTENDED_COPY,
+        Some(SA_WRITE_USING_TOKEN as u16),
+        &[
+            0x83, 0x11, 0, 0, 0, 0, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x1f, 0x03,
+        ],
+    ),
+    info(
         RECEIVE_COPY_RESULTS,
         Some(SA_COPY_STATUS as u16),
         &[
@@ -864,6 +912,13 @@ pub static SUPPORTED_COMMANDS: &[CommandInfo] = &[
         Some(SA_FAILED_SEGMENT_DETAILS as u16),
         &[
             0x84, 0x04, 0xff, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 0xff, 0xff, 0, 0x03,
+        ],
+    ),
+    info(
+        RECEIVE_COPY_RESULTS,
+        Some(SA_RECEIVE_ROD_TOKEN_INFORMATION as u16),
+        &[
+            0x84, 0x07, 0xff, 0xff, 0xff, 0xff, 0, 0, 0, 0, 0xff, 0xff, 0xff, 0xff, 0, 0x03,
         ],
     ),
     info(

@@ -4,8 +4,8 @@
 //! the I_T nexus, and gets back a status, sense data and Data-In bytes. Storage is reached only
 //! through [`sliver_volume::Volume`].
 //!
-//! Layout follows the standards: `cdb` parses (no I/O), `spc` / `sbc` / `pr` / `xcopy`
-//! execute one command family each, `vpd` and `mode` build INQUIRY pages and mode pages,
+//! Layout follows the standards: `cdb` parses (no I/O), `spc` / `sbc` / `pr` / `xcopy` /
+//! `token` execute one command family each, `vpd` and `mode` build INQUIRY pages and mode pages,
 //! `lu` holds the per-LU state (unit attentions, mode parameters, LBA range locks, copy
 //! results), `sense` is the single table of sense codes.
 
@@ -19,6 +19,7 @@ mod spc;
 pub mod stats;
 #[cfg(test)]
 mod tests;
+mod token;
 mod vpd;
 mod xcopy;
 

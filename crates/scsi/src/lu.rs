@@ -3,7 +3,8 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::path::PathBuf;
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::sync::atomic::AtomicBool;
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, Weak};
 
 use sliver_volume::{Volume, VolumeError};
 
@@ -11,8 +12,9 @@ use crate::cdb::{self, Command};
 use crate::mode::ModeParams;
 use crate::pr::{PendingUa, PrError, Reservations};
 use crate::stats::{CommandClass, LuStats, StatsSnapshot};
+use crate::token::TokenCopy;
 use crate::xcopy::CopyResults;
-use crate::{sbc, spc, xcopy, Nexus, Request, Response, Sense, SenseReason, Status};
+use crate::{sbc, spc, token, xcopy, Nexus, Request, Response, Sense, SenseReason, Status};
 
 /// Identity and naming of one logical unit.
 #[derive(Debug, Clone)]
@@ -178,11 +180,29 @@ impl UnitAttentions {
 
 /// Exclusive locks on LBA ranges, so COMPARE AND WRITE, ORWRITE and other read-modify-write
 /// sequences are atomic against every write to overlapping blocks.
+///
+/// Every command that changes blocks takes the lock on them first, which makes the lock also
+/// the place where point-in-time ROD tokens (`token.rs`) learn that their data changed: a
+/// lock taken over a watched range revokes the token before the change happens.
 #[derive(Default)]
 pub(crate) struct RangeLocks {
-    held: Mutex<Vec<(u64, u64, u64)>>, // (start, end exclusive, ticket)
+    held: Mutex<Held>,
     released: Condvar,
     next_ticket: std::sync::atomic::AtomicU64,
+}
+
+#[derive(Default)]
+struct Held {
+    ranges: Vec<(u64, u64, u64)>, // (start, end exclusive, ticket)
+    /// Ranges a live token represents. The flag is the token's; a token that is gone leaves
+    /// a dead `Weak`, dropped at the next look.
+    watches: Vec<(u64, u64, Weak<AtomicBool>)>,
+}
+
+impl Held {
+    fn overlaps(&self, lba: u64, end: u64) -> bool {
+        self.ranges.iter().any(|&(s, e, _)| s < end && lba < e)
+    }
 }
 
 pub(crate) struct RangeGuard<'a> {
@@ -191,7 +211,8 @@ pub(crate) struct RangeGuard<'a> {
 }
 
 impl RangeLocks {
-    /// Wait until no held range overlaps `[lba, lba + blocks)` and take it.
+    /// Wait until no held range overlaps `[lba, lba + blocks)` and take it. Tokens watching
+    /// an overlapping range are revoked.
     pub fn lock(&self, lba: u64, blocks: u64) -> RangeGuard<'_> {
         if blocks == 0 {
             return RangeGuard {
@@ -204,14 +225,49 @@ impl RangeLocks {
             .next_ticket
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let mut held = lock_unpoisoned(&self.held);
-        while held.iter().any(|&(s, e, _)| s < end && lba < e) {
+        while held.overlaps(lba, end) {
             held = self.released.wait(held).unwrap_or_else(|e| e.into_inner());
         }
-        held.push((lba, end, ticket));
+        if !held.watches.is_empty() {
+            held.watches.retain(|(s, e, token)| {
+                let Some(revoked) = token.upgrade() else {
+                    return false;
+                };
+                if *s < end && lba < *e {
+                    // SeqCst, and set before the caller changes a block: a copy that saw
+                    // the change sees the flag when it checks afterwards.
+                    revoked.store(true, std::sync::atomic::Ordering::SeqCst);
+                    return false;
+                }
+                true
+            });
+        }
+        held.ranges.push((lba, end, ticket));
         RangeGuard {
             locks: self,
             ticket: Some(ticket),
         }
+    }
+
+    /// Watch `ranges` ((lba, blocks) pairs) for `revoked`: the next lock over any of them
+    /// sets it. Waits for commands already changing them, so the watch starts from settled
+    /// data.
+    pub fn watch(&self, ranges: &[(u64, u64)], revoked: &Arc<AtomicBool>) {
+        let spans: Vec<(u64, u64)> = ranges
+            .iter()
+            .filter(|r| r.1 > 0)
+            .map(|&(lba, blocks)| (lba, lba.saturating_add(blocks)))
+            .collect();
+        let mut held = lock_unpoisoned(&self.held);
+        while spans.iter().any(|&(s, e)| held.overlaps(s, e)) {
+            held = self.released.wait(held).unwrap_or_else(|e| e.into_inner());
+        }
+        held.watches.retain(|w| w.2.strong_count() > 0);
+        held.watches.extend(
+            spans
+                .into_iter()
+                .map(|(s, e)| (s, e, Arc::downgrade(revoked))),
+        );
     }
 }
 
@@ -219,7 +275,7 @@ impl Drop for RangeGuard<'_> {
     fn drop(&mut self) {
         if let Some(ticket) = self.ticket {
             let mut held = lock_unpoisoned(&self.locks.held);
-            held.retain(|&(_, _, t)| t != ticket);
+            held.ranges.retain(|&(_, _, t)| t != ticket);
             drop(held);
             self.locks.released.notify_all();
         }
@@ -243,7 +299,9 @@ fn classify(cmd: &Command) -> CommandClass {
         Command::CompareAndWrite { .. } => CommandClass::CompareAndWrite,
         Command::WriteSame { .. } => CommandClass::WriteSame,
         Command::Unmap { .. } => CommandClass::Unmap,
-        Command::ExtendedCopy { .. } => CommandClass::ExtendedCopy,
+        Command::ExtendedCopy { .. }
+        | Command::PopulateToken { .. }
+        | Command::WriteUsingToken { .. } => CommandClass::ExtendedCopy,
         _ => CommandClass::Other,
     }
 }
@@ -263,6 +321,8 @@ pub struct LogicalUnit {
     pub(crate) sanitizing: std::sync::atomic::AtomicBool,
     /// Status of recent EXTENDED COPY commands, for RECEIVE COPY RESULTS.
     pub(crate) copy_results: CopyResults,
+    /// ROD tokens made from this LU, and the outcomes of recent token commands.
+    pub(crate) token_copy: TokenCopy,
     pub(crate) stats: LuStats,
 }
 
@@ -282,6 +342,7 @@ impl LogicalUnit {
             soft_threshold_told: Mutex::new(HashMap::new()),
             sanitizing: std::sync::atomic::AtomicBool::new(false),
             copy_results: CopyResults::default(),
+            token_copy: TokenCopy::default(),
             stats: LuStats::default(),
         }
     }
@@ -394,6 +455,9 @@ impl LogicalUnit {
             Command::ExtendedCopy { .. } | Command::ReceiveCopyResults { .. } => {
                 xcopy::execute(self, req, &cmd)
             }
+            Command::PopulateToken { .. }
+            | Command::WriteUsingToken { .. }
+            | Command::ReceiveRodTokenInformation { .. } => token::execute(self, req, &cmd),
             _ => sbc::execute(self, req, &cmd),
         }
     }
@@ -451,7 +515,9 @@ impl LogicalUnit {
             | Command::ModeSelect { param_len, .. }
             | Command::Sanitize { param_len, .. }
             | Command::PersistentReserveOut { param_len }
-            | Command::ExtendedCopy { param_len } => param_len,
+            | Command::ExtendedCopy { param_len }
+            | Command::PopulateToken { param_len, .. }
+            | Command::WriteUsingToken { param_len, .. } => param_len,
             _ => 0,
         }
     }
@@ -490,6 +556,7 @@ impl LogicalUnit {
         };
         self.reservations.reset();
         self.copy_results.clear();
+        self.token_copy.clear_results();
         let mut uas = lock_unpoisoned(&self.unit_attentions);
         for queue in uas.pending.values_mut() {
             queue.clear();
@@ -510,6 +577,7 @@ impl LogicalUnit {
     pub fn nexus_lost(&self, nexus: &Nexus) {
         self.reservations.nexus_lost(nexus);
         self.copy_results.nexus_lost(nexus);
+        self.token_copy.nexus_lost(nexus);
         lock_unpoisoned(&self.unit_attentions)
             .pending
             .remove(&key(nexus));

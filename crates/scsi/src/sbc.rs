@@ -481,7 +481,7 @@ fn read_capacity_10(lu: &LogicalUnit) -> Vec<u8> {
     d
 }
 
-fn read_capacity_16(lu: &LogicalUnit) -> Vec<u8> {
+pub(crate) fn read_capacity_16(lu: &LogicalUnit) -> Vec<u8> {
     let mut d = vec![0u8; 32];
     let last = lu.volume.num_blocks().saturating_sub(1);
     d[0..8].copy_from_slice(&last.to_be_bytes());

@@ -57,6 +57,14 @@ pub enum SenseReason {
     InvalidCopyTargetDescriptor,
     CopyTargetDeviceNotReachable,
     OperationInProgress,
+    /// A ROD token that is not usable (SPC-4 INVALID TOKEN OPERATION, 23h): the cause
+    /// cannot be reported, the ROD type is unsupported, the token is unknown, revoked or
+    /// expired.
+    TokenCauseNotReportable,
+    UnsupportedTokenType,
+    TokenUnknown,
+    TokenRevoked,
+    TokenExpired,
     /// Data-Out does not match what the CDB describes (too short, or a fixed-size buffer
     /// such as WRITE SAME's one block of the wrong size).
     InvalidFieldInInformationUnit,
@@ -117,6 +125,11 @@ impl SenseReason {
             InvalidCopyTargetDescriptor => (CopyAborted, 0x0d, 0x00),
             CopyTargetDeviceNotReachable => (CopyAborted, 0x0d, 0x02),
             OperationInProgress => (IllegalRequest, 0x00, 0x16),
+            TokenCauseNotReportable => (IllegalRequest, 0x23, 0x00),
+            UnsupportedTokenType => (IllegalRequest, 0x23, 0x01),
+            TokenUnknown => (IllegalRequest, 0x23, 0x04),
+            TokenRevoked => (IllegalRequest, 0x23, 0x06),
+            TokenExpired => (IllegalRequest, 0x23, 0x07),
             InvalidFieldInInformationUnit => (IllegalRequest, 0x0e, 0x03),
             NotReadyManualIntervention => (NotReady, 0x04, 0x03),
             NotReadyFormatInProgress => (NotReady, 0x04, 0x04),

@@ -530,7 +530,7 @@ fn vpd_pages_are_listed_and_well_formed() {
     let pages = &r.data_in[4..];
     assert_eq!(pages, &[0x00, 0x80, 0x83, 0x86, 0x8f, 0xb0, 0xb1, 0xb2]);
     for &p in pages {
-        let r = run(&f.lu, &n, &[0x12, 1, p, 0x01, 0, 0], &[]);
+        let r = run(&f.lu, &n, &[0x12, 1, p, 0x04, 0, 0], &[]);
         good(&r);
         assert_eq!(r.data_in[1], p);
         let len = u16::from_be_bytes([r.data_in[2], r.data_in[3]]) as usize;

@@ -50,7 +50,7 @@ const CSCD_LONG_LEN: usize = 64;
 const SEGMENT_HEADER_LEN: usize = 4;
 
 /// Descriptor type codes.
-const CSCD_IDENTIFICATION: u8 = 0xe4;
+pub(crate) const CSCD_IDENTIFICATION: u8 = 0xe4;
 const CSCD_IPV6: u8 = 0xea;
 const CSCD_IP_COPY_SERVICE: u8 = 0xeb;
 const SEGMENT_BLOCK_TO_BLOCK: u8 = 0x02;
@@ -70,14 +70,14 @@ const DESIGNATOR_TYPE_NAA: u8 = 0x3;
 const ASSOCIATION_LU: u8 = 0x0;
 const NAA_LEN: usize = 16;
 
-fn invalid_cdb(byte: u16) -> Failure {
+pub(crate) fn invalid_cdb(byte: u16) -> Failure {
     Sense::from(SenseReason::InvalidFieldInCdb)
         .with_field_pointer(true, byte, None)
         .into()
 }
 
 /// INVALID FIELD IN PARAMETER LIST pointing at `byte` of the parameter list.
-fn invalid_param(byte: usize, bit: Option<u8>) -> Failure {
+pub(crate) fn invalid_param(byte: usize, bit: Option<u8>) -> Failure {
     Sense::from(SenseReason::InvalidFieldInParameterList)
         .with_field_pointer(false, pointer(byte), bit)
         .into()
@@ -85,7 +85,7 @@ fn invalid_param(byte: usize, bit: Option<u8>) -> Failure {
 
 /// A sense for a descriptor-level problem, pointing at `byte` of the parameter list. For COPY
 /// ABORTED the same bytes are the segment pointer format with SD = 0 (SPC-4 4.5.2.4.5).
-fn at_param(reason: SenseReason, byte: usize) -> Failure {
+pub(crate) fn at_param(reason: SenseReason, byte: usize) -> Failure {
     Sense::from(reason)
         .with_field_pointer(false, pointer(byte), None)
         .into()
@@ -101,21 +101,21 @@ fn pointer(byte: usize) -> u16 {
     u16::try_from(byte).unwrap_or(u16::MAX)
 }
 
-fn be16(b: &[u8], at: usize) -> u16 {
+pub(crate) fn be16(b: &[u8], at: usize) -> u16 {
     match b.get(at..at + 2) {
         Some(&[x, y]) => u16::from_be_bytes([x, y]),
         _ => 0,
     }
 }
 
-fn be32(b: &[u8], at: usize) -> u32 {
+pub(crate) fn be32(b: &[u8], at: usize) -> u32 {
     match b.get(at..at + 4) {
         Some(&[w, x, y, z]) => u32::from_be_bytes([w, x, y, z]),
         _ => 0,
     }
 }
 
-fn be64(b: &[u8], at: usize) -> u64 {
+pub(crate) fn be64(b: &[u8], at: usize) -> u64 {
     b.get(at..at + 8)
         .and_then(|s| <[u8; 8]>::try_from(s).ok())
         .map_or(0, u64::from_be_bytes)
@@ -386,7 +386,7 @@ fn parse_segments(list: &[u8], base: usize) -> Result<Vec<Segment>, Failure> {
 
 /// A copy target: the LU that received the command, or one found through [`CopyTargets`].
 #[derive(Clone)]
-enum Target<'a> {
+pub(crate) enum Target<'a> {
     Receiving(&'a LogicalUnit),
     Other(Arc<LogicalUnit>),
 }
@@ -402,13 +402,13 @@ impl std::ops::Deref for Target<'_> {
 }
 
 /// One segment, resolved and checked, ready to copy.
-struct Step<'a> {
-    src: Target<'a>,
-    dst: Target<'a>,
-    src_lba: u64,
-    dst_lba: u64,
-    blocks: u64,
-    bytes: u64,
+pub(crate) struct Step<'a> {
+    pub src: Target<'a>,
+    pub dst: Target<'a>,
+    pub src_lba: u64,
+    pub dst_lba: u64,
+    pub blocks: u64,
+    pub bytes: u64,
 }
 
 fn resolve<'a>(
@@ -432,7 +432,12 @@ fn resolve<'a>(
 
 /// Another LU is used on behalf of this nexus: its reservations and state apply as if the
 /// nexus read or wrote it directly. (The receiving LU was checked by the dispatcher.)
-fn check_other_lu(target: &Target, nexus: &Nexus, write: bool, at: usize) -> Result<(), Failure> {
+pub(crate) fn check_other_lu(
+    target: &Target,
+    nexus: &Nexus,
+    write: bool,
+    at: usize,
+) -> Result<(), Failure> {
     let Target::Other(other) = target else {
         return Ok(());
     };
@@ -530,7 +535,7 @@ fn plan<'a>(
 
 /// Sense for a volume failure in the middle of a copy. Out of space keeps its own sense (thin
 /// provisioning hosts react to it); anything else aborts the copy so the host falls back.
-fn copy_failure(e: VolumeError) -> Failure {
+pub(crate) fn copy_failure(e: VolumeError) -> Failure {
     match e {
         VolumeError::NoSpace => SenseReason::SpaceAllocationFailedWriteProtect.into(),
         VolumeError::ReadOnly => SenseReason::WriteProtected.into(),
@@ -543,7 +548,7 @@ fn copy_failure(e: VolumeError) -> Failure {
     }
 }
 
-fn run_steps(steps: &[Step], progress: impl Fn(usize, u64)) -> Result<u64, Failure> {
+pub(crate) fn run_steps(steps: &[Step], progress: impl Fn(usize, u64)) -> Result<u64, Failure> {
     let mut copied = 0u64;
     for (i, step) in steps.iter().enumerate() {
         if step.blocks > 0 {
@@ -820,33 +825,45 @@ fn failed_segment_details(
 // Third-party Copy VPD page (SPC-4 7.8.17)
 
 /// Third-party copy descriptor type codes.
+const TPC_BLOCK_DEVICE_ROD_LIMITS: u16 = 0x0000;
 const TPC_SUPPORTED_COMMANDS: u16 = 0x0001;
 const TPC_PARAMETER_DATA: u16 = 0x0004;
 const TPC_SUPPORTED_DESCRIPTORS: u16 = 0x0008;
 const TPC_SUPPORTED_CSCD_IDS: u16 = 0x000c;
+const TPC_SUPPORTED_ROD_TYPES: u16 = 0x0108;
 const TPC_GENERAL_COPY_OPERATIONS: u16 = 0x8001;
 
 /// One third-party copy descriptor, its body padded to a multiple of 4 bytes.
-fn tpc_descriptor(out: &mut Vec<u8>, kind: u16, mut body: Vec<u8>) {
+pub(crate) fn tpc_descriptor(out: &mut Vec<u8>, kind: u16, mut body: Vec<u8>) {
     body.resize(body.len().next_multiple_of(4), 0);
     out.extend_from_slice(&kind.to_be_bytes());
     out.extend_from_slice(&(u16::try_from(body.len()).unwrap_or(u16::MAX)).to_be_bytes());
     out.extend_from_slice(&body);
 }
 
-/// The page body (after the 4-byte VPD header).
+/// The page body (after the 4-byte VPD header). The token copy limits come first: Windows
+/// looks for them before using ODX.
 pub(crate) fn third_party_copy_page(lu: &LogicalUnit) -> Vec<u8> {
     let mut page = Vec::new();
 
+    tpc_descriptor(
+        &mut page,
+        TPC_BLOCK_DEVICE_ROD_LIMITS,
+        crate::token::block_device_rod_limits(lu),
+    );
+
     let commands = [
         opcode::EXTENDED_COPY,
-        1,
-        opcode::SA_EXTENDED_COPY_LID1,
-        opcode::RECEIVE_COPY_RESULTS,
         3,
+        opcode::SA_EXTENDED_COPY_LID1,
+        opcode::SA_POPULATE_TOKEN,
+        opcode::SA_WRITE_USING_TOKEN,
+        opcode::RECEIVE_COPY_RESULTS,
+        4,
         opcode::SA_COPY_STATUS,
         opcode::SA_OPERATING_PARAMETERS,
         opcode::SA_FAILED_SEGMENT_DETAILS,
+        opcode::SA_RECEIVE_ROD_TOKEN_INFORMATION,
     ];
     let mut body = vec![commands.len() as u8];
     body.extend_from_slice(&commands);
@@ -866,6 +883,12 @@ pub(crate) fn third_party_copy_page(lu: &LogicalUnit) -> Vec<u8> {
     // No CSCD descriptor IDs (such as FFFFh, "this copy manager") are supported.
     tpc_descriptor(&mut page, TPC_SUPPORTED_CSCD_IDS, vec![0, 0]);
 
+    tpc_descriptor(
+        &mut page,
+        TPC_SUPPORTED_ROD_TYPES,
+        crate::token::supported_rod_types(),
+    );
+
     let mut body = vec![0u8; 32];
     body[0..4].copy_from_slice(&(RETAINED_RESULTS as u32).to_be_bytes());
     body[4..8].copy_from_slice(&(RETAINED_RESULTS as u32).to_be_bytes());
@@ -877,7 +900,7 @@ pub(crate) fn third_party_copy_page(lu: &LogicalUnit) -> Vec<u8> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use std::sync::Arc;
 
     use sliver_volume::{BlockStatus, FileVolume, Volume};
@@ -885,16 +908,16 @@ mod tests {
     use super::*;
     use crate::{LuConfig, NoCopyTargets, Response, TaskAttr};
 
-    const BS: usize = 512;
-    const BLOCKS: u64 = 4096;
+    pub(crate) const BS: usize = 512;
+    pub(crate) const BLOCKS: u64 = 4096;
 
     /// LUs over files in a temporary directory; LU `i` has NAA `[0x60, i, i, ...]`.
-    struct Array {
+    pub(crate) struct Array {
         _dir: tempfile::TempDir,
-        lus: Vec<Arc<LogicalUnit>>,
+        pub lus: Vec<Arc<LogicalUnit>>,
     }
 
-    fn naa(i: u8) -> [u8; 16] {
+    pub(crate) fn naa(i: u8) -> [u8; 16] {
         let mut n = [i; 16];
         n[0] = 0x60;
         n
@@ -916,7 +939,7 @@ mod tests {
         ))
     }
 
-    fn array(count: u8) -> Array {
+    pub(crate) fn array(count: u8) -> Array {
         let dir = tempfile::tempdir().unwrap();
         let lus = (0..count)
             .map(|i| {
@@ -929,7 +952,7 @@ mod tests {
     }
 
     /// The LUs a nexus may reach, as the transport would supply them.
-    struct Reachable(Vec<Arc<LogicalUnit>>);
+    pub(crate) struct Reachable(pub Vec<Arc<LogicalUnit>>);
 
     impl CopyTargets for Reachable {
         fn find_by_naa(&self, naa: &[u8]) -> Option<Arc<LogicalUnit>> {
@@ -937,7 +960,7 @@ mod tests {
         }
     }
 
-    fn nexus() -> Nexus {
+    pub(crate) fn nexus() -> Nexus {
         Nexus {
             initiator_port: "iqn.test:1,i,0x000000000001".into(),
             initiator_name: "iqn.test:1".into(),
@@ -945,7 +968,12 @@ mod tests {
         }
     }
 
-    fn run(lu: &LogicalUnit, targets: &dyn CopyTargets, cdb: &[u8], data: &[u8]) -> Response {
+    pub(crate) fn run(
+        lu: &LogicalUnit,
+        targets: &dyn CopyTargets,
+        cdb: &[u8],
+        data: &[u8],
+    ) -> Response {
         let n = nexus();
         let req = Request {
             nexus: &n,
@@ -1040,12 +1068,12 @@ mod tests {
         run(lu, &NoCopyTargets, &c, &[])
     }
 
-    fn good(r: &Response) {
+    pub(crate) fn good(r: &Response) {
         assert_eq!(r.status, Status::Good, "sense {:02x?}", r.sense);
     }
 
     /// (key, ASC, ASCQ) from fixed-format sense.
-    fn sense(r: &Response) -> (u8, u8, u8) {
+    pub(crate) fn sense(r: &Response) -> (u8, u8, u8) {
         assert_eq!(r.status, Status::CheckCondition, "{r:?}");
         (r.sense[2] & 0x0f, r.sense[12], r.sense[13])
     }
@@ -1054,17 +1082,17 @@ mod tests {
     const PARAMETER_LIST_LENGTH_ERROR: (u8, u8, u8) = (0x5, 0x1a, 0x00);
     const INVALID_FIELD_IN_PARAMETER_LIST: (u8, u8, u8) = (0x5, 0x26, 0x00);
 
-    fn write(lu: &LogicalUnit, lba: u64, data: &[u8]) {
+    pub(crate) fn write(lu: &LogicalUnit, lba: u64, data: &[u8]) {
         lu.volume().write(lba, data).unwrap();
     }
 
-    fn read(lu: &LogicalUnit, lba: u64, blocks: usize) -> Vec<u8> {
+    pub(crate) fn read(lu: &LogicalUnit, lba: u64, blocks: usize) -> Vec<u8> {
         let mut buf = vec![0u8; blocks * BS];
         lu.volume().read(lba, &mut buf).unwrap();
         buf
     }
 
-    fn pattern(blocks: usize, seed: u8) -> Vec<u8> {
+    pub(crate) fn pattern(blocks: usize, seed: u8) -> Vec<u8> {
         (0..blocks * BS)
             .map(|i| (i / BS) as u8 ^ seed ^ (i as u8))
             .collect()
@@ -1593,15 +1621,22 @@ mod tests {
             let len = u16::from_be_bytes([page[at + 2], page[at + 3]]) as usize;
             assert_eq!(len % 4, 0);
             if kind == 0x0001 {
-                // libiscsi looks for RECEIVE COPY RESULTS / COPY STATUS here.
+                // libiscsi looks for RECEIVE COPY RESULTS / COPY STATUS here; the token
+                // commands (10h, 11h, 07h) follow the LID1 ones.
                 let list = &page[at + 5..at + 5 + page[at + 4] as usize];
-                assert_eq!(list, &[0x83, 1, 0x00, 0x84, 3, 0x00, 0x03, 0x04]);
+                assert_eq!(
+                    list,
+                    &[0x83, 3, 0x00, 0x10, 0x11, 0x84, 4, 0x00, 0x03, 0x04, 0x07]
+                );
             }
             kinds.push(kind);
             at += 4 + len;
         }
         assert_eq!(at, page.len());
-        assert_eq!(kinds, [0x0001, 0x0004, 0x0008, 0x000c, 0x8001]);
+        assert_eq!(
+            kinds,
+            [0x0000, 0x0001, 0x0004, 0x0008, 0x000c, 0x0108, 0x8001]
+        );
     }
 
     #[test]
