@@ -58,7 +58,7 @@ fn quick_pool() -> &'static QuickPool {
 pub const QUICK_MAX_COPY_BYTES: u64 = 32 << 20;
 
 /// Whether a command goes to the quick pool: READ / WRITE (6, 10, 12, 16) without FUA and
-/// COMPARE AND WRITE without FUA, moving at most [`QUICK_MAX_BYTES`]; EXTENDED COPY whose
+/// COMPARE AND WRITE without FUA, moving at most [`QUICK_MAX_BYTES`]; EXTENDED COPY(LID1) whose
 /// parameter list (`data_out`) asks for at most [`QUICK_MAX_COPY_BYTES`]. Hypervisors clone
 /// with many small copies (QEMU: 2 MiB each, ESXi: 4 MiB by default), one at a time per
 /// stream, so the hand-over to tokio's blocking pool was a visible share of each.
@@ -75,8 +75,11 @@ pub fn is_quick(cdb: &[u8], transfer_bytes: u64, data_out: &[u8]) -> bool {
         Some(0x0a) => true,
         // WRITE(10), WRITE(12), WRITE(16), COMPARE AND WRITE: with FUA they wait for a flush.
         Some(0x2a | 0xaa | 0x8a | 0x89) => !fua,
-        Some(0x83) => sliver_scsi::copy_bytes_at_most(data_out)
-            .is_some_and(|bytes| bytes <= QUICK_MAX_COPY_BYTES),
+        // EXTENDED COPY(LID1) only: a token copy's list says nothing about its size here.
+        Some(0x83) if cdb.get(1).is_some_and(|b| b & 0x1f == 0) => {
+            sliver_scsi::copy_bytes_at_most(data_out)
+                .is_some_and(|bytes| bytes <= QUICK_MAX_COPY_BYTES)
+        }
         _ => false,
     }
 }
@@ -116,6 +119,16 @@ mod tests {
         assert!(!is_quick(&[0x83, 0], 4096), "EXTENDED COPY");
         assert!(!is_quick(&[0x93, 0], 512), "WRITE SAME(16)");
         assert!(!is_quick(&[], 0));
+    }
+
+    #[test]
+    fn only_a_small_lid1_extended_copy_is_quick() {
+        // A LID1 header with no descriptors: it parses and moves nothing.
+        let empty_list = [0u8; 16];
+        assert!(is_quick(&[0x83, 0x00], 0, &empty_list));
+        // The same bytes under POPULATE TOKEN or WRITE USING TOKEN say nothing about size.
+        assert!(!is_quick(&[0x83, 0x10], 0, &empty_list));
+        assert!(!is_quick(&[0x83, 0x11], 0, &empty_list));
     }
 
     #[test]
