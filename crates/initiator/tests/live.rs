@@ -500,15 +500,18 @@ fn token_copy_between_volumes_shares_data_and_a_change_revokes_the_token() {
     );
     if let Some(text) = decode_with("sg_vpd", &["--inhex={}", "-p", "tpc"], &page, true) {
         for line in [
-            "Block Device ROD Token Limits",
-            "Maximum range descriptors: 64",
-            "Default inactivity timeout: 60 seconds",
-            "Populate token",
-            "Write using token",
-            "Receive ROD token information",
+            "block device rod token limits",
+            "maximum range descriptors: 64",
+            "default inactivity timeout: 60 seconds",
+            "populate token",
+            "write using token",
+            "receive rod token information",
             "point in time copy - change vulnerable",
+            "rod token features",
+            "maximum token inactivity timeout: 600",
         ] {
-            assert!(text.contains(line), "sg_vpd lacks {line:?}:\n{text}");
+            let lower = text.to_lowercase();
+            assert!(lower.contains(line), "sg_vpd lacks {line:?}:\n{text}");
         }
     }
 

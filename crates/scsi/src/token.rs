@@ -122,7 +122,6 @@ struct TokenRecord {
     /// None while the command runs.
     outcome: Option<(Status, Option<Sense>)>,
     transfer_blocks: u64,
-    ranges_processed: u16,
     token: Option<Box<[u8; TOKEN_LEN]>>,
 }
 
@@ -142,9 +141,16 @@ pub(crate) struct TokenCopy {
 }
 
 impl TokenCopy {
-    fn record(&self, nexus: &Nexus, list_id: u32, service_action: u8) {
+    /// Register a command about to run. A LIST IDENTIFIER still in use by a running command
+    /// of this nexus is refused with OPERATION IN PROGRESS (SPC-4): its outcome would land
+    /// in the wrong record. Windows makes a new identifier per command.
+    fn record(&self, nexus: &Nexus, list_id: u32, service_action: u8) -> Result<(), SenseReason> {
         let mut results = lock_unpoisoned(&self.results);
-        results.retain(|r| !(r.list_id == list_id && r.belongs_to(nexus)));
+        let same = |r: &TokenRecord| r.list_id == list_id && r.belongs_to(nexus);
+        if results.iter().any(|r| same(r) && r.outcome.is_none()) {
+            return Err(SenseReason::OperationInProgress);
+        }
+        results.retain(|r| !same(r));
         results.push_back(TokenRecord {
             initiator_port: nexus.initiator_port.clone(),
             relative_target_port: nexus.relative_target_port,
@@ -152,7 +158,6 @@ impl TokenCopy {
             service_action,
             outcome: None,
             transfer_blocks: 0,
-            ranges_processed: 0,
             token: None,
         });
         while results.len() > RETAINED_RESULTS {
@@ -161,6 +166,7 @@ impl TokenCopy {
             };
             results.remove(oldest);
         }
+        Ok(())
     }
 
     fn finish(&self, nexus: &Nexus, list_id: u32, f: impl FnOnce(&mut TokenRecord)) {
@@ -278,7 +284,6 @@ pub(crate) fn execute(lu: &LogicalUnit, req: &Request, cmd: &Command) -> Outcome
 /// What a successful token command leaves for RECEIVE ROD TOKEN INFORMATION.
 struct Completed {
     blocks: u64,
-    ranges: u16,
     token: Option<Box<[u8; TOKEN_LEN]>>,
     /// Bytes written (WRITE USING TOKEN), for the statistics.
     affected_bytes: u64,
@@ -297,22 +302,16 @@ fn tracked(
     if param_len == 0 {
         return Ok(Done::good());
     }
-    let max = match service_action {
-        opcode::SA_POPULATE_TOKEN => PT_HEADER_LEN,
-        _ => WUT_HEADER_LEN,
-    } + MAX_RANGE_DESCRIPTORS as usize * RANGE_LEN;
-    if param_len > max {
-        return Err(SenseReason::ParameterListLengthError.into());
-    }
+    // The list is already in memory (the transport bounds it); only the header and the
+    // range descriptors it announces are read.
     let params = data_out_prefix(req.data_out, param_len)?;
-    lu.token_copy.record(req.nexus, list_id, service_action);
+    lu.token_copy.record(req.nexus, list_id, service_action)?;
     let outcome = run(params);
     lu.token_copy
         .finish(req.nexus, list_id, |r| match &outcome {
             Ok(done) => {
                 r.outcome = Some((Status::Good, None));
                 r.transfer_blocks = done.blocks;
-                r.ranges_processed = done.ranges;
                 r.token = done.token.clone();
             }
             Err(Failure::Check(sense)) => r.outcome = Some((Status::CheckCondition, Some(*sense))),
@@ -344,12 +343,16 @@ fn parse_ranges(list: &[u8], at: usize, capacity: u64) -> Result<Vec<(u64, u64)>
     Ok(ranges)
 }
 
-/// The RANGE DESCRIPTOR LENGTH at `field`, checked: whole descriptors, at most the
-/// advertised number, inside the parameter list.
+/// The RANGE DESCRIPTOR LENGTH at `field`, checked: whole descriptors (INVALID FIELD IN
+/// PARAMETER LIST), at most the advertised number (TOO MANY SEGMENT DESCRIPTORS, as SBC-3
+/// asks and Windows recognises), inside the parameter list.
 fn ranges_in(params: &[u8], field: usize, start: usize) -> Result<&[u8], Failure> {
     let len = be16(params, field) as usize;
-    if !len.is_multiple_of(RANGE_LEN) || len / RANGE_LEN > MAX_RANGE_DESCRIPTORS as usize {
+    if !len.is_multiple_of(RANGE_LEN) {
         return Err(invalid_param(field, None));
+    }
+    if len / RANGE_LEN > MAX_RANGE_DESCRIPTORS as usize {
+        return Err(at_param(SenseReason::TooManySegmentDescriptors, field));
     }
     params
         .get(start..start + len)
@@ -402,11 +405,9 @@ fn populate_token(lu: &LogicalUnit, params: &[u8]) -> Result<Completed, Failure>
             deleted: false,
         }),
     });
-    let range_count = token.ranges.len() as u16;
     lu.token_copy.keep(token);
     Ok(Completed {
         blocks,
-        ranges: range_count,
         token: Some(bytes),
         affected_bytes: 0,
     })
@@ -526,7 +527,6 @@ fn copy_from_token(
     }
     Ok(Completed {
         blocks: wanted,
-        ranges: ranges.len() as u16,
         token: None,
         affected_bytes: bytes,
     })
@@ -582,8 +582,13 @@ fn plan_steps<'a>(
     steps
 }
 
-/// The block device zero ROD token: zero every range, as WRITE SAME with NDOB would.
+/// The block device zero ROD token: zero every range, as WRITE SAME with NDOB would, up to
+/// the MAXIMUM TOKEN TRANSFER SIZE every token command is held to.
 fn write_zero_token(lu: &LogicalUnit, ranges: &[(u64, u64)]) -> Result<Completed, Failure> {
+    let wanted: u64 = ranges.iter().map(|r| r.1).sum();
+    if wanted.saturating_mul(u64::from(lu.volume.block_size())) > MAX_TOKEN_TRANSFER_BYTES {
+        return Err(invalid_param(WUT_RANGES_LEN, None));
+    }
     let mut blocks = 0;
     for &(lba, n) in ranges.iter().filter(|r| r.1 > 0) {
         let _lock = lu.locks.lock(lba, n);
@@ -600,7 +605,6 @@ fn write_zero_token(lu: &LogicalUnit, ranges: &[(u64, u64)]) -> Result<Completed
     lu.stats.zeroed_bytes.fetch_add(bytes, Ordering::Relaxed);
     Ok(Completed {
         blocks,
-        ranges: ranges.len() as u16,
         token: None,
         affected_bytes: bytes,
     })
@@ -623,7 +627,7 @@ const UNITS_BLOCKS: u8 = 0xf1;
 ///  4      RESPONSE TO SERVICE ACT 13     SENSE DATA FIELD LENGTH
 ///  5      COPY STATUS             14     SENSE DATA LENGTH
 ///  6..8   OPERATION COUNTER       15     TRANSFER COUNT UNITS
-///  8..12  EST. STATUS UPDATE DELAY 16..24 TRANSFER COUNT   24..26 SEGMENTS PROCESSED
+///  8..12  EST. STATUS UPDATE DELAY 16..24 TRANSFER COUNT   24..26 SEGMENTS PROCESSED (0)
 ///  32..   sense data, then ROD TOKEN DESCRIPTORS LENGTH (4), then per token 2 reserved
 ///         bytes and the 512-byte token
 /// ```
@@ -654,7 +658,8 @@ fn token_information(lu: &LogicalUnit, r: &TokenRecord) -> Vec<u8> {
     d[14] = sense.len() as u8;
     d[15] = UNITS_BLOCKS;
     d[16..24].copy_from_slice(&r.transfer_blocks.to_be_bytes());
-    d[24..26].copy_from_slice(&r.ranges_processed.to_be_bytes());
+    // SEGMENTS PROCESSED (24..26) stays zero: token commands have no segments (Windows
+    // checks).
     d.extend_from_slice(&sense);
     d.resize(32 + field, 0);
     match &r.token {
@@ -686,14 +691,47 @@ pub(crate) fn block_device_rod_limits(lu: &LogicalUnit) -> Vec<u8> {
     b
 }
 
-/// Supported ROD Types descriptor body (SPC-4): the types POPULATE TOKEN makes (TOKEN_OUT)
-/// and WRITE USING TOKEN takes (TOKEN_IN).
+/// ROD Token Features descriptor body (SPC-4; offsets below are within the body, i.e. the
+/// descriptor's minus 4), which SPC-4 requires of a copy manager that makes ROD tokens:
+///
+/// ```text
+///  0      REMOTE TOKENS (0: tokens are used within this target only)
+/// 12..16  MINIMUM TOKEN LIFETIME   16..20 MAXIMUM TOKEN LIFETIME (seconds)
+/// 20..24  MAXIMUM TOKEN INACTIVITY TIMEOUT
+/// 42..44  ROD DEVICE TYPE SPECIFIC FEATURES DESCRIPTORS LENGTH (48)
+/// 44..92  block device descriptor (SBC-3): peripheral device type 0, length 2Ch,
+///         OPTIMAL BLOCK ROD LENGTH GRANULARITY (blocks) at +6, then 8-byte MAXIMUM BYTES
+///         IN BLOCK ROD, OPTIMAL BYTES IN BLOCK ROD TRANSFER, OPTIMAL BYTES TO TOKEN PER
+///         SEGMENT and OPTIMAL BYTES FROM TOKEN PER SEGMENT
+/// ```
+///
+/// A token lives while it is used and expires after its inactivity timeout, so both
+/// lifetimes are stated as the range of timeouts POPULATE TOKEN may ask for.
+pub(crate) fn rod_token_features(lu: &LogicalUnit) -> Vec<u8> {
+    let mut b = vec![0u8; 44 + 48];
+    b[12..16].copy_from_slice(&1u32.to_be_bytes());
+    b[16..20].copy_from_slice(&MAX_INACTIVITY_SECS.to_be_bytes());
+    b[20..24].copy_from_slice(&MAX_INACTIVITY_SECS.to_be_bytes());
+    b[42..44].copy_from_slice(&48u16.to_be_bytes());
+    let d = &mut b[44..];
+    d[2..4].copy_from_slice(&0x2cu16.to_be_bytes());
+    let granularity =
+        (crate::vpd::UNMAP_GRANULARITY_BYTES / u64::from(lu.volume.block_size().max(1))).max(1);
+    d[6..8].copy_from_slice(&(granularity.min(u64::from(u16::MAX)) as u16).to_be_bytes());
+    for at in [8, 16, 24, 32] {
+        d[at..at + 8].copy_from_slice(&MAX_TOKEN_TRANSFER_BYTES.to_be_bytes());
+    }
+    b
+}
+
+/// Supported ROD Types descriptor body (SPC-4), in ascending ROD type order: the types
+/// POPULATE TOKEN makes (TOKEN_OUT) and WRITE USING TOKEN takes (TOKEN_IN).
 pub(crate) fn supported_rod_types() -> Vec<u8> {
     const TOKEN_IN: u8 = 0x02;
     const TOKEN_OUT: u8 = 0x01;
     let types = [
-        (ROD_POINT_IN_TIME_CHANGE_VULNERABLE, TOKEN_IN | TOKEN_OUT),
         (ROD_ACCESS_UPON_REFERENCE, TOKEN_IN | TOKEN_OUT),
+        (ROD_POINT_IN_TIME_CHANGE_VULNERABLE, TOKEN_IN | TOKEN_OUT),
         (ROD_BLOCK_DEVICE_ZERO, TOKEN_IN),
     ];
     let mut b = vec![0u8; 4];
@@ -711,9 +749,10 @@ pub(crate) fn supported_rod_types() -> Vec<u8> {
 mod tests {
     use super::*;
     use crate::xcopy::tests::{
-        array, good, naa, pattern, read, run, sense, write, Reachable, BLOCKS, BS,
+        array, good, lu_over, naa, nexus, pattern, read, run, sense, write, Reachable, BLOCKS, BS,
     };
     use crate::{CopyTargets, NoCopyTargets};
+    use sliver_volume::{BlockStatus, FileVolume, Volume};
 
     const INVALID_FIELD_IN_PARAMETER_LIST: (u8, u8, u8) = (0x5, 0x26, 0x00);
     const TOKEN_UNKNOWN: (u8, u8, u8) = (0x5, 0x23, 0x04);
@@ -836,6 +875,11 @@ mod tests {
         good(&r);
         assert_eq!((r.data_in[4], r.data_in[5]), (0x11, COPY_STATUS_SUCCESS));
         assert_eq!(be64(&r.data_in, 16), 12);
+        assert_eq!(
+            be16(&r.data_in, 24),
+            0,
+            "SEGMENTS PROCESSED: none, there are no segments"
+        );
         assert_eq!(be32(&r.data_in, 32), 0, "no token after WRITE USING TOKEN");
 
         // Within the source LU, from 9 blocks into the token.
@@ -898,9 +942,12 @@ mod tests {
         let lu = a.lus[0].clone();
         let old = pattern(256, 0x55);
         let new = pattern(256, 0xaa);
+        let before = pattern(256, 0x0f);
         let mut copied = 0;
         for round in 0..40 {
             write(&lu, 0, &old);
+            // A copy that wrote nothing or only part of the range shows as `before`.
+            write(&lu, 1024, &before);
             let token = token_for(&lu, &pt_params(None, 0, &[(0, 256)]));
             let writer = {
                 let lu = lu.clone();
@@ -925,8 +972,107 @@ mod tests {
                 assert_eq!(sense(&r), TOKEN_REVOKED);
             }
         }
-        // Both outcomes are legal; the assertion above is what matters.
+        // Both outcomes are legal; the assertion above is what matters. Which one a round
+        // gets depends on scheduling, so the next test forces the race.
         println!("{copied} of 40 copies finished before the writes");
+    }
+
+    /// A destination volume that runs `before_copy` when the first copy reaches it, i.e.
+    /// after WRITE USING TOKEN took its token and before it moved any data.
+    struct InterposingVolume {
+        inner: FileVolume,
+        before_copy: Mutex<Option<Box<dyn FnOnce() + Send>>>,
+    }
+
+    impl Volume for InterposingVolume {
+        fn block_size(&self) -> u32 {
+            self.inner.block_size()
+        }
+        fn num_blocks(&self) -> u64 {
+            self.inner.num_blocks()
+        }
+        fn read(&self, lba: u64, buf: &mut [u8]) -> sliver_volume::Result<()> {
+            self.inner.read(lba, buf)
+        }
+        fn write(&self, lba: u64, data: &[u8]) -> sliver_volume::Result<()> {
+            self.inner.write(lba, data)
+        }
+        fn flush(&self) -> sliver_volume::Result<()> {
+            self.inner.flush()
+        }
+        fn unmap(&self, lba: u64, blocks: u64) -> sliver_volume::Result<()> {
+            self.inner.unmap(lba, blocks)
+        }
+        fn copy_from(
+            &self,
+            source: &dyn Volume,
+            src_lba: u64,
+            dst_lba: u64,
+            blocks: u64,
+        ) -> sliver_volume::Result<()> {
+            let hook = lock_unpoisoned(&self.before_copy).take();
+            if let Some(hook) = hook {
+                hook();
+            }
+            self.inner.copy_from(source, src_lba, dst_lba, blocks)
+        }
+        fn block_status(&self, lba: u64) -> sliver_volume::Result<BlockStatus> {
+            self.inner.block_status(lba)
+        }
+        fn space(&self) -> sliver_volume::Result<sliver_volume::VolumeSpace> {
+            self.inner.space()
+        }
+    }
+
+    #[test]
+    fn a_change_while_the_token_is_copied_fails_the_copy_with_token_revoked() {
+        let dir = tempfile::tempdir().unwrap();
+        let open = |name: &str| {
+            FileVolume::open(&dir.path().join(name), BLOCKS * BS as u64, BS as u32).unwrap()
+        };
+        let src = lu_over(Arc::new(open("src")), 0);
+        write(&src, 0, &pattern(16, 0x10));
+        let token = token_for(&src, &pt_params(None, 0, &[(0, 16)]));
+        let writer = src.clone();
+        let dst = lu_over(
+            Arc::new(InterposingVolume {
+                inner: open("dst"),
+                before_copy: Mutex::new(Some(Box::new(move || {
+                    write16(&writer, 4, &pattern(1, 0x99));
+                }))),
+            }),
+            1,
+        );
+        let targets = Reachable(vec![src.clone(), dst.clone()]);
+        let r = write_using(
+            &dst,
+            &targets,
+            1,
+            &wut_params(&token, 0, false, &[(100, 16)]),
+        );
+        // The copy did move the changed block, so only the check after it keeps this
+        // from being a GOOD copy of mixed data.
+        assert_eq!(read(&dst, 104, 1), pattern(1, 0x99));
+        assert_eq!(sense(&r), TOKEN_REVOKED);
+    }
+
+    #[test]
+    fn a_list_identifier_in_use_is_refused_until_its_command_ends() {
+        let a = array(1);
+        let lu = &a.lus[0];
+        // As if a POPULATE TOKEN with LIST IDENTIFIER 5 were running on this nexus.
+        lu.token_copy
+            .record(&nexus(), 5, opcode::SA_POPULATE_TOKEN)
+            .unwrap();
+        let p = pt_params(None, 0, &[(0, 8)]);
+        assert_eq!(sense(&populate(lu, 5, &p)), (0x5, 0x00, 0x16));
+        assert_eq!(information(lu, 5).data_in[5], COPY_STATUS_IN_PROGRESS);
+        good(&populate(lu, 6, &p));
+        lu.token_copy.finish(&nexus(), 5, |r| {
+            r.outcome = Some((Status::Good, None));
+        });
+        good(&populate(lu, 5, &p));
+        assert_eq!(be32(&information(lu, 5).data_in, 32), 514, "the new result");
     }
 
     #[test]
@@ -967,6 +1113,30 @@ mod tests {
         assert_eq!(read(lu, 40, 4), vec![0; 4 * BS]);
         assert_eq!(read(lu, 0, 4), pattern(64, 0x77)[..4 * BS]);
         assert_eq!(read(lu, 12, 28), pattern(64, 0x77)[12 * BS..40 * BS]);
+    }
+
+    #[test]
+    fn the_zero_token_is_held_to_the_maximum_token_transfer_size() {
+        let dir = tempfile::tempdir().unwrap();
+        let bytes = 2 * MAX_TOKEN_TRANSFER_BYTES;
+        let volume = FileVolume::open(&dir.path().join("big"), bytes, BS as u32).unwrap();
+        let lu = lu_over(Arc::new(volume), 0);
+        let mut zero = [0u8; TOKEN_LEN];
+        zero[0..4].copy_from_slice(&ROD_BLOCK_DEVICE_ZERO.to_be_bytes());
+        let max_blocks = (MAX_TOKEN_TRANSFER_BYTES / BS as u64) as u32;
+        // Two ranges, together one block over the maximum.
+        let p = wut_params(
+            &zero,
+            0,
+            false,
+            &[
+                (0, max_blocks / 2),
+                (u64::from(max_blocks), max_blocks / 2 + 1),
+            ],
+        );
+        let r = write_using(&lu, &NoCopyTargets, 1, &p);
+        assert_eq!(sense(&r), INVALID_FIELD_IN_PARAMETER_LIST);
+        assert_eq!(u16::from_be_bytes([r.sense[16], r.sense[17]]), 534);
     }
 
     #[test]
@@ -1051,7 +1221,11 @@ mod tests {
             .map(|i| (i * 2, 1))
             .collect();
         let r = populate(lu, 1, &pt_params(None, 0, &many));
-        assert_eq!(sense(&r), (0x5, 0x1a, 0x00), "longer than the longest list");
+        assert_eq!(
+            (sense(&r), pointer(&r)),
+            ((0x5, 0x26, 0x08), 14),
+            "TOO MANY SEGMENT DESCRIPTORS"
+        );
         // A destination longer than the token past the offset; an offset past its end.
         let token = token_for(lu, &pt_params(None, 0, &[(0, 8)]));
         let r = write_using(
@@ -1097,6 +1271,33 @@ mod tests {
         assert_eq!(be32(d, 8 + 8), MAX_INACTIVITY_SECS);
         assert_eq!(be32(d, 8 + 12), DEFAULT_INACTIVITY_SECS);
         assert_eq!(be64(d, 8 + 16), MAX_TOKEN_TRANSFER_BYTES / BS as u64);
+        // ROD Token Features (0106h) and Supported ROD Types (0108h), found by walking the
+        // page; descriptor offsets as SPC-4 numbers them.
+        let mut at = 4;
+        let mut found = std::collections::HashMap::new();
+        while at + 4 <= d.len() {
+            let len = be16(d, at + 2) as usize;
+            found.insert(be16(d, at), &d[at..at + 4 + len]);
+            at += 4 + len;
+        }
+        let f = found[&0x0106];
+        assert_eq!(f.len(), 96);
+        assert_eq!(f[4] & 0x0f, 0, "no remote tokens");
+        assert_eq!(be32(f, 24), MAX_INACTIVITY_SECS);
+        assert_eq!(be16(f, 46), 48);
+        assert_eq!(
+            (f[48] & 0x1f, be16(f, 50)),
+            (0, 0x2c),
+            "block device descriptor"
+        );
+        assert_eq!(be16(f, 54), 8, "4 KiB granularity in 512-byte blocks");
+        assert_eq!(be64(f, 56), MAX_TOKEN_TRANSFER_BYTES);
+        let types = found[&0x0108];
+        let listed: Vec<u32> = (0..be16(types, 6) as usize / 64)
+            .map(|i| be32(types, 8 + i * 64))
+            .collect();
+        assert!(listed.is_sorted(), "{listed:x?}");
+        assert_eq!(listed.len(), 3);
         // INQUIRY says a copy manager is there (3PC).
         let r = run(&a.lus[0], &NoCopyTargets, &[0x12, 0, 0, 0, 96, 0], &[]);
         assert_eq!(r.data_in[5] & 0x08, 0x08);

@@ -17,7 +17,7 @@ pub(crate) const MAX_WRITE_SAME_BLOCKS: u64 = 1 << 22;
 /// MAXIMUM UNMAP BLOCK DESCRIPTOR COUNT.
 pub(crate) const MAX_UNMAP_DESCRIPTORS: usize = 1024;
 /// OPTIMAL UNMAP GRANULARITY in bytes: 4 KiB, which divides the 1 MiB VMFS-6 reclaim unit.
-const UNMAP_GRANULARITY_BYTES: u64 = 4096;
+pub(crate) const UNMAP_GRANULARITY_BYTES: u64 = 4096;
 
 const PAGE_SUPPORTED: u8 = 0x00;
 const PAGE_SERIAL: u8 = 0x80;

@@ -830,6 +830,7 @@ const TPC_SUPPORTED_COMMANDS: u16 = 0x0001;
 const TPC_PARAMETER_DATA: u16 = 0x0004;
 const TPC_SUPPORTED_DESCRIPTORS: u16 = 0x0008;
 const TPC_SUPPORTED_CSCD_IDS: u16 = 0x000c;
+const TPC_ROD_TOKEN_FEATURES: u16 = 0x0106;
 const TPC_SUPPORTED_ROD_TYPES: u16 = 0x0108;
 const TPC_GENERAL_COPY_OPERATIONS: u16 = 0x8001;
 
@@ -885,6 +886,12 @@ pub(crate) fn third_party_copy_page(lu: &LogicalUnit) -> Vec<u8> {
 
     tpc_descriptor(
         &mut page,
+        TPC_ROD_TOKEN_FEATURES,
+        crate::token::rod_token_features(lu),
+    );
+
+    tpc_descriptor(
+        &mut page,
         TPC_SUPPORTED_ROD_TYPES,
         crate::token::supported_rod_types(),
     );
@@ -923,7 +930,7 @@ pub(crate) mod tests {
         n
     }
 
-    fn lu_over(volume: Arc<dyn Volume>, i: u8) -> Arc<LogicalUnit> {
+    pub(crate) fn lu_over(volume: Arc<dyn Volume>, i: u8) -> Arc<LogicalUnit> {
         Arc::new(LogicalUnit::new(
             volume,
             LuConfig {
@@ -1635,7 +1642,7 @@ pub(crate) mod tests {
         assert_eq!(at, page.len());
         assert_eq!(
             kinds,
-            [0x0000, 0x0001, 0x0004, 0x0008, 0x000c, 0x0108, 0x8001]
+            [0x0000, 0x0001, 0x0004, 0x0008, 0x000c, 0x0106, 0x0108, 0x8001]
         );
     }
 
