@@ -542,6 +542,14 @@ fn vpd_pages_are_listed_and_well_formed() {
     let granularity = u32::from_be_bytes(r.data_in[28..32].try_into().unwrap());
     assert_eq!(granularity, 8);
     assert!(u32::from_be_bytes(r.data_in[24..28].try_into().unwrap()) >= 256);
+    // OPTIMAL TRANSFER LENGTH 4 MiB (QEMU sizes its copies by it), within the maximum and a
+    // multiple of the granularity (Linux ignores it otherwise).
+    let be32_at = |at: usize| u32::from_be_bytes(r.data_in[at..at + 4].try_into().unwrap());
+    let (maximum, optimal) = (be32_at(8), be32_at(12));
+    assert_eq!(optimal as usize * BS, 4 << 20);
+    assert!(optimal <= maximum);
+    let granularity = u16::from_be_bytes([r.data_in[6], r.data_in[7]]);
+    assert_eq!(optimal % u32::from(granularity), 0);
     // Unknown page.
     let r = run(&f.lu, &n, &[0x12, 1, 0x99, 0, 255, 0], &[]);
     assert_eq!(sense_codes(&r), (0x5, 0x24, 0x00));
