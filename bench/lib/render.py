@@ -246,8 +246,8 @@ def write(res, out_path, raw_rel, root):
                 f"{to['seconds']:.2f} s" + (" (XCOPY)" if to.get("offload_used") else
                                             " (no XCOPY: qemu fell back to a host copy)"),
                 ratio(so["seconds"], to["seconds"], lower_is_better=True),
-                f">= 50x the copy without `-C` and < 1 s: {speed:.0f}x (tgt's host copy: "
-                f"{speed_tgt:.0f}x), {so['seconds']:.2f} s, "
+                f">= 50x the copy without `-C` and < 1 s: {speed:.1f}x (tgt's host copy: "
+                f"{speed_tgt:.1f}x), {so['seconds']:.2f} s, "
                 f"{verdict(speed, 50) if so['seconds'] < 1 else '**MISSED**'}"
                 if speed else "", "")
         tab.add(f"clone {csize}, host copy", "qemu-img convert", f"{sh['seconds']:.2f} s",
