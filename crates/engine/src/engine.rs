@@ -327,13 +327,13 @@ impl ChunkState {
     }
 }
 
-/// Segments kept for the collector's relocations: hosts cannot fill them.
 /// Share of free segments above which background collection waits for hosts to pause. Half:
 /// with less free than that, collecting ahead keeps sustained writes from catching up with
 /// the collector (at a quarter, random overwrites after an UNMAP of half the array ran at
 /// 131 MB/s instead of 320 in the benchmark's GC phase).
 const GC_DEFER_FREE_SHARE: f64 = 0.5;
 
+/// Segments kept for the collector's relocations: hosts cannot fill them.
 fn gc_reserve(segment_count: u32) -> u32 {
     (segment_count / 64).clamp(2, 64)
 }

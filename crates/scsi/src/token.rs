@@ -715,8 +715,7 @@ pub(crate) fn rod_token_features(lu: &LogicalUnit) -> Vec<u8> {
     b[42..44].copy_from_slice(&48u16.to_be_bytes());
     let d = &mut b[44..];
     d[2..4].copy_from_slice(&0x2cu16.to_be_bytes());
-    let granularity =
-        (crate::vpd::UNMAP_GRANULARITY_BYTES / u64::from(lu.volume.block_size().max(1))).max(1);
+    let granularity = crate::vpd::unmap_granularity_blocks(lu.volume.block_size());
     d[6..8].copy_from_slice(&(granularity.min(u64::from(u16::MAX)) as u16).to_be_bytes());
     for at in [8, 16, 24, 32] {
         d[at..at + 8].copy_from_slice(&MAX_TOKEN_TRANSFER_BYTES.to_be_bytes());
@@ -749,10 +748,11 @@ pub(crate) fn supported_rod_types() -> Vec<u8> {
 mod tests {
     use super::*;
     use crate::xcopy::tests::{
-        array, good, lu_over, naa, nexus, pattern, read, run, sense, write, Reachable, BLOCKS, BS,
+        array, good, lu_over, naa, nexus, pattern, read, run, sense, write, Reachable,
+        ScriptedVolume, BLOCKS, BS,
     };
     use crate::{CopyTargets, NoCopyTargets};
-    use sliver_volume::{BlockStatus, FileVolume, Volume};
+    use sliver_volume::FileVolume;
 
     const INVALID_FIELD_IN_PARAMETER_LIST: (u8, u8, u8) = (0x5, 0x26, 0x00);
     const TOKEN_UNKNOWN: (u8, u8, u8) = (0x5, 0x23, 0x04);
@@ -977,53 +977,6 @@ mod tests {
         println!("{copied} of 40 copies finished before the writes");
     }
 
-    /// A destination volume that runs `before_copy` when the first copy reaches it, i.e.
-    /// after WRITE USING TOKEN took its token and before it moved any data.
-    struct InterposingVolume {
-        inner: FileVolume,
-        before_copy: Mutex<Option<Box<dyn FnOnce() + Send>>>,
-    }
-
-    impl Volume for InterposingVolume {
-        fn block_size(&self) -> u32 {
-            self.inner.block_size()
-        }
-        fn num_blocks(&self) -> u64 {
-            self.inner.num_blocks()
-        }
-        fn read(&self, lba: u64, buf: &mut [u8]) -> sliver_volume::Result<()> {
-            self.inner.read(lba, buf)
-        }
-        fn write(&self, lba: u64, data: &[u8]) -> sliver_volume::Result<()> {
-            self.inner.write(lba, data)
-        }
-        fn flush(&self) -> sliver_volume::Result<()> {
-            self.inner.flush()
-        }
-        fn unmap(&self, lba: u64, blocks: u64) -> sliver_volume::Result<()> {
-            self.inner.unmap(lba, blocks)
-        }
-        fn copy_from(
-            &self,
-            source: &dyn Volume,
-            src_lba: u64,
-            dst_lba: u64,
-            blocks: u64,
-        ) -> sliver_volume::Result<()> {
-            let hook = lock_unpoisoned(&self.before_copy).take();
-            if let Some(hook) = hook {
-                hook();
-            }
-            self.inner.copy_from(source, src_lba, dst_lba, blocks)
-        }
-        fn block_status(&self, lba: u64) -> sliver_volume::Result<BlockStatus> {
-            self.inner.block_status(lba)
-        }
-        fn space(&self) -> sliver_volume::Result<sliver_volume::VolumeSpace> {
-            self.inner.space()
-        }
-    }
-
     #[test]
     fn a_change_while_the_token_is_copied_fails_the_copy_with_token_revoked() {
         let dir = tempfile::tempdir().unwrap();
@@ -1034,13 +987,11 @@ mod tests {
         write(&src, 0, &pattern(16, 0x10));
         let token = token_for(&src, &pt_params(None, 0, &[(0, 16)]));
         let writer = src.clone();
+        // The change lands after WRITE USING TOKEN took its token, before any data moved.
         let dst = lu_over(
-            Arc::new(InterposingVolume {
-                inner: open("dst"),
-                before_copy: Mutex::new(Some(Box::new(move || {
-                    write16(&writer, 4, &pattern(1, 0x99));
-                }))),
-            }),
+            Arc::new(ScriptedVolume::new(open("dst")).before_copy(move || {
+                write16(&writer, 4, &pattern(1, 0x99));
+            })),
             1,
         );
         let targets = Reachable(vec![src.clone(), dst.clone()]);

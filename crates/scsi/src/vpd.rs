@@ -20,7 +20,12 @@ pub(crate) const MAX_WRITE_SAME_BLOCKS: u64 = 1 << 22;
 /// MAXIMUM UNMAP BLOCK DESCRIPTOR COUNT.
 pub(crate) const MAX_UNMAP_DESCRIPTORS: usize = 1024;
 /// OPTIMAL UNMAP GRANULARITY in bytes: 4 KiB, which divides the 1 MiB VMFS-6 reclaim unit.
-pub(crate) const UNMAP_GRANULARITY_BYTES: u64 = 4096;
+const UNMAP_GRANULARITY_BYTES: u64 = 4096;
+
+/// OPTIMAL UNMAP GRANULARITY in logical blocks of `block_size` (at least one).
+pub(crate) fn unmap_granularity_blocks(block_size: u32) -> u64 {
+    (UNMAP_GRANULARITY_BYTES / u64::from(block_size.max(1))).max(1)
+}
 
 const PAGE_SUPPORTED: u8 = 0x00;
 const PAGE_SERIAL: u8 = 0x80;
@@ -167,7 +172,7 @@ fn block_limits(lu: &LogicalUnit) -> Vec<u8> {
     put32(&mut b, 8, OPTIMAL_TRANSFER_BYTES / bs);
     put32(&mut b, 16, MAX_UNMAP_BLOCKS);
     put32(&mut b, 20, MAX_UNMAP_DESCRIPTORS as u64);
-    put32(&mut b, 24, (UNMAP_GRANULARITY_BYTES / bs).max(1));
+    put32(&mut b, 24, unmap_granularity_blocks(lu.volume.block_size()));
     b[28] = 0x80; // UGAVALID, alignment 0
     b[32..40].copy_from_slice(&MAX_WRITE_SAME_BLOCKS.to_be_bytes());
     // MAXIMUM ATOMIC TRANSFER LENGTH; alignment and granularity 0 (none required); atomic

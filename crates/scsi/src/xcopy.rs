@@ -908,7 +908,7 @@ pub(crate) fn third_party_copy_page(lu: &LogicalUnit) -> Vec<u8> {
 
 #[cfg(test)]
 pub(crate) mod tests {
-    use std::sync::Arc;
+    use std::sync::{Arc, Mutex};
 
     use sliver_volume::{BlockStatus, FileVolume, Volume};
 
@@ -1494,13 +1494,38 @@ pub(crate) mod tests {
         assert_eq!(sense(&r), INVALID_FIELD_IN_PARAMETER_LIST);
     }
 
-    /// A volume whose writes fail at and beyond `fail_from`.
-    struct FailingVolume {
+    /// A file volume for copy tests: writes at and beyond `fail_from` fail, and the first
+    /// copy that reaches it runs `before_copy` first (after the copy command checked its
+    /// parameters, before any data moved).
+    pub(crate) struct ScriptedVolume {
         inner: FileVolume,
         fail_from: u64,
+        before_copy: Mutex<Option<Box<dyn FnOnce() + Send>>>,
     }
 
-    impl Volume for FailingVolume {
+    impl ScriptedVolume {
+        pub(crate) fn new(inner: FileVolume) -> Self {
+            ScriptedVolume {
+                inner,
+                fail_from: u64::MAX,
+                before_copy: Mutex::new(None),
+            }
+        }
+        pub(crate) fn failing_from(self, lba: u64) -> Self {
+            ScriptedVolume {
+                fail_from: lba,
+                ..self
+            }
+        }
+        pub(crate) fn before_copy(self, hook: impl FnOnce() + Send + 'static) -> Self {
+            ScriptedVolume {
+                before_copy: Mutex::new(Some(Box::new(hook))),
+                ..self
+            }
+        }
+    }
+
+    impl Volume for ScriptedVolume {
         fn block_size(&self) -> u32 {
             self.inner.block_size()
         }
@@ -1523,6 +1548,20 @@ pub(crate) mod tests {
         fn unmap(&self, lba: u64, blocks: u64) -> sliver_volume::Result<()> {
             self.inner.unmap(lba, blocks)
         }
+        fn copy_from(
+            &self,
+            source: &dyn Volume,
+            src_lba: u64,
+            dst_lba: u64,
+            blocks: u64,
+        ) -> sliver_volume::Result<()> {
+            let hook = lock_unpoisoned(&self.before_copy).take();
+            if let Some(hook) = hook {
+                hook();
+            }
+            // Through our own `write`, so injected failures apply to copies too.
+            sliver_volume::copy_by_data(self, source, src_lba, dst_lba, blocks)
+        }
         fn block_status(&self, lba: u64) -> sliver_volume::Result<BlockStatus> {
             self.inner.block_status(lba)
         }
@@ -1535,13 +1574,7 @@ pub(crate) mod tests {
     fn failed_segment_is_reported_by_receive_copy_results() {
         let dir = tempfile::tempdir().unwrap();
         let inner = FileVolume::open(&dir.path().join("f"), BLOCKS * BS as u64, BS as u32).unwrap();
-        let lu = lu_over(
-            Arc::new(FailingVolume {
-                inner,
-                fail_from: 2000,
-            }),
-            0,
-        );
+        let lu = lu_over(Arc::new(ScriptedVolume::new(inner).failing_from(2000)), 0);
         let t = [cscd(naa(0), 512)];
         let segments = [
             b2b(0, 0, 8, 0, 1000),
