@@ -329,8 +329,8 @@ impl ChunkState {
 
 /// Share of free segments above which background collection waits for hosts to pause. Half:
 /// with less free than that, collecting ahead keeps sustained writes from catching up with
-/// the collector (at a quarter, random overwrites after an UNMAP of half the array ran at
-/// 131 MB/s instead of 320 in the benchmark's GC phase).
+/// the collector (at a quarter, the benchmark's random overwrites after an UNMAP of half the
+/// array slowed down by more than half: runs 20261124-112440 and -115330 in bench/results).
 const GC_DEFER_FREE_SHARE: f64 = 0.5;
 
 /// Segments kept for the collector's relocations: hosts cannot fill them.
@@ -2157,10 +2157,10 @@ impl Engine {
 
     /// The background thread's round: as [`Engine::maintain`], except that collection
     /// waits while hosts are busy and at least [`GC_DEFER_FREE_SHARE`] of the segments are
-    /// free. Relocation then costs hosts CPU and lock time for space nobody needs yet: a
-    /// clone's EXTENDED COPY round trips took 2x as long with the collector cleaning behind
-    /// them on a 2-core machine. Below that share, or once hosts pause for a round, it runs
-    /// at the configured rate again; a write short of space never waits for this thread.
+    /// free. Relocation then costs hosts CPU and lock time for space nobody needs yet (see
+    /// the garbage collection section of docs/design.md). Below that share, or once hosts
+    /// pause for a round, it runs at the configured rate again; a write short of space never
+    /// waits for this thread.
     fn maintain_in_background(&self) -> Result<Duration> {
         let now = self.host_activity.load(Ordering::Relaxed);
         let busy = self.activity_at_last_round.swap(now, Ordering::Relaxed) != now;
