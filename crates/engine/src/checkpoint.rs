@@ -382,6 +382,7 @@ pub fn decode(bytes: &[u8]) -> Result<Loaded, CheckpointError> {
         };
         store.index.insert(hash, id);
         store.segments[loc.segment as usize].live += len as u64;
+        store.live_bytes += len as u64;
     }
     let mut pages = Vec::new();
     for _ in 0..r.count(PAGE_ENTRIES * 4)? {
@@ -394,10 +395,7 @@ pub fn decode(bytes: &[u8]) -> Result<Loaded, CheckpointError> {
     for _ in 0..r.count(16)? {
         let id = r.u32()?;
         let size = r.u64()?;
-        let mut map = VolumeMap {
-            size,
-            pages: BTreeMap::new(),
-        };
+        let mut map = VolumeMap::new(size);
         for _ in 0..r.count(12)? {
             let no = r.u64()?;
             let page = pages
@@ -405,6 +403,7 @@ pub fn decode(bytes: &[u8]) -> Result<Loaded, CheckpointError> {
                 .ok_or_else(|| bad("page index"))?;
             map.pages.insert(no, page.clone());
         }
+        (map.mapped, map.anchored) = map.counted();
         if state.volumes.insert(id, map).is_some() {
             return Err(bad("volume listed twice"));
         }

@@ -70,6 +70,8 @@ pub fn fuzz_log(data: &[u8]) {
             break;
         }
     }
+    let drift = state.audit_counters();
+    assert!(drift.is_empty(), "counters drifted: {drift:?}");
     let geometry = checkpoint::Geometry {
         chunk_size: 4096,
         segment_size: 1 << 20,

@@ -52,9 +52,45 @@ impl Page {
 pub struct VolumeMap {
     pub size: u64,
     pub pages: BTreeMap<u64, Arc<Page>>,
+    /// Entries holding data, kept by every change so space figures need no walk of the map.
+    pub mapped: u64,
+    /// Anchored entries, likewise.
+    pub anchored: u64,
 }
 
 impl VolumeMap {
+    pub fn new(size: u64) -> Self {
+        VolumeMap {
+            size,
+            ..Default::default()
+        }
+    }
+
+    /// Count `mapped` and `anchored` from the pages (after loading a checkpoint; the checker
+    /// compares the counts kept incrementally with these).
+    pub fn counted(&self) -> (u64, u64) {
+        let (mut mapped, mut anchored) = (0, 0);
+        for page in self.pages.values() {
+            for &id in page.0.iter() {
+                mapped += holds_data(id) as u64;
+                anchored += (id == ANCHORED) as u64;
+            }
+        }
+        (mapped, anchored)
+    }
+
+    /// Account one entry changing from `old` to `new`.
+    fn count_change(&mut self, old: u32, new: u32) {
+        self.mapped = self.mapped + holds_data(new) as u64 - holds_data(old) as u64;
+        self.anchored = self.anchored + (new == ANCHORED) as u64 - (old == ANCHORED) as u64;
+    }
+
+    /// Account a whole page leaving the map.
+    fn count_page_gone(&mut self, page: &Page) {
+        for &id in page.0.iter() {
+            self.count_change(id, 0);
+        }
+    }
     pub fn get(&self, index: u64) -> u32 {
         self.pages
             .get(&(index / PAGE_ENTRIES as u64))
@@ -187,6 +223,8 @@ pub struct Store {
     pub segments: CowVec<Segment>,
     /// Anchored map entries, counted like references (per page instance).
     pub anchored: u64,
+    /// Sum of the segments' `live` bytes, kept with them so space figures need no walk.
+    pub live_bytes: u64,
 }
 
 impl Store {
@@ -198,6 +236,7 @@ impl Store {
             free_ids: Vec::new(),
             segments: CowVec::from_elem(Segment::FREE, segment_count as usize),
             anchored: 0,
+            live_bytes: 0,
         }
     }
 
@@ -270,6 +309,7 @@ impl Store {
                 self.index.remove(&c.hash);
             }
             self.segments[c.loc.segment as usize].live -= c.len as u64;
+            self.live_bytes -= c.len as u64;
             self.free_ids.push(id);
         }
         Ok(())
@@ -302,6 +342,7 @@ impl Store {
             slot.loc = loc;
             slot.len = len;
             self.segments[old.loc.segment as usize].live -= old.len as u64;
+            self.live_bytes -= old.len as u64;
         } else {
             *slot = Chunk {
                 hash,
@@ -312,6 +353,7 @@ impl Store {
             self.index.insert(hash, id);
         }
         self.segments[loc.segment as usize].live += len as u64;
+        self.live_bytes += len as u64;
         Ok(())
     }
 
@@ -450,13 +492,7 @@ impl State {
                 if self.volumes.contains_key(volume) || *volume == 0 {
                     return Err(Inconsistent(format!("volume {volume} created twice")));
                 }
-                self.volumes.insert(
-                    *volume,
-                    VolumeMap {
-                        size: *size,
-                        pages: BTreeMap::new(),
-                    },
-                );
+                self.volumes.insert(*volume, VolumeMap::new(*size));
                 Ok(())
             }
             Record::VolumeDelete { volume } => {
@@ -517,6 +553,7 @@ impl State {
             store.incref(id)?;
         }
         let mut released = Vec::with_capacity(ids.len());
+        let mut counts = Vec::with_capacity(ids.len());
         let mut ids = ids.into_iter().peekable();
         let mut index = first;
         while ids.peek().is_some() {
@@ -525,13 +562,18 @@ impl State {
             let mut slot = (index % PAGE_ENTRIES as u64) as usize;
             while slot < PAGE_ENTRIES {
                 let Some(id) = ids.next() else { break };
-                released.push(std::mem::replace(&mut page.0[slot], id));
+                let old = std::mem::replace(&mut page.0[slot], id);
+                released.push(old);
+                counts.push((old, id));
                 slot += 1;
                 index += 1;
             }
             if page.is_empty() {
                 map.pages.remove(&page_no);
             }
+        }
+        for (old, new) in counts {
+            map.count_change(old, new);
         }
         for old in released {
             store.decref(old)?;
@@ -577,6 +619,10 @@ impl State {
                     map.pages
                         .insert(page_no, Arc::new(Page(Box::new([value; PAGE_ENTRIES]))))
                 };
+                if let Some(old) = &old {
+                    map.count_page_gone(old);
+                }
+                map.anchored += (value == ANCHORED) as u64 * per;
                 if let Some(old) = old {
                     store.drop_page(old)?;
                 }
@@ -587,6 +633,9 @@ impl State {
                 .map(|i| std::mem::replace(&mut page.0[(i - page_start) as usize], value))
                 .collect();
             let empty = page.is_empty();
+            for &old in &released {
+                map.count_change(old, value);
+            }
             for old in released {
                 store.decref(old)?;
             }
@@ -607,6 +656,31 @@ impl State {
             self.store.drop_map(map)?;
         }
         Ok(())
+    }
+
+    /// Differences between the counters kept incrementally (per volume mapped and anchored
+    /// entries, live bytes) and the same figures recounted from the maps and segments. Empty
+    /// when they agree; the checker and the tests report them.
+    pub fn audit_counters(&self) -> Vec<String> {
+        let mut out = Vec::new();
+        for (id, map) in &self.volumes {
+            let (mapped, anchored) = map.counted();
+            if (map.mapped, map.anchored) != (mapped, anchored) {
+                out.push(format!(
+                    "volume {id}: {} mapped and {} anchored entries counted, {mapped} and \
+                     {anchored} in its map",
+                    map.mapped, map.anchored
+                ));
+            }
+        }
+        let live: u64 = self.store.segments.iter().map(|s| s.live).sum();
+        if live != self.store.live_bytes {
+            out.push(format!(
+                "{} live bytes counted, {live} in the segment table",
+                self.store.live_bytes
+            ));
+        }
+        out
     }
 
     /// Recompute every chunk's reference count from the maps (after loading a checkpoint, and
@@ -645,10 +719,7 @@ mod tests {
     /// (bucket bits low, tag bits high): fingerprints differing anywhere must not collide.
     #[test]
     fn entries_match_get_across_present_and_absent_pages() {
-        let mut map = VolumeMap {
-            size: 0,
-            pages: BTreeMap::new(),
-        };
+        let mut map = VolumeMap::new(0);
         for page_no in [0u64, 2, 3] {
             let mut p = Page::zeroed();
             for (k, e) in p.0.iter_mut().enumerate() {
@@ -758,6 +829,8 @@ mod tests {
         // Volume 2 took a private copy (+1 on 1, 2, 2) then replaced 1 by 3.
         assert_eq!(s.store.chunks[1].refs, 1);
         assert_eq!(s.store.chunks[2].refs, 4);
+        assert_eq!((s.volumes[&1].mapped, s.volumes[&2].mapped), (3, 3));
+        assert!(s.audit_counters().is_empty());
         assert_eq!(s.store.chunks[3].refs, 1);
         assert_eq!(s.volumes[&1].get(0), 1);
         assert_eq!(s.volumes[&2].get(0), 3);
@@ -804,6 +877,80 @@ mod tests {
         assert!(s.volumes[&1].pages.is_empty());
         assert!(s.store.chunk(1).is_none() && s.store.chunk(2).is_none());
         assert_eq!(s.store.segments[0].live, 0);
+    }
+
+    /// The mapped and anchored counts kept per volume follow every kind of change: partial
+    /// and whole-page unmaps and anchors, overwrites of anchored entries, copies, clones and
+    /// shrinking; a wrong count in any path shows as a difference from the recount.
+    #[test]
+    fn counters_kept_incrementally_match_a_recount() {
+        let mut s = state_with_chunks(3);
+        let per = PAGE_ENTRIES as u64;
+        let ids: Vec<u32> = (0..3 * per as u32).map(|i| 1 + i % 3).collect();
+        map(&mut s, 1, 5, &ids);
+        // Keeps every chunk alive through the unmaps below.
+        map(&mut s, 1, 15_000, &[1, 2, 3]);
+        assert_eq!(s.volumes[&1].mapped, 3 * per + 3);
+        let range = |volume, first, count| (volume, first, count);
+        let steps = [
+            (false, range(1, 100, 10)),
+            (true, range(1, 200, per)),
+            (true, range(1, 0, 4 * per)),
+            (false, range(1, per, per)),
+            (true, range(1, 2 * per, 3)),
+        ];
+        for (anchor, (volume, first, count)) in steps {
+            let record = if anchor {
+                Record::Anchor {
+                    volume,
+                    first,
+                    count,
+                }
+            } else {
+                Record::Unmap {
+                    volume,
+                    first,
+                    count,
+                }
+            };
+            s.apply(&record, LOC, 0).unwrap();
+            assert_eq!(s.audit_counters(), Vec::<String>::new(), "{record:?}");
+        }
+        assert_eq!(s.volumes[&1].anchored, 3 * per);
+        map(&mut s, 1, 2 * per, &[1, 2, 0, 3]);
+        s.apply(&Record::VolumeClone { src: 1, dst: 2 }, LOC, 0)
+            .unwrap();
+        s.apply(
+            &Record::Copy {
+                src: 1,
+                src_first: 2 * per,
+                dst: 2,
+                dst_first: 7,
+                count: 4,
+            },
+            LOC,
+            0,
+        )
+        .unwrap();
+        s.apply(
+            &Record::VolumeResize {
+                volume: 1,
+                size: (2 * per + 1) * 4096,
+            },
+            LOC,
+            0,
+        )
+        .unwrap();
+        assert_eq!(s.audit_counters(), Vec::<String>::new());
+        assert_eq!(s.volumes[&1].mapped, 1);
+        assert_eq!(s.volumes[&2].mapped, 3 + 3 + 3);
+        s.apply(&Record::VolumeDelete { volume: 2 }, LOC, 0)
+            .unwrap();
+        assert_eq!(s.audit_counters(), Vec::<String>::new());
+        // A wrong count is reported.
+        s.volumes.get_mut(&1).unwrap().mapped += 1;
+        s.store.live_bytes += 1;
+        assert_eq!(s.audit_counters().len(), 2);
     }
 
     #[test]
