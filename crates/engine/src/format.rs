@@ -74,6 +74,8 @@ pub enum Kind {
     Seal = 10,
     Batch = 11,
     Anchor = 12,
+    /// A page of paged metadata (format 3, RFC 0001), found through its table's directory.
+    Page = 15,
 }
 
 impl Kind {
@@ -91,6 +93,7 @@ impl Kind {
             10 => Kind::Seal,
             11 => Kind::Batch,
             12 => Kind::Anchor,
+            15 => Kind::Page,
             _ => return None,
         })
     }
@@ -164,7 +167,18 @@ pub enum Record<'a> {
     Batch {
         inner: &'a [u8],
     },
+    /// Page `index` of metadata table `table` (see [`crate::pager`]). Written by checkpoints
+    /// and read through the table's directory, which names the record's place and checksum;
+    /// replay passes over it.
+    Page {
+        table: u8,
+        index: u64,
+        body: &'a [u8],
+    },
 }
+
+/// Bytes of a Page record payload before the page body.
+pub const PAGE_PREFIX: usize = 16;
 
 /// A borrowed little-endian array of u32 chunk ids.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -239,6 +253,27 @@ impl<'a> Reader<'a> {
 /// Decode the record at the start of `buf`, written into a segment with sequence `seq`.
 /// Returns the record and its total length (header + payload).
 pub fn decode(buf: &[u8], seq: u64) -> Result<(Record<'_>, usize), DecodeError> {
+    let (record, total, _, record_seq) = decode_checked(buf)?;
+    if record_seq != seq as u32 {
+        return Err(DecodeError::StaleSequence);
+    }
+    Ok((record?, total))
+}
+
+/// Decode a record found through a reference that names its checksum (a directory entry):
+/// the checksum, not the segment's sequence, proves it is the record meant. Returns the record,
+/// its total length and its checksum.
+pub fn decode_referenced(buf: &[u8]) -> Result<(Record<'_>, usize, u32), DecodeError> {
+    let (record, total, crc, _) = decode_checked(buf)?;
+    Ok((record?, total, crc))
+}
+
+/// Header checks common to both decoders: length and checksum; the payload decoded (its error
+/// returned inside, after the sequence check that [`decode`] makes first).
+#[allow(clippy::type_complexity)]
+fn decode_checked(
+    buf: &[u8],
+) -> Result<(Result<Record<'_>, DecodeError>, usize, u32, u32), DecodeError> {
     if buf.len() < RECORD_HEADER {
         return Err(DecodeError::Truncated);
     }
@@ -258,12 +293,10 @@ pub fn decode(buf: &[u8], seq: u64) -> Result<(Record<'_>, usize), DecodeError> 
         return Err(DecodeError::Checksum);
     }
     let record_seq = u32::from_le_bytes(buf[12..16].try_into().unwrap());
-    if record_seq != seq as u32 {
-        return Err(DecodeError::StaleSequence);
-    }
-    let kind = Kind::from_u8(buf[8]).ok_or(DecodeError::Malformed("unknown record kind"))?;
-    let payload = &buf[RECORD_HEADER..total];
-    Ok((decode_payload(kind, payload)?, total))
+    let record = Kind::from_u8(buf[8])
+        .ok_or(DecodeError::Malformed("unknown record kind"))
+        .and_then(|kind| decode_payload(kind, &buf[RECORD_HEADER..total]));
+    Ok((record, total, crc, record_seq))
 }
 
 fn decode_payload(kind: Kind, payload: &[u8]) -> Result<Record<'_>, DecodeError> {
@@ -361,6 +394,14 @@ fn decode_payload(kind: Kind, payload: &[u8]) -> Result<Record<'_>, DecodeError>
             r.buf = &[];
             Record::Batch { inner }
         }
+        Kind::Page => {
+            let table = r.u8()?;
+            r.take(7)?;
+            let index = r.u64()?;
+            let body = r.buf;
+            r.buf = &[];
+            Record::Page { table, index, body }
+        }
     };
     r.done()?;
     Ok(record)
@@ -407,6 +448,21 @@ impl<'b> Encoder<'b> {
         self.put_u64(seq);
         self.put_u32(segment);
         self.finish(s);
+    }
+
+    /// Encode a Page record; returns the offset of the record in `out` and its checksum (the
+    /// directory keeps both).
+    pub fn page(&mut self, table: u8, index: u64, body: &[u8]) -> (usize, u32) {
+        let s = self.begin(Kind::Page);
+        self.out.push(table);
+        self.out.extend_from_slice(&[0; 7]);
+        self.put_u64(index);
+        self.out.extend_from_slice(body);
+        self.finish(s);
+        (
+            s,
+            u32::from_le_bytes(self.out[s..s + 4].try_into().unwrap()),
+        )
     }
 
     /// Encode a chunk record; returns the offset of the record in `out`.

@@ -1,6 +1,7 @@
 //! sliver's engine: thin volumes on a log-structured, deduplicating, compressing store.
 //!
 //! - [`format`]: the log record and checkpoint byte formats.
+//! - [`pager`]: paged metadata tables behind a bounded cache (RFC 0001; being wired in).
 //! - [`state`]: metadata as a deterministic state machine (one `apply` for live and replay).
 //! - [`engine`]: the log, write/read paths, group commit, recovery, checkpoints, GC.
 //! - [`backend`]: the narrow storage interface (file, and a crash-simulating one for tests).
@@ -11,6 +12,7 @@ pub mod checkpoint;
 pub mod cow_vec;
 pub mod engine;
 pub mod format;
+pub mod pager;
 pub mod state;
 pub mod volume;
 

@@ -436,7 +436,8 @@ impl State {
     /// Apply one record found at `loc` (the record's own header position).
     pub fn apply(&mut self, record: &Record<'_>, loc: Loc, seq: u64) -> Apply {
         match record {
-            Record::SegmentStart { .. } | Record::Seal { .. } => Ok(()),
+            // Pages are read through their directories, never by replay.
+            Record::SegmentStart { .. } | Record::Seal { .. } | Record::Page { .. } => Ok(()),
             Record::Chunk { id, hash, data, .. } => {
                 let len = (RECORD_HEADER + crate::format::CHUNK_PREFIX + data.len()) as u32;
                 self.store.put_chunk(*id, *hash, loc, len)
