@@ -167,6 +167,28 @@ corpus["engine_log"] = {
 }
 corpus["checkpoint"] = {"magic_only": b"SLVRCKP1" + struct.pack("<II", 1, 0)}
 
+
+def crc32c(data, crc=0):
+    """CRC-32C (Castagnoli), bitwise: the checksum of every engine record."""
+    crc ^= 0xFFFFFFFF
+    for b in data:
+        crc ^= b
+        for _ in range(8):
+            crc = (crc >> 1) ^ (0x82F63B78 if crc & 1 else 0)
+    return crc ^ 0xFFFFFFFF
+
+
+def page_record(table, index, body, seq=7):
+    """A Page record (kind 15): header, table, pad, index, 4 KiB body."""
+    payload = bytes([table]) + b"\0" * 7 + struct.pack("<Q", index) + body
+    rest = struct.pack("<IB3xI", len(payload), 15, seq) + payload
+    return struct.pack("<I", crc32c(rest)) + rest
+
+
+corpus["engine_page"] = {
+    "page0": page_record(0, 0, b"".join(struct.pack("<Q", i * 3) for i in range(512))),
+}
+
 for target, files in corpus.items():
     os.makedirs(os.path.join("corpus", target), exist_ok=True)
     for name, data in files.items():
