@@ -1,0 +1,292 @@
+//! Garbage collection: relocating the live chunks of sparse segments and freeing empty ones.
+
+use super::*;
+
+impl Engine {
+    /// A writer found the log full: run the collector now. Returns whether the writer should
+    /// try again: there is room, or this collection freed segments (which other writers may
+    /// have taken meanwhile: with the lock released while the collector checkpoints and
+    /// relocates, they keep writing, and comparing the free list's length before and after
+    /// would turn their progress into this writer's out-of-space error).
+    pub(super) fn collect_for_space(&self) -> Result<bool> {
+        let _maintenance = self.maintenance.lock().unwrap_or_else(|p| p.into_inner());
+        let reserve = gc_reserve(self.geometry.segment_count) as usize;
+        // Room in the log (free segments) and on the file system under it (which can fill
+        // before the log does: freed segments give their space back).
+        let room = || {
+            let mut m = self.lock_meta();
+            m.free.len() > reserve + 1 && self.room_for_data(&mut m)
+        };
+        if room() {
+            // Another writer's collection already made room.
+            return Ok(true);
+        }
+        let freed_before = self.lock_meta().freed;
+        // Relocating a nearly full segment costs a segment to win a sliver: require at least
+        // a sixteenth of a segment to be dead, so every round gains ground.
+        for _ in 0..self.geometry.segment_count {
+            if self.collect_one(1.0 - 1.0 / 16.0, true)?.is_none() || room() {
+                break;
+            }
+        }
+        let freed = self.lock_meta().freed > freed_before;
+        Ok(room() || (freed && self.room_for_data(&mut self.lock_meta())))
+    }
+
+    /// Clean the emptiest eligible segment whose live share is at most `max_live`. Returns
+    /// the bytes relocated, or None when no segment qualifies. Takes a checkpoint first when
+    /// the only candidates are too recent. Caller holds `maintenance`.
+    pub(super) fn collect_one(&self, max_live: f64, may_checkpoint: bool) -> Result<Option<u64>> {
+        let seg = self.geometry.segment_size as u64;
+        let unreadable = self.unreadable.lock().unwrap().clone();
+        let pick = |m: &Meta, eligible_only: bool| -> Option<(u32, u64, bool)> {
+            m.state
+                .store
+                .segments
+                .iter()
+                .enumerate()
+                .filter(|(_, s)| s.state == SegState::Sealed)
+                .filter(|(i, s)| s.live == 0 || !unreadable.contains(&(*i as u32, s.seq)))
+                .filter(|(_, s)| !eligible_only || s.seq < m.checkpoint_seq)
+                .filter(|(_, s)| (s.live as f64) <= max_live * seg as f64)
+                .min_by_key(|(_, s)| s.live)
+                .map(|(i, s)| (i as u32, s.seq, s.live == 0))
+        };
+        let victim = {
+            let m = self.lock_meta();
+            match pick(&m, true) {
+                Some(v) => Some(v),
+                None if may_checkpoint && pick(&m, false).is_some() => None,
+                None => return Ok(None),
+            }
+        };
+        let (victim, seq, empty) = match victim {
+            Some(v) => v,
+            None => {
+                self.checkpoint_locked()?;
+                let m = self.lock_meta();
+                match pick(&m, true) {
+                    Some(v) => v,
+                    None => return Ok(None),
+                }
+            }
+        };
+        // The segment is sealed: its bytes no longer change. Only the collector (us) moves
+        // chunks out of it; hosts may free them meanwhile, which the liveness check sees.
+        // Live bytes of a sealed segment only fall, so one found empty stays empty: nothing
+        // to read or relocate (the common case after a large UNMAP or zeroing).
+        let mut raw = vec![0u8; if empty { 0 } else { seg as usize }];
+        if !empty {
+            if let Err(e) = self.backend.read_at(&mut raw, victim as u64 * seg) {
+                // The medium's failure, not the log's: writes go on. Hosts reading the
+                // segment's chunks get medium errors until they rewrite them; once none is
+                // live the segment is freed without being read.
+                tracing::error!(
+                    "cannot read segment {victim} to collect it ({e}); the collector leaves it alone"
+                );
+                self.unreadable.lock().unwrap().insert((victim, seq));
+                return Ok(Some(0));
+            }
+        }
+        let mut candidates: Vec<Candidate> = Vec::new();
+        let mut visit = |buf: &[u8], base: usize| -> std::result::Result<bool, String> {
+            for item in format::records(buf, seq) {
+                let Ok((pos, record)) = item else {
+                    return Ok(false);
+                };
+                match record {
+                    Record::Chunk {
+                        id,
+                        codec,
+                        hash,
+                        data,
+                    } => candidates.push((id, (base + pos) as u32, codec, hash, data.to_vec())),
+                    Record::Batch { inner } => {
+                        for item in format::records(inner, seq) {
+                            let (p, r) = item.map_err(|e| format!("{e:?}"))?;
+                            if let Record::Chunk {
+                                id,
+                                codec,
+                                hash,
+                                data,
+                            } = r
+                            {
+                                candidates.push((
+                                    id,
+                                    (base + pos + RECORD_HEADER + p) as u32,
+                                    codec,
+                                    hash,
+                                    data.to_vec(),
+                                ));
+                            }
+                        }
+                    }
+                    Record::Seal { .. } => return Ok(true),
+                    _ => {}
+                }
+            }
+            Ok(false)
+        };
+        visit(&raw, 0).map_err(|e| self.poison(format!("segment {victim} damaged: {e}")))?;
+        drop(raw);
+        let mut relocated = 0u64;
+        let batch_bytes = self.geometry.segment_size as usize / 16;
+        // Start only a relocation that can be finished: a half-relocated victim frees nothing,
+        // and the segments it took are gone (down to the last free one, which a restart or
+        // an unmap on a full array needs).
+        {
+            let m = self.lock_meta();
+            let needed: usize = candidates
+                .iter()
+                .filter(|(id, offset, ..)| {
+                    m.state
+                        .store
+                        .chunk(*id)
+                        .is_some_and(|c| c.loc.segment == victim && c.loc.offset == *offset)
+                })
+                .map(|c| RECORD_HEADER + CHUNK_PREFIX + c.4.len())
+                .sum();
+            if needed > 0 {
+                let seg = seg as usize;
+                // A batch may end one chunk record past `batch_bytes`; a segment switch can
+                // leave up to one batch unused.
+                let max_batch =
+                    batch_bytes + RECORD_HEADER + CHUNK_PREFIX + self.geometry.chunk_size as usize;
+                let total = needed + (needed / batch_bytes + 1) * RECORD_HEADER;
+                let in_head = seg.saturating_sub(m.head.offset as usize + SEAL_LEN + max_batch);
+                let per_segment = seg - SEGMENT_START_LEN - SEAL_LEN - max_batch;
+                if total > in_head + m.free.len() * per_segment {
+                    return Ok(None);
+                }
+            }
+        }
+        let mut i = 0;
+        while i < candidates.len() {
+            let mut m = self.lock_meta();
+            let mut take = Vec::new();
+            let mut size = RECORD_HEADER;
+            while i < candidates.len() && size < batch_bytes {
+                let (id, offset, ..) = &candidates[i];
+                let live = m
+                    .state
+                    .store
+                    .chunk(*id)
+                    .is_some_and(|c| c.loc.segment == victim && c.loc.offset == *offset);
+                if live {
+                    size += RECORD_HEADER + CHUNK_PREFIX + candidates[i].4.len();
+                    take.push(i);
+                }
+                i += 1;
+            }
+            if take.is_empty() {
+                continue;
+            }
+            let at = self.reserve(&mut m, size, Space::Collector)?;
+            let mut buf = Vec::with_capacity(size);
+            let mut e = Encoder::new(&mut buf, at.seq);
+            for &k in &take {
+                let (id, _, codec, hash, data) = &candidates[k];
+                e.chunk(*id, *codec, hash, data);
+            }
+            e.wrap_batch(0);
+            self.append_at(&mut m, at, &buf)?;
+            let moved = (size - RECORD_HEADER) as u64;
+            m.counters.gc_bytes += moved;
+            relocated += moved;
+        }
+        // Relocations durable before the old copies can disappear; and the records that made
+        // the victim's chunks dead (UNMAP, overwrites) durable before their data can be
+        // overwritten, or a replay after a crash would map chunks that are gone.
+        self.flush()?;
+        {
+            let mut m = self.lock_meta();
+            let s = &mut m.state.store.segments[victim as usize];
+            if s.live != 0 || s.state != SegState::Sealed {
+                return Err(self.poison(format!(
+                    "segment {victim} still holds {} live bytes after collection",
+                    s.live
+                )));
+            }
+            // No new readers can find it; wait out those that did.
+            s.state = SegState::Free;
+            s.written = 0;
+        }
+        drop(self.reuse.write().unwrap_or_else(|p| p.into_inner()));
+        let mut m = self.lock_meta();
+        m.free.push(victim);
+        m.freed += 1;
+        m.undiscarded.insert(victim);
+        drop(m);
+        self.gc_relocated.fetch_add(relocated, Ordering::Relaxed);
+        Ok(Some(relocated))
+    }
+
+    /// Free every segment that holds no live chunk and no record the current checkpoint's
+    /// replay needs, all at once: one flush for all of them and one discard per run of adjacent
+    /// segments. After a large UNMAP or zeroing thousands of segments die together; freeing
+    /// them one by one cost a sync and a hole punch each, and the hole punches contend with the
+    /// log appends hosts wait for. Returns how many were freed. Caller holds `maintenance`.
+    pub(super) fn collect_empty(&self) -> Result<usize> {
+        let victims: Vec<u32> = {
+            let m = self.lock_meta();
+            m.state
+                .store
+                .segments
+                .iter()
+                .enumerate()
+                .filter(|(_, s)| {
+                    s.state == SegState::Sealed && s.seq < m.checkpoint_seq && s.live == 0
+                })
+                .map(|(i, _)| i as u32)
+                .collect()
+        };
+        if victims.is_empty() {
+            return Ok(0);
+        }
+        // The records that made these segments' chunks dead must be durable before their
+        // bytes can be overwritten, or a replay after a crash would map chunks that are gone.
+        self.flush()?;
+        {
+            let mut m = self.lock_meta();
+            for &v in &victims {
+                let s = &mut m.state.store.segments[v as usize];
+                // Only the collector (us, under `maintenance`) frees or fills sealed segments,
+                // and live bytes of a sealed segment only fall.
+                if s.live != 0 || s.state != SegState::Sealed {
+                    return Err(self.poison(format!(
+                        "segment {v} changed while being freed: {} live bytes",
+                        s.live
+                    )));
+                }
+                s.state = SegState::Free;
+                s.written = 0;
+            }
+        }
+        // No new readers can find them; wait out those that did.
+        drop(self.reuse.write().unwrap_or_else(|p| p.into_inner()));
+        let mut m = self.lock_meta();
+        m.free.extend_from_slice(&victims);
+        m.freed += victims.len() as u64;
+        m.undiscarded.extend(victims.iter().copied());
+        Ok(victims.len())
+    }
+
+    /// Collect every segment whose live share is at most `max_live`, checkpointing as needed
+    /// (operators' "collect now", tests and benchmarks). Returns the bytes relocated.
+    pub fn collect_garbage(&self, max_live: f64) -> Result<u64> {
+        self.check_writable()?;
+        let _maintenance = self.maintenance.lock().unwrap_or_else(|p| p.into_inner());
+        let mut total = 0;
+        // Bounded: relocated data lands in new segments that could qualify again.
+        for _ in 0..self.geometry.segment_count {
+            match self.collect_one(max_live, true)? {
+                Some(n) => total += n,
+                None => break,
+            }
+        }
+        Ok(total)
+    }
+}
+
+/// A chunk record found in a segment being collected: (id, offset, codec, hash, stored bytes).
+pub(super) type Candidate = (u32, u32, Codec, [u8; 16], Vec<u8>);

@@ -1,0 +1,230 @@
+//! The log: room at the head (switching segments), appends applied through `State::apply`, group commit.
+
+use super::*;
+
+impl Engine {
+    /// Room for `len` bytes at the head, switching to a new segment when needed.
+    pub(super) fn reserve(&self, m: &mut Meta, len: usize, class: Space) -> Result<Head> {
+        let seg = self.geometry.segment_size as usize;
+        if len + SEGMENT_START_LEN + SEAL_LEN > seg {
+            return Err(EngineError::Invalid(format!(
+                "record of {len} bytes exceeds a segment"
+            )));
+        }
+        if m.head.offset as usize + len + SEAL_LEN > seg {
+            let keep = match class {
+                Space::Data => {
+                    gc_reserve(self.geometry.segment_count) as usize
+                        + self.anchor_reserve(m.state.store.anchored)
+                }
+                Space::AnchoredData => gc_reserve(self.geometry.segment_count) as usize,
+                Space::Metadata => 1,
+                Space::Collector => 0,
+            };
+            if m.free.len() <= keep {
+                return Err(EngineError::NoSpace);
+            }
+            // New data stops while the file system still holds what frees space.
+            if matches!(class, Space::Data | Space::AnchoredData) && !self.room_for_data(m) {
+                return Err(EngineError::NoSpace);
+            }
+            // A prepared segment needs no system call here: allocating file space under the
+            // lock stalled every command for up to a second while the file system committed
+            // its journal for a checkpoint's fsync.
+            let prepared = m.ready.pop_first();
+            let next = match prepared {
+                Some(s) => {
+                    // Prepared segments sit on top of the free list.
+                    if let Some(i) = m.free.iter().rposition(|&f| f == s) {
+                        m.free.remove(i);
+                    }
+                    s
+                }
+                // The top segment not being prepared; failing that, one that is (allocating it
+                // twice is harmless, and the preparer sees it was taken).
+                None => {
+                    let i = m
+                        .free
+                        .iter()
+                        .rposition(|s| !m.preparing.contains(s))
+                        .or(m.free.len().checked_sub(1));
+                    let Some(i) = i else {
+                        return Err(EngineError::NoSpace);
+                    };
+                    let s = m.free.remove(i);
+                    m.preparing.remove(&s);
+                    s
+                }
+            };
+            if m.ready.len() < READY_SEGMENTS / 2 {
+                self.wake_segments();
+            }
+            m.undiscarded.remove(&next);
+            let base = next as u64 * seg as u64;
+            let mut allocated = match prepared {
+                Some(_) => Ok(()),
+                None => self.backend.allocate(base, seg as u64),
+            };
+            if matches!(&allocated, Err(e) if e.raw_os_error() == Some(libc::ENOSPC))
+                && !m.undiscarded.is_empty()
+            {
+                // The file system is full but free segments still hold space: give it back
+                // now (the lock keeps them from being reused meanwhile) and try again.
+                self.punch_all_pending(m);
+                allocated = self.backend.allocate(base, seg as u64);
+            }
+            if let Err(e) = allocated {
+                m.free.push(next);
+                return Err(if e.raw_os_error() == Some(libc::ENOSPC) {
+                    EngineError::NoSpace
+                } else {
+                    self.poison(format!("cannot allocate a log segment: {e}"))
+                });
+            }
+            let next_seq = m.head.seq + 1;
+            let mut seal = Vec::new();
+            Encoder::new(&mut seal, m.head.seq).seal(next, next_seq);
+            let old = m.head;
+            let mut start = Vec::new();
+            Encoder::new(&mut start, next_seq).segment_start(next_seq, next);
+            // On failure nothing changed: the head stays where it was (the next record
+            // overwrites a seal written there) and the segment goes back.
+            if let Err(e) = self
+                .write_log(old.segment, old.offset, &seal)
+                .and_then(|()| self.write_log(next, 0, &start))
+            {
+                m.free.push(next);
+                m.undiscarded.insert(next);
+                return Err(e);
+            }
+            let segments = &mut m.state.store.segments;
+            segments[old.segment as usize].state = SegState::Sealed;
+            segments[old.segment as usize].written = old.offset + SEAL_LEN as u32;
+            segments[next as usize] = Segment {
+                state: SegState::Open,
+                seq: next_seq,
+                written: SEGMENT_START_LEN as u32,
+                live: 0,
+            };
+            m.head = Head {
+                segment: next,
+                seq: next_seq,
+                offset: SEGMENT_START_LEN as u32,
+            };
+            m.appended += (SEAL_LEN + SEGMENT_START_LEN) as u64;
+        }
+        Ok(m.head)
+    }
+
+    pub(super) fn write_log(&self, segment: u32, offset: u32, bytes: &[u8]) -> Result<()> {
+        let at = segment as u64 * self.geometry.segment_size as u64 + offset as u64;
+        match self.backend.write_at(bytes, at) {
+            Ok(()) => Ok(()),
+            Err(e) if out_of_space(&e) => self.clear_cut_short(at, bytes),
+            Err(e) => Err(self.poison(format!("log write failed: {e}"))),
+        }
+    }
+
+    /// A log write failed for want of space (a file system without fallocate, or one that
+    /// filled behind our back): the file may hold a prefix of it. Nothing refers to those
+    /// bytes, as the head has not moved, but the next record written there may be shorter and
+    /// leave whole records of the prefix (a batch's inner chunk records) right behind it,
+    /// where a replay would apply them. Zero the prefix; NoSpace when that works.
+    pub(super) fn clear_cut_short(&self, at: u64, bytes: &[u8]) -> Result<()> {
+        let mut found = vec![0u8; bytes.len()];
+        if let Err(e) = self.backend.read_at(&mut found, at) {
+            return Err(self.poison(format!(
+                "cannot read back a log write cut short by a full file system: {e}"
+            )));
+        }
+        let landed = found.iter().zip(bytes).take_while(|(a, b)| a == b).count();
+        if landed > 0 {
+            if let Err(e) = self.backend.write_at(&vec![0u8; landed], at) {
+                return Err(self.poison(format!(
+                    "cannot clear a log write cut short by a full file system: {e}"
+                )));
+            }
+        }
+        Err(EngineError::NoSpace)
+    }
+
+    /// Whether the file system can take a segment of new data and still hold what frees space
+    /// (a segment of metadata or relocations, a checkpoint). When it cannot, freed segments
+    /// whose space was not given back yet are punched first.
+    pub(super) fn room_for_data(&self, m: &mut Meta) -> bool {
+        let seg = self.geometry.segment_size as u64;
+        if self.backend.has_room(seg, seg) {
+            return true;
+        }
+        if m.undiscarded.is_empty() {
+            return false;
+        }
+        self.punch_all_pending(m);
+        self.backend.has_room(seg, seg)
+    }
+
+    /// Write `bytes` (records encoded for `at.seq`) at the reserved position and apply them.
+    pub(super) fn append_at(&self, m: &mut Meta, at: Head, bytes: &[u8]) -> Result<()> {
+        debug_assert_eq!(at, m.head);
+        self.write_log(at.segment, at.offset, bytes)?;
+        m.head.offset += bytes.len() as u32;
+        m.state.store.segments[at.segment as usize].written = m.head.offset;
+        m.appended += bytes.len() as u64;
+        for item in format::records(bytes, at.seq) {
+            let (pos, record) = item
+                .map_err(|e| self.poison(format!("self-encoded record failed to decode: {e:?}")))?;
+            let loc = Loc {
+                segment: at.segment,
+                offset: at.offset + pos as u32,
+            };
+            m.state
+                .apply(&record, loc, at.seq)
+                .map_err(|e| self.poison(format!("applying a new record: {e}")))?;
+        }
+        Ok(())
+    }
+
+    /// Make every write completed so far durable (group commit: concurrent callers share one
+    /// sync).
+    pub fn flush(&self) -> Result<()> {
+        if self.read_only {
+            return Ok(());
+        }
+        let target = self.lock_meta().appended;
+        let mut f = self.flush.lock().unwrap();
+        loop {
+            if self.poisoned.load(Ordering::Acquire) {
+                let why = self.poison.lock().unwrap().clone().unwrap_or_default();
+                return Err(EngineError::Poisoned(why));
+            }
+            if f.durable >= target {
+                return Ok(());
+            }
+            if !f.syncing {
+                f.syncing = true;
+                drop(f);
+                let upto = self.lock_meta().appended;
+                let result = self.backend.sync();
+                f = self.flush.lock().unwrap();
+                f.syncing = false;
+                match result {
+                    Ok(()) => f.durable = f.durable.max(upto),
+                    Err(e) => {
+                        drop(f);
+                        let err = self.poison(format!("fsync of the log failed: {e}"));
+                        self.flushed.notify_all();
+                        return Err(err);
+                    }
+                }
+                self.flushed.notify_all();
+            } else {
+                f = self.flushed.wait(f).unwrap();
+            }
+        }
+    }
+}
+
+/// ENOSPC or EDQUOT: the file system (or the quota) is full.
+pub(super) fn out_of_space(e: &io::Error) -> bool {
+    matches!(e.raw_os_error(), Some(libc::ENOSPC) | Some(libc::EDQUOT))
+}

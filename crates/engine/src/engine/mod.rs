@@ -1,0 +1,859 @@
+//! The engine: log appends, the write and read paths, group commit, recovery, checkpoints and
+//! garbage collection. See docs/design.md ("The engine") for the reasoning.
+//!
+//! Concurrency: one mutex (`meta`) guards the metadata and the log head; records are appended
+//! and applied under it, so the log order is the apply order and recovery reproduces exactly
+//! the state that was acknowledged. Hashing, compression and data reads happen outside it.
+//! `reuse` keeps the garbage collector from recycling a segment while a reader that looked up
+//! a chunk location in it is still reading.
+
+mod log;
+mod open;
+mod write;
+
+use log::out_of_space;
+use read::decode_chunk;
+mod check;
+mod checkpointing;
+mod gc;
+mod maintenance;
+mod provision;
+mod read;
+mod segments;
+mod space;
+
+use crate::backend::Backend;
+use crate::checkpoint::{self, Counters, Geometry, Head};
+use crate::format::{
+    self, Codec, Encoder, Record, CHUNK_PREFIX, RECORD_HEADER, SEAL_LEN, SEGMENT_START_LEN,
+};
+use crate::state::{holds_data, Loc, SegState, Segment, State, ANCHORED};
+use std::collections::HashMap;
+use std::io;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, RwLock};
+use std::time::{Duration, Instant};
+
+/// Why an engine operation failed.
+#[derive(Debug, thiserror::Error)]
+pub enum EngineError {
+    #[error("out of space")]
+    NoSpace,
+    #[error("engine is poisoned (read-only) after an I/O failure: {0}")]
+    Poisoned(String),
+    #[error("volume {0} does not exist")]
+    NoSuchVolume(u32),
+    #[error("range {offset}+{len} bytes is beyond the end of volume {volume} ({size} bytes)")]
+    OutOfRange {
+        volume: u32,
+        offset: u64,
+        len: u64,
+        size: u64,
+    },
+    #[error("invalid request: {0}")]
+    Invalid(String),
+    #[error("damaged data at volume offset {offset}: {reason}")]
+    Corrupt { offset: u64, reason: String },
+    #[error("damaged metadata: {0}")]
+    Metadata(String),
+    #[error("I/O error: {0}")]
+    Io(#[from] io::Error),
+}
+
+pub type Result<T> = std::result::Result<T, EngineError>;
+
+/// How chunks are compressed before they are stored.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Compression {
+    None,
+    Lz4,
+    /// zstd at the given level.
+    Zstd(i32),
+}
+
+/// Background garbage-collection speed, mirroring ESXi's reclaim priority. Whatever the
+/// setting, a write that needs space the collector can free waits for it rather than failing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GcPriority {
+    Off,
+    Low,
+    Medium,
+    High,
+    /// Relocate at most this many bytes per second.
+    Rate(u64),
+}
+
+impl GcPriority {
+    fn bytes_per_second(self) -> Option<u64> {
+        match self {
+            GcPriority::Off => None,
+            GcPriority::Low => Some(25_000_000),
+            GcPriority::Medium => Some(75_000_000),
+            GcPriority::High => Some(250_000_000),
+            GcPriority::Rate(r) => Some(r.max(1)),
+        }
+    }
+}
+
+/// Parameters of a new engine.
+#[derive(Debug, Clone, Copy)]
+pub struct EngineConfig {
+    /// Bytes per chunk: a power of two from 4 KiB to 64 KiB.
+    pub chunk_size: u32,
+    /// Bytes per log segment (the unit of allocation and garbage collection).
+    pub segment_size: u32,
+}
+
+impl Default for EngineConfig {
+    fn default() -> Self {
+        Self {
+            chunk_size: 4096,
+            segment_size: 4 << 20,
+        }
+    }
+}
+
+/// Tunables that may change at run time.
+#[derive(Debug, Clone, Copy)]
+pub struct Tuning {
+    pub compression: Compression,
+    pub gc: GcPriority,
+    /// Share of capacity in use that raises the thin-provisioning soft threshold (0..1).
+    pub soft_threshold: f64,
+    /// Write a checkpoint after this many bytes of log (or 8 times the last checkpoint's size,
+    /// whichever is more).
+    pub checkpoint_bytes: u64,
+}
+
+impl Default for Tuning {
+    fn default() -> Self {
+        Self {
+            compression: Compression::Lz4,
+            gc: GcPriority::Medium,
+            soft_threshold: 0.8,
+            checkpoint_bytes: 256 << 20,
+        }
+    }
+}
+
+/// Array-wide space figures.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct EngineSpace {
+    /// Bytes hosts can fill (log capacity less the garbage collector's reserve).
+    pub capacity_bytes: u64,
+    /// Bytes of log segments in use.
+    pub physical_used_bytes: u64,
+    /// Bytes of stored chunks still referenced.
+    pub live_bytes: u64,
+    /// Bytes in use but no longer referenced: what garbage collection can return.
+    pub reclaimable_bytes: u64,
+    /// Logical bytes mapped by all volumes (zeros and unmapped space excluded).
+    pub logical_mapped_bytes: u64,
+    /// Provisioned bytes of all volumes.
+    pub provisioned_bytes: u64,
+    /// logical_mapped_bytes / live_bytes.
+    pub data_reduction: f64,
+    /// provisioned_bytes / physical_used_bytes (thin provisioning and zeros included).
+    pub total_reduction: f64,
+    /// (host + relocated bytes) / host bytes written, since the array was created.
+    pub write_amplification: f64,
+    pub host_written_bytes: u64,
+    pub gc_relocated_bytes: u64,
+    pub soft_threshold_exceeded: bool,
+    pub unique_chunks: u64,
+    /// Log space held for anchored blocks (SBC ANCHOR): not in use, but not available.
+    pub anchored_bytes: u64,
+}
+
+/// Space figures of one volume (see `sliver_volume::VolumeSpace`).
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct VolumeUsage {
+    pub provisioned_bytes: u64,
+    pub mapped_bytes: u64,
+    /// Anchored: no data, space held for it.
+    pub anchored_bytes: u64,
+    pub unique_bytes: u64,
+    pub shared_bytes: u64,
+}
+
+struct Meta {
+    state: State,
+    head: Head,
+    /// Total bytes appended since open (the flush target).
+    appended: u64,
+    counters: Counters,
+    /// Sequence of the head in the last durable checkpoint: segments older than it hold no
+    /// record recovery still needs besides live chunks.
+    checkpoint_seq: u64,
+    appended_at_checkpoint: u64,
+    checkpointed_at: Instant,
+    /// Size of the last checkpoint written (0 before the first of this run).
+    checkpoint_len: u64,
+    free: Vec<u32>,
+    /// Segments the collector has freed since open. A writer waiting for space judges a
+    /// collection by this, not by the free list's length: other writers may take the freed
+    /// segments before it retries, which is progress too.
+    freed: u64,
+    /// Free segments whose file space has not been given back yet (see
+    /// [`Engine::discard_freed`]). Always a subset of `free`.
+    undiscarded: std::collections::BTreeSet<u32>,
+    /// Free segments whose file space was allocated ahead of need, outside the lock (see
+    /// [`Engine::prepare_segments`]); the head moves to these first. A subset of `free`,
+    /// disjoint from `undiscarded`.
+    ready: std::collections::BTreeSet<u32>,
+    /// Free segments the preparer is allocating right now (still in `free`, so space figures
+    /// and the reserve checks do not move; the head takes them last).
+    preparing: std::collections::BTreeSet<u32>,
+}
+
+/// A flag a background thread sleeps on until it is set or a timeout passes.
+#[derive(Default)]
+struct Wakeup {
+    woken: Mutex<bool>,
+    cv: Condvar,
+}
+
+impl Wakeup {
+    fn wake(&self) {
+        *self.woken.lock().unwrap() = true;
+        self.cv.notify_all();
+    }
+
+    /// Sleep until woken or `timeout` passes, and clear the flag.
+    fn wait(&self, timeout: Duration) {
+        let woken = self.woken.lock().unwrap();
+        let (mut woken, _) = self.cv.wait_timeout_while(woken, timeout, |w| !*w).unwrap();
+        *woken = false;
+    }
+}
+
+/// Free segments kept allocated in the log file ahead of the head (256 MiB with 4 MiB
+/// segments: about a second of a fast sequential write, the longest allocation stall seen).
+const READY_SEGMENTS: usize = 64;
+
+/// A checkpoint at least this often while the log grows: bounds recovery time and lets the
+/// collector reach recently emptied segments.
+const CHECKPOINT_INTERVAL: Duration = Duration::from_secs(30);
+
+/// A checkpoint holds the whole metadata (about 0.75 % of the unique data), so the log
+/// written between two of them is at least this many times its size: checkpoints then cost
+/// at most 1/8 of the bytes and of the encoding work that hosts' writes cause, while replay
+/// after a crash reads at most this many checkpoints' worth of log.
+const CHECKPOINT_SIZE_FACTOR: u64 = 8;
+
+/// Collections a write may trigger before it reports out of space (the backing file system
+/// itself may be full, which collection cannot always fix).
+const MAX_COLLECTIONS: u32 = 8;
+
+struct FlushState {
+    durable: u64,
+    syncing: bool,
+}
+
+/// What a write of one chunk turns into.
+enum Prepared {
+    Zero,
+    Data {
+        hash: [u8; 16],
+        codec: Codec,
+        bytes: Vec<u8>,
+    },
+}
+
+/// Outcome of recovery, for logs and `sliver check`.
+#[derive(Debug, Clone, Default)]
+pub struct Recovery {
+    pub records_replayed: u64,
+    pub bytes_replayed: u64,
+    pub torn_tail: bool,
+    pub duration: Duration,
+}
+
+pub struct Engine {
+    backend: Arc<dyn Backend>,
+    geometry: Geometry,
+    meta: Mutex<Meta>,
+    reuse: RwLock<()>,
+    flush: Mutex<FlushState>,
+    flushed: Condvar,
+    poison: Mutex<Option<String>>,
+    poisoned: AtomicBool,
+    /// Serialises garbage collection and checkpoints.
+    maintenance: Mutex<()>,
+    tuning: Mutex<Tuning>,
+    stop: AtomicBool,
+    gc_wakeup: Wakeup,
+    /// Wakes the thread that prepares segments ([`Engine::prepare_segments`]).
+    segments_wakeup: Wakeup,
+    /// Bumped by every host read and write: maintenance gives file space back only while it
+    /// stands still (hole punching stalls the log appends and reads hosts wait for).
+    host_activity: AtomicU64,
+    /// `host_activity` at the previous background round: hosts were busy in between if it
+    /// moved (see [`Engine::maintain_in_background`]).
+    activity_at_last_round: AtomicU64,
+    /// Bytes the collector has relocated since open (for rate limiting).
+    gc_relocated: AtomicU64,
+    /// Segments (index, sequence) the collector could not read (a medium error): skipped
+    /// until their chunks are all dead, when they are freed without being read. A segment
+    /// reused later has another sequence number.
+    unreadable: Mutex<std::collections::BTreeSet<(u32, u64)>>,
+    read_only: bool,
+    recovery: Recovery,
+}
+
+/// Who asks for log space, which decides how deep into the reserve it may go.
+#[derive(Clone, Copy)]
+enum Space {
+    /// New chunks from hosts: never into the collector's reserve nor into the space held for
+    /// anchored entries.
+    Data,
+    /// New chunks from hosts that all replace anchored entries: may use the space held for
+    /// them (the anchors they replace give it up as the write applies).
+    AnchoredData,
+    /// Records that free or share space (unmap, copy, dedup hits, volume changes): may use the
+    /// reserve but leave the collector one segment.
+    Metadata,
+    /// The collector's relocations.
+    Collector,
+}
+
+/// Longest run one [`Engine::chunk_status`] call reports (4 GiB of 4 KiB chunks): about
+/// a millisecond of scanning under the lock.
+pub const STATUS_SCAN_CHUNKS: u64 = 1 << 20;
+
+/// Provisioning state of one chunk of a volume.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ChunkState {
+    /// Holds data (which may be shared).
+    Mapped,
+    /// Holds nothing and reads as zeros.
+    Deallocated,
+    /// Holds nothing, reads as zeros, and has space held for a later write (SBC ANCHOR).
+    Anchored,
+}
+
+impl ChunkState {
+    fn of(id: u32) -> Self {
+        match id {
+            0 => ChunkState::Deallocated,
+            ANCHORED => ChunkState::Anchored,
+            _ => ChunkState::Mapped,
+        }
+    }
+}
+
+/// Share of free segments above which background collection waits for hosts to pause. Half:
+/// with less free than that, collecting ahead keeps sustained writes from catching up with
+/// the collector (at a quarter, the benchmark's random overwrites after an UNMAP of half the
+/// array slowed down by more than half: runs 20261124-112440 and -115330 in bench/results).
+const GC_DEFER_FREE_SHARE: f64 = 0.5;
+
+/// Segments kept for the collector's relocations: hosts cannot fill them.
+fn gc_reserve(segment_count: u32) -> u32 {
+    (segment_count / 64).clamp(2, 64)
+}
+
+fn is_zero(data: &[u8]) -> bool {
+    let words = data.chunks_exact(8);
+    let rest = words.remainder();
+    words
+        .into_iter()
+        .all(|w| u64::from_ne_bytes(w.try_into().unwrap()) == 0)
+        && rest.iter().all(|&b| b == 0)
+}
+
+impl Engine {
+    pub fn chunk_size(&self) -> u32 {
+        self.geometry.chunk_size
+    }
+
+    pub fn recovery(&self) -> &Recovery {
+        &self.recovery
+    }
+
+    pub fn tuning(&self) -> Tuning {
+        *self.tuning.lock().unwrap()
+    }
+
+    pub fn set_tuning(&self, tuning: Tuning) {
+        *self.tuning.lock().unwrap() = tuning;
+        self.wake_gc();
+    }
+
+    /// Whether segments in use exceed the soft threshold share of capacity. Cheap: one lock.
+    pub fn soft_threshold_exceeded(&self) -> bool {
+        let threshold = self.tuning.lock().unwrap().soft_threshold;
+        let count = self.geometry.segment_count as f64;
+        let usable = count - gc_reserve(self.geometry.segment_count) as f64;
+        let m = self.lock_meta();
+        let held = self.anchor_reserve(m.state.store.anchored) as f64;
+        let used = count - m.free.len() as f64 + held;
+        used > threshold * usable
+    }
+
+    /// Bytes hosts can fill: the log less the collector's reserve (as in [`Engine::space`]).
+    pub fn capacity_bytes(&self) -> u64 {
+        let usable = self
+            .geometry
+            .segment_count
+            .saturating_sub(gc_reserve(self.geometry.segment_count));
+        usable as u64 * self.geometry.segment_size as u64
+    }
+
+    /// Bytes hosts can still fill with new data (free segments outside the collector's reserve;
+    /// reclaimable space not counted).
+    pub fn available_bytes(&self) -> u64 {
+        let m = self.lock_meta();
+        let keep = gc_reserve(self.geometry.segment_count) as u64
+            + self.anchor_reserve(m.state.store.anchored) as u64;
+        (m.free.len() as u64).saturating_sub(keep) * self.geometry.segment_size as u64
+    }
+
+    /// Segments held for `anchored` entries: room to store each as an incompressible chunk,
+    /// counting only 15/16 of a segment (a batch that does not fit starts a new segment),
+    /// plus one for rounding.
+    fn anchor_reserve(&self, anchored: u64) -> usize {
+        if anchored == 0 {
+            return 0;
+        }
+        let per = (RECORD_HEADER + CHUNK_PREFIX + self.geometry.chunk_size as usize + 4) as u64;
+        let usable =
+            (self.geometry.segment_size as u64 - (SEGMENT_START_LEN + SEAL_LEN) as u64) / 16 * 15;
+        (anchored.saturating_mul(per).div_ceil(usable) + 1) as usize
+    }
+
+    /// Largest write that is applied all or nothing across a crash.
+    pub fn atomic_write_limit(&self) -> u64 {
+        self.batch_chunks() as u64 * self.geometry.chunk_size as u64
+    }
+
+    /// Chunks per batch: a batch takes at most 1/16 of a segment, which bounds the space a
+    /// segment switch leaves unused.
+    fn batch_chunks(&self) -> usize {
+        let per = RECORD_HEADER + CHUNK_PREFIX + self.geometry.chunk_size as usize + 4;
+        ((self.geometry.segment_size as usize / 16) / per).max(1)
+    }
+
+    fn lock_meta(&self) -> MutexGuard<'_, Meta> {
+        self.meta.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn check_writable(&self) -> Result<()> {
+        self.host_activity.fetch_add(1, Ordering::Relaxed);
+        if self.read_only {
+            return Err(EngineError::Invalid("engine opened read-only".into()));
+        }
+        if self.poisoned.load(Ordering::Acquire) {
+            let why = self.poison.lock().unwrap().clone().unwrap_or_default();
+            return Err(EngineError::Poisoned(why));
+        }
+        Ok(())
+    }
+
+    /// Stop accepting writes: durability can no longer be promised.
+    fn poison(&self, why: String) -> EngineError {
+        tracing::error!("engine poisoned, refusing further writes: {why}");
+        let mut p = self.poison.lock().unwrap();
+        if p.is_none() {
+            *p = Some(why.clone());
+        }
+        self.poisoned.store(true, Ordering::Release);
+        EngineError::Poisoned(why)
+    }
+
+    pub fn poisoned(&self) -> Option<String> {
+        self.poison.lock().unwrap().clone()
+    }
+
+    pub fn volumes(&self) -> Vec<(u32, u64)> {
+        let m = self.lock_meta();
+        m.state
+            .volumes
+            .iter()
+            .map(|(id, v)| (*id, v.size))
+            .collect()
+    }
+
+    pub fn volume_size(&self, volume: u32) -> Result<u64> {
+        let m = self.lock_meta();
+        m.state
+            .volumes
+            .get(&volume)
+            .map(|v| v.size)
+            .ok_or(EngineError::NoSuchVolume(volume))
+    }
+
+    /// Create a volume of `size` bytes (a multiple of the chunk size); durable on return.
+    pub fn create_volume(&self, size: u64) -> Result<u32> {
+        self.check_size(size)?;
+        let id = self.append_meta(|m, e| {
+            let id = m.counters.next_volume;
+            e.volume_create(id, size);
+            Ok(id)
+        })?;
+        Ok(id)
+    }
+
+    /// A new volume sharing all of `src`'s data (snapshot or clone); durable on return.
+    pub fn clone_volume(&self, src: u32) -> Result<u32> {
+        self.append_meta(|m, e| {
+            if !m.state.volumes.contains_key(&src) {
+                return Err(EngineError::NoSuchVolume(src));
+            }
+            let id = m.counters.next_volume;
+            e.volume_clone(src, id);
+            Ok(id)
+        })
+    }
+
+    pub fn delete_volume(&self, volume: u32) -> Result<()> {
+        self.append_meta(|m, e| {
+            if !m.state.volumes.contains_key(&volume) {
+                return Err(EngineError::NoSuchVolume(volume));
+            }
+            e.volume_delete(volume);
+            Ok(())
+        })?;
+        self.wake_gc();
+        Ok(())
+    }
+
+    pub fn resize_volume(&self, volume: u32, size: u64) -> Result<()> {
+        self.check_size(size)?;
+        self.append_meta(|m, e| {
+            if !m.state.volumes.contains_key(&volume) {
+                return Err(EngineError::NoSuchVolume(volume));
+            }
+            e.volume_resize(volume, size);
+            Ok(())
+        })
+    }
+
+    fn check_size(&self, size: u64) -> Result<()> {
+        let cs = self.geometry.chunk_size as u64;
+        if size == 0 || !size.is_multiple_of(cs) || size > (u32::MAX as u64) * cs * 1024 {
+            return Err(EngineError::Invalid(format!(
+                "volume size {size} must be a non-zero multiple of {cs} bytes"
+            )));
+        }
+        Ok(())
+    }
+
+    /// Append one small metadata record built by `build`, apply it and make it durable.
+    fn append_meta<T>(&self, build: impl Fn(&Meta, &mut Encoder) -> Result<T>) -> Result<T> {
+        self.check_writable()?;
+        let value = {
+            let mut m = self.lock_meta();
+            // Encode once to learn the size (metadata records do not depend on the position).
+            let mut probe = Vec::new();
+            let value = build(&m, &mut Encoder::new(&mut probe, 0))?;
+            let at = self.reserve(&mut m, probe.len(), Space::Metadata)?;
+            let mut buf = Vec::with_capacity(probe.len());
+            build(&m, &mut Encoder::new(&mut buf, at.seq))?;
+            self.append_at(&mut m, at, &buf)?;
+            if let Ok((
+                Record::VolumeCreate { volume, .. } | Record::VolumeClone { dst: volume, .. },
+                _,
+            )) = format::decode(&buf, at.seq)
+            {
+                m.counters.next_volume = m.counters.next_volume.max(volume + 1);
+            }
+            value
+        };
+        self.flush()?;
+        Ok(value)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::MemBackend;
+
+    /// An engine with 4 KiB chunks on an in-memory backend of `capacity` bytes.
+    fn mem_engine(capacity: u64, segment_size: u32, tuning: Tuning) -> (Arc<MemBackend>, Engine) {
+        let backend = Arc::new(MemBackend::new(capacity));
+        let config = EngineConfig {
+            chunk_size: 4096,
+            segment_size,
+        };
+        let engine = Engine::create(backend.clone(), config, tuning).unwrap();
+        (backend, engine)
+    }
+
+    fn gc_off() -> Tuning {
+        Tuning {
+            gc: GcPriority::Off,
+            ..Tuning::default()
+        }
+    }
+
+    /// When the file system is full, a writer that needs a new segment first gets back the
+    /// space freed segments still hold (their holes are punched lazily). Here the free list
+    /// offers a never-allocated segment while dead ones still hold space, as after a restart.
+    #[test]
+    fn a_full_file_system_gets_back_the_space_of_freed_segments_first() {
+        let (backend, engine) = mem_engine(16 << 20, 128 << 10, gc_off());
+        let v = engine.create_volume(8 << 20).unwrap();
+        let mut x = 0x2545_f491_4f6c_dd1du64;
+        let mut noise = |len: usize| -> Vec<u8> {
+            (0..len)
+                .map(|_| {
+                    x ^= x << 13;
+                    x ^= x >> 7;
+                    x ^= x << 17;
+                    x as u8
+                })
+                .collect()
+        };
+        engine.write(v, 0, &noise(4 << 20)).unwrap();
+        engine.unmap(v, 0, 4 << 20).unwrap();
+        engine.checkpoint().unwrap();
+        engine.collect_garbage(0.0).unwrap();
+        {
+            let mut m = engine.lock_meta();
+            assert!(
+                !m.undiscarded.is_empty(),
+                "freed segments wait to be punched"
+            );
+            let pending = m.undiscarded.clone();
+            // Never-allocated segments on top (popped first), the dead ones below.
+            m.free.sort_by_key(|s| !pending.contains(s));
+        }
+        backend.limit_space(backend.allocated_bytes(), 4096);
+        let fresh = noise(1 << 20);
+        engine.write(v, 4 << 20, &fresh).unwrap();
+        let mut back = vec![0u8; 1 << 20];
+        engine.read(v, 4 << 20, &mut back).unwrap();
+        assert!(back == fresh);
+        assert!(engine.lock_meta().undiscarded.is_empty());
+        assert!(engine.poisoned().is_none());
+    }
+
+    fn noise(seed: u64, len: usize) -> Vec<u8> {
+        let mut x = seed | 1;
+        (0..len)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                x as u8
+            })
+            .collect()
+    }
+
+    /// A checkpoint is encoded after the metadata lock is released, from an image captured
+    /// under it: host commands that change the shared chunk table blocks, segments and map
+    /// pages afterwards must not reach the image.
+    #[test]
+    fn a_captured_checkpoint_image_is_unchanged_by_later_writes() {
+        let (_, engine) = mem_engine(256 << 20, 1 << 20, Tuning::default());
+        let v = engine.create_volume(64 << 20).unwrap();
+        // More than one 4,096-entry block of the chunk table.
+        engine.write(v, 0, &noise(1, 20 << 20)).unwrap();
+        let (image, expected) = {
+            let m = engine.lock_meta();
+            (
+                checkpoint::Image::capture(&engine.geometry, m.head, m.counters, &m.state),
+                checkpoint::encode(&engine.geometry, m.head, m.counters, &m.state),
+            )
+        };
+        engine.write(v, 4 << 20, &noise(2, 8 << 20)).unwrap();
+        engine.unmap(v, 0, 2 << 20).unwrap();
+        engine.copy(v, 16 << 20, v, 40 << 20, 4 << 20).unwrap();
+        let w = engine.create_volume(8 << 20).unwrap();
+        engine.write(w, 0, &noise(3, 1 << 20)).unwrap();
+        assert!(
+            image.encode() == expected,
+            "the image changed after capture"
+        );
+        // And what it encodes is a state the engine really had: it decodes, with the first
+        // write's data mapped.
+        let loaded = checkpoint::decode(&image.encode()).unwrap();
+        assert_eq!(loaded.state.volumes.len(), 1);
+        assert_eq!(
+            loaded
+                .state
+                .store
+                .chunks
+                .iter()
+                .filter(|c| c.len != 0)
+                .count(),
+            5120
+        );
+        // Pages the writes copied away from the image held references of their own; released
+        // under the lock, the counts and segment usage are exact again (the checker recounts).
+        image.release(&mut engine.lock_meta().state).unwrap();
+        assert_eq!(engine.check(&mut |_, _| {}), Vec::<String>::new());
+    }
+
+    /// Background collection waits while hosts are busy and space is plentiful, runs once
+    /// they pause, and does not wait when free space runs short.
+    #[test]
+    fn background_collection_yields_to_busy_hosts_only_while_space_is_plentiful() {
+        let relocated = |e: &Engine| e.gc_relocated.load(Ordering::Relaxed);
+        // Half of each of the first segments' chunks overwritten: they become collectable.
+        let churn = |e: &Engine, v: u32, bytes: u64| {
+            e.write(v, 0, &noise(1, bytes as usize)).unwrap();
+            for c in (0..bytes / 4096).step_by(2) {
+                e.write(v, c * 4096, &noise(c + 2, 4096)).unwrap();
+            }
+            e.checkpoint().unwrap();
+        };
+
+        let (_, roomy) = mem_engine(64 << 20, 1 << 20, Tuning::default());
+        let v = roomy.create_volume(16 << 20).unwrap();
+        churn(&roomy, v, 4 << 20);
+        roomy.maintain_in_background().unwrap();
+        assert_eq!(relocated(&roomy), 0, "hosts wrote since the last round");
+        roomy.maintain_in_background().unwrap();
+        assert!(relocated(&roomy) > 0, "hosts paused for a round");
+
+        let (_, tight) = mem_engine(16 << 20, 1 << 20, Tuning::default());
+        let v = tight.create_volume(12 << 20).unwrap();
+        tight.write(v, 4 << 20, &noise(9, 7 << 20)).unwrap();
+        churn(&tight, v, 4 << 20);
+        let free = tight.lock_meta().free.len() as f64;
+        assert!(
+            free < GC_DEFER_FREE_SHARE * 16.0,
+            "{free} of 16 segments free"
+        );
+        tight.write(v, 0, &noise(3, 4096)).unwrap();
+        tight.maintain_in_background().unwrap();
+        assert!(
+            relocated(&tight) > 0,
+            "short of space, busy hosts do not hold it back"
+        );
+    }
+
+    /// Checkpoints come after `checkpoint_bytes` of log or 8 times the last checkpoint's
+    /// size, whichever is more: a large metadata state is not rewritten every few MiB.
+    #[test]
+    fn checkpoints_are_paced_by_their_own_size() {
+        let tuning = Tuning {
+            checkpoint_bytes: 64 << 10,
+            ..gc_off()
+        };
+        let (_, engine) = mem_engine(256 << 20, 1 << 20, tuning);
+        let v = engine.create_volume(64 << 20).unwrap();
+        engine.write(v, 0, &noise(5, 8 << 20)).unwrap();
+        engine.checkpoint().unwrap();
+        let (len, at) = {
+            let m = engine.lock_meta();
+            (m.checkpoint_len, m.appended_at_checkpoint)
+        };
+        assert!(
+            len > 64 << 10,
+            "2,048 chunks make a checkpoint of {len} bytes"
+        );
+        let since = |e: &Engine| {
+            let m = e.lock_meta();
+            (
+                m.appended - m.appended_at_checkpoint,
+                m.appended_at_checkpoint,
+            )
+        };
+        // More than checkpoint_bytes, less than 8 checkpoints' worth: no checkpoint yet.
+        let mut offset = 8 << 20;
+        while since(&engine).0 < 2 * (64 << 10) {
+            engine.write(v, offset, &noise(offset, 64 << 10)).unwrap();
+            offset += 64 << 10;
+        }
+        engine.maintain().unwrap();
+        assert_eq!(
+            since(&engine).1,
+            at,
+            "checkpointed after {} bytes",
+            since(&engine).0
+        );
+        while since(&engine).0 < 8 * len {
+            engine.write(v, offset, &noise(offset, 256 << 10)).unwrap();
+            offset += 256 << 10;
+        }
+        engine.maintain().unwrap();
+        assert!(
+            since(&engine).1 > at,
+            "no checkpoint after 8 checkpoints' worth of log"
+        );
+    }
+
+    /// Segments prepared outside the lock are allocated in the file, stay on the free list
+    /// (space figures do not change), are never punched while ready, and are where the head
+    /// goes next; shutdown gives their space back.
+    #[test]
+    fn prepared_segments_are_allocated_free_and_taken_first() {
+        let (backend, engine) = mem_engine(1 << 30, 1 << 20, gc_off());
+        let v = engine.create_volume(256 << 20).unwrap();
+        let free_before = engine.lock_meta().free.len();
+        let allocated_before = backend.allocated_bytes();
+        assert_eq!(engine.prepare_segments(), READY_SEGMENTS);
+        assert_eq!(engine.prepare_segments(), 0, "already enough ready");
+        {
+            let m = engine.lock_meta();
+            assert_eq!(m.free.len(), free_before);
+            assert!(m.ready.iter().all(|s| m.free.contains(s)));
+            assert!(m.ready.iter().all(|s| !m.undiscarded.contains(s)));
+        }
+        assert!(backend.allocated_bytes() >= allocated_before + ((READY_SEGMENTS as u64) << 20));
+        let ready: Vec<u32> = engine.lock_meta().ready.iter().copied().collect();
+        let data = noise(6, 8 << 20);
+        engine.write(v, 0, &data).unwrap();
+        let (head, left) = {
+            let m = engine.lock_meta();
+            (m.head.segment, m.ready.len())
+        };
+        assert!(
+            ready.contains(&head),
+            "the head moved to segment {head}, not a prepared one"
+        );
+        assert!(left < READY_SEGMENTS);
+        // Idle discards leave prepared segments alone.
+        while engine.discard_freed(64) > 0 {}
+        assert_eq!(engine.lock_meta().ready.len(), left);
+        let mut back = vec![0u8; 8 << 20];
+        engine.read(v, 0, &mut back).unwrap();
+        assert!(back == data);
+        let after_writes = backend.allocated_bytes();
+        engine.shutdown().unwrap();
+        assert!(engine.lock_meta().ready.is_empty());
+        assert!(backend.allocated_bytes() + ((left as u64) << 20) <= after_writes);
+    }
+
+    /// While hosts are idle, maintenance gives the file space of freed segments back to the
+    /// file system (a real file: its allocated blocks shrink).
+    #[test]
+    fn idle_maintenance_gives_freed_space_back_to_the_file_system() {
+        use std::os::unix::fs::MetadataExt;
+        let dir = tempfile::tempdir().unwrap();
+        let backend = Arc::new(crate::backend::FileBackend::open(dir.path(), 32 << 20).unwrap());
+        let config = EngineConfig {
+            chunk_size: 4096,
+            segment_size: 128 << 10,
+        };
+        let engine = Engine::create(backend, config, Tuning::default()).unwrap();
+        let v = engine.create_volume(8 << 20).unwrap();
+        let mut x = 0x9e37_79b9_7f4a_7c15u64;
+        let data: Vec<u8> = (0..8 << 20)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                x as u8
+            })
+            .collect();
+        engine.write(v, 0, &data).unwrap();
+        engine.flush().unwrap();
+        let allocated = || std::fs::metadata(dir.path().join("log")).unwrap().blocks() * 512;
+        engine.unmap(v, 0, 6 << 20).unwrap();
+        engine.checkpoint().unwrap();
+        engine.maintain().unwrap();
+        let before = allocated();
+        assert!(!engine.lock_meta().undiscarded.is_empty());
+        engine.discard_while_idle();
+        let after = allocated();
+        assert!(after + (5 << 20) < before, "{before} -> {after}");
+        let mut back = vec![0u8; 2 << 20];
+        engine.read(v, 6 << 20, &mut back).unwrap();
+        assert!(back == data[6 << 20..]);
+    }
+}

@@ -1,0 +1,453 @@
+//! Creating and opening an engine: format a new log, or load the checkpoint, replay the log after it and repair a torn tail.
+
+use super::*;
+
+impl Engine {
+    /// Format a new engine on an empty backend.
+    pub fn create(backend: Arc<dyn Backend>, config: EngineConfig, tuning: Tuning) -> Result<Self> {
+        if !config.chunk_size.is_power_of_two() || !(4096..=65536).contains(&config.chunk_size) {
+            return Err(EngineError::Invalid(format!(
+                "chunk size {} is not a power of two from 4 KiB to 64 KiB",
+                config.chunk_size
+            )));
+        }
+        if config.segment_size < config.chunk_size * 16 || config.segment_size > 1 << 30 {
+            return Err(EngineError::Invalid(format!(
+                "segment size {} must be 16 chunks to 1 GiB",
+                config.segment_size
+            )));
+        }
+        let segment_count =
+            (backend.capacity() / config.segment_size as u64).min(u32::MAX as u64) as u32;
+        if segment_count < 8 {
+            return Err(EngineError::Invalid(format!(
+                "capacity {} bytes holds fewer than 8 segments of {} bytes",
+                backend.capacity(),
+                config.segment_size
+            )));
+        }
+        if backend.load_checkpoint()?.is_some() {
+            return Err(EngineError::Invalid(
+                "the backend already holds an engine".into(),
+            ));
+        }
+        let mut key = [0u8; 32];
+        rand::Rng::fill(&mut rand::thread_rng(), &mut key[..]);
+        let geometry = Geometry {
+            chunk_size: config.chunk_size,
+            segment_size: config.segment_size,
+            segment_count,
+            key,
+        };
+        let mut state = State::new(config.chunk_size, segment_count);
+        // Segment 0, sequence 1, holds the first record.
+        backend.allocate(0, config.segment_size as u64)?;
+        let mut buf = Vec::new();
+        Encoder::new(&mut buf, 1).segment_start(1, 0);
+        backend.write_at(&buf, 0)?;
+        backend.sync()?;
+        state.store.segments[0] = Segment {
+            state: SegState::Open,
+            seq: 1,
+            written: SEGMENT_START_LEN as u32,
+            live: 0,
+        };
+        let head = Head {
+            segment: 0,
+            seq: 1,
+            offset: SEGMENT_START_LEN as u32,
+        };
+        let counters = Counters {
+            next_volume: 1,
+            ..Default::default()
+        };
+        backend.store_checkpoint(&checkpoint::encode(&geometry, head, counters, &state))?;
+        let engine = Self::assemble(
+            backend,
+            geometry,
+            state,
+            head,
+            counters,
+            1,
+            tuning,
+            false,
+            Recovery::default(),
+        );
+        // A new log has allocated nothing it could give back.
+        engine.lock_meta().undiscarded.clear();
+        Ok(engine)
+    }
+
+    /// Open an existing engine: load the checkpoint, replay the log after it, repair a torn
+    /// tail. With `read_only` nothing is written (for the offline checker).
+    pub fn open(backend: Arc<dyn Backend>, tuning: Tuning, read_only: bool) -> Result<Self> {
+        let started = Instant::now();
+        let bytes = backend
+            .load_checkpoint()?
+            .ok_or_else(|| EngineError::Metadata("no checkpoint: not an engine".into()))?;
+        let loaded =
+            checkpoint::decode(&bytes).map_err(|e| EngineError::Metadata(e.to_string()))?;
+        let geometry = loaded.geometry;
+        if geometry.segment_count as u64 * geometry.segment_size as u64 > backend.capacity() {
+            return Err(EngineError::Metadata(
+                "the log is smaller than the checkpoint says".into(),
+            ));
+        }
+        let mut state = loaded.state;
+        let mut counters = loaded.counters;
+        let mut checkpoint_seq = loaded.head.seq;
+        let mut recovery = Recovery::default();
+        let end = replay(
+            &*backend,
+            &geometry,
+            &mut state,
+            &mut counters,
+            loaded.head,
+            &mut recovery,
+        )?;
+        // Chunks no map references can only be left by damage; keep them visible to the checker
+        // in read-only mode, free them otherwise.
+        // Replay frees ids as records drop references and reuses them as Chunk records name
+        // them, so the free list it leaves can hold an id twice or an id in use: rebuild it
+        // from the chunk table (found by the torture harness: an id handed out twice).
+        state.store.rebuild_free_ids();
+        let mut head = match end {
+            LogEnd::Torn(h) => {
+                recovery.torn_tail = true;
+                h
+            }
+            LogEnd::AfterSeal(h) => h,
+        };
+        if !read_only {
+            head = repair_tail(&*backend, &geometry, &mut state, end, loaded.head)?;
+            // A checkpoint at the new head: recovery never again depends on the log before
+            // it (whose tail may hold records of the lost history), and the segments left
+            // behind become collectable at once.
+            backend.store_checkpoint(&checkpoint::encode(&geometry, head, counters, &state))?;
+            checkpoint_seq = head.seq;
+        }
+        recovery.duration = started.elapsed();
+        let mut engine = Self::assemble(
+            backend,
+            geometry,
+            state,
+            head,
+            counters,
+            checkpoint_seq,
+            tuning,
+            read_only,
+            recovery,
+        );
+        engine.read_only = read_only;
+        // Paces the next checkpoint (see CHECKPOINT_SIZE_FACTOR) like one written by this run.
+        engine
+            .meta
+            .get_mut()
+            .unwrap_or_else(|p| p.into_inner())
+            .checkpoint_len = bytes.len() as u64;
+        Ok(engine)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn assemble(
+        backend: Arc<dyn Backend>,
+        geometry: Geometry,
+        state: State,
+        head: Head,
+        counters: Counters,
+        checkpoint_seq: u64,
+        tuning: Tuning,
+        read_only: bool,
+        recovery: Recovery,
+    ) -> Self {
+        let free: Vec<u32> = (0..geometry.segment_count)
+            .rev()
+            .filter(|&i| state.store.segments[i as usize].state == SegState::Free)
+            .collect();
+        // A crash can leave freed segments' space allocated: give it back when idle. Holes
+        // cost nothing to punch again, and adjacent segments go in one call.
+        let undiscarded = free.iter().copied().collect();
+        Engine {
+            backend,
+            geometry,
+            meta: Mutex::new(Meta {
+                state,
+                head,
+                appended: 0,
+                counters,
+                checkpoint_seq,
+                appended_at_checkpoint: 0,
+                checkpoint_len: 0,
+                checkpointed_at: Instant::now(),
+                free,
+                freed: 0,
+                undiscarded,
+                ready: Default::default(),
+                preparing: Default::default(),
+            }),
+            reuse: RwLock::new(()),
+            flush: Mutex::new(FlushState {
+                durable: 0,
+                syncing: false,
+            }),
+            flushed: Condvar::new(),
+            poison: Mutex::new(None),
+            poisoned: AtomicBool::new(false),
+            maintenance: Mutex::new(()),
+            tuning: Mutex::new(tuning),
+            stop: AtomicBool::new(false),
+            gc_wakeup: Wakeup::default(),
+            segments_wakeup: Wakeup::default(),
+            host_activity: AtomicU64::new(0),
+            activity_at_last_round: AtomicU64::new(0),
+            gc_relocated: AtomicU64::new(0),
+            unreadable: Mutex::new(Default::default()),
+            read_only,
+            recovery,
+        }
+    }
+}
+
+/// Where replay stopped.
+pub(super) enum LogEnd {
+    /// At an invalid record inside the head segment: the tail from here was never durable.
+    Torn(Head),
+    /// Right after a Seal whose next segment never got its start record.
+    AfterSeal(Head),
+}
+
+pub(super) fn replay(
+    backend: &dyn Backend,
+    geometry: &Geometry,
+    state: &mut State,
+    counters: &mut Counters,
+    start: Head,
+    recovery: &mut Recovery,
+) -> Result<LogEnd> {
+    let seg = geometry.segment_size as u64;
+    let mut head = start;
+    let mut buf = vec![0u8; seg as usize];
+    loop {
+        let base = head.segment as u64 * seg;
+        backend.read_at(&mut buf, base)?;
+        let mut pos = head.offset as usize;
+        loop {
+            let decoded = format::decode(&buf[pos..], head.seq);
+            let (record, len) = match decoded {
+                Ok(x) => x,
+                Err(format::DecodeError::Malformed(why)) => {
+                    return Err(EngineError::Metadata(format!(
+                        "segment {} offset {pos}: {why}",
+                        head.segment
+                    )))
+                }
+                Err(_) => {
+                    return Ok(LogEnd::Torn(Head {
+                        offset: pos as u32,
+                        ..head
+                    }))
+                }
+            };
+            recovery.records_replayed += 1;
+            recovery.bytes_replayed += len as u64;
+            let loc = Loc {
+                segment: head.segment,
+                offset: pos as u32,
+            };
+            match record {
+                Record::SegmentStart { seq, segment } => {
+                    if pos != 0 || seq != head.seq || segment != head.segment {
+                        return Err(EngineError::Metadata(format!(
+                            "misplaced segment start in segment {}",
+                            head.segment
+                        )));
+                    }
+                }
+                Record::Seal {
+                    next_segment,
+                    next_seq,
+                } => {
+                    let s = &mut state.store.segments[head.segment as usize];
+                    s.state = SegState::Sealed;
+                    s.seq = head.seq;
+                    s.written = (pos + len) as u32;
+                    // Sequences grow by one per segment, and jump after a recovery (see
+                    // `repair_tail`).
+                    if next_segment >= geometry.segment_count || next_seq <= head.seq {
+                        return Err(EngineError::Metadata("seal points outside the log".into()));
+                    }
+                    let mut start = vec![0u8; SEGMENT_START_LEN];
+                    backend.read_at(&mut start, next_segment as u64 * seg)?;
+                    match format::decode(&start, next_seq) {
+                        Ok((Record::SegmentStart { seq, segment }, _))
+                            if seq == next_seq && segment == next_segment =>
+                        {
+                            let n = &mut state.store.segments[next_segment as usize];
+                            if n.live != 0 {
+                                return Err(EngineError::Metadata(format!(
+                                    "segment {next_segment} reused while it held live chunks"
+                                )));
+                            }
+                            *n = Segment {
+                                state: SegState::Open,
+                                seq: next_seq,
+                                written: SEGMENT_START_LEN as u32,
+                                live: 0,
+                            };
+                            head = Head {
+                                segment: next_segment,
+                                seq: next_seq,
+                                offset: SEGMENT_START_LEN as u32,
+                            };
+                            break;
+                        }
+                        _ => {
+                            return Ok(LogEnd::AfterSeal(Head {
+                                segment: next_segment,
+                                seq: next_seq,
+                                offset: 0,
+                            }))
+                        }
+                    }
+                }
+                other => {
+                    state.apply(&other, loc, head.seq).map_err(|e| {
+                        EngineError::Metadata(format!("segment {} offset {pos}: {e}", head.segment))
+                    })?;
+                    if let Record::VolumeCreate { volume, .. }
+                    | Record::VolumeClone { dst: volume, .. } = other
+                    {
+                        counters.next_volume = counters.next_volume.max(volume + 1);
+                    }
+                    if let Record::Batch { inner } = other {
+                        for (_, r) in format::records(inner, head.seq).flatten() {
+                            if let Record::Chunk { data, .. } = r {
+                                // Host and collector writes are not told apart in the log;
+                                // count them as host bytes (the figure is advisory).
+                                counters.host_bytes +=
+                                    (RECORD_HEADER + CHUNK_PREFIX + data.len()) as u64;
+                            }
+                        }
+                    }
+                }
+            }
+            pos += len;
+            let s = &mut state.store.segments[head.segment as usize];
+            s.state = SegState::Open;
+            s.seq = head.seq;
+            s.written = pos as u32;
+            if pos >= buf.len() {
+                return Ok(LogEnd::Torn(Head {
+                    offset: pos as u32,
+                    ..head
+                }));
+            }
+        }
+    }
+}
+
+/// Make the log appendable again after replay: seal a torn segment (stale bytes after the tear
+/// must never be read as records) and open a fresh head segment, which the caller records in
+/// a new checkpoint.
+///
+/// The writes lost in the crash may have reached other segments: a crash keeps any subset of
+/// what was not synced, so segments the lost history opened after the tear (with the sequence
+/// numbers that come next) can hold complete, checksummed records. Were the new head to reuse
+/// those sequence numbers, replay would one day run from the new records into the lost ones.
+/// Between two syncs each segment is opened at most once (a segment only becomes free again
+/// after the collector synced), so the lost history used at most `segment_count` sequence
+/// numbers after the last one replay saw: the new head skips all of them.
+///
+/// The new head is a free segment or, when there is none, a segment holding neither live
+/// chunks nor records the current checkpoint's replay needs: an old one, or the torn head
+/// itself when nothing after the checkpoint was found (a clean restart). So repeated restarts
+/// of a full array do not run out of segments.
+pub(super) fn repair_tail(
+    backend: &dyn Backend,
+    geometry: &Geometry,
+    state: &mut State,
+    end: LogEnd,
+    checkpoint: Head,
+) -> Result<Head> {
+    let seg = geometry.segment_size as u64;
+    let (last_seq, torn) = match end {
+        // The seal is durable; the lost history started the segment it names.
+        LogEnd::AfterSeal(h) => (h.seq, None),
+        LogEnd::Torn(h) => {
+            if h.offset as u64 + SEAL_LEN as u64 > seg {
+                return Err(EngineError::Metadata(format!(
+                    "segment {} has no room for its seal",
+                    h.segment
+                )));
+            }
+            (h.seq, Some(h))
+        }
+    };
+    let seq = last_seq + geometry.segment_count as u64 + 1;
+    let segments = &state.store.segments;
+    let garbage = |i: u32| {
+        let s = &segments[i as usize];
+        s.state == SegState::Sealed && s.live == 0 && s.seq < checkpoint.seq
+    };
+    // Replay stopped right at the checkpoint's head: the torn segment holds nothing the
+    // checkpoint's replay needs before that point, and the bytes there, which stop that
+    // replay, stay as they are (only the segment's start record is rewritten).
+    let reusable_head = torn.filter(|&h| h == checkpoint && segments[h.segment as usize].live == 0);
+    let mut candidates: Vec<u32> = (0..geometry.segment_count)
+        .filter(|&i| segments[i as usize].state == SegState::Free)
+        .chain((0..geometry.segment_count).filter(|&i| garbage(i)))
+        .filter(|&i| !matches!(torn, Some(h) if h.segment == i))
+        .collect();
+    candidates.extend(reusable_head.map(|h| h.segment));
+    let mut segment = None;
+    for i in candidates {
+        match backend.allocate(i as u64 * seg, seg) {
+            Ok(()) => {
+                segment = Some(i);
+                break;
+            }
+            Err(e) if e.raw_os_error() == Some(libc::ENOSPC) => continue,
+            Err(e) => return Err(e.into()),
+        }
+    }
+    let Some(segment) = segment else {
+        // Every segment holds live chunks or records replay needs. Then the lost history
+        // opened no segment either (it could only have taken one that is free or garbage
+        // here), so its records can only lie in the torn segment after the tear: wipe them
+        // and go on appending there, with the same sequence number.
+        let h = torn.ok_or(EngineError::NoSpace)?;
+        let from = h.segment as u64 * seg + h.offset as u64;
+        backend.write_at(&vec![0u8; (seg - h.offset as u64) as usize], from)?;
+        backend.sync()?;
+        let s = &mut state.store.segments[h.segment as usize];
+        s.state = SegState::Open;
+        s.seq = h.seq;
+        s.written = h.offset;
+        return Ok(h);
+    };
+    if let Some(h) = torn.filter(|h| h.segment != segment) {
+        let mut seal = Vec::new();
+        Encoder::new(&mut seal, h.seq).seal(segment, seq);
+        backend.write_at(&seal, h.segment as u64 * seg + h.offset as u64)?;
+        let s = &mut state.store.segments[h.segment as usize];
+        s.state = SegState::Sealed;
+        s.seq = h.seq;
+        s.written = h.offset + SEAL_LEN as u32;
+    }
+    // No record anywhere carries the new sequence number: the segment needs no wiping.
+    let mut start = Vec::new();
+    Encoder::new(&mut start, seq).segment_start(seq, segment);
+    backend.write_at(&start, segment as u64 * seg)?;
+    backend.sync()?;
+    state.store.segments[segment as usize] = Segment {
+        state: SegState::Open,
+        seq,
+        written: SEGMENT_START_LEN as u32,
+        live: 0,
+    };
+    Ok(Head {
+        segment,
+        seq,
+        offset: SEGMENT_START_LEN as u32,
+    })
+}

@@ -1,0 +1,181 @@
+//! The read path: map entries and chunk places resolved under the lock, data read and decoded outside it.
+
+use super::*;
+
+impl Engine {
+    /// Read bytes at `offset` of `volume` into `buf`. Unmapped space reads as zeros.
+    pub fn read(&self, volume: u32, offset: u64, buf: &mut [u8]) -> Result<()> {
+        self.host_activity.fetch_add(1, Ordering::Relaxed);
+        let cs = self.geometry.chunk_size as u64;
+        if buf.is_empty() {
+            let m = self.lock_meta();
+            return Self::volume_range(&m, volume, offset, 0);
+        }
+        let first = offset / cs;
+        let last = (offset + buf.len() as u64 - 1) / cs;
+        {
+            let m = self.lock_meta();
+            Self::volume_range(&m, volume, offset, buf.len() as u64)?;
+        }
+        // Aligned fast path reads straight into `buf`; edges go through a bounce buffer.
+        let aligned_start = offset.is_multiple_of(cs);
+        let aligned_end = (offset + buf.len() as u64).is_multiple_of(cs);
+        if aligned_start && aligned_end {
+            self.read_chunks(volume, first, buf)?;
+            return Ok(());
+        }
+        let mut bounce = vec![0u8; (last - first + 1) as usize * cs as usize];
+        self.read_chunks(volume, first, &mut bounce)?;
+        let skip = (offset - first * cs) as usize;
+        buf.copy_from_slice(&bounce[skip..skip + buf.len()]);
+        Ok(())
+    }
+
+    /// Fill `out` (whole chunks) with chunks `first..` of `volume`. Map entries and chunk
+    /// locations are resolved under one lock and the segments pinned against reuse, so the
+    /// bytes read are what the map held at that instant. Returns the (id, fingerprint) seen
+    /// for each chunk.
+    pub(super) fn read_chunks(
+        &self,
+        volume: u32,
+        first: u64,
+        out: &mut [u8],
+    ) -> Result<Vec<(u32, [u8; 16])>> {
+        let cs = self.geometry.chunk_size as usize;
+        let count = out.len() / cs;
+        let (seen, locs, _pin) = {
+            let m = self.lock_meta();
+            let map = m
+                .state
+                .volumes
+                .get(&volume)
+                .ok_or(EngineError::NoSuchVolume(volume))?;
+            let pin = self.reuse.read().unwrap_or_else(|p| p.into_inner());
+            let mut seen = Vec::with_capacity(count);
+            let mut locs = Vec::with_capacity(count);
+            for c in first..first + count as u64 {
+                let id = map.get(c);
+                if !holds_data(id) {
+                    seen.push((id, [0; 16]));
+                    locs.push(None);
+                    continue;
+                }
+                let chunk = m
+                    .state
+                    .store
+                    .chunk(id)
+                    .ok_or_else(|| EngineError::Corrupt {
+                        offset: c * cs as u64,
+                        reason: format!("map points at missing chunk {id}"),
+                    })?;
+                seen.push((id, chunk.hash));
+                let seq = m.state.store.segments[chunk.loc.segment as usize].seq;
+                locs.push(Some((id, chunk.loc, chunk.len, seq)));
+            }
+            (seen, locs, pin)
+        };
+        let mut i = 0;
+        while i < count {
+            let Some((_, loc, len, seq)) = locs[i] else {
+                out[i * cs..(i + 1) * cs].fill(0);
+                i += 1;
+                continue;
+            };
+            // Coalesce chunks stored back to back into one read.
+            let mut j = i + 1;
+            let mut total = len as usize;
+            while j < count && total < (1 << 20) {
+                match locs[j] {
+                    Some((_, l, n, _))
+                        if l.segment == loc.segment
+                            && l.offset as usize == loc.offset as usize + total =>
+                    {
+                        total += n as usize;
+                        j += 1;
+                    }
+                    _ => break,
+                }
+            }
+            let mut raw = vec![0u8; total];
+            let at = loc.segment as u64 * self.geometry.segment_size as u64 + loc.offset as u64;
+            if let Err(e) = self.backend.read_at(&mut raw, at) {
+                if j == i + 1 {
+                    return Err(EngineError::Corrupt {
+                        offset: (first + i as u64) * cs as u64,
+                        reason: format!("read failed: {e}"),
+                    });
+                }
+                // A coalesced read failed: read its chunks one by one, so the error names
+                // the chunk that fails (and a transient error costs nothing).
+                let mut pos = 0;
+                for (k, slot) in locs.iter().enumerate().take(j).skip(i) {
+                    let (_, _, n, _) = slot.expect("coalesced");
+                    let one = &mut raw[pos..pos + n as usize];
+                    self.backend.read_at(one, at + pos as u64).map_err(|e| {
+                        EngineError::Corrupt {
+                            offset: (first + k as u64) * cs as u64,
+                            reason: format!("read failed: {e}"),
+                        }
+                    })?;
+                    pos += n as usize;
+                }
+            }
+            let mut pos = 0;
+            for (k, slot) in locs.iter().enumerate().take(j).skip(i) {
+                let (id, _, n, _) = slot.expect("coalesced");
+                let target = &mut out[k * cs..(k + 1) * cs];
+                decode_chunk(&raw[pos..pos + n as usize], seq, id, target).map_err(|reason| {
+                    EngineError::Corrupt {
+                        offset: (first + k as u64) * cs as u64,
+                        reason,
+                    }
+                })?;
+                pos += n as usize;
+            }
+            i = j;
+        }
+        Ok(seen)
+    }
+}
+
+/// Decode one Chunk record into `out` (one chunk).
+pub(super) fn decode_chunk(
+    raw: &[u8],
+    seq: u64,
+    id: u32,
+    out: &mut [u8],
+) -> std::result::Result<(), String> {
+    let (record, _) = format::decode(raw, seq).map_err(|e| format!("record unreadable: {e:?}"))?;
+    let Record::Chunk {
+        id: got,
+        codec,
+        data,
+        ..
+    } = record
+    else {
+        return Err("not a chunk record".into());
+    };
+    if got != id {
+        return Err(format!("record holds chunk {got}, expected {id}"));
+    }
+    match codec {
+        Codec::Raw if data.len() == out.len() => {
+            out.copy_from_slice(data);
+            Ok(())
+        }
+        Codec::Lz4 => match lz4_flex::block::decompress_into(data, out) {
+            Ok(n) if n == out.len() => Ok(()),
+            Ok(n) => Err(format!("lz4 data decompressed to {n} bytes")),
+            Err(e) => Err(format!("lz4: {e}")),
+        },
+        Codec::Zstd => match zstd::bulk::decompress_to_buffer(data, out) {
+            Ok(n) if n == out.len() => Ok(()),
+            Ok(n) => Err(format!("zstd data decompressed to {n} bytes")),
+            Err(e) => Err(format!("zstd: {e}")),
+        },
+        other => Err(format!(
+            "unsupported stored form {other:?} ({} bytes)",
+            data.len()
+        )),
+    }
+}

@@ -1,0 +1,239 @@
+//! The write path: chunks fingerprinted and compressed outside the lock, deduplicated, appended as one batch.
+
+use super::*;
+
+impl Engine {
+    pub(super) fn prepare(&self, data: &[u8]) -> Prepared {
+        if is_zero(data) {
+            return Prepared::Zero;
+        }
+        let hash: [u8; 16] = blake3::keyed_hash(&self.geometry.key, data).as_bytes()[..16]
+            .try_into()
+            .unwrap();
+        let compression = self.tuning.lock().unwrap().compression;
+        let compressed = match compression {
+            Compression::None => None,
+            Compression::Lz4 => Some((Codec::Lz4, lz4_flex::block::compress(data))),
+            Compression::Zstd(level) => zstd::bulk::compress(data, level)
+                .ok()
+                .map(|c| (Codec::Zstd, c)),
+        };
+        match compressed {
+            Some((codec, bytes)) if bytes.len() < data.len() => {
+                Prepared::Data { hash, codec, bytes }
+            }
+            _ => Prepared::Data {
+                hash,
+                codec: Codec::Raw,
+                bytes: data.to_vec(),
+            },
+        }
+    }
+
+    pub(super) fn volume_range(m: &Meta, volume: u32, offset: u64, len: u64) -> Result<()> {
+        let size = m
+            .state
+            .volumes
+            .get(&volume)
+            .ok_or(EngineError::NoSuchVolume(volume))?
+            .size;
+        match offset.checked_add(len) {
+            Some(end) if end <= size => Ok(()),
+            _ => Err(EngineError::OutOfRange {
+                volume,
+                offset,
+                len,
+                size,
+            }),
+        }
+    }
+
+    /// Write `data` at byte `offset` of `volume`. Chunks are deduplicated, compressed, and
+    /// all-zero chunks unmapped. Not durable until [`Engine::flush`].
+    pub fn write(&self, volume: u32, offset: u64, data: &[u8]) -> Result<()> {
+        self.check_writable()?;
+        {
+            let m = self.lock_meta();
+            Self::volume_range(&m, volume, offset, data.len() as u64)?;
+        }
+        if data.is_empty() {
+            return Ok(());
+        }
+        let cs = self.geometry.chunk_size as u64;
+        let limit = self.batch_chunks() as u64 * cs;
+        // Pieces aligned to chunk boundaries, each one batch (crash-atomic).
+        let mut pos = offset;
+        let end = offset + data.len() as u64;
+        while pos < end {
+            let piece_end = ((pos / cs) * cs + limit).min(end);
+            let slice = &data[(pos - offset) as usize..(piece_end - offset) as usize];
+            self.write_piece(volume, pos, slice)?;
+            pos = piece_end;
+        }
+        Ok(())
+    }
+
+    /// One batch: chunks `pos/cs ..= (end-1)/cs`.
+    pub(super) fn write_piece(&self, volume: u32, offset: u64, data: &[u8]) -> Result<()> {
+        let cs = self.geometry.chunk_size as u64;
+        let first = offset / cs;
+        let last = (offset + data.len() as u64 - 1) / cs;
+        let partial = |c: u64| -> bool {
+            let start = c * cs;
+            start < offset || start + cs > offset + data.len() as u64
+        };
+        // Full chunks do not depend on old data: prepare them once.
+        let mut prepared: Vec<Option<Prepared>> = (first..=last)
+            .map(|c| {
+                if partial(c) {
+                    None
+                } else {
+                    let a = (c * cs - offset) as usize;
+                    Some(self.prepare(&data[a..a + cs as usize]))
+                }
+            })
+            .collect();
+        let partials: Vec<u64> = [first, last]
+            .into_iter()
+            .filter(|&c| partial(c))
+            .collect::<std::collections::BTreeSet<_>>()
+            .into_iter()
+            .collect();
+        let mut attempts = 0;
+        let mut collections = 0;
+        loop {
+            attempts += 1;
+            // Partial chunks: read the old content (optimistically, without the lock), merge,
+            // and commit only if nobody changed those map entries meanwhile.
+            let mut expected = Vec::new();
+            for &c in &partials {
+                let mut buf = vec![0u8; cs as usize];
+                let old = self.read_chunks(volume, c, &mut buf)?[0];
+                let start = c * cs;
+                let from = offset.max(start);
+                let to = (offset + data.len() as u64).min(start + cs);
+                buf[(from - start) as usize..(to - start) as usize]
+                    .copy_from_slice(&data[(from - offset) as usize..(to - offset) as usize]);
+                prepared[(c - first) as usize] = Some(self.prepare(&buf));
+                expected.push((c, old));
+            }
+            let mut m = self.lock_meta();
+            let map = m
+                .state
+                .volumes
+                .get(&volume)
+                .ok_or(EngineError::NoSuchVolume(volume))?;
+            // Compare id and fingerprint: an id freed and reused meanwhile has other content.
+            let changed = expected.iter().any(|&(c, old)| {
+                let id = map.get(c);
+                id != old.0
+                    || (holds_data(id) && m.state.store.chunk(id).map(|x| x.hash) != Some(old.1))
+            });
+            if changed {
+                drop(m);
+                if attempts > 1000 {
+                    return Err(EngineError::Invalid(
+                        "write kept racing with overlapping writes".into(),
+                    ));
+                }
+                std::thread::yield_now();
+                continue;
+            }
+            let items: Vec<&Prepared> = prepared
+                .iter()
+                .map(|p| p.as_ref().expect("prepared"))
+                .collect();
+            match self.commit(&mut m, volume, first, &items) {
+                Err(EngineError::NoSpace) => {
+                    drop(m);
+                    collections += 1;
+                    if collections <= MAX_COLLECTIONS && self.collect_for_space()? {
+                        continue;
+                    }
+                    return Err(EngineError::NoSpace);
+                }
+                other => return other,
+            }
+        }
+    }
+
+    /// Encode and append one batch mapping chunks `first..` of `volume`.
+    pub(super) fn commit(
+        &self,
+        m: &mut Meta,
+        volume: u32,
+        first: u64,
+        items: &[&Prepared],
+    ) -> Result<()> {
+        let mut ids = Vec::with_capacity(items.len());
+        let mut new: Vec<(u32, &[u8; 16], Codec, &[u8])> = Vec::new();
+        let mut local = crate::state::FingerprintIndex::default();
+        let mut allocated = Vec::new();
+        let mut into_anchored = true;
+        let mut size = RECORD_HEADER + RECORD_HEADER + 16 + 4 * items.len();
+        for (k, item) in items.iter().enumerate() {
+            let id = match item {
+                Prepared::Zero => 0,
+                Prepared::Data { hash, codec, bytes } => {
+                    if let Some(&id) = m.state.store.index.get(hash) {
+                        id
+                    } else if let Some(&id) = local.get(hash) {
+                        id
+                    } else {
+                        let Some(id) = m.state.store.allocate_id() else {
+                            return Err(EngineError::NoSpace);
+                        };
+                        allocated.push(id);
+                        // Without anchors anywhere (the usual case) no lookup is needed.
+                        into_anchored &= m.state.store.anchored > 0
+                            && m.state
+                                .volumes
+                                .get(&volume)
+                                .is_some_and(|map| map.get(first + k as u64) == ANCHORED);
+                        local.insert(*hash, id);
+                        new.push((id, hash, *codec, bytes));
+                        size += RECORD_HEADER + CHUNK_PREFIX + bytes.len();
+                        id
+                    }
+                }
+            };
+            ids.push(id);
+        }
+        // Writes of data already stored (dedup hits, zeros) need no chunk space: like UNMAP
+        // they keep working on a full array.
+        let class = if new.is_empty() {
+            Space::Metadata
+        } else if into_anchored {
+            Space::AnchoredData
+        } else {
+            Space::Data
+        };
+        let at = match self.reserve(m, size, class) {
+            Ok(at) => at,
+            Err(e) => {
+                // Ids taken but not used go back.
+                m.state.store.free_ids.extend(allocated);
+                return Err(e);
+            }
+        };
+        let mut buf = Vec::with_capacity(size);
+        let mut e = Encoder::new(&mut buf, at.seq);
+        let mut host = 0u64;
+        for (id, hash, codec, bytes) in &new {
+            e.chunk(*id, *codec, hash, bytes);
+            host += (RECORD_HEADER + CHUNK_PREFIX + bytes.len()) as u64;
+        }
+        e.map(volume, first, &ids);
+        e.wrap_batch(0);
+        debug_assert_eq!(buf.len(), size);
+        if let Err(e) = self.append_at(m, at, &buf) {
+            if matches!(e, EngineError::NoSpace) {
+                // Nothing was applied.
+                m.state.store.free_ids.extend(allocated);
+            }
+            return Err(e);
+        }
+        m.counters.host_bytes += host;
+        Ok(())
+    }
+}
