@@ -3,5 +3,5 @@
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
-    let _ = sliver_engine::checkpoint::decode(data);
+    let _ = sliver_engine::legacy::checkpoint::decode(data);
 });

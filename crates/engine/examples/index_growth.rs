@@ -1,10 +1,11 @@
-//! The longest single insert into the dedup index while it grows to N fingerprints: the stall
+//! The longest single insert into format 2's complete dedup index (kept for the migration) while
+//! it grows to N fingerprints: the stall
 //! a host command waiting for the metadata lock would see. Compares the sharded index with one
 //! hash table (what the engine used before).
 //!
 //!     cargo run --release -p sliver-engine --example index_growth -- [N]
 
-use sliver_engine::state::{FingerprintHasher, FingerprintIndex};
+use sliver_engine::legacy::state::{FingerprintHasher, FingerprintIndex};
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 

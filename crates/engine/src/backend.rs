@@ -1,10 +1,12 @@
-//! The narrow storage interface under the engine: one log area addressed by byte offset, plus
-//! one atomically replaced checkpoint blob.
+//! The narrow storage interface under the engine: the log area addressed by byte offset, the
+//! metadata area (4 KiB page slots, see [`crate::meta::page_store`]), and one atomically
+//! replaced root blob naming the newest consistent set of metadata pages. The format 2
+//! checkpoint blob is still read, for the migration.
 //!
-//! [`FileBackend`] is what ships: a (sparse) log file and a checkpoint file in the array's data
-//! directory. [`MemBackend`] is the test double that makes crash testing honest: it keeps the
-//! bytes written apart from the bytes made durable, and a simulated crash keeps an arbitrary,
-//! possibly torn, subset of what was not yet synced.
+//! [`FileBackend`] is what ships: a (sparse) log file, a metadata file and a root file in the
+//! array's data directory. [`MemBackend`] is the test double that makes crash testing honest:
+//! it keeps the bytes written apart from the bytes made durable, and a simulated crash keeps an
+//! arbitrary, possibly torn, subset of what was not yet synced, in both areas.
 
 use std::fs::{File, OpenOptions};
 use std::io;
@@ -27,11 +29,27 @@ pub trait Backend: Send + Sync {
     fn allocate(&self, offset: u64, len: u64) -> io::Result<()>;
     /// Give a range's space back (its contents become undefined).
     fn discard(&self, offset: u64, len: u64) -> io::Result<()>;
-    /// The last stored checkpoint, if any.
+    /// Read the metadata area; bytes never written read as zeros.
+    fn meta_read(&self, buf: &mut [u8], offset: u64) -> io::Result<()>;
+    /// Write the metadata area (it grows as needed); not durable until [`Backend::meta_sync`].
+    fn meta_write(&self, data: &[u8], offset: u64) -> io::Result<()>;
+    /// Make every completed metadata write durable.
+    fn meta_sync(&self) -> io::Result<()>;
+    /// The last stored root, if any.
+    fn load_root(&self) -> io::Result<Option<Vec<u8>>>;
+    /// Replace the root atomically and durably: after a crash, either the old or the new one
+    /// is found, complete.
+    fn store_root(&self, bytes: &[u8]) -> io::Result<()>;
+    /// The format 2 checkpoint, if the backend still holds one (an array to migrate).
     fn load_checkpoint(&self) -> io::Result<Option<Vec<u8>>>;
-    /// Replace the checkpoint atomically and durably: after a crash, either the old or the new
-    /// one is found, complete.
+    /// Store a format 2 checkpoint (tests that build old arrays).
     fn store_checkpoint(&self, bytes: &[u8]) -> io::Result<()>;
+    /// Keep the format 2 checkpoint under another name once a root has replaced it (the
+    /// migration's last step: from then on the array opens as format 3).
+    fn retire_checkpoint(&self) -> io::Result<()>;
+    /// Bytes a metadata flush may add to the metadata area: [`Backend::has_room`] keeps room
+    /// for them.
+    fn reserve_meta(&self, _bytes: u64) {}
     /// Whether the storage can take `len` more bytes of log and still hold `keep` bytes more
     /// plus a new checkpoint. The engine asks before it takes space for new data, so that a
     /// full file system keeps room for what frees space: metadata records, a checkpoint, the
@@ -41,21 +59,39 @@ pub trait Backend: Send + Sync {
     }
 }
 
-/// The log in `<dir>/log` (sparse, `capacity` bytes) and the checkpoint in `<dir>/checkpoint`.
+/// The log in `<dir>/log` (sparse, `capacity` bytes), metadata pages in `<dir>/meta`, the root
+/// in `<dir>/root` (format 2: the checkpoint in `<dir>/checkpoint`).
 pub struct FileBackend {
     dir: PathBuf,
     log: File,
+    meta: File,
     capacity: u64,
-    /// Size of the last checkpoint loaded or stored: a new one needs about as much room.
+    /// Size of the last checkpoint loaded or stored, or the bytes a metadata flush may add:
+    /// room [`Backend::has_room`] keeps.
     checkpoint_len: AtomicU64,
+    /// Bytes of the metadata file allocated so far (it grows by [`META_GROWTH`] steps, so a
+    /// full file system shows as ENOSPC from fallocate, not in the middle of a page).
+    meta_allocated: AtomicU64,
 }
+
+/// The metadata file grows by this much at a time.
+const META_GROWTH: u64 = 4 << 20;
 
 /// Room [`FileBackend::has_room`] keeps beyond a checkpoint, for the file system's own
 /// metadata and the array's small files.
 const ROOM_SLACK: u64 = 1 << 20;
 
 const LOG_FILE: &str = "log";
+const META_FILE: &str = "meta";
+const ROOT_FILE: &str = "root";
 const CHECKPOINT_FILE: &str = "checkpoint";
+/// Where the migration keeps the format 2 checkpoint (kept for one release, for forensics).
+const RETIRED_CHECKPOINT_FILE: &str = "checkpoint.v2";
+
+/// Whether `dir` holds an engine (format 3, or format 2 awaiting migration).
+pub fn holds_engine(dir: &Path) -> bool {
+    dir.join(ROOT_FILE).exists() || dir.join(CHECKPOINT_FILE).exists()
+}
 
 impl FileBackend {
     /// Open or create the backend in `dir`; a new log file gets `capacity` bytes (sparse). An
@@ -75,11 +111,20 @@ impl FileBackend {
             log.sync_all()?;
             sync_dir(dir)?;
         }
+        let meta = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(dir.join(META_FILE))?;
+        let meta_len = meta.metadata()?.len();
         Ok(Self {
             dir: dir.to_path_buf(),
             capacity: capacity.max(len),
             log,
+            meta,
             checkpoint_len: AtomicU64::new(0),
+            meta_allocated: AtomicU64::new(meta_len),
         })
     }
 
@@ -104,20 +149,49 @@ impl FileBackend {
     }
 
     fn fallocate(&self, mode: i32, offset: u64, len: u64) -> io::Result<()> {
-        // SAFETY: plain syscall on an open descriptor we own.
-        let rc = unsafe {
-            libc::fallocate(
-                self.log.as_raw_fd(),
-                mode,
-                offset as libc::off_t,
-                len as libc::off_t,
-            )
-        };
-        if rc == 0 {
-            Ok(())
-        } else {
-            Err(io::Error::last_os_error())
+        fallocate(&self.log, mode, offset, len)
+    }
+
+    fn load_file(&self, name: &str) -> io::Result<Option<Vec<u8>>> {
+        match std::fs::read(self.dir.join(name)) {
+            Ok(bytes) => Ok(Some(bytes)),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(e),
         }
+    }
+
+    /// Replace `name` atomically and durably (temporary file, fsync, rename, directory fsync).
+    fn store_file(&self, name: &str, bytes: &[u8]) -> io::Result<()> {
+        let tmp = self.dir.join(format!("{name}.tmp"));
+        let written = (|| {
+            let mut f = File::create(&tmp)?;
+            io::Write::write_all(&mut f, bytes)?;
+            f.sync_all()
+        })();
+        if let Err(e) = written {
+            // A full file system: give back what the partial copy took.
+            let _ = std::fs::remove_file(&tmp);
+            return Err(e);
+        }
+        std::fs::rename(&tmp, self.dir.join(name))?;
+        sync_dir(&self.dir)
+    }
+}
+
+fn fallocate(file: &File, mode: i32, offset: u64, len: u64) -> io::Result<()> {
+    // SAFETY: plain syscall on an open descriptor we own.
+    let rc = unsafe {
+        libc::fallocate(
+            file.as_raw_fd(),
+            mode,
+            offset as libc::off_t,
+            len as libc::off_t,
+        )
+    };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
     }
 }
 
@@ -162,34 +236,78 @@ impl Backend for FileBackend {
         }
     }
 
-    fn load_checkpoint(&self) -> io::Result<Option<Vec<u8>>> {
-        match std::fs::read(self.dir.join(CHECKPOINT_FILE)) {
-            Ok(bytes) => {
-                self.checkpoint_len
-                    .fetch_max(bytes.len() as u64, Ordering::Relaxed);
-                Ok(Some(bytes))
+    fn meta_read(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
+        let mut done = 0;
+        while done < buf.len() {
+            match self.meta.read_at(&mut buf[done..], offset + done as u64) {
+                Ok(0) => break,
+                Ok(n) => done += n,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e),
             }
-            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
-            Err(e) => Err(e),
         }
+        // Past the end of the file: never written.
+        buf[done..].fill(0);
+        Ok(())
+    }
+
+    fn meta_write(&self, data: &[u8], offset: u64) -> io::Result<()> {
+        let end = offset + data.len() as u64;
+        let allocated = self.meta_allocated.load(Ordering::Acquire);
+        if end > allocated {
+            let to = end.div_ceil(META_GROWTH) * META_GROWTH;
+            match fallocate(&self.meta, 0, allocated, to - allocated) {
+                Ok(()) => {
+                    self.meta_allocated.fetch_max(to, Ordering::AcqRel);
+                }
+                // File systems without fallocate: space shows up as ENOSPC on write instead.
+                Err(e) if e.raw_os_error() == Some(libc::EOPNOTSUPP) => {}
+                Err(e) => return Err(e),
+            }
+        }
+        self.meta.write_all_at(data, offset)
+    }
+
+    fn meta_sync(&self) -> io::Result<()> {
+        self.meta.sync_data()
+    }
+
+    fn load_root(&self) -> io::Result<Option<Vec<u8>>> {
+        self.load_file(ROOT_FILE)
+    }
+
+    fn store_root(&self, bytes: &[u8]) -> io::Result<()> {
+        self.store_file(ROOT_FILE, bytes)
+    }
+
+    fn load_checkpoint(&self) -> io::Result<Option<Vec<u8>>> {
+        let loaded = self.load_file(CHECKPOINT_FILE)?;
+        if let Some(bytes) = &loaded {
+            self.checkpoint_len
+                .fetch_max(bytes.len() as u64, Ordering::Relaxed);
+        }
+        Ok(loaded)
     }
 
     fn store_checkpoint(&self, bytes: &[u8]) -> io::Result<()> {
         self.checkpoint_len
             .store(bytes.len() as u64, Ordering::Relaxed);
-        let tmp = self.dir.join("checkpoint.tmp");
-        let written = (|| {
-            let mut f = File::create(&tmp)?;
-            io::Write::write_all(&mut f, bytes)?;
-            f.sync_all()
-        })();
-        if let Err(e) = written {
-            // A full file system: give back what the partial copy took.
-            let _ = std::fs::remove_file(&tmp);
-            return Err(e);
+        self.store_file(CHECKPOINT_FILE, bytes)
+    }
+
+    fn retire_checkpoint(&self) -> io::Result<()> {
+        match std::fs::rename(
+            self.dir.join(CHECKPOINT_FILE),
+            self.dir.join(RETIRED_CHECKPOINT_FILE),
+        ) {
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
+            other => other?,
         }
-        std::fs::rename(&tmp, self.dir.join(CHECKPOINT_FILE))?;
         sync_dir(&self.dir)
+    }
+
+    fn reserve_meta(&self, bytes: u64) {
+        self.checkpoint_len.store(bytes, Ordering::Relaxed);
     }
 
     fn has_room(&self, len: u64, keep: u64) -> bool {
@@ -208,46 +326,63 @@ pub struct MemBackend {
     inner: Mutex<MemInner>,
 }
 
-#[derive(Clone)]
-struct MemInner {
+/// The log area (index 0) and the metadata area (index 1) of a [`MemBackend`].
+const LOG: usize = 0;
+const META: usize = 1;
+
+#[derive(Clone, Default)]
+struct Area {
     /// What reads see (all completed writes).
     current: Vec<u8>,
     /// What survives a crash for certain.
     durable: Vec<u8>,
-    /// Writes since the last sync, oldest first.
-    pending: Vec<(u64, Vec<u8>)>,
+}
+
+#[derive(Clone)]
+struct MemInner {
+    areas: [Area; 2],
+    /// Writes since the last sync of their area, oldest first: (area, offset, bytes).
+    pending: Vec<(usize, u64, Vec<u8>)>,
+    root: Option<Vec<u8>>,
     checkpoint: Option<Vec<u8>>,
     /// Bytes of log space that may be allocated (simulates a full file system).
     space_limit: u64,
     allocated: std::collections::BTreeSet<u64>,
     allocation_unit: u64,
+    /// Bytes the metadata area may grow to (simulates a full file system for it).
+    meta_limit: u64,
     fail_next_sync: bool,
     fail_reads_at: Option<(u64, u64)>,
 }
 
 impl MemBackend {
     pub fn new(capacity: u64) -> Self {
+        let log = Area {
+            current: vec![0; capacity as usize],
+            durable: vec![0; capacity as usize],
+        };
         Self {
             inner: Mutex::new(MemInner {
-                current: vec![0; capacity as usize],
-                durable: vec![0; capacity as usize],
+                areas: [log, Area::default()],
                 pending: Vec::new(),
+                root: None,
                 checkpoint: None,
                 space_limit: u64::MAX,
                 allocated: Default::default(),
                 allocation_unit: 4096,
+                meta_limit: u64::MAX,
                 fail_next_sync: false,
                 fail_reads_at: None,
             }),
         }
     }
 
-    /// Let the next sync fail with EIO (an fsync error).
+    /// Let the next sync (of either area) fail with EIO (an fsync error).
     pub fn fail_next_sync(&self) {
         self.inner.lock().unwrap().fail_next_sync = true;
     }
 
-    /// Make reads touching `offset..offset+len` fail with EIO.
+    /// Make log reads touching `offset..offset+len` fail with EIO.
     pub fn fail_reads(&self, offset: u64, len: u64) {
         self.inner.lock().unwrap().fail_reads_at = Some((offset, len));
     }
@@ -265,33 +400,70 @@ impl MemBackend {
         m.allocation_unit = unit.max(1);
     }
 
+    /// Let the metadata area grow to at most `bytes` (writes beyond fail with ENOSPC).
+    pub fn limit_meta(&self, bytes: u64) {
+        self.inner.lock().unwrap().meta_limit = bytes;
+    }
+
+    /// Bytes of the metadata area written so far (its size).
+    pub fn meta_bytes(&self) -> u64 {
+        self.inner.lock().unwrap().areas[META].current.len() as u64
+    }
+
+    /// Flip one byte of the metadata area as it is now and after a crash (damage).
+    pub fn corrupt_meta(&self, offset: u64) {
+        let mut m = self.inner.lock().unwrap();
+        let Area { current, durable } = &mut m.areas[META];
+        for area in [current, durable] {
+            if let Some(b) = area.get_mut(offset as usize) {
+                *b ^= 0x5a;
+            }
+        }
+    }
+
     /// The state a power failure now would leave behind: durable bytes plus, for each write not
-    /// yet synced, nothing, all of it, or a random subset of its 512-byte sectors (`choose`
-    /// decides: it gets the write's index and sector count and returns a per-sector mask).
+    /// yet synced (log and metadata areas alike, in the order they were issued), nothing, all
+    /// of it, or a random subset of its 512-byte sectors (`choose` decides: it gets the write's
+    /// index and sector count and returns a per-sector mask).
     pub fn crash(&self, mut choose: impl FnMut(usize, usize) -> Vec<bool>) -> MemBackend {
         let m = self.inner.lock().unwrap();
-        let mut image = m.durable.clone();
-        for (i, (offset, data)) in m.pending.iter().enumerate() {
+        let mut images = [m.areas[LOG].durable.clone(), m.areas[META].durable.clone()];
+        for (i, (area, offset, data)) in m.pending.iter().enumerate() {
             let sectors = data.len().div_ceil(512);
             let mask = choose(i, sectors);
+            let image = &mut images[*area];
             for (s, keep) in mask.iter().enumerate().take(sectors) {
                 if *keep {
                     let a = s * 512;
                     let b = (a + 512).min(data.len());
                     let o = *offset as usize + a;
+                    if image.len() < o + (b - a) {
+                        image.resize(o + (b - a), 0);
+                    }
                     image[o..o + (b - a)].copy_from_slice(&data[a..b]);
                 }
             }
         }
+        let [log, meta] = images;
         MemBackend {
             inner: Mutex::new(MemInner {
-                current: image.clone(),
-                durable: image,
+                areas: [
+                    Area {
+                        current: log.clone(),
+                        durable: log,
+                    },
+                    Area {
+                        current: meta.clone(),
+                        durable: meta,
+                    },
+                ],
                 pending: Vec::new(),
+                root: m.root.clone(),
                 checkpoint: m.checkpoint.clone(),
                 space_limit: m.space_limit,
                 allocated: m.allocated.clone(),
                 allocation_unit: m.allocation_unit,
+                meta_limit: m.meta_limit,
                 fail_next_sync: false,
                 fail_reads_at: None,
             }),
@@ -319,9 +491,33 @@ fn range_check(capacity: usize, offset: u64, len: usize) -> io::Result<usize> {
     }
 }
 
+impl MemInner {
+    /// Move the pending writes of `area` to its durable image; EIO when a failure was
+    /// injected (the pending writes of that area are then lost, as after a failed fsync).
+    fn sync(&mut self, area: usize) -> io::Result<()> {
+        let fail = std::mem::take(&mut self.fail_next_sync);
+        let pending = std::mem::take(&mut self.pending);
+        let (mine, others): (Vec<_>, Vec<_>) = pending.into_iter().partition(|p| p.0 == area);
+        self.pending = others;
+        if fail {
+            // Like Linux after a failed fsync: the dirty data may be gone for good.
+            return Err(eio("sync"));
+        }
+        let durable = &mut self.areas[area].durable;
+        for (_, offset, data) in mine {
+            let o = offset as usize;
+            if durable.len() < o + data.len() {
+                durable.resize(o + data.len(), 0);
+            }
+            durable[o..o + data.len()].copy_from_slice(&data);
+        }
+        Ok(())
+    }
+}
+
 impl Backend for MemBackend {
     fn capacity(&self) -> u64 {
-        self.inner.lock().unwrap().current.len() as u64
+        self.inner.lock().unwrap().areas[LOG].current.len() as u64
     }
 
     fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
@@ -331,37 +527,28 @@ impl Backend for MemBackend {
                 return Err(eio("read"));
             }
         }
-        let o = range_check(m.current.len(), offset, buf.len())?;
-        buf.copy_from_slice(&m.current[o..o + buf.len()]);
+        let log = &m.areas[LOG].current;
+        let o = range_check(log.len(), offset, buf.len())?;
+        buf.copy_from_slice(&log[o..o + buf.len()]);
         Ok(())
     }
 
     fn write_at(&self, data: &[u8], offset: u64) -> io::Result<()> {
         let mut m = self.inner.lock().unwrap();
-        let o = range_check(m.current.len(), offset, data.len())?;
-        m.current[o..o + data.len()].copy_from_slice(data);
-        m.pending.push((offset, data.to_vec()));
+        let log = &mut m.areas[LOG].current;
+        let o = range_check(log.len(), offset, data.len())?;
+        log[o..o + data.len()].copy_from_slice(data);
+        m.pending.push((LOG, offset, data.to_vec()));
         Ok(())
     }
 
     fn sync(&self) -> io::Result<()> {
-        let mut m = self.inner.lock().unwrap();
-        if std::mem::take(&mut m.fail_next_sync) {
-            // Like Linux after a failed fsync: the dirty data may be gone for good.
-            m.pending.clear();
-            return Err(eio("sync"));
-        }
-        let pending = std::mem::take(&mut m.pending);
-        for (offset, data) in pending {
-            let o = offset as usize;
-            m.durable[o..o + data.len()].copy_from_slice(&data);
-        }
-        Ok(())
+        self.inner.lock().unwrap().sync(LOG)
     }
 
     fn allocate(&self, offset: u64, len: u64) -> io::Result<()> {
         let mut m = self.inner.lock().unwrap();
-        range_check(m.current.len(), offset, len as usize)?;
+        range_check(m.areas[LOG].current.len(), offset, len as usize)?;
         let unit = m.allocation_unit;
         let first = offset / unit;
         let last = (offset + len).div_ceil(unit);
@@ -375,15 +562,54 @@ impl Backend for MemBackend {
 
     fn discard(&self, offset: u64, len: u64) -> io::Result<()> {
         let mut m = self.inner.lock().unwrap();
-        let o = range_check(m.current.len(), offset, len as usize)?;
+        let log = &mut m.areas[LOG].current;
+        let o = range_check(log.len(), offset, len as usize)?;
         let zeros = vec![0u8; len as usize];
-        m.current[o..o + len as usize].copy_from_slice(&zeros);
-        m.pending.push((offset, zeros));
+        log[o..o + len as usize].copy_from_slice(&zeros);
+        m.pending.push((LOG, offset, zeros));
         let unit = m.allocation_unit;
         let (first, last) = (offset.div_ceil(unit), (offset + len) / unit);
         for u in first..last {
             m.allocated.remove(&u);
         }
+        Ok(())
+    }
+
+    fn meta_read(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
+        let m = self.inner.lock().unwrap();
+        let meta = &m.areas[META].current;
+        let from = (offset as usize).min(meta.len());
+        let n = buf.len().min(meta.len() - from);
+        buf[..n].copy_from_slice(&meta[from..from + n]);
+        buf[n..].fill(0);
+        Ok(())
+    }
+
+    fn meta_write(&self, data: &[u8], offset: u64) -> io::Result<()> {
+        let mut m = self.inner.lock().unwrap();
+        let end = offset as usize + data.len();
+        if end as u64 > m.meta_limit {
+            return Err(io::Error::from_raw_os_error(libc::ENOSPC));
+        }
+        let meta = &mut m.areas[META].current;
+        if meta.len() < end {
+            meta.resize(end, 0);
+        }
+        meta[offset as usize..end].copy_from_slice(data);
+        m.pending.push((META, offset, data.to_vec()));
+        Ok(())
+    }
+
+    fn meta_sync(&self) -> io::Result<()> {
+        self.inner.lock().unwrap().sync(META)
+    }
+
+    fn load_root(&self) -> io::Result<Option<Vec<u8>>> {
+        Ok(self.inner.lock().unwrap().root.clone())
+    }
+
+    fn store_root(&self, bytes: &[u8]) -> io::Result<()> {
+        self.inner.lock().unwrap().root = Some(bytes.to_vec());
         Ok(())
     }
 
@@ -393,6 +619,11 @@ impl Backend for MemBackend {
 
     fn store_checkpoint(&self, bytes: &[u8]) -> io::Result<()> {
         self.inner.lock().unwrap().checkpoint = Some(bytes.to_vec());
+        Ok(())
+    }
+
+    fn retire_checkpoint(&self) -> io::Result<()> {
+        self.inner.lock().unwrap().checkpoint = None;
         Ok(())
     }
 }

@@ -1,5 +1,6 @@
-//! On-disk format: log records and checkpoints. Byte diagrams live in docs/design.md
-//! ("Engine on-disk format"); this file is the one place that encodes and decodes them.
+//! On-disk format: log records. Byte diagrams live in docs/design.md ("Engine on-disk format")
+//! and docs/rfcs/0001-metadata-at-scale.md; this file is the one place that encodes and
+//! decodes log records (metadata pages and the root are in [`crate::meta`]).
 //!
 //! All integers are little-endian. Every record starts with a 16-byte header:
 //!
@@ -19,12 +20,8 @@ use std::fmt;
 pub const RECORD_HEADER: usize = 16;
 /// Magic at the start of every segment's first record payload.
 pub const SEGMENT_MAGIC: u64 = u64::from_le_bytes(*b"SLVRLOG1");
-pub const CHECKPOINT_MAGIC: u64 = u64::from_le_bytes(*b"SLVRCKP1");
-/// Version of the checkpoint format. 2: the body is stored uncompressed, and logs may hold
-/// Anchor records (kind 12), which version 1 binaries cannot replay; they refuse a version 2
-/// checkpoint instead of failing part way through a replay.
-pub const FORMAT_VERSION: u32 = 2;
-/// Bytes of a Chunk record payload before the stored data.
+/// Bytes of a Chunk record payload before the stored data (both kinds: `id u32 | codec u8 |
+/// pad [3] | hash [16]` in format 2, `id u64 | hash [16]` in format 3).
 pub const CHUNK_PREFIX: usize = 24;
 /// Size of a Seal record: always kept free at a segment's end.
 pub const SEAL_LEN: usize = RECORD_HEADER + 12;
@@ -63,8 +60,10 @@ impl Codec {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Kind {
     SegmentStart = 1,
-    Chunk = 2,
-    Map = 3,
+    /// A chunk with a 32-bit id (format 2): still read in segments it left, never written.
+    ChunkV2 = 2,
+    /// A map change with 32-bit ids (format 2): replayed only by the migration.
+    MapV2 = 3,
     Unmap = 4,
     Copy = 5,
     VolumeCreate = 6,
@@ -74,16 +73,21 @@ pub enum Kind {
     Seal = 10,
     Batch = 11,
     Anchor = 12,
-    /// A page of paged metadata (format 3, RFC 0001), found through its table's directory.
-    Page = 15,
+    /// A chunk with a 64-bit id, its codec in the header's flags byte (format 3).
+    Chunk = 13,
+    /// A map change with 64-bit ids (format 3).
+    Map = 14,
+    /// Release nodes of the map trees that nothing references any more (format 3). Kind 15
+    /// was a metadata page in the log in an unreleased draft of format 3; it is not used.
+    Release = 16,
 }
 
 impl Kind {
     fn from_u8(v: u8) -> Option<Self> {
         Some(match v {
             1 => Kind::SegmentStart,
-            2 => Kind::Chunk,
-            3 => Kind::Map,
+            2 => Kind::ChunkV2,
+            3 => Kind::MapV2,
             4 => Kind::Unmap,
             5 => Kind::Copy,
             6 => Kind::VolumeCreate,
@@ -93,7 +97,9 @@ impl Kind {
             10 => Kind::Seal,
             11 => Kind::Batch,
             12 => Kind::Anchor,
-            15 => Kind::Page,
+            13 => Kind::Chunk,
+            14 => Kind::Map,
+            16 => Kind::Release,
             _ => return None,
         })
     }
@@ -108,7 +114,7 @@ pub enum Record<'a> {
     },
     /// A unique chunk stored in the log (new, or relocated by the garbage collector).
     Chunk {
-        id: u32,
+        id: u64,
         codec: Codec,
         hash: [u8; 16],
         data: &'a [u8],
@@ -167,34 +173,41 @@ pub enum Record<'a> {
     Batch {
         inner: &'a [u8],
     },
-    /// Page `index` of metadata table `table` (see [`crate::pager`]). Written by checkpoints
-    /// and read through the table's directory, which names the record's place and checksum;
-    /// replay passes over it.
-    Page {
-        table: u8,
-        index: u64,
-        body: &'a [u8],
+    /// Release up to `nodes` map tree nodes from the queue of nodes nothing references (see
+    /// [`crate::meta::map_tree`]): their references to chunks and child nodes are dropped.
+    Release {
+        nodes: u32,
     },
 }
 
-/// Bytes of a Page record payload before the page body.
-pub const PAGE_PREFIX: usize = 16;
-
-/// A borrowed little-endian array of u32 chunk ids.
+/// A borrowed little-endian array of chunk ids: 4 bytes each in format 2 records, 8 in
+/// format 3 ones.
 #[derive(Clone, Copy, PartialEq, Eq)]
-pub struct Ids<'a>(&'a [u8]);
+pub struct Ids<'a> {
+    bytes: &'a [u8],
+    width: usize,
+}
 
 impl<'a> Ids<'a> {
     pub fn len(&self) -> usize {
-        self.0.len() / 4
+        self.bytes.len() / self.width
     }
     pub fn is_empty(&self) -> bool {
-        self.0.is_empty()
+        self.bytes.is_empty()
     }
-    pub fn iter(&self) -> impl Iterator<Item = u32> + 'a {
-        self.0
-            .chunks_exact(4)
-            .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+    /// Whether the ids are 32-bit (a format 2 record).
+    pub fn narrow(&self) -> bool {
+        self.width == 4
+    }
+    pub fn iter(&self) -> impl Iterator<Item = u64> + 'a {
+        let width = self.width;
+        self.bytes.chunks_exact(width).map(move |b| {
+            if width == 4 {
+                u32::from_le_bytes(b.try_into().unwrap()) as u64
+            } else {
+                u64::from_le_bytes(b.try_into().unwrap())
+            }
+        })
     }
 }
 
@@ -260,16 +273,8 @@ pub fn decode(buf: &[u8], seq: u64) -> Result<(Record<'_>, usize), DecodeError> 
     Ok((record?, total))
 }
 
-/// Decode a record found through a reference that names its checksum (a directory entry):
-/// the checksum, not the segment's sequence, proves it is the record meant. Returns the record,
-/// its total length and its checksum.
-pub fn decode_referenced(buf: &[u8]) -> Result<(Record<'_>, usize, u32), DecodeError> {
-    let (record, total, crc, _) = decode_checked(buf)?;
-    Ok((record?, total, crc))
-}
-
-/// Header checks common to both decoders: length and checksum; the payload decoded (its error
-/// returned inside, after the sequence check that [`decode`] makes first).
+/// Header checks: length and checksum; the payload decoded (its error returned inside, after
+/// the sequence check that [`decode`] makes first).
 #[allow(clippy::type_complexity)]
 fn decode_checked(
     buf: &[u8],
@@ -295,11 +300,11 @@ fn decode_checked(
     let record_seq = u32::from_le_bytes(buf[12..16].try_into().unwrap());
     let record = Kind::from_u8(buf[8])
         .ok_or(DecodeError::Malformed("unknown record kind"))
-        .and_then(|kind| decode_payload(kind, &buf[RECORD_HEADER..total]));
+        .and_then(|kind| decode_payload(kind, buf[9], &buf[RECORD_HEADER..total]));
     Ok((record, total, crc, record_seq))
 }
 
-fn decode_payload(kind: Kind, payload: &[u8]) -> Result<Record<'_>, DecodeError> {
+fn decode_payload(kind: Kind, flags: u8, payload: &[u8]) -> Result<Record<'_>, DecodeError> {
     let mut r = Reader { buf: payload };
     let record = match kind {
         Kind::SegmentStart => {
@@ -310,10 +315,15 @@ fn decode_payload(kind: Kind, payload: &[u8]) -> Result<Record<'_>, DecodeError>
             let segment = r.u32()?;
             Record::SegmentStart { seq, segment }
         }
-        Kind::Chunk => {
-            let id = r.u32()?;
-            let codec = Codec::from_u8(r.u8()?);
-            r.take(3)?;
+        Kind::ChunkV2 | Kind::Chunk => {
+            let (id, codec) = if kind == Kind::ChunkV2 {
+                let id = r.u32()? as u64;
+                let codec = Codec::from_u8(r.u8()?);
+                r.take(3)?;
+                (id, codec)
+            } else {
+                (r.u64()?, Codec::from_u8(flags))
+            };
             let hash: [u8; 16] = r.take(16)?.try_into().unwrap();
             let data = r.buf;
             r.buf = &[];
@@ -324,14 +334,18 @@ fn decode_payload(kind: Kind, payload: &[u8]) -> Result<Record<'_>, DecodeError>
                 data,
             }
         }
-        Kind::Map => {
+        Kind::MapV2 | Kind::Map => {
             let volume = r.u32()?;
             r.u32()?;
             let first = r.u64()?;
-            if !r.buf.len().is_multiple_of(4) {
-                return Err(DecodeError::Malformed("map ids not a multiple of 4 bytes"));
+            let width = if kind == Kind::MapV2 { 4 } else { 8 };
+            if !r.buf.len().is_multiple_of(width) {
+                return Err(DecodeError::Malformed("map ids not a whole number of ids"));
             }
-            let ids = Ids(r.buf);
+            let ids = Ids {
+                bytes: r.buf,
+                width,
+            };
             r.buf = &[];
             Record::Map { volume, first, ids }
         }
@@ -394,13 +408,10 @@ fn decode_payload(kind: Kind, payload: &[u8]) -> Result<Record<'_>, DecodeError>
             r.buf = &[];
             Record::Batch { inner }
         }
-        Kind::Page => {
-            let table = r.u8()?;
-            r.take(7)?;
-            let index = r.u64()?;
-            let body = r.buf;
-            r.buf = &[];
-            Record::Page { table, index, body }
+        Kind::Release => {
+            let nodes = r.u32()?;
+            r.u32()?;
+            Record::Release { nodes }
         }
     };
     r.done()?;
@@ -420,10 +431,15 @@ impl<'b> Encoder<'b> {
 
     /// Start a record; returns its start offset in `out` for [`Encoder::finish`].
     fn begin(&mut self, kind: Kind) -> usize {
+        self.begin_with(kind, 0)
+    }
+
+    fn begin_with(&mut self, kind: Kind, flags: u8) -> usize {
         let start = self.out.len();
         self.out.extend_from_slice(&[0; 8]);
         self.out.push(kind as u8);
-        self.out.extend_from_slice(&[0; 3]);
+        self.out.push(flags);
+        self.out.extend_from_slice(&[0; 2]);
         self.out.extend_from_slice(&(self.seq as u32).to_le_bytes());
         start
     }
@@ -450,24 +466,19 @@ impl<'b> Encoder<'b> {
         self.finish(s);
     }
 
-    /// Encode a Page record; returns the offset of the record in `out` and its checksum (the
-    /// directory keeps both).
-    pub fn page(&mut self, table: u8, index: u64, body: &[u8]) -> (usize, u32) {
-        let s = self.begin(Kind::Page);
-        self.out.push(table);
-        self.out.extend_from_slice(&[0; 7]);
-        self.put_u64(index);
-        self.out.extend_from_slice(body);
+    /// Encode a chunk record; returns the offset of the record in `out`.
+    pub fn chunk(&mut self, id: u64, codec: Codec, hash: &[u8; 16], data: &[u8]) -> usize {
+        let s = self.begin_with(Kind::Chunk, codec.to_u8());
+        self.put_u64(id);
+        self.out.extend_from_slice(hash);
+        self.out.extend_from_slice(data);
         self.finish(s);
-        (
-            s,
-            u32::from_le_bytes(self.out[s..s + 4].try_into().unwrap()),
-        )
+        s
     }
 
-    /// Encode a chunk record; returns the offset of the record in `out`.
-    pub fn chunk(&mut self, id: u32, codec: Codec, hash: &[u8; 16], data: &[u8]) -> usize {
-        let s = self.begin(Kind::Chunk);
+    /// A format 2 chunk record (32-bit id): only tests that build old logs write these.
+    pub fn chunk_v2(&mut self, id: u32, codec: Codec, hash: &[u8; 16], data: &[u8]) -> usize {
+        let s = self.begin(Kind::ChunkV2);
         self.put_u32(id);
         self.out.push(codec.to_u8());
         self.out.extend_from_slice(&[0; 3]);
@@ -477,14 +488,33 @@ impl<'b> Encoder<'b> {
         s
     }
 
-    pub fn map(&mut self, volume: u32, first: u64, ids: &[u32]) {
+    pub fn map(&mut self, volume: u32, first: u64, ids: &[u64]) {
         let s = self.begin(Kind::Map);
+        self.put_u32(volume);
+        self.put_u32(0);
+        self.put_u64(first);
+        for id in ids {
+            self.put_u64(*id);
+        }
+        self.finish(s);
+    }
+
+    /// A format 2 map record (32-bit ids): only tests that build old logs write these.
+    pub fn map_v2(&mut self, volume: u32, first: u64, ids: &[u32]) {
+        let s = self.begin(Kind::MapV2);
         self.put_u32(volume);
         self.put_u32(0);
         self.put_u64(first);
         for id in ids {
             self.put_u32(*id);
         }
+        self.finish(s);
+    }
+
+    pub fn release(&mut self, nodes: u32) {
+        let s = self.begin(Kind::Release);
+        self.put_u32(nodes);
+        self.put_u32(0);
         self.finish(s);
     }
 
@@ -608,9 +638,43 @@ mod tests {
         e.map(1, 0, &[2]);
         e.wrap_batch(b);
         e.anchor(2, 5, 6);
+        e.chunk_v2(6, Codec::Zstd, &[8; 16], b"de");
+        e.map_v2(3, 7, &[6, 0]);
+        e.release(9);
         e.seal(4, 8);
         let got: Vec<_> = records(&out, 7).map(|r| r.unwrap().1).collect();
-        assert_eq!(got.len(), 12);
+        assert_eq!(got.len(), 15);
+        assert_eq!(
+            got[11],
+            Record::Chunk {
+                id: 6,
+                codec: Codec::Zstd,
+                hash: [8; 16],
+                data: b"de"
+            }
+        );
+        match &got[12] {
+            Record::Map { volume, first, ids } => {
+                assert!(ids.narrow());
+                assert_eq!((*volume, *first), (3, 7));
+                assert_eq!(ids.iter().collect::<Vec<_>>(), vec![6, 0]);
+            }
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(got[13], Record::Release { nodes: 9 });
+        // A 64-bit id survives whole.
+        let mut big = Vec::new();
+        Encoder::new(&mut big, 1).chunk(1 << 40, Codec::Raw, &[1; 16], b"x");
+        Encoder::new(&mut big, 1).map(1, 0, &[1 << 40, u64::MAX]);
+        let got_big: Vec<_> = records(&big, 1).map(|r| r.unwrap().1).collect();
+        assert!(matches!(got_big[0], Record::Chunk { id, .. } if id == 1 << 40));
+        match &got_big[1] {
+            Record::Map { ids, .. } => {
+                assert!(!ids.narrow());
+                assert_eq!(ids.iter().collect::<Vec<_>>(), vec![1 << 40, u64::MAX]);
+            }
+            other => panic!("{other:?}"),
+        }
         assert_eq!(
             got[10],
             Record::Anchor {
@@ -683,7 +747,7 @@ mod tests {
             other => panic!("{other:?}"),
         }
         assert_eq!(
-            got[11],
+            got[14],
             Record::Seal {
                 next_segment: 4,
                 next_seq: 8
@@ -724,7 +788,7 @@ mod tests {
             (x >> 33) as u8
         };
         for _ in 0..5000 {
-            let kind = next() % 14;
+            let kind = next() % 18;
             let n = (next() % 48) as usize;
             let mut buf = vec![0u8; RECORD_HEADER];
             buf[4..8].copy_from_slice(&(n as u32).to_le_bytes());

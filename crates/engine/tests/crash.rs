@@ -131,12 +131,39 @@ impl Backend for Tap {
         self.tick();
         r
     }
+    fn meta_read(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
+        self.inner.meta_read(buf, offset)
+    }
+    fn meta_write(&self, data: &[u8], offset: u64) -> io::Result<()> {
+        let r = self.inner.meta_write(data, offset);
+        self.tick();
+        r
+    }
+    fn meta_sync(&self) -> io::Result<()> {
+        self.tick();
+        self.inner.meta_sync()
+    }
+    fn load_root(&self) -> io::Result<Option<Vec<u8>>> {
+        self.inner.load_root()
+    }
+    fn store_root(&self, bytes: &[u8]) -> io::Result<()> {
+        self.tick();
+        let r = self.inner.store_root(bytes);
+        self.tick();
+        r
+    }
     fn load_checkpoint(&self) -> io::Result<Option<Vec<u8>>> {
         self.inner.load_checkpoint()
     }
     fn store_checkpoint(&self, bytes: &[u8]) -> io::Result<()> {
         self.tick();
         let r = self.inner.store_checkpoint(bytes);
+        self.tick();
+        r
+    }
+    fn retire_checkpoint(&self) -> io::Result<()> {
+        self.tick();
+        let r = self.inner.retire_checkpoint();
         self.tick();
         r
     }

@@ -947,7 +947,7 @@ fn open_engine(dir: &Path, options: &ArrayOptions) -> Result<Engine> {
         source,
     };
     fs::create_dir_all(dir).map_err(io)?;
-    let exists = dir.join("checkpoint").exists();
+    let exists = sliver_engine::holds_engine(dir);
     let capacity = match (exists, options.capacity_bytes) {
         (true, _) => 0,
         (false, Some(c)) => c,

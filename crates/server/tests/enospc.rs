@@ -338,6 +338,24 @@ impl Backend for NoFallocateFs {
         }
         self.mem.discard(offset, len)
     }
+    fn meta_read(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
+        self.mem.meta_read(buf, offset)
+    }
+    fn meta_write(&self, data: &[u8], offset: u64) -> io::Result<()> {
+        self.mem.meta_write(data, offset)
+    }
+    fn meta_sync(&self) -> io::Result<()> {
+        self.mem.meta_sync()
+    }
+    fn load_root(&self) -> io::Result<Option<Vec<u8>>> {
+        self.mem.load_root()
+    }
+    fn store_root(&self, bytes: &[u8]) -> io::Result<()> {
+        self.mem.store_root(bytes)
+    }
+    fn retire_checkpoint(&self) -> io::Result<()> {
+        self.mem.retire_checkpoint()
+    }
     fn load_checkpoint(&self) -> io::Result<Option<Vec<u8>>> {
         self.mem.load_checkpoint()
     }

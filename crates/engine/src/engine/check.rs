@@ -1,98 +1,232 @@
-//! `sliver check`: every reference count, segment usage and stored chunk verified against the rest.
+//! `sliver check`: every structure verified against the others, streamed with bounded memory
+//! (RFC 0001, test plan): every metadata page's checksum, every node's counts and reference
+//! count, every chunk's reference count against a recount from the trees (in windows of ids,
+//! so memory does not grow with the array), every segment's live bytes against the chunks in
+//! it, and every live chunk's stored record (checksum, decompression, fingerprint).
 
 use super::*;
+use crate::meta::chunk_table::{ChunkEntry, CHUNK_TABLE, PER_PAGE as CHUNKS_PER_PAGE};
+use crate::meta::hooks::T_HOOKS;
+use crate::meta::map_tree::{self, T_NODES};
+use crate::meta::pager::Entry;
+
+/// Chunk ids whose references one pass over the trees counts (4 bytes each: 64 MiB).
+const COUNT_WINDOW: u64 = 16 << 20;
 
 impl Engine {
-    /// Verify the whole engine: reference counts against the maps, segment usage against the
-    /// chunks, and every live chunk's record (checksum, decompression, fingerprint).
-    /// Returns a list of problems (empty when healthy).
+    /// Verify the whole engine. Returns a list of problems (empty when healthy); `progress`
+    /// hears (done, total) chunks as the data is read.
     pub fn check(&self, progress: &mut dyn FnMut(u64, u64)) -> Vec<String> {
         let mut problems = Vec::new();
-        let (chunks, segment_live, counts, segment_seq, anchored_tracked) = {
-            let m = self.lock_meta();
-            let counts = m.state.count_references();
-            let chunks: Vec<(u32, crate::state::Chunk)> = m
-                .state
-                .store
-                .chunks
-                .iter()
-                .enumerate()
-                .filter(|(_, c)| c.len != 0)
-                .map(|(i, c)| (i as u32, *c))
-                .collect();
-            let live: Vec<u64> = m.state.store.segments.iter().map(|s| s.live).collect();
-            let seq: Vec<(SegState, u64)> = m
-                .state
-                .store
-                .segments
-                .iter()
-                .map(|s| (s.state, s.seq))
-                .collect();
-            (chunks, live, counts, seq, m.state.store.anchored)
-        };
-        let mut live = vec![0u64; segment_live.len()];
-        for (id, c) in &chunks {
-            let expected = counts.get(id).copied().unwrap_or(0);
-            if c.refs != expected {
-                problems.push(format!(
-                    "chunk {id}: reference count {} but {expected} references",
-                    c.refs
-                ));
-            }
-            live[c.loc.segment as usize] += c.len as u64;
-            if segment_seq[c.loc.segment as usize].0 == SegState::Free {
-                problems.push(format!(
-                    "chunk {id} lives in free segment {}",
-                    c.loc.segment
-                ));
-            }
+        if let Err(e) = self.check_metadata(&mut problems) {
+            problems.push(format!("metadata could not be read: {e}"));
         }
-        let existing: std::collections::HashSet<u32> = chunks.iter().map(|(id, _)| *id).collect();
-        let anchored = counts.get(&ANCHORED).copied().unwrap_or(0);
-        if anchored != anchored_tracked {
-            problems.push(format!(
-                "{anchored_tracked} anchored entries counted but the maps hold {anchored}"
-            ));
+        if let Err(e) = self.check_chunks(&mut problems, progress) {
+            problems.push(format!("chunks could not be read: {e}"));
         }
-        for id in counts.keys().filter(|&&id| id != ANCHORED) {
-            if !existing.contains(id) {
-                problems.push(format!("map references missing chunk {id}"));
-            }
-        }
-        for (i, (tracked, actual)) in segment_live.iter().zip(&live).enumerate() {
-            if tracked != actual {
-                problems.push(format!(
-                    "segment {i}: usage {tracked} bytes, chunks say {actual}"
-                ));
-            }
-        }
-        let cs = self.geometry.chunk_size as usize;
-        let mut buf = vec![0u8; cs];
-        let total = chunks.len() as u64;
-        for (n, (id, c)) in chunks.iter().enumerate() {
-            if n % 4096 == 0 {
-                progress(n as u64, total);
-            }
-            let mut raw = vec![0u8; c.len as usize];
-            let at = c.loc.segment as u64 * self.geometry.segment_size as u64 + c.loc.offset as u64;
-            if let Err(e) = self.backend.read_at(&mut raw, at) {
-                problems.push(format!("chunk {id}: read failed: {e}"));
-                continue;
-            }
-            let seq = segment_seq[c.loc.segment as usize].1;
-            match decode_chunk(&raw, seq, *id, &mut buf) {
-                Err(e) => problems.push(format!("chunk {id}: {e}")),
-                Ok(()) => {
-                    let hash = blake3::keyed_hash(&self.geometry.key, &buf);
-                    if hash.as_bytes()[..16] != c.hash {
-                        problems.push(format!(
-                            "chunk {id}: content does not match its fingerprint"
-                        ));
+        problems
+    }
+
+    /// Pages, node counts and references, chunk reference counts.
+    fn check_metadata(&self, problems: &mut Vec<String>) -> Result<()> {
+        // Every page the directories name must be the page meant (checksum).
+        {
+            let (dirs, source) = {
+                let m = self.lock_meta();
+                let dirs: Vec<(u8, Vec<crate::meta::page_store::PageLoc>)> =
+                    [CHUNK_TABLE, T_NODES, T_HOOKS]
+                        .iter()
+                        .map(|&t| (t, m.state.pager.directory(t).to_vec()))
+                        .collect();
+                (dirs, m.state.pager.source().clone())
+            };
+            for (table, dir) in dirs {
+                for (index, loc) in dir.into_iter().enumerate() {
+                    if loc.is_none() {
+                        continue;
+                    }
+                    if let Err(e) =
+                        crate::meta::page_store::read_page(&*source, table, index as u64, loc)
+                    {
+                        problems.push(e.to_string());
                     }
                 }
             }
         }
-        progress(total, total);
-        problems
+        let mut m = self.lock_meta();
+        problems.extend(m.state.audit_counters());
+        // Node references: volume roots and interior entries, each node visited once.
+        let nodes = m.state.trees.meta.len();
+        let mut node_refs = vec![0u32; nodes as usize];
+        let mut seen = vec![false; nodes as usize];
+        let mut leaves = Vec::new();
+        let mut stack: Vec<u64> = m.state.volumes.values().map(|v| v.root).collect();
+        for &root in &stack {
+            if root != 0 && root < nodes {
+                node_refs[root as usize] += 1;
+            }
+        }
+        // Nodes awaiting release still hold their references.
+        stack.extend(m.state.trees.releasing.iter().copied());
+        while let Some(node) = stack.pop() {
+            if node == 0 || node >= nodes {
+                if node != 0 {
+                    problems.push(format!("a map names node {node}, beyond the node table"));
+                }
+                continue;
+            }
+            if std::mem::replace(&mut seen[node as usize], true) {
+                continue;
+            }
+            if m.state.trees.meta.get(node).level == 0 {
+                leaves.push(node);
+                continue;
+            }
+            for child in map_tree::node_entries(&mut m.state.pager, node)? {
+                if child != 0 && child < nodes {
+                    node_refs[child as usize] += 1;
+                    stack.push(child);
+                } else if child != 0 {
+                    problems.push(format!("node {node} names node {child}, beyond the table"));
+                }
+            }
+        }
+        let releasing: std::collections::HashSet<u64> =
+            m.state.trees.releasing.iter().copied().collect();
+        for id in 1..nodes {
+            let meta = m.state.trees.meta.get(id);
+            if meta.refs != node_refs[id as usize] {
+                problems.push(format!(
+                    "map node {id}: reference count {} but {} references",
+                    meta.refs, node_refs[id as usize]
+                ));
+            }
+            if releasing.contains(&id) && meta.refs != 0 {
+                problems.push(format!("map node {id} awaits release but is referenced"));
+            }
+        }
+        // Chunk references, a window of ids per pass over the leaves.
+        let end = m.state.chunks.pages() * CHUNKS_PER_PAGE;
+        let mut anchored = 0u64;
+        let mut from = 0;
+        while from < end.max(1) {
+            let to = (from + COUNT_WINDOW).min(end);
+            let mut counts = vec![0u32; (to - from) as usize];
+            for &leaf in &leaves {
+                for id in map_tree::node_entries(&mut m.state.pager, leaf)? {
+                    if id == ANCHORED {
+                        anchored += (from == 0) as u64;
+                    } else if id != 0 && (from..to).contains(&id) {
+                        counts[(id - from) as usize] += 1;
+                    } else if holds_data(id) && id >= end && from == 0 {
+                        problems.push(format!("map references missing chunk {id}"));
+                    }
+                }
+            }
+            for (k, &n) in counts.iter().enumerate() {
+                let id = from + k as u64;
+                let entry = m.state.chunk(id)?;
+                match entry {
+                    None if n > 0 => problems.push(format!("map references missing chunk {id}")),
+                    Some(c) if c.refs != u32::MAX && c.refs != n => problems.push(format!(
+                        "chunk {id}: reference count {} but {n} references",
+                        c.refs
+                    )),
+                    _ => {}
+                }
+            }
+            from = to;
+            if end == 0 {
+                break;
+            }
+        }
+        if anchored != m.state.anchored {
+            problems.push(format!(
+                "{} anchored entries counted but the maps hold {anchored}",
+                m.state.anchored
+            ));
+        }
+        Ok(())
+    }
+
+    /// Segment usage against the chunks, and every live chunk's record.
+    fn check_chunks(
+        &self,
+        problems: &mut Vec<String>,
+        progress: &mut dyn FnMut(u64, u64),
+    ) -> Result<()> {
+        let (pages, total, segments) = {
+            let m = self.lock_meta();
+            (
+                m.state.chunks.pages(),
+                m.state.chunks.len(),
+                m.state.segments.as_slice().to_vec(),
+            )
+        };
+        let mut live = vec![0u64; segments.len()];
+        let cs = self.geometry.chunk_size as usize;
+        let mut buf = vec![0u8; cs];
+        let mut done = 0u64;
+        progress(0, total);
+        for page in 0..pages {
+            let entries: Vec<(u64, ChunkEntry)> = {
+                let mut m = self.lock_meta();
+                let body = m.state.pager.page(CHUNK_TABLE, page)?;
+                (0..CHUNKS_PER_PAGE)
+                    .map(|k| {
+                        let at = k as usize * ChunkEntry::SIZE;
+                        (
+                            page * CHUNKS_PER_PAGE + k,
+                            ChunkEntry::read(&body[at..at + ChunkEntry::SIZE]),
+                        )
+                    })
+                    .filter(|(_, e)| e.len != 0)
+                    .collect()
+            };
+            for (id, c) in entries {
+                let Some(seg) = segments.get(c.segment as usize) else {
+                    problems.push(format!(
+                        "chunk {id} in segment {}, beyond the log",
+                        c.segment
+                    ));
+                    continue;
+                };
+                live[c.segment as usize] += c.len as u64;
+                if seg.state == SegState::Free {
+                    problems.push(format!("chunk {id} lives in free segment {}", c.segment));
+                }
+                let mut raw = vec![0u8; c.len as usize];
+                let at = c.segment as u64 * self.geometry.segment_size as u64 + c.offset as u64;
+                if let Err(e) = self.backend.read_at(&mut raw, at) {
+                    problems.push(format!("chunk {id}: read failed: {e}"));
+                } else {
+                    match decode_chunk(&raw, seg.seq, id, &mut buf) {
+                        Err(e) => problems.push(format!("chunk {id}: {e}")),
+                        Ok(()) => {
+                            let hash = blake3::keyed_hash(&self.geometry.key, &buf);
+                            if hash.as_bytes()[..16] != c.hash {
+                                problems.push(format!(
+                                    "chunk {id}: content does not match its fingerprint"
+                                ));
+                            }
+                        }
+                    }
+                }
+                done += 1;
+                if done.is_multiple_of(4096) {
+                    progress(done, total);
+                }
+            }
+        }
+        progress(done, total);
+        for (i, (s, actual)) in segments.iter().zip(&live).enumerate() {
+            if s.live != *actual {
+                problems.push(format!(
+                    "segment {i}: usage {} bytes, chunks say {actual}",
+                    s.live
+                ));
+            }
+        }
+        Ok(())
     }
 }

@@ -1,6 +1,31 @@
-//! Checkpoints: the metadata at one log position, so recovery replays only what follows.
+//! Checkpoints: the metadata pages changed since the last one, written beside the pages the
+//! last root names, then a new root naming them at one log position, so recovery replays only
+//! the log after it (RFC 0001, "Checkpoints: incremental metadata flushes").
+//!
+//! The dirty set is frozen under the metadata lock (pointer copies, bounded by the cache), the
+//! log is synced up to the position (pages name chunks in it), the frozen pages go to free
+//! slots outside the lock, then the directory pages that name them, a sync, and the root. The
+//! slots the pages moved away from are free once that root is durable. A crash at any point
+//! leaves the previous root and every page it names intact.
 
 use super::*;
+use crate::meta::chunk_table::{CHUNK_LIVE, CHUNK_TABLE};
+use crate::meta::hooks::T_HOOKS;
+use crate::meta::map_tree::{T_NODES, T_NODE_META};
+use crate::meta::page_store::{page_crc, write_pages, PageBody, PageLoc, PAGE_BYTES};
+use crate::meta::pager::{FrozenPage, DIR_BASE};
+use crate::meta::root::{Root, TableRoot};
+use crate::meta::T_SEGMENTS;
+
+/// Every table a root names, paged or kept whole in RAM.
+pub(super) const TABLES: [u8; 6] = [
+    CHUNK_TABLE,
+    CHUNK_LIVE,
+    T_NODES,
+    T_NODE_META,
+    T_SEGMENTS,
+    T_HOOKS,
+];
 
 impl Engine {
     /// Write a checkpoint of the current state (the log up to it is synced first).
@@ -10,48 +35,189 @@ impl Engine {
         self.checkpoint_locked()
     }
 
-    pub(super) fn checkpoint_locked(&self) -> Result<()> {
-        let started = Instant::now();
-        // Capture under the lock (pointer copies), encode and write outside it: hosts' commands
-        // must not wait for a pass over the whole metadata.
-        let (image, head, appended) = {
-            let m = self.lock_meta();
-            (
-                checkpoint::Image::capture(&self.geometry, m.head, m.counters, &m.state),
-                m.head,
-                m.appended,
-            )
-        };
-        let captured = started.elapsed();
-        let bytes = image.encode();
-        // Release the image before writing: host writes would go on copying the blocks and
-        // pages it shares, and chunks only its pages still refer to stay allocated until then.
-        let released = image.release(&mut self.lock_meta().state);
-        if let Err(e) = released {
-            return Err(self.poison(format!("releasing a checkpoint image: {e}")));
+    /// The root of the state as it is now (caller holds the lock), its tables still to be
+    /// filled in once their directory pages are written.
+    pub(super) fn root_image(&self, m: &Meta) -> Root {
+        Root {
+            geometry: self.geometry,
+            head: m.head,
+            counters: m.counters,
+            generation: m.generation + 1,
+            anchored: m.state.anchored,
+            live_bytes: m.state.live_bytes,
+            hooks: m.state.hooks.shape,
+            tables: Vec::new(),
+            volumes: m.state.volumes.iter().map(|(k, v)| (*k, *v)).collect(),
+            releasing: m.state.trees.releasing.clone(),
         }
-        self.flush()?;
-        self.backend.store_checkpoint(&bytes).map_err(|e| {
-            if out_of_space(&e) {
-                // The previous checkpoint and the log after it still recover everything, and
-                // segments it needs are not collected until a newer one is written.
+    }
+
+    /// Write `pages` to free slots; returns where each went. On failure the slots are free
+    /// again and nothing names them.
+    fn write_to_slots(&self, pages: &[(u8, u64, &PageBody)]) -> Result<Vec<PageLoc>> {
+        let slots: Vec<u64> = {
+            let mut s = self.slots.lock().unwrap();
+            pages.iter().map(|_| s.allocate()).collect()
+        };
+        let mut batch: Vec<(u64, &PageBody)> = slots
+            .iter()
+            .zip(pages)
+            .map(|(&slot, &(_, _, body))| (slot, body))
+            .collect();
+        if let Err(e) = write_pages(&*self.backend, &mut batch) {
+            self.slots.lock().unwrap().cancel(slots);
+            return Err(if out_of_space(&e) {
                 EngineError::NoSpace
             } else {
-                self.poison(format!("writing a checkpoint failed: {e}"))
+                self.poison(format!("writing metadata pages failed: {e}"))
+            });
+        }
+        self.metadata_written
+            .fetch_add((pages.len() * PAGE_BYTES) as u64, Ordering::Relaxed);
+        Ok(slots
+            .iter()
+            .zip(pages)
+            .map(|(&slot, &(table, index, body))| PageLoc {
+                slot,
+                crc: page_crc(table, index, body),
+            })
+            .collect())
+    }
+
+    /// Freeze, write and name the changed metadata; caller holds `maintenance`.
+    pub(super) fn checkpoint_locked(&self) -> Result<()> {
+        let started = Instant::now();
+        let (frozen, mut root, appended) = {
+            let mut m = self.lock_meta();
+            let state = &mut m.state;
+            let mut frozen = state.pager.freeze();
+            frozen.extend(state.segments.freeze());
+            frozen.extend(state.trees.meta.freeze());
+            frozen.extend(state.chunks.live_table().freeze());
+            let root = self.root_image(&m);
+            (frozen, root, (m.appended, m.records_since_checkpoint))
+        };
+        let froze = started.elapsed();
+        let thaw = |frozen: Vec<FrozenPage>| {
+            let mut m = self.lock_meta();
+            let state = &mut m.state;
+            state.segments.thaw(&frozen);
+            state.trees.meta.thaw(&frozen);
+            state.chunks.live_table().thaw(&frozen);
+            state.pager.thaw(frozen);
+        };
+        // The pages name chunks whose records must be durable before any root names them.
+        if let Err(e) = self.flush() {
+            thaw(frozen);
+            return Err(e);
+        }
+        let pages: Vec<(u8, u64, &PageBody)> = frozen
+            .iter()
+            .map(|p| (p.table, p.index, &*p.body))
+            .collect();
+        let locs = match self.write_to_slots(&pages) {
+            Ok(locs) => locs,
+            Err(e) => {
+                thaw(frozen);
+                return Err(e);
             }
-        })?;
+        };
+        let written = frozen.len();
+        // The directories move to the new places; the directory pages that changed follow.
+        let (dirs, changed) = {
+            let mut m = self.lock_meta();
+            let mut slots = self.slots.lock().unwrap();
+            for (p, loc) in frozen.iter().zip(&locs) {
+                let old = m.state.pager.written(p.table, p.index, *loc);
+                if !old.is_none() {
+                    slots.retire(old.slot);
+                }
+            }
+            m.state.pager.settle();
+            let changed = m.state.pager.take_changed_dirs();
+            let dirs: Vec<(u8, u64, Box<PageBody>)> = changed
+                .iter()
+                .map(|&(t, p)| (DIR_BASE + t, p, m.state.pager.dir_page(t, p)))
+                .collect();
+            (dirs, changed)
+        };
+        drop(frozen);
+        let dir_pages: Vec<(u8, u64, &PageBody)> =
+            dirs.iter().map(|(t, p, b)| (*t, *p, &**b)).collect();
+        let dir_locs = match self.write_to_slots(&dir_pages) {
+            Ok(locs) => locs,
+            Err(e) => {
+                self.lock_meta().state.pager.keep_changed_dirs(changed);
+                return Err(e);
+            }
+        };
+        {
+            let mut m = self.lock_meta();
+            let mut slots = self.slots.lock().unwrap();
+            for ((t, p, _), loc) in dirs.iter().zip(&dir_locs) {
+                let old = m.state.pager.written(*t, *p, *loc);
+                if !old.is_none() {
+                    slots.retire(old.slot);
+                }
+            }
+            let state = &m.state;
+            root.tables = TABLES
+                .iter()
+                .map(|&t| TableRoot {
+                    table: t,
+                    pages: state.pager.directory(t).len() as u64,
+                    entries: match t {
+                        T_SEGMENTS => state.segments.len(),
+                        T_NODE_META => state.trees.meta.len(),
+                        CHUNK_LIVE => state.chunks.pages(),
+                        _ => 0,
+                    },
+                    dir: state.pager.directory(DIR_BASE + t).to_vec(),
+                })
+                .collect();
+        }
+        let stored = self
+            .backend
+            .meta_sync()
+            .and_then(|()| self.backend.store_root(&root.encode()));
+        if let Err(e) = stored {
+            // The pages stay where the directories now say; the next root names them. The
+            // previous root and the slots it names are untouched.
+            self.lock_meta().state.pager.keep_changed_dirs(changed);
+            return Err(if out_of_space(&e) {
+                EngineError::NoSpace
+            } else {
+                self.poison(format!("writing the metadata root failed: {e}"))
+            });
+        }
+        self.slots.lock().unwrap().root_durable();
         let mut m = self.lock_meta();
-        m.checkpoint_seq = head.seq;
-        m.appended_at_checkpoint = appended;
-        m.checkpointed_at = Instant::now();
-        m.checkpoint_len = bytes.len() as u64;
+        self.backend
+            .reserve_meta(meta_reserve(&m.state, self.tuning().metadata_cache));
+        m.checkpoint_seq = root.head.seq;
+        m.appended_at_checkpoint = appended.0;
+        m.records_since_checkpoint -= appended.1;
+        m.generation = root.generation;
         drop(m);
         tracing::debug!(
-            bytes = bytes.len(),
-            lock_held_us = captured.as_micros() as u64,
+            pages = written,
+            directory_pages = dirs.len(),
+            lock_held_us = froze.as_micros() as u64,
             total_ms = started.elapsed().as_millis() as u64,
             "checkpoint written"
         );
         Ok(())
     }
+}
+
+/// Bytes the next checkpoint may add to the metadata area, which a nearly full file system
+/// must keep free: the dirty pages it can hold, which cannot outgrow the cache's dirty share
+/// nor, on a small array, much more than the metadata there is.
+pub(super) fn meta_reserve(state: &State, cache: u64) -> u64 {
+    let pages: u64 = TABLES
+        .iter()
+        .map(|&t| state.pager.directory(t).len() as u64)
+        .sum();
+    let dirty_limit = (cache as f64 * DIRTY_SHARE) as u64;
+    dirty_limit.min(2 * pages * PAGE_BYTES as u64 + (4 << 20))
 }

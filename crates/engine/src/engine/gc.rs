@@ -1,6 +1,15 @@
 //! Garbage collection: relocating the live chunks of sparse segments and freeing empty ones.
 
 use super::*;
+use crate::meta::chunk_table::{CHUNK_TABLE, PER_PAGE as CHUNKS_PER_PAGE};
+use crate::meta::map_tree::T_NODES;
+
+/// Whether chunk `id` is live and still stored at `offset` of segment `victim`.
+fn live_at(m: &mut Meta, id: u64, victim: u32, offset: u32) -> Result<bool> {
+    Ok(m.state
+        .chunk(id)?
+        .is_some_and(|c| c.segment == victim && c.offset == offset))
+}
 
 impl Engine {
     /// A writer found the log full: run the collector now. Returns whether the writer should
@@ -21,6 +30,9 @@ impl Engine {
             // Another writer's collection already made room.
             return Ok(true);
         }
+        // Volumes deleted and ranges unmapped give their chunks back as their nodes are
+        // released: all of that first.
+        self.release_nodes(u64::MAX)?;
         let freed_before = self.lock_meta().freed;
         // Relocating a nearly full segment costs a segment to win a sliver: require at least
         // a sixteenth of a segment to be dead, so every round gains ground.
@@ -41,8 +53,8 @@ impl Engine {
         let unreadable = self.unreadable.lock().unwrap().clone();
         let pick = |m: &Meta, eligible_only: bool| -> Option<(u32, u64, bool)> {
             m.state
-                .store
                 .segments
+                .as_slice()
                 .iter()
                 .enumerate()
                 .filter(|(_, s)| s.state == SegState::Sealed)
@@ -129,23 +141,26 @@ impl Engine {
         };
         visit(&raw, 0).map_err(|e| self.poison(format!("segment {victim} damaged: {e}")))?;
         drop(raw);
+        // The chunk pages that say which candidates are still live, read outside the lock.
+        self.fault_in(
+            candidates
+                .iter()
+                .map(|c| (CHUNK_TABLE, c.0 / CHUNKS_PER_PAGE))
+                .collect(),
+        )?;
         let mut relocated = 0u64;
         let batch_bytes = self.geometry.segment_size as usize / 16;
         // Start only a relocation that can be finished: a half-relocated victim frees nothing,
         // and the segments it took are gone (down to the last free one, which a restart or
         // an unmap on a full array needs).
         {
-            let m = self.lock_meta();
-            let needed: usize = candidates
-                .iter()
-                .filter(|(id, offset, ..)| {
-                    m.state
-                        .store
-                        .chunk(*id)
-                        .is_some_and(|c| c.loc.segment == victim && c.loc.offset == *offset)
-                })
-                .map(|c| RECORD_HEADER + CHUNK_PREFIX + c.4.len())
-                .sum();
+            let mut m = self.lock_meta();
+            let mut needed = 0usize;
+            for (id, offset, _, _, data) in &candidates {
+                if live_at(&mut m, *id, victim, *offset)? {
+                    needed += RECORD_HEADER + CHUNK_PREFIX + data.len();
+                }
+            }
             if needed > 0 {
                 let seg = seg as usize;
                 // A batch may end one chunk record past `batch_bytes`; a segment switch can
@@ -167,12 +182,7 @@ impl Engine {
             let mut size = RECORD_HEADER;
             while i < candidates.len() && size < batch_bytes {
                 let (id, offset, ..) = &candidates[i];
-                let live = m
-                    .state
-                    .store
-                    .chunk(*id)
-                    .is_some_and(|c| c.loc.segment == victim && c.loc.offset == *offset);
-                if live {
+                if live_at(&mut m, *id, victim, *offset)? {
                     size += RECORD_HEADER + CHUNK_PREFIX + candidates[i].4.len();
                     take.push(i);
                 }
@@ -200,7 +210,7 @@ impl Engine {
         self.flush()?;
         {
             let mut m = self.lock_meta();
-            let s = &mut m.state.store.segments[victim as usize];
+            let s = m.state.segment(victim);
             if s.live != 0 || s.state != SegState::Sealed {
                 return Err(self.poison(format!(
                     "segment {victim} still holds {} live bytes after collection",
@@ -208,8 +218,10 @@ impl Engine {
                 )));
             }
             // No new readers can find it; wait out those that did.
-            s.state = SegState::Free;
-            s.written = 0;
+            m.state.update_segment(victim, |s| {
+                s.state = SegState::Free;
+                s.written = 0;
+            });
         }
         drop(self.reuse.write().unwrap_or_else(|p| p.into_inner()));
         let mut m = self.lock_meta();
@@ -230,8 +242,8 @@ impl Engine {
         let victims: Vec<u32> = {
             let m = self.lock_meta();
             m.state
-                .store
                 .segments
+                .as_slice()
                 .iter()
                 .enumerate()
                 .filter(|(_, s)| {
@@ -249,7 +261,7 @@ impl Engine {
         {
             let mut m = self.lock_meta();
             for &v in &victims {
-                let s = &mut m.state.store.segments[v as usize];
+                let s = m.state.segment(v);
                 // Only the collector (us, under `maintenance`) frees or fills sealed segments,
                 // and live bytes of a sealed segment only fall.
                 if s.live != 0 || s.state != SegState::Sealed {
@@ -258,8 +270,10 @@ impl Engine {
                         s.live
                     )));
                 }
-                s.state = SegState::Free;
-                s.written = 0;
+                m.state.update_segment(v, |s| {
+                    s.state = SegState::Free;
+                    s.written = 0;
+                });
             }
         }
         // No new readers can find them; wait out those that did.
@@ -276,6 +290,7 @@ impl Engine {
     pub fn collect_garbage(&self, max_live: f64) -> Result<u64> {
         self.check_writable()?;
         let _maintenance = self.maintenance.lock().unwrap_or_else(|p| p.into_inner());
+        self.release_nodes(u64::MAX)?;
         let mut total = 0;
         // Bounded: relocated data lands in new segments that could qualify again.
         for _ in 0..self.geometry.segment_count {
@@ -289,4 +304,67 @@ impl Engine {
 }
 
 /// A chunk record found in a segment being collected: (id, offset, codec, hash, stored bytes).
-pub(super) type Candidate = (u32, u32, Codec, [u8; 16], Vec<u8>);
+pub(super) type Candidate = (u64, u32, Codec, [u8; 16], Vec<u8>);
+
+impl Engine {
+    /// Append `Release` records until at most `max` nodes were released or none awaits
+    /// release: deleted volumes and unmapped ranges give their chunks back. Returns how many
+    /// were released. The pages each record needs are read ahead, outside the lock.
+    pub(super) fn release_nodes(&self, max: u64) -> Result<u64> {
+        let mut done = 0u64;
+        while done < max {
+            // The pages the next record reads, outside the lock.
+            let next: Vec<u64> = {
+                let m = self.lock_meta();
+                let r = &m.state.trees.releasing;
+                r.iter()
+                    .rev()
+                    .take(crate::state::MAX_RELEASE_NODES as usize)
+                    .copied()
+                    .collect()
+            };
+            if next.is_empty() {
+                break;
+            }
+            let mut keys: Vec<(u8, u64)> = next.iter().map(|&n| (T_NODES, n)).collect();
+            self.fault_in(keys.clone())?;
+            {
+                let mut m = self.lock_meta();
+                for &n in &next {
+                    if m.state.trees.meta.get(n).level == 0 {
+                        if let Some(page) = m.state.pager.peek(T_NODES, n) {
+                            for e in page.chunks_exact(8) {
+                                let id = u64::from_le_bytes(e.try_into().unwrap());
+                                if holds_data(id) {
+                                    keys.push((CHUNK_TABLE, id / CHUNKS_PER_PAGE));
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+            self.fault_in(keys)?;
+            let mut m = self.lock_meta();
+            // Others may have released some meanwhile: the count is taken under the lock the
+            // record is applied under.
+            let n = (m.state.trees.releasing.len() as u32).min(crate::state::MAX_RELEASE_NODES);
+            if n == 0 {
+                break;
+            }
+            let mut probe = Vec::new();
+            Encoder::new(&mut probe, 0).release(n);
+            // Releasing frees space, so it may use the reserve; with none left at all the
+            // collector goes on without it.
+            let at = match self.reserve(&mut m, probe.len(), Space::Metadata) {
+                Ok(at) => at,
+                Err(EngineError::NoSpace) => break,
+                Err(e) => return Err(e),
+            };
+            let mut buf = Vec::with_capacity(probe.len());
+            Encoder::new(&mut buf, at.seq).release(n);
+            self.append_at(&mut m, at, &buf)?;
+            done += n as u64;
+        }
+        Ok(done)
+    }
+}

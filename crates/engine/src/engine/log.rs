@@ -15,7 +15,7 @@ impl Engine {
             let keep = match class {
                 Space::Data => {
                     gc_reserve(self.geometry.segment_count) as usize
-                        + self.anchor_reserve(m.state.store.anchored)
+                        + self.anchor_reserve(m.state.anchored)
                 }
                 Space::AnchoredData => gc_reserve(self.geometry.segment_count) as usize,
                 Space::Metadata => 1,
@@ -97,15 +97,19 @@ impl Engine {
                 m.undiscarded.insert(next);
                 return Err(e);
             }
-            let segments = &mut m.state.store.segments;
-            segments[old.segment as usize].state = SegState::Sealed;
-            segments[old.segment as usize].written = old.offset + SEAL_LEN as u32;
-            segments[next as usize] = Segment {
-                state: SegState::Open,
-                seq: next_seq,
-                written: SEGMENT_START_LEN as u32,
-                live: 0,
-            };
+            m.state.update_segment(old.segment, |s| {
+                s.state = SegState::Sealed;
+                s.written = old.offset + SEAL_LEN as u32;
+            });
+            m.state.set_segment(
+                next,
+                Segment {
+                    state: SegState::Open,
+                    seq: next_seq,
+                    written: SEGMENT_START_LEN as u32,
+                    live: 0,
+                },
+            );
             m.head = Head {
                 segment: next,
                 seq: next_seq,
@@ -168,7 +172,8 @@ impl Engine {
         debug_assert_eq!(at, m.head);
         self.write_log(at.segment, at.offset, bytes)?;
         m.head.offset += bytes.len() as u32;
-        m.state.store.segments[at.segment as usize].written = m.head.offset;
+        let written = m.head.offset;
+        m.state.update_segment(at.segment, |s| s.written = written);
         m.appended += bytes.len() as u64;
         for item in format::records(bytes, at.seq) {
             let (pos, record) = item
@@ -176,6 +181,10 @@ impl Engine {
             let loc = Loc {
                 segment: at.segment,
                 offset: at.offset + pos as u32,
+            };
+            m.records_since_checkpoint += match &record {
+                Record::Batch { inner } => format::records(inner, at.seq).count() as u64,
+                _ => 1,
             };
             m.state
                 .apply(&record, loc, at.seq)

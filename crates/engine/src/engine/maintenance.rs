@@ -2,6 +2,9 @@
 
 use super::*;
 
+/// Map nodes a background round releases at most.
+const RELEASE_PER_ROUND: u64 = 4096;
+
 impl Engine {
     pub(super) fn wake_gc(&self) {
         self.gc_wakeup.wake();
@@ -33,31 +36,51 @@ impl Engine {
         self.maintain_with(busy && roomy)
     }
 
+    /// Whether the log since the last root, the chunk records in it or the dirty pages call
+    /// for a checkpoint. Nothing written since the last one: never (an idle array writes
+    /// nothing).
+    pub(super) fn checkpoint_due(&self, tuning: &Tuning) -> bool {
+        let m = self.lock_meta();
+        let written = m.appended - m.appended_at_checkpoint;
+        let dirty = m.state.pager.dirty_pages() as f64;
+        written >= tuning.checkpoint_bytes
+            || m.records_since_checkpoint >= CHECKPOINT_RECORDS
+            || dirty >= DIRTY_SHARE * m.state.pager.capacity() as f64
+    }
+
+    /// Called by writers after a change: when the dirty pages have outgrown the cache, the
+    /// writer writes them itself (the background round was too slow), which holds back
+    /// writers that would grow them further.
+    pub(super) fn relieve_cache(&self) -> Result<()> {
+        if !self.lock_meta().state.pager.over_budget() {
+            return Ok(());
+        }
+        let _maintenance = self.maintenance.lock().unwrap_or_else(|p| p.into_inner());
+        if !self.lock_meta().state.pager.over_budget() {
+            return Ok(());
+        }
+        self.checkpoint_locked()
+    }
+
     pub(super) fn maintain_with(&self, defer_collection: bool) -> Result<Duration> {
         if self.read_only || self.poisoned.load(Ordering::Acquire) {
             return Ok(Duration::from_secs(1));
         }
         let _maintenance = self.maintenance.lock().unwrap_or_else(|p| p.into_inner());
         let tuning = self.tuning();
-        let due = {
-            let m = self.lock_meta();
-            let written = m.appended - m.appended_at_checkpoint;
-            written
-                >= tuning
-                    .checkpoint_bytes
-                    .max(CHECKPOINT_SIZE_FACTOR * m.checkpoint_len)
-                || (written > 0 && m.checkpointed_at.elapsed() >= CHECKPOINT_INTERVAL)
-        };
-        if due {
+        if self.checkpoint_due(&tuning) {
             match self.checkpoint_locked() {
                 // Collection below may free file system space; the next round tries again.
                 Err(EngineError::NoSpace) => {
                     tracing::warn!("no space for a checkpoint on the file system; retrying");
-                    self.lock_meta().checkpointed_at = Instant::now();
                 }
                 other => other?,
             }
         }
+        // Deleted volumes and unmapped ranges give their chunks back a bounded batch of
+        // nodes at a time.
+        self.release_nodes(RELEASE_PER_ROUND)?;
+        self.refresh_one_usage()?;
         // Empty segments cost nothing to free: always take them.
         self.collect_empty()?;
         if defer_collection {

@@ -1,6 +1,45 @@
-//! Creating and opening an engine: format a new log, or load the checkpoint, replay the log after it and repair a torn tail.
+//! Creating and opening an engine: format a new log, or load the root, replay the log after
+//! it and repair a torn tail. An array written by format 2 is migrated on open (see
+//! [`super::migrate`]).
 
 use super::*;
+use crate::meta::chunk_table::{ChunkTable, CHUNK_LIVE};
+use crate::meta::hooks::Hooks;
+use crate::meta::map_tree::{Trees, T_NODE_META};
+use crate::meta::page_store::{read_page, MetaArea};
+use crate::meta::pager::{decode_directory, Pager, DIR_BASE};
+use crate::meta::resident::ResidentTable;
+use crate::meta::root::Root;
+use crate::meta::T_SEGMENTS;
+
+/// What replay applies records to: format 3's state, or format 2's for the migration.
+pub(super) trait ReplayTarget {
+    fn replay(
+        &mut self,
+        record: &Record<'_>,
+        loc: Loc,
+        seq: u64,
+    ) -> std::result::Result<(), String>;
+    fn segment(&self, i: u32) -> Segment;
+    fn set_segment(&mut self, i: u32, s: Segment);
+}
+
+impl ReplayTarget for State {
+    fn replay(
+        &mut self,
+        record: &Record<'_>,
+        loc: Loc,
+        seq: u64,
+    ) -> std::result::Result<(), String> {
+        self.apply(record, loc, seq).map_err(|e| e.to_string())
+    }
+    fn segment(&self, i: u32) -> Segment {
+        State::segment(self, i)
+    }
+    fn set_segment(&mut self, i: u32, s: Segment) {
+        State::set_segment(self, i, s)
+    }
+}
 
 impl Engine {
     /// Format a new engine on an empty backend.
@@ -26,7 +65,7 @@ impl Engine {
                 config.segment_size
             )));
         }
-        if backend.load_checkpoint()?.is_some() {
+        if backend.load_root()?.is_some() || backend.load_checkpoint()?.is_some() {
             return Err(EngineError::Invalid(
                 "the backend already holds an engine".into(),
             ));
@@ -39,19 +78,27 @@ impl Engine {
             segment_count,
             key,
         };
-        let mut state = State::new(config.chunk_size, segment_count);
+        super::budget::check(&geometry, &tuning)?;
+        let pager = Pager::new(
+            Arc::new(MetaArea(backend.clone())),
+            cache_pages(tuning.metadata_cache),
+        );
+        let mut state = State::new(config.chunk_size, segment_count, pager);
         // Segment 0, sequence 1, holds the first record.
         backend.allocate(0, config.segment_size as u64)?;
         let mut buf = Vec::new();
         Encoder::new(&mut buf, 1).segment_start(1, 0);
         backend.write_at(&buf, 0)?;
         backend.sync()?;
-        state.store.segments[0] = Segment {
-            state: SegState::Open,
-            seq: 1,
-            written: SEGMENT_START_LEN as u32,
-            live: 0,
-        };
+        state.set_segment(
+            0,
+            Segment {
+                state: SegState::Open,
+                seq: 1,
+                written: SEGMENT_START_LEN as u32,
+                live: 0,
+            },
+        );
         let head = Head {
             segment: 0,
             seq: 1,
@@ -61,7 +108,6 @@ impl Engine {
             next_volume: 1,
             ..Default::default()
         };
-        backend.store_checkpoint(&checkpoint::encode(&geometry, head, counters, &state))?;
         let engine = Self::assemble(
             backend,
             geometry,
@@ -69,48 +115,91 @@ impl Engine {
             head,
             counters,
             1,
+            Slots::default(),
+            0,
             tuning,
             false,
             Recovery::default(),
         );
+        // The first root: from now on the backend holds an engine.
+        engine.checkpoint_locked()?;
         // A new log has allocated nothing it could give back.
         engine.lock_meta().undiscarded.clear();
         Ok(engine)
     }
 
-    /// Open an existing engine: load the checkpoint, replay the log after it, repair a torn
-    /// tail. With `read_only` nothing is written (for the offline checker).
+    /// Open an existing engine: load the root, replay the log after it, repair a torn tail.
+    /// With `read_only` nothing is written (for the offline checker). A format 2 array is
+    /// migrated first (read-only: converted in memory only).
     pub fn open(backend: Arc<dyn Backend>, tuning: Tuning, read_only: bool) -> Result<Self> {
         let started = Instant::now();
-        let bytes = backend
-            .load_checkpoint()?
-            .ok_or_else(|| EngineError::Metadata("no checkpoint: not an engine".into()))?;
-        let loaded =
-            checkpoint::decode(&bytes).map_err(|e| EngineError::Metadata(e.to_string()))?;
-        let geometry = loaded.geometry;
+        let Some(bytes) = backend.load_root()? else {
+            if backend.load_checkpoint()?.is_some() {
+                return Self::migrate(backend, tuning, read_only);
+            }
+            return Err(EngineError::Metadata(
+                "no root and no checkpoint: not an engine".into(),
+            ));
+        };
+        let root = Root::decode(&bytes).map_err(|e| EngineError::Metadata(e.to_string()))?;
+        let geometry = root.geometry;
         if geometry.segment_count as u64 * geometry.segment_size as u64 > backend.capacity() {
             return Err(EngineError::Metadata(
-                "the log is smaller than the checkpoint says".into(),
+                "the log is smaller than the root says".into(),
             ));
         }
-        let mut state = loaded.state;
-        let mut counters = loaded.counters;
-        let mut checkpoint_seq = loaded.head.seq;
+        super::budget::check(&geometry, &tuning)?;
+        if !read_only && backend.load_checkpoint()?.is_some() {
+            // A migration that wrote its root but was stopped before setting the format 2
+            // checkpoint aside: the root is the array now.
+            backend.retire_checkpoint()?;
+        }
+        let mut state = load_state(&backend, &root, &tuning)?;
+        let slots = Slots::from_used(used_slots(&state.pager));
+        let mut counters = root.counters;
         let mut recovery = Recovery::default();
         let end = replay(
             &*backend,
             &geometry,
             &mut state,
             &mut counters,
-            loaded.head,
+            root.head,
             &mut recovery,
         )?;
-        // Chunks no map references can only be left by damage; keep them visible to the checker
-        // in read-only mode, free them otherwise.
-        // Replay frees ids as records drop references and reuses them as Chunk records name
-        // them, so the free list it leaves can hold an id twice or an id in use: rebuild it
-        // from the chunk table (found by the torture harness: an id handed out twice).
-        state.store.rebuild_free_ids();
+        state.chunks.reset_allocation();
+        Self::finish_open(
+            backend,
+            geometry,
+            state,
+            counters,
+            root.head,
+            end,
+            slots,
+            root.generation,
+            tuning,
+            read_only,
+            recovery,
+            started,
+        )
+    }
+
+    /// After replay: repair the tail, write a root at the new head (unless read-only) and
+    /// start serving.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn finish_open(
+        backend: Arc<dyn Backend>,
+        geometry: Geometry,
+        mut state: State,
+        counters: Counters,
+        from: Head,
+        end: LogEnd,
+        slots: Slots,
+        generation: u64,
+        tuning: Tuning,
+        read_only: bool,
+        mut recovery: Recovery,
+        started: Instant,
+    ) -> Result<Self> {
         let mut head = match end {
             LogEnd::Torn(h) => {
                 recovery.torn_tail = true;
@@ -119,32 +208,30 @@ impl Engine {
             LogEnd::AfterSeal(h) => h,
         };
         if !read_only {
-            head = repair_tail(&*backend, &geometry, &mut state, end, loaded.head)?;
-            // A checkpoint at the new head: recovery never again depends on the log before
-            // it (whose tail may hold records of the lost history), and the segments left
-            // behind become collectable at once.
-            backend.store_checkpoint(&checkpoint::encode(&geometry, head, counters, &state))?;
-            checkpoint_seq = head.seq;
+            head = repair_tail(&*backend, &geometry, &mut state, end, from)?;
         }
-        recovery.duration = started.elapsed();
-        let mut engine = Self::assemble(
+        let engine = Self::assemble(
             backend,
             geometry,
             state,
             head,
             counters,
-            checkpoint_seq,
+            from.seq,
+            slots,
+            generation,
             tuning,
             read_only,
-            recovery,
+            Recovery::default(),
         );
-        engine.read_only = read_only;
-        // Paces the next checkpoint (see CHECKPOINT_SIZE_FACTOR) like one written by this run.
-        engine
-            .meta
-            .get_mut()
-            .unwrap_or_else(|p| p.into_inner())
-            .checkpoint_len = bytes.len() as u64;
+        if !read_only {
+            // A root at the new head: recovery never again depends on the log before it
+            // (whose tail may hold records of the lost history), and the segments left
+            // behind become collectable at once.
+            engine.checkpoint_locked()?;
+        }
+        recovery.duration = started.elapsed();
+        let mut engine = engine;
+        engine.recovery = recovery;
         Ok(engine)
     }
 
@@ -156,17 +243,23 @@ impl Engine {
         head: Head,
         counters: Counters,
         checkpoint_seq: u64,
+        slots: Slots,
+        generation: u64,
         tuning: Tuning,
         read_only: bool,
         recovery: Recovery,
     ) -> Self {
         let free: Vec<u32> = (0..geometry.segment_count)
             .rev()
-            .filter(|&i| state.store.segments[i as usize].state == SegState::Free)
+            .filter(|&i| state.segment(i).state == SegState::Free)
             .collect();
         // A crash can leave freed segments' space allocated: give it back when idle. Holes
         // cost nothing to punch again, and adjacent segments go in one call.
         let undiscarded = free.iter().copied().collect();
+        backend.reserve_meta(super::checkpointing::meta_reserve(
+            &state,
+            tuning.metadata_cache,
+        ));
         Engine {
             backend,
             geometry,
@@ -177,14 +270,18 @@ impl Engine {
                 counters,
                 checkpoint_seq,
                 appended_at_checkpoint: 0,
-                checkpoint_len: 0,
-                checkpointed_at: Instant::now(),
+                records_since_checkpoint: 0,
+                generation,
+                locality: Locality::new(LOCALITY_PAGES),
                 free,
                 freed: 0,
                 undiscarded,
                 ready: Default::default(),
                 preparing: Default::default(),
             }),
+            slots: Mutex::new(slots),
+            usage: Mutex::new(HashMap::new()),
+            metadata_written: AtomicU64::new(0),
             reuse: RwLock::new(()),
             flush: Mutex::new(FlushState {
                 durable: 0,
@@ -208,6 +305,67 @@ impl Engine {
     }
 }
 
+/// The state a root names: directories read from the directory pages it lists, the tables
+/// kept whole in RAM loaded, everything else left on disk until it is needed.
+fn load_state(backend: &Arc<dyn Backend>, root: &Root, tuning: &Tuning) -> Result<State> {
+    let g = &root.geometry;
+    let mut pager = Pager::new(
+        Arc::new(MetaArea(backend.clone())),
+        cache_pages(tuning.metadata_cache),
+    );
+    for t in &root.tables {
+        let dir_table = DIR_BASE + t.table;
+        let bodies = t
+            .dir
+            .iter()
+            .enumerate()
+            .map(|(p, &loc)| read_page(&**pager.source(), dir_table, p as u64, loc))
+            .collect::<std::result::Result<Vec<_>, _>>()
+            .map_err(|e| EngineError::Metadata(e.to_string()))?;
+        pager.set_directory(t.table, decode_directory(t.pages, &bodies));
+        pager.set_directory(dir_table, t.dir.clone());
+    }
+    let entries = |table: u8| {
+        root.tables
+            .iter()
+            .find(|t| t.table == table)
+            .map_or(0, |t| t.entries)
+    };
+    let meta = |e: crate::meta::PageError| EngineError::Metadata(e.to_string());
+    let segments = ResidentTable::load(T_SEGMENTS, &pager, entries(T_SEGMENTS)).map_err(meta)?;
+    if segments.len() != g.segment_count as u64 {
+        return Err(EngineError::Metadata(format!(
+            "the segment table holds {} segments, the root says {}",
+            segments.len(),
+            g.segment_count
+        )));
+    }
+    let nodes = ResidentTable::load(T_NODE_META, &pager, entries(T_NODE_META)).map_err(meta)?;
+    let live = ResidentTable::load(CHUNK_LIVE, &pager, entries(CHUNK_LIVE)).map_err(meta)?;
+    Ok(State {
+        pager,
+        chunks: ChunkTable::from_live(live),
+        segments,
+        trees: Trees::from_parts(nodes, root.releasing.clone()),
+        volumes: root.volumes.iter().copied().collect(),
+        hooks: Hooks { shape: root.hooks },
+        chunk_size: g.chunk_size,
+        anchored: root.anchored,
+        live_bytes: root.live_bytes,
+        volume_generation: Default::default(),
+        sharing_generation: 0,
+    })
+}
+
+/// Every slot of the metadata area a root (through its directories) names.
+pub(super) fn used_slots(pager: &Pager) -> Vec<u64> {
+    (0..=255u8)
+        .flat_map(|t| pager.directory(t).iter())
+        .filter(|l| !l.is_none())
+        .map(|l| l.slot)
+        .collect()
+}
+
 /// Where replay stopped.
 pub(super) enum LogEnd {
     /// At an invalid record inside the head segment: the tail from here was never durable.
@@ -219,7 +377,7 @@ pub(super) enum LogEnd {
 pub(super) fn replay(
     backend: &dyn Backend,
     geometry: &Geometry,
-    state: &mut State,
+    state: &mut dyn ReplayTarget,
     counters: &mut Counters,
     start: Head,
     recovery: &mut Recovery,
@@ -267,10 +425,11 @@ pub(super) fn replay(
                     next_segment,
                     next_seq,
                 } => {
-                    let s = &mut state.store.segments[head.segment as usize];
+                    let mut s = state.segment(head.segment);
                     s.state = SegState::Sealed;
                     s.seq = head.seq;
                     s.written = (pos + len) as u32;
+                    state.set_segment(head.segment, s);
                     // Sequences grow by one per segment, and jump after a recovery (see
                     // `repair_tail`).
                     if next_segment >= geometry.segment_count || next_seq <= head.seq {
@@ -282,18 +441,20 @@ pub(super) fn replay(
                         Ok((Record::SegmentStart { seq, segment }, _))
                             if seq == next_seq && segment == next_segment =>
                         {
-                            let n = &mut state.store.segments[next_segment as usize];
-                            if n.live != 0 {
+                            if state.segment(next_segment).live != 0 {
                                 return Err(EngineError::Metadata(format!(
                                     "segment {next_segment} reused while it held live chunks"
                                 )));
                             }
-                            *n = Segment {
-                                state: SegState::Open,
-                                seq: next_seq,
-                                written: SEGMENT_START_LEN as u32,
-                                live: 0,
-                            };
+                            state.set_segment(
+                                next_segment,
+                                Segment {
+                                    state: SegState::Open,
+                                    seq: next_seq,
+                                    written: SEGMENT_START_LEN as u32,
+                                    live: 0,
+                                },
+                            );
                             head = Head {
                                 segment: next_segment,
                                 seq: next_seq,
@@ -311,7 +472,7 @@ pub(super) fn replay(
                     }
                 }
                 other => {
-                    state.apply(&other, loc, head.seq).map_err(|e| {
+                    state.replay(&other, loc, head.seq).map_err(|e| {
                         EngineError::Metadata(format!("segment {} offset {pos}: {e}", head.segment))
                     })?;
                     if let Record::VolumeCreate { volume, .. }
@@ -332,10 +493,11 @@ pub(super) fn replay(
                 }
             }
             pos += len;
-            let s = &mut state.store.segments[head.segment as usize];
+            let mut s = state.segment(head.segment);
             s.state = SegState::Open;
             s.seq = head.seq;
             s.written = pos as u32;
+            state.set_segment(head.segment, s);
             if pos >= buf.len() {
                 return Ok(LogEnd::Torn(Head {
                     offset: pos as u32,
@@ -384,7 +546,7 @@ pub(super) fn repair_tail(
         }
     };
     let seq = last_seq + geometry.segment_count as u64 + 1;
-    let segments = &state.store.segments;
+    let segments = state.segments.as_slice();
     let garbage = |i: u32| {
         let s = &segments[i as usize];
         s.state == SegState::Sealed && s.live == 0 && s.seq < checkpoint.seq
@@ -419,32 +581,37 @@ pub(super) fn repair_tail(
         let from = h.segment as u64 * seg + h.offset as u64;
         backend.write_at(&vec![0u8; (seg - h.offset as u64) as usize], from)?;
         backend.sync()?;
-        let s = &mut state.store.segments[h.segment as usize];
-        s.state = SegState::Open;
-        s.seq = h.seq;
-        s.written = h.offset;
+        state.update_segment(h.segment, |s| {
+            s.state = SegState::Open;
+            s.seq = h.seq;
+            s.written = h.offset;
+        });
         return Ok(h);
     };
     if let Some(h) = torn.filter(|h| h.segment != segment) {
         let mut seal = Vec::new();
         Encoder::new(&mut seal, h.seq).seal(segment, seq);
         backend.write_at(&seal, h.segment as u64 * seg + h.offset as u64)?;
-        let s = &mut state.store.segments[h.segment as usize];
-        s.state = SegState::Sealed;
-        s.seq = h.seq;
-        s.written = h.offset + SEAL_LEN as u32;
+        state.update_segment(h.segment, |s| {
+            s.state = SegState::Sealed;
+            s.seq = h.seq;
+            s.written = h.offset + SEAL_LEN as u32;
+        });
     }
     // No record anywhere carries the new sequence number: the segment needs no wiping.
     let mut start = Vec::new();
     Encoder::new(&mut start, seq).segment_start(seq, segment);
     backend.write_at(&start, segment as u64 * seg)?;
     backend.sync()?;
-    state.store.segments[segment as usize] = Segment {
-        state: SegState::Open,
-        seq,
-        written: SEGMENT_START_LEN as u32,
-        live: 0,
-    };
+    state.set_segment(
+        segment,
+        Segment {
+            state: SegState::Open,
+            seq,
+            written: SEGMENT_START_LEN as u32,
+            live: 0,
+        },
+    );
     Ok(Head {
         segment,
         seq,

@@ -1,6 +1,7 @@
 //! Provisioning by metadata: UNMAP, ANCHOR, copies by reference, and the provisioning status of ranges.
 
 use super::*;
+use crate::meta::map_tree::{self, FANOUT};
 
 impl Engine {
     /// Make `len` bytes at `offset` read as zeros and release their space.
@@ -56,6 +57,8 @@ impl Engine {
             } else {
                 self.append_data_meta(|e| e.unmap(volume, c, n))?;
             }
+            // The leaves the range dropped give their chunks back now (bounded by the range).
+            self.release_nodes(n / map_tree::FANOUT + 2)?;
             c += n;
         }
         self.wake_gc();
@@ -66,22 +69,21 @@ impl Engine {
     /// free: segments outside the collector's reserve and the space already held.
     pub(super) fn room_to_anchor(
         &self,
-        m: &Meta,
+        m: &mut Meta,
         volume: u32,
         first: u64,
         count: u64,
     ) -> Result<()> {
-        let map = m
+        if !m.state.volumes.contains_key(&volume) {
+            return Err(EngineError::NoSuchVolume(volume));
+        }
+        let new = m
             .state
-            .volumes
-            .get(&volume)
-            .ok_or(EngineError::NoSuchVolume(volume))?;
-        let new = map
-            .entries(first, count)
+            .entries(volume, first, count)?
             .iter()
             .filter(|&&id| id != ANCHORED)
             .count() as u64;
-        let held = self.anchor_reserve(m.state.store.anchored + new);
+        let held = self.anchor_reserve(m.state.anchored + new);
         // One segment more for the log records themselves (Space::Metadata keeps one).
         if m.free.len() < gc_reserve(self.geometry.segment_count) as usize + held + 1 {
             return Err(EngineError::NoSpace);
@@ -148,13 +150,13 @@ impl Engine {
     /// Append a data-path metadata record (unmap, copy): needs no new chunk space, but log
     /// space; waits for the collector when the log is full.
     pub(super) fn append_data_meta(&self, build: impl Fn(&mut Encoder)) -> Result<()> {
-        self.append_data_meta_if(|_| Ok(()), build)
+        self.append_data_meta_if(|_: &mut Meta| Ok(()), build)
     }
 
     /// [`Engine::append_data_meta`] after `check` passed under the same lock hold.
     pub(super) fn append_data_meta_if(
         &self,
-        check: impl Fn(&Meta) -> Result<()>,
+        check: impl Fn(&mut Meta) -> Result<()>,
         build: impl Fn(&mut Encoder),
     ) -> Result<()> {
         let mut collections = 0;
@@ -163,11 +165,13 @@ impl Engine {
             let mut probe = Vec::new();
             build(&mut Encoder::new(&mut probe, 0));
             // Freeing space must keep working on a full array: unmap may use the reserve.
-            match check(&m).and_then(|()| self.reserve(&mut m, probe.len(), Space::Metadata)) {
+            match check(&mut m).and_then(|()| self.reserve(&mut m, probe.len(), Space::Metadata)) {
                 Ok(at) => {
                     let mut buf = Vec::with_capacity(probe.len());
                     build(&mut Encoder::new(&mut buf, at.seq));
-                    return self.append_at(&mut m, at, &buf);
+                    self.append_at(&mut m, at, &buf)?;
+                    drop(m);
+                    return self.relieve_cache();
                 }
                 // Short of space: what the collector can return may be enough.
                 Err(EngineError::NoSpace) => {
@@ -187,41 +191,38 @@ impl Engine {
     /// (a fully mapped 16 TiB volume would otherwise be scanned whole under it); callers that
     /// want the whole run ask again from where it stopped.
     pub fn chunk_status(&self, volume: u32, index: u64) -> Result<(ChunkState, u64)> {
-        let m = self.lock_meta();
-        let map = m
+        let mut m = self.lock_meta();
+        let vol = *m
             .state
             .volumes
             .get(&volume)
             .ok_or(EngineError::NoSuchVolume(volume))?;
-        let total = m.state.chunks_of(map.size);
+        let total = m.state.chunks_of(vol.size);
         if index >= total {
             return Err(EngineError::OutOfRange {
                 volume,
                 offset: index * self.geometry.chunk_size as u64,
                 len: 0,
-                size: map.size,
+                size: vol.size,
             });
         }
         let limit = total.min(index + STATUS_SCAN_CHUNKS);
-        let state = ChunkState::of(map.get(index));
-        let per = crate::state::PAGE_ENTRIES as u64;
+        let State { trees, pager, .. } = &mut m.state;
+        let state = ChunkState::of(trees.get(pager, &vol, index)?);
         let mut i = index + 1;
         while i < limit {
-            let page_no = i / per;
-            let page_end = ((page_no + 1) * per).min(limit);
-            match map.pages.get(&page_no) {
-                // An absent page is all deallocated: skip to the next present one.
-                None if state == ChunkState::Deallocated => {
-                    i = match map.pages.range(page_no + 1..).next() {
-                        Some((&next, _)) => (next * per).min(limit),
-                        None => limit,
-                    };
-                }
-                None => break,
-                Some(page) => {
-                    let from = (i - page_no * per) as usize;
-                    let to = (page_end - page_no * per) as usize;
-                    match page.0[from..to]
+            let leaf_end = ((i / FANOUT + 1) * FANOUT).min(limit);
+            match trees.leaf(pager, &vol, i)? {
+                // An absent leaf is all deallocated.
+                0 if state == ChunkState::Deallocated => i = leaf_end,
+                0 => break,
+                leaf => {
+                    let entries = map_tree::node_entries(pager, leaf)?;
+                    let (from, to) = (
+                        (i % FANOUT) as usize,
+                        (leaf_end - i) as usize + (i % FANOUT) as usize,
+                    );
+                    match entries[from..to]
                         .iter()
                         .position(|&id| ChunkState::of(id) != state)
                     {
@@ -229,7 +230,7 @@ impl Engine {
                             i += k as u64;
                             break;
                         }
-                        None => i = page_end,
+                        None => i = leaf_end,
                     }
                 }
             }

@@ -40,37 +40,36 @@ impl Engine {
         volume: u32,
         first: u64,
         out: &mut [u8],
-    ) -> Result<Vec<(u32, [u8; 16])>> {
+    ) -> Result<Vec<(u64, [u8; 16])>> {
         let cs = self.geometry.chunk_size as usize;
         let count = out.len() / cs;
         let (seen, locs, _pin) = {
-            let m = self.lock_meta();
-            let map = m
-                .state
-                .volumes
-                .get(&volume)
-                .ok_or(EngineError::NoSuchVolume(volume))?;
+            let mut m = self.lock_meta();
+            if !m.state.volumes.contains_key(&volume) {
+                return Err(EngineError::NoSuchVolume(volume));
+            }
             let pin = self.reuse.read().unwrap_or_else(|p| p.into_inner());
+            let ids = m.state.entries(volume, first, count as u64)?;
             let mut seen = Vec::with_capacity(count);
             let mut locs = Vec::with_capacity(count);
-            for c in first..first + count as u64 {
-                let id = map.get(c);
+            for (k, id) in ids.into_iter().enumerate() {
                 if !holds_data(id) {
                     seen.push((id, [0; 16]));
                     locs.push(None);
                     continue;
                 }
-                let chunk = m
-                    .state
-                    .store
-                    .chunk(id)
-                    .ok_or_else(|| EngineError::Corrupt {
-                        offset: c * cs as u64,
-                        reason: format!("map points at missing chunk {id}"),
-                    })?;
+                let c = first + k as u64;
+                let chunk = m.state.chunk(id)?.ok_or_else(|| EngineError::Corrupt {
+                    offset: c * cs as u64,
+                    reason: format!("map points at missing chunk {id}"),
+                })?;
                 seen.push((id, chunk.hash));
-                let seq = m.state.store.segments[chunk.loc.segment as usize].seq;
-                locs.push(Some((id, chunk.loc, chunk.len, seq)));
+                let seq = m.state.segment(chunk.segment).seq;
+                let loc = Loc {
+                    segment: chunk.segment,
+                    offset: chunk.offset,
+                };
+                locs.push(Some((id, loc, chunk.len, seq)));
             }
             (seen, locs, pin)
         };
@@ -142,7 +141,7 @@ impl Engine {
 pub(super) fn decode_chunk(
     raw: &[u8],
     seq: u64,
-    id: u32,
+    id: u64,
     out: &mut [u8],
 ) -> std::result::Result<(), String> {
     let (record, _) = format::decode(raw, seq).map_err(|e| format!("record unreadable: {e:?}"))?;
@@ -177,5 +176,33 @@ pub(super) fn decode_chunk(
             "unsupported stored form {other:?} ({} bytes)",
             data.len()
         )),
+    }
+}
+
+impl Engine {
+    /// Read the metadata pages `keys` names that are not cached, without holding the lock
+    /// during the reads, and cache them. A page whose place changed meanwhile (a checkpoint
+    /// moved it) is left for the next lookup to read.
+    pub(super) fn fault_in(&self, keys: Vec<(u8, u64)>) -> Result<()> {
+        let (missing, source) = {
+            let m = self.lock_meta();
+            (m.state.pager.missing(keys), m.state.pager.source().clone())
+        };
+        if missing.is_empty() {
+            return Ok(());
+        }
+        let mut read = Vec::with_capacity(missing.len());
+        for (table, index, loc) in missing {
+            match crate::meta::page_store::read_page(&*source, table, index, loc) {
+                Ok(body) => read.push((table, index, loc, body)),
+                // Reported by the lookup itself, under the lock, if it still stands.
+                Err(_) => continue,
+            }
+        }
+        let mut m = self.lock_meta();
+        for (table, index, loc, body) in read {
+            m.state.pager.insert_read(table, index, loc, body);
+        }
+        Ok(())
     }
 }

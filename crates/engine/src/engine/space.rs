@@ -1,34 +1,30 @@
 //! Space figures of the array and of each volume.
 
 use super::*;
+use crate::meta::map_tree;
+use std::collections::HashMap;
 
 impl Engine {
+    /// Array-wide figures: O(volumes), from counters kept by every change.
     pub fn space(&self) -> EngineSpace {
         let m = self.lock_meta();
-        let store = &m.state.store;
         let seg = self.geometry.segment_size as u64;
         let count = self.geometry.segment_count as u64;
-        let used_segments = store
-            .segments
-            .iter()
-            .filter(|s| s.state != SegState::Free)
-            .count() as u64;
-        let live: u64 = store.segments.iter().map(|s| s.live).sum();
+        let used_segments = count - m.free.len() as u64;
+        let live = m.state.live_bytes;
         let physical = used_segments * seg;
         let capacity = (count - gc_reserve(self.geometry.segment_count) as u64) * seg;
         let cs = self.geometry.chunk_size as u64;
         let mut logical = 0u64;
         let mut provisioned = 0u64;
-        for map in m.state.volumes.values() {
-            provisioned += map.size;
-            for page in map.pages.values() {
-                logical += page.0.iter().filter(|&&id| holds_data(id)).count() as u64 * cs;
-            }
+        for vol in m.state.volumes.values() {
+            provisioned += vol.size;
+            logical += m.state.trees.counts(vol.root).0 * cs;
         }
         let host = m.counters.host_bytes;
         let gc = m.counters.gc_bytes;
         let threshold = self.tuning.lock().unwrap().soft_threshold;
-        let held = self.anchor_reserve(store.anchored) as u64 * seg;
+        let held = self.anchor_reserve(m.state.anchored) as u64 * seg;
         EngineSpace {
             capacity_bytes: capacity,
             physical_used_bytes: physical,
@@ -54,58 +50,160 @@ impl Engine {
             host_written_bytes: host,
             gc_relocated_bytes: gc,
             soft_threshold_exceeded: (physical + held) as f64 > threshold * capacity as f64,
-            unique_chunks: store.index.len() as u64,
+            unique_chunks: m.state.chunks.len(),
             anchored_bytes: held,
         }
     }
 
-    /// Space figures of one volume; walks its map.
+    /// Space figures of one volume. Mapped and anchored bytes are counters (O(1)); unique
+    /// and shared bytes need a walk of the volume's tree, cached until the volume or the
+    /// sharing between volumes changes. Volumes up to [`SYNC_USAGE_CHUNKS`] mapped chunks are
+    /// walked on demand; larger ones report the last walk, which the background rounds
+    /// refresh, so this never costs more than a bounded walk.
     pub fn volume_usage(&self, volume: u32) -> Result<VolumeUsage> {
-        let m = self.lock_meta();
-        let map = m
-            .state
-            .volumes
-            .get(&volume)
-            .ok_or(EngineError::NoSuchVolume(volume))?;
         let cs = self.geometry.chunk_size as u64;
-        // References from pages only this volume holds: if they account for all of a chunk's
-        // references, deleting the volume frees the chunk.
-        let mut private: HashMap<u32, u64> = HashMap::new();
-        let mut referenced: std::collections::HashSet<u32> = Default::default();
-        let mut mapped = 0u64;
-        let mut anchored = 0u64;
-        for page in map.pages.values() {
-            let unique = std::sync::Arc::strong_count(page) == 1;
-            for &id in page.0.iter() {
-                if id == ANCHORED {
-                    anchored += cs;
-                }
-                if !holds_data(id) {
-                    continue;
-                }
-                mapped += cs;
-                referenced.insert(id);
-                if unique {
-                    *private.entry(id).or_insert(0) += 1;
-                }
-            }
-        }
-        let mut unique_bytes = 0;
-        let mut shared_bytes = 0;
-        for id in referenced {
-            let c = m.state.store.chunk(id).expect("referenced chunk exists");
-            if private.get(&id) == Some(&c.refs) {
-                unique_bytes += c.len as u64;
-            } else {
-                shared_bytes += c.len as u64;
-            }
-        }
+        let (vol, (mapped, anchored), key) = {
+            let m = self.lock_meta();
+            let vol = *m
+                .state
+                .volumes
+                .get(&volume)
+                .ok_or(EngineError::NoSuchVolume(volume))?;
+            (vol, m.state.trees.counts(vol.root), usage_key(&m, volume))
+        };
+        let cached = self.usage.lock().unwrap().get(&volume).copied();
+        let (unique, shared) = match cached {
+            Some(c) if c.key == key => (c.unique, c.shared),
+            _ if mapped <= SYNC_USAGE_CHUNKS => self.walk_usage(volume)?,
+            Some(c) => (c.unique, c.shared),
+            None => (0, 0),
+        };
         Ok(VolumeUsage {
-            provisioned_bytes: map.size,
-            mapped_bytes: mapped.min(map.size),
-            anchored_bytes: anchored.min(map.size),
-            unique_bytes,
-            shared_bytes,
+            provisioned_bytes: vol.size,
+            mapped_bytes: (mapped * cs).min(vol.size),
+            anchored_bytes: (anchored * cs).min(vol.size),
+            unique_bytes: unique,
+            shared_bytes: shared,
         })
     }
+
+    /// Walk `volume`'s tree (the lock taken per batch of leaves) and cache its unique and
+    /// shared bytes. A chunk is unique when every reference to it comes from leaves only this
+    /// volume holds: deleting the volume would free it.
+    pub(super) fn walk_usage(&self, volume: u32) -> Result<(u64, u64)> {
+        let (key, leaves) = {
+            let mut m = self.lock_meta();
+            let key = usage_key(&m, volume);
+            let vol = *m
+                .state
+                .volumes
+                .get(&volume)
+                .ok_or(EngineError::NoSuchVolume(volume))?;
+            let mut leaves = Vec::new();
+            let mut stack = vec![(vol.root, true)];
+            while let Some((node, private)) = stack.pop() {
+                if node == 0 {
+                    continue;
+                }
+                let meta = m.state.trees.meta.get(node);
+                let private = private && meta.refs == 1;
+                if meta.level == 0 {
+                    leaves.push((node, private));
+                    continue;
+                }
+                for child in map_tree::node_entries(&mut m.state.pager, node)? {
+                    stack.push((child, private));
+                }
+            }
+            (key, leaves)
+        };
+        let mut unique = 0u64;
+        let mut shared = 0u64;
+        // Chunks named more than once: their private references are counted until all are
+        // seen (bounded; past the bound they count as shared).
+        let mut repeated: HashMap<u64, (u32, u32, u32)> = HashMap::new();
+        for batch in leaves.chunks(64) {
+            let mut m = self.lock_meta();
+            for &(leaf, private) in batch {
+                if m.state.trees.meta.get(leaf).refs == 0 {
+                    continue; // released meanwhile
+                }
+                for id in map_tree::node_entries(&mut m.state.pager, leaf)? {
+                    if !holds_data(id) {
+                        continue;
+                    }
+                    let Some(c) = m.state.chunk(id)? else {
+                        continue;
+                    };
+                    match (private, c.refs) {
+                        (true, 1) => unique += c.len as u64,
+                        (true, refs)
+                            if repeated.len() < MAX_REPEATED || repeated.contains_key(&id) =>
+                        {
+                            repeated.entry(id).or_insert((0, refs, c.len)).0 += 1;
+                        }
+                        _ => shared += c.len as u64,
+                    }
+                }
+            }
+        }
+        for (private_refs, refs, len) in repeated.into_values() {
+            if private_refs >= refs {
+                unique += len as u64;
+            } else {
+                shared += len as u64;
+            }
+        }
+        self.usage.lock().unwrap().insert(
+            volume,
+            UsageWalk {
+                key,
+                unique,
+                shared,
+            },
+        );
+        Ok((unique, shared))
+    }
+
+    /// Refresh the usage of one large volume whose walk is out of date (a background round).
+    pub(super) fn refresh_one_usage(&self) -> Result<()> {
+        let stale = {
+            let m = self.lock_meta();
+            let cache = self.usage.lock().unwrap();
+            m.state
+                .volumes
+                .iter()
+                .map(|(&id, v)| (id, m.state.trees.counts(v.root).0))
+                .filter(|&(_, mapped)| mapped > SYNC_USAGE_CHUNKS)
+                .find(|&(id, _)| cache.get(&id).is_none_or(|c| c.key != usage_key(&m, id)))
+                .map(|(id, _)| id)
+        };
+        if let Some(volume) = stale {
+            self.walk_usage(volume)?;
+        }
+        Ok(())
+    }
+}
+
+/// Volumes with at most this many mapped chunks (256 MiB of 4 KiB chunks) are walked when
+/// asked; larger ones in the background.
+pub const SYNC_USAGE_CHUNKS: u64 = 64 * 1024;
+/// Chunks with several references a walk counts one by one at most.
+const MAX_REPEATED: usize = 4 << 20;
+
+/// A cached walk of one volume, valid while its key stands.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct UsageWalk {
+    key: (u64, u64),
+    unique: u64,
+    shared: u64,
+}
+
+/// What a usage walk depends on: the volume's changes and changes of sharing anywhere
+/// (clones, copies, releases, shared nodes copied on write).
+fn usage_key(m: &Meta, volume: u32) -> (u64, u64) {
+    (
+        m.state.volume_generation.get(&volume).copied().unwrap_or(0),
+        m.state.sharing_generation + m.state.trees.copies,
+    )
 }

@@ -1,6 +1,14 @@
 //! The write path: chunks fingerprinted and compressed outside the lock, deduplicated, appended as one batch.
 
 use super::*;
+use crate::meta::chunk_table::{ChunkEntry, CHUNK_TABLE, PER_PAGE as CHUNKS_PER_PAGE};
+use crate::meta::hooks::is_hook;
+use crate::meta::pager::Entry;
+use std::collections::HashMap;
+
+/// A chunk shared this many times is not shared further (a dedup hit writes a new copy), so
+/// its count never comes near saturating.
+const DEDUP_MAX_REFS: u32 = 1 << 31;
 
 impl Engine {
     pub(super) fn prepare(&self, data: &[u8]) -> Prepared {
@@ -118,17 +126,20 @@ impl Engine {
                 expected.push((c, old));
             }
             let mut m = self.lock_meta();
-            let map = m
-                .state
-                .volumes
-                .get(&volume)
-                .ok_or(EngineError::NoSuchVolume(volume))?;
+            if !m.state.volumes.contains_key(&volume) {
+                return Err(EngineError::NoSuchVolume(volume));
+            }
             // Compare id and fingerprint: an id freed and reused meanwhile has other content.
-            let changed = expected.iter().any(|&(c, old)| {
-                let id = map.get(c);
-                id != old.0
-                    || (holds_data(id) && m.state.store.chunk(id).map(|x| x.hash) != Some(old.1))
-            });
+            let mut changed = false;
+            for &(c, old) in &expected {
+                let id = m.state.entry(volume, c)?;
+                if id != old.0
+                    || (holds_data(id) && m.state.chunk(id)?.map(|x| x.hash) != Some(old.1))
+                {
+                    changed = true;
+                    break;
+                }
+            }
             if changed {
                 drop(m);
                 if attempts > 1000 {
@@ -152,7 +163,11 @@ impl Engine {
                     }
                     return Err(EngineError::NoSpace);
                 }
-                other => return other,
+                Ok(()) => {
+                    drop(m);
+                    return self.relieve_cache();
+                }
+                Err(e) => return Err(e),
             }
         }
     }
@@ -166,30 +181,24 @@ impl Engine {
         items: &[&Prepared],
     ) -> Result<()> {
         let mut ids = Vec::with_capacity(items.len());
-        let mut new: Vec<(u32, &[u8; 16], Codec, &[u8])> = Vec::new();
-        let mut local = crate::state::FingerprintIndex::default();
-        let mut allocated = Vec::new();
+        let mut new: Vec<(u64, &[u8; 16], Codec, &[u8])> = Vec::new();
+        let mut local: HashMap<[u8; 16], u64> = HashMap::new();
         let mut into_anchored = true;
-        let mut size = RECORD_HEADER + RECORD_HEADER + 16 + 4 * items.len();
+        let mut size = RECORD_HEADER + RECORD_HEADER + 16 + 8 * items.len();
         for (k, item) in items.iter().enumerate() {
             let id = match item {
                 Prepared::Zero => 0,
                 Prepared::Data { hash, codec, bytes } => {
-                    if let Some(&id) = m.state.store.index.get(hash) {
+                    if let Some(&id) = local.get(hash) {
                         id
-                    } else if let Some(&id) = local.get(hash) {
+                    } else if let Some(id) = self.find_duplicate(m, hash)? {
                         id
                     } else {
-                        let Some(id) = m.state.store.allocate_id() else {
-                            return Err(EngineError::NoSpace);
-                        };
-                        allocated.push(id);
+                        let State { chunks, pager, .. } = &mut m.state;
+                        let id = chunks.allocate(pager)?;
                         // Without anchors anywhere (the usual case) no lookup is needed.
-                        into_anchored &= m.state.store.anchored > 0
-                            && m.state
-                                .volumes
-                                .get(&volume)
-                                .is_some_and(|map| map.get(first + k as u64) == ANCHORED);
+                        into_anchored &= m.state.anchored > 0
+                            && m.state.entry(volume, first + k as u64)? == ANCHORED;
                         local.insert(*hash, id);
                         new.push((id, hash, *codec, bytes));
                         size += RECORD_HEADER + CHUNK_PREFIX + bytes.len();
@@ -200,7 +209,8 @@ impl Engine {
             ids.push(id);
         }
         // Writes of data already stored (dedup hits, zeros) need no chunk space: like UNMAP
-        // they keep working on a full array.
+        // they keep working on a full array. (Ids taken for a batch that fails stay free: the
+        // chunk table hands them out again.)
         let class = if new.is_empty() {
             Space::Metadata
         } else if into_anchored {
@@ -208,14 +218,7 @@ impl Engine {
         } else {
             Space::Data
         };
-        let at = match self.reserve(m, size, class) {
-            Ok(at) => at,
-            Err(e) => {
-                // Ids taken but not used go back.
-                m.state.store.free_ids.extend(allocated);
-                return Err(e);
-            }
-        };
+        let at = self.reserve(m, size, class)?;
         let mut buf = Vec::with_capacity(size);
         let mut e = Encoder::new(&mut buf, at.seq);
         let mut host = 0u64;
@@ -226,14 +229,63 @@ impl Engine {
         e.map(volume, first, &ids);
         e.wrap_batch(0);
         debug_assert_eq!(buf.len(), size);
-        if let Err(e) = self.append_at(m, at, &buf) {
-            if matches!(e, EngineError::NoSpace) {
-                // Nothing was applied.
-                m.state.store.free_ids.extend(allocated);
-            }
-            return Err(e);
+        self.append_at(m, at, &buf)?;
+        // The chunks just written are the freshest locality: the rest of the stream, and
+        // repeats of its blocks, find them there.
+        for (id, hash, ..) in &new {
+            m.locality.add(id / CHUNKS_PER_PAGE, [(**hash, *id)]);
         }
         m.counters.host_bytes += host;
+        Ok(())
+    }
+
+    /// A stored chunk with this fingerprint, from the locality cache or a hook, confirmed
+    /// against the chunk table (the index is advice: the id may have been freed and reused).
+    fn find_duplicate(&self, m: &mut Meta, hash: &[u8; 16]) -> Result<Option<u64>> {
+        let (candidate, hook) = match m.locality.get(hash) {
+            Some(id) => (Some(id), false),
+            None if is_hook(hash) => (m.state.hooks.get(&mut m.state.pager, hash)?, true),
+            None => (None, false),
+        };
+        let Some(id) = candidate else {
+            return Ok(None);
+        };
+        match m.state.chunk(id)? {
+            // Past 2^31 references a chunk is not shared further: a new copy is written.
+            Some(c) if c.hash == *hash && c.refs < DEDUP_MAX_REFS => {}
+            _ => return Ok(None),
+        }
+        let page = id / CHUNKS_PER_PAGE;
+        if hook {
+            self.load_locality(m, page)?;
+        } else {
+            m.locality.touch(page);
+        }
+        // Duplicates arrive in runs (a clone, a copy, a restore): the chunks written after
+        // this one are in the next page.
+        if hook || id % CHUNKS_PER_PAGE >= CHUNKS_PER_PAGE / 2 {
+            self.load_locality(m, page + 1)?;
+        }
+        Ok(Some(id))
+    }
+
+    /// Put the fingerprints of chunk page `page` in the locality cache.
+    fn load_locality(&self, m: &mut Meta, page: u64) -> Result<()> {
+        if m.locality.contains_page(page) {
+            m.locality.touch(page);
+            return Ok(());
+        }
+        if page >= m.state.chunks.pages() {
+            return Ok(());
+        }
+        let body = m.state.pager.page(CHUNK_TABLE, page)?;
+        let entries: Vec<([u8; 16], u64)> = (0..CHUNKS_PER_PAGE)
+            .filter_map(|k| {
+                let e = ChunkEntry::read(&body[k as usize * 32..(k as usize + 1) * 32]);
+                (e.len != 0).then_some((e.hash, page * CHUNKS_PER_PAGE + k))
+            })
+            .collect();
+        m.locality.add(page, entries);
         Ok(())
     }
 }

@@ -1,5 +1,6 @@
-//! Checkpoints: the whole metadata state at one log position, so recovery replays only the
-//! log written after it. Layout (little-endian; byte diagram in docs/design.md):
+//! Format 2 checkpoints: the whole metadata state at one log position, so recovery replays
+//! only the log written after it. Read to migrate a format 2 array (RFC 0001); written only by
+//! tests that build format 2 arrays. Layout (little-endian; byte diagram in docs/design.md):
 //!
 //! ```text
 //! "SLVRCKP1" | version u32 (2) | crc32c u32 (of the body) | body
@@ -11,43 +12,19 @@
 //! Pages shared between volumes are stored once and referenced by index, so a checkpoint
 //! preserves sharing exactly (and with it the reference counts, which are recomputed on load).
 
-use crate::cow_vec::CowVec;
-use crate::format::{CHECKPOINT_MAGIC, FORMAT_VERSION};
-use crate::state::{
-    Chunk, Inconsistent, Loc, Page, SegState, Segment, State, VolumeMap, ANCHORED, PAGE_ENTRIES,
-};
+use super::cow_vec::CowVec;
+use super::state::{Chunk, Loc, Page, SegState, Segment, State, VolumeMap, ANCHORED, PAGE_ENTRIES};
+pub use crate::meta::root::{Counters, Geometry, Head};
+
+pub const CHECKPOINT_MAGIC: u64 = u64::from_le_bytes(*b"SLVRCKP1");
+/// Version of the format 2 checkpoint. 2: the body is stored uncompressed, and logs may hold
+/// Anchor records (kind 12), which version 1 binaries cannot replay.
+pub const FORMAT_VERSION: u32 = 2;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
 /// Checkpoint version whose body is lz4-compressed (still read, no longer written).
 const LZ4_BODY_VERSION: u32 = 1;
-
-/// Fixed parameters of an engine, chosen at creation.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Geometry {
-    pub chunk_size: u32,
-    pub segment_size: u32,
-    pub segment_count: u32,
-    /// Key of the keyed BLAKE3 fingerprint: crafted collisions need it.
-    pub key: [u8; 32],
-}
-
-/// The log position recovery starts from.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Head {
-    pub segment: u32,
-    pub seq: u64,
-    pub offset: u32,
-}
-
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Counters {
-    /// Bytes of chunk records written for hosts.
-    pub host_bytes: u64,
-    /// Bytes of chunk records rewritten by the garbage collector.
-    pub gc_bytes: u64,
-    pub next_volume: u32,
-}
 
 #[derive(Debug, thiserror::Error)]
 pub enum CheckpointError {
@@ -103,61 +80,6 @@ impl<'a> R<'a> {
             return Err(CheckpointError::Malformed("count beyond the end".into()));
         }
         Ok(n)
-    }
-}
-
-/// The whole state [`encode`] writes, captured under the metadata lock and encoded after it is
-/// released. Capturing copies pointers only (chunk and segment table blocks, map pages), so
-/// hosts' commands wait microseconds for a checkpoint instead of the whole encoding.
-///
-/// The map pages it holds look shared to the state, so hosts' writes copy them and count their
-/// chunks again: an image must go back through [`Image::release`] under the lock, which drops
-/// the references of the pages it held last. Dropped otherwise, those chunks would never be
-/// freed.
-pub struct Image {
-    geometry: Geometry,
-    head: Head,
-    counters: Counters,
-    segments: CowVec<Segment>,
-    chunks: CowVec<Chunk>,
-    volumes: BTreeMap<u32, VolumeMap>,
-}
-
-impl Image {
-    pub fn capture(geometry: &Geometry, head: Head, counters: Counters, state: &State) -> Image {
-        Image {
-            geometry: *geometry,
-            head,
-            counters,
-            segments: state.store.segments.clone(),
-            chunks: state.store.chunks.clone(),
-            volumes: state.volumes.clone(),
-        }
-    }
-
-    pub fn encode(&self) -> Vec<u8> {
-        encode_parts(
-            &self.geometry,
-            self.head,
-            self.counters,
-            &self.segments,
-            &self.chunks,
-            &self.volumes,
-        )
-    }
-
-    /// Hand the map pages back to `state` (caller holds the metadata lock).
-    pub fn release(mut self, state: &mut State) -> Result<(), Inconsistent> {
-        state.release_pages(std::mem::take(&mut self.volumes))
-    }
-}
-
-impl Drop for Image {
-    fn drop(&mut self) {
-        debug_assert!(
-            self.volumes.is_empty() || std::thread::panicking(),
-            "a checkpoint image dropped without Image::release leaks chunk references"
-        );
     }
 }
 

@@ -1,4 +1,7 @@
-//! The engine's metadata as a deterministic state machine.
+//! Format 2's metadata state machine: everything in RAM, maps as shared pages of 32-bit chunk
+//! ids. Kept only to open an array written by format 2 and migrate it to format 3 (RFC 0001):
+//! the migration loads the checkpoint and replays the log through this `apply`, as format 2
+//! itself did, then converts the result.
 //!
 //! Every change to volumes, maps and chunks is a log record, and [`State::apply`] is the only
 //! code that applies one: the live engine appends a record and applies it, recovery replays the
@@ -10,8 +13,9 @@
 //! snapshot therefore costs one pointer per map page, and deleting a volume touches only the
 //! pages nothing else shares.
 
-use crate::cow_vec::CowVec;
+use super::cow_vec::CowVec;
 use crate::format::{Record, RECORD_HEADER};
+pub use crate::state::{Loc, SegState, Segment};
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
@@ -117,13 +121,6 @@ impl VolumeMap {
     }
 }
 
-/// Where a chunk's record lives in the log.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Loc {
-    pub segment: u32,
-    pub offset: u32,
-}
-
 /// A unique stored chunk. A slot with `len == 0` is free.
 #[derive(Debug, Clone, Copy)]
 pub struct Chunk {
@@ -144,34 +141,6 @@ const FREE_CHUNK: Chunk = Chunk {
     len: 0,
     refs: 0,
 };
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum SegState {
-    Free,
-    /// The log head: records are being appended.
-    Open,
-    /// Full (ends with a Seal record); immutable until garbage-collected.
-    Sealed,
-}
-
-#[derive(Debug, Clone, Copy)]
-pub struct Segment {
-    pub state: SegState,
-    pub seq: u64,
-    /// Bytes of records written (the append offset for the open segment).
-    pub written: u32,
-    /// Bytes of Chunk records still referenced.
-    pub live: u64,
-}
-
-impl Segment {
-    pub const FREE: Segment = Segment {
-        state: SegState::Free,
-        seq: 0,
-        written: 0,
-        live: 0,
-    };
-}
 
 /// Replay found a record that contradicts the state: metadata damage.
 #[derive(Debug, thiserror::Error)]
@@ -510,22 +479,31 @@ impl State {
     /// Apply one record found at `loc` (the record's own header position).
     pub fn apply(&mut self, record: &Record<'_>, loc: Loc, seq: u64) -> Apply {
         match record {
-            // Pages are read through their directories, never by replay.
-            Record::SegmentStart { .. } | Record::Seal { .. } | Record::Page { .. } => Ok(()),
+            Record::SegmentStart { .. } | Record::Seal { .. } => Ok(()),
+            Record::Release { .. } => {
+                Err(Inconsistent("a format 3 record in a format 2 log".into()))
+            }
             Record::Chunk { id, hash, data, .. } => {
+                let id = u32::try_from(*id)
+                    .map_err(|_| Inconsistent(format!("chunk id {id} in a format 2 log")))?;
                 let len = (RECORD_HEADER + crate::format::CHUNK_PREFIX + data.len()) as u32;
-                self.store.put_chunk(*id, *hash, loc, len)
+                self.store.put_chunk(id, *hash, loc, len)
             }
             Record::Map { volume, first, ids } => {
                 self.check_range(*volume, *first, ids.len() as u64)?;
+                let ids: Vec<u32> = ids
+                    .iter()
+                    .map(u32::try_from)
+                    .collect::<Result<_, _>>()
+                    .map_err(|_| Inconsistent("a 64-bit chunk id in a format 2 log".into()))?;
                 // Validate before changing anything: a refused record leaves no trace.
                 if let Some(id) = ids
                     .iter()
-                    .find(|&id| holds_data(id) && self.store.chunk(id).is_none())
+                    .find(|&&id| holds_data(id) && self.store.chunk(id).is_none())
                 {
                     return Err(Inconsistent(format!("reference to missing chunk {id}")));
                 }
-                self.set_entries(*volume, *first, ids.iter())
+                self.set_entries(*volume, *first, ids.into_iter())
             }
             Record::Unmap {
                 volume,
@@ -777,374 +755,5 @@ impl State {
             }
         }
         counts
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::format::Ids;
-
-    const LOC: Loc = Loc {
-        segment: 0,
-        offset: 0,
-    };
-
-    /// Every byte of a fingerprint reaches the hash, in both halves of the hashbrown hash
-    /// (bucket bits low, tag bits high): fingerprints differing anywhere must not collide.
-    #[test]
-    fn entries_match_get_across_present_and_absent_pages() {
-        let mut map = VolumeMap::new(0);
-        for page_no in [0u64, 2, 3] {
-            let mut p = Page::zeroed();
-            for (k, e) in p.0.iter_mut().enumerate() {
-                *e = (page_no * 10_000 + k as u64) as u32;
-            }
-            map.pages.insert(page_no, Arc::new(p));
-        }
-        let per = PAGE_ENTRIES as u64;
-        for (first, count) in [
-            (0, 0),
-            (5, 3),
-            (per - 2, 4),
-            (per - 1, 2 * per + 7),
-            (0, 5 * per),
-        ] {
-            let want: Vec<u32> = (first..first + count).map(|i| map.get(i)).collect();
-            assert_eq!(map.entries(first, count), want, "{first} {count}");
-        }
-    }
-
-    /// The index behaves as a map across the switch to shards, and once large no table holds
-    /// much more than its share, so no growth moves more than a few shards' worth of entries.
-    #[test]
-    fn a_large_fingerprint_index_is_sharded_evenly() {
-        let key = |n: u64| -> [u8; 16] {
-            blake3::keyed_hash(&[7; 32], &n.to_le_bytes()).as_bytes()[..16]
-                .try_into()
-                .unwrap()
-        };
-        let mut index = FingerprintIndex::default();
-        let n = 400_000u64;
-        for i in 0..n {
-            assert_eq!(index.insert(key(i), i as u32), None);
-            if i == INDEX_UNSHARDED_MAX as u64 - 1 {
-                assert_eq!(
-                    index.largest_table(),
-                    INDEX_UNSHARDED_MAX,
-                    "still one table"
-                );
-            }
-        }
-        assert_eq!(
-            index.insert(key(5), 99),
-            Some(5),
-            "an update keeps the count"
-        );
-        assert_eq!(index.len(), n as usize);
-        for i in (0..n).step_by(997) {
-            let want = if i == 5 { 99 } else { i as u32 };
-            assert_eq!(index.get(&key(i)), Some(&want));
-        }
-        for i in 0..n / 2 {
-            assert!(index.remove(&key(i)).is_some());
-        }
-        assert_eq!(index.len(), (n - n / 2) as usize);
-        assert!(!index.contains_key(&key(1)) && index.contains_key(&key(n - 1)));
-        let mean = index.len() / INDEX_SHARDS;
-        assert!(
-            index.largest_table() < 2 * mean + 16,
-            "largest table {} for a mean of {mean}",
-            index.largest_table()
-        );
-    }
-
-    #[test]
-    fn fingerprint_hasher_uses_every_byte() {
-        use std::hash::BuildHasher;
-        let build = std::hash::BuildHasherDefault::<FingerprintHasher>::default();
-        let base = [0x5au8; 16];
-        let h0 = build.hash_one(base);
-        for i in 0..16 {
-            let mut k = base;
-            k[i] ^= 1;
-            let h = build.hash_one(k);
-            assert_ne!(h as u32, h0 as u32, "byte {i} does not reach the low bits");
-            assert_ne!(h >> 57, h0 >> 57, "byte {i} does not reach the tag bits");
-        }
-        let mut index = FingerprintIndex::default();
-        for n in 0..10_000u32 {
-            let mut k = [0u8; 16];
-            k[12..].copy_from_slice(&n.to_le_bytes());
-            index.insert(k, n);
-        }
-        assert_eq!(index.len(), 10_000);
-        assert_eq!(
-            index.get(&{
-                let mut k = [0u8; 16];
-                k[12..].copy_from_slice(&77u32.to_le_bytes());
-                k
-            }),
-            Some(&77)
-        );
-    }
-
-    fn state_with_chunks(n: u32) -> State {
-        let mut s = State::new(4096, 4);
-        for id in 1..=n {
-            s.store.put_chunk(id, [id as u8; 16], LOC, 100).unwrap();
-        }
-        s.apply(
-            &Record::VolumeCreate {
-                volume: 1,
-                size: 64 << 20,
-            },
-            LOC,
-            0,
-        )
-        .unwrap();
-        s
-    }
-
-    fn map(s: &mut State, volume: u32, first: u64, ids: &[u32]) {
-        let bytes: Vec<u8> = ids.iter().flat_map(|i| i.to_le_bytes()).collect();
-        s.apply(
-            &Record::Map {
-                volume,
-                first,
-                ids: ids_of(&bytes),
-            },
-            LOC,
-            0,
-        )
-        .unwrap();
-    }
-
-    fn ids_of(bytes: &[u8]) -> Ids<'_> {
-        // Decode through the real codec to build an Ids view.
-        let mut out = Vec::new();
-        let ids: Vec<u32> = bytes
-            .chunks_exact(4)
-            .map(|b| u32::from_le_bytes(b.try_into().unwrap()))
-            .collect();
-        crate::format::Encoder::new(&mut out, 0).map(0, 0, &ids);
-        let leaked: &'static [u8] = Box::leak(out.into_boxed_slice());
-        match crate::format::decode(leaked, 0).unwrap().0 {
-            Record::Map { ids, .. } => ids,
-            _ => unreachable!(),
-        }
-    }
-
-    #[test]
-    fn snapshot_shares_pages_and_copy_on_write_keeps_counts_exact() {
-        let mut s = state_with_chunks(3);
-        map(&mut s, 1, 0, &[1, 2, 2]);
-        assert_eq!(s.store.chunks[2].refs, 2);
-        s.apply(&Record::VolumeClone { src: 1, dst: 2 }, LOC, 0)
-            .unwrap();
-        // Shared page: counts unchanged.
-        assert_eq!(s.store.chunks[1].refs, 1);
-        map(&mut s, 2, 0, &[3]);
-        // Volume 2 took a private copy (+1 on 1, 2, 2) then replaced 1 by 3.
-        assert_eq!(s.store.chunks[1].refs, 1);
-        assert_eq!(s.store.chunks[2].refs, 4);
-        assert_eq!((s.volumes[&1].mapped, s.volumes[&2].mapped), (3, 3));
-        assert!(s.audit_counters().is_empty());
-        assert_eq!(s.store.chunks[3].refs, 1);
-        assert_eq!(s.volumes[&1].get(0), 1);
-        assert_eq!(s.volumes[&2].get(0), 3);
-        assert_eq!(s.count_references()[&2], 4);
-        s.apply(&Record::VolumeDelete { volume: 1 }, LOC, 0)
-            .unwrap();
-        assert_eq!(s.store.chunk(1).map(|c| c.refs), None, "chunk 1 freed");
-        assert_eq!(s.store.chunks[2].refs, 2);
-        assert!(s.store.free_ids.contains(&1));
-        assert!(!s.store.index.contains_key(&[1; 16]));
-    }
-
-    #[test]
-    fn unmap_of_whole_and_partial_pages() {
-        let mut s = state_with_chunks(2);
-        let ids: Vec<u32> = (0..3000).map(|i| 1 + (i % 2)).collect();
-        map(&mut s, 1, 10, &ids);
-        assert_eq!(s.store.chunks[1].refs + s.store.chunks[2].refs, 3000);
-        s.apply(
-            &Record::Unmap {
-                volume: 1,
-                first: 0,
-                count: 2048,
-            },
-            LOC,
-            0,
-        )
-        .unwrap();
-        let left = (2048..3010u64)
-            .filter(|&i| s.volumes[&1].get(i) != 0)
-            .count() as u64;
-        assert_eq!(left, 962);
-        assert_eq!(s.store.chunks[1].refs + s.store.chunks[2].refs, left);
-        s.apply(
-            &Record::Unmap {
-                volume: 1,
-                first: 0,
-                count: 16384,
-            },
-            LOC,
-            0,
-        )
-        .unwrap();
-        assert!(s.volumes[&1].pages.is_empty());
-        assert!(s.store.chunk(1).is_none() && s.store.chunk(2).is_none());
-        assert_eq!(s.store.segments[0].live, 0);
-    }
-
-    /// The mapped and anchored counts kept per volume follow every kind of change: partial
-    /// and whole-page unmaps and anchors, overwrites of anchored entries, copies, clones and
-    /// shrinking; a wrong count in any path shows as a difference from the recount.
-    #[test]
-    fn counters_kept_incrementally_match_a_recount() {
-        let mut s = state_with_chunks(3);
-        let per = PAGE_ENTRIES as u64;
-        let ids: Vec<u32> = (0..3 * per as u32).map(|i| 1 + i % 3).collect();
-        map(&mut s, 1, 5, &ids);
-        // Keeps every chunk alive through the unmaps below.
-        map(&mut s, 1, 15_000, &[1, 2, 3]);
-        assert_eq!(s.volumes[&1].mapped, 3 * per + 3);
-        let range = |volume, first, count| (volume, first, count);
-        let steps = [
-            (false, range(1, 100, 10)),
-            (true, range(1, 200, per)),
-            (true, range(1, 0, 4 * per)),
-            (false, range(1, per, per)),
-            (true, range(1, 2 * per, 3)),
-        ];
-        for (anchor, (volume, first, count)) in steps {
-            let record = if anchor {
-                Record::Anchor {
-                    volume,
-                    first,
-                    count,
-                }
-            } else {
-                Record::Unmap {
-                    volume,
-                    first,
-                    count,
-                }
-            };
-            s.apply(&record, LOC, 0).unwrap();
-            assert_eq!(s.audit_counters(), Vec::<String>::new(), "{record:?}");
-        }
-        assert_eq!(s.volumes[&1].anchored, 3 * per);
-        map(&mut s, 1, 2 * per, &[1, 2, 0, 3]);
-        s.apply(&Record::VolumeClone { src: 1, dst: 2 }, LOC, 0)
-            .unwrap();
-        s.apply(
-            &Record::Copy {
-                src: 1,
-                src_first: 2 * per,
-                dst: 2,
-                dst_first: 7,
-                count: 4,
-            },
-            LOC,
-            0,
-        )
-        .unwrap();
-        s.apply(
-            &Record::VolumeResize {
-                volume: 1,
-                size: (2 * per + 1) * 4096,
-            },
-            LOC,
-            0,
-        )
-        .unwrap();
-        assert_eq!(s.audit_counters(), Vec::<String>::new());
-        assert_eq!(s.volumes[&1].mapped, 1);
-        assert_eq!(s.volumes[&2].mapped, 3 + 3 + 3);
-        s.apply(&Record::VolumeDelete { volume: 2 }, LOC, 0)
-            .unwrap();
-        assert_eq!(s.audit_counters(), Vec::<String>::new());
-        // A wrong count is reported.
-        s.volumes.get_mut(&1).unwrap().mapped += 1;
-        s.store.live_bytes += 1;
-        assert_eq!(s.audit_counters().len(), 2);
-    }
-
-    #[test]
-    fn overlapping_copy_is_a_memmove() {
-        let mut s = state_with_chunks(4);
-        map(&mut s, 1, 0, &[1, 2, 3, 4]);
-        s.apply(
-            &Record::Copy {
-                src: 1,
-                src_first: 0,
-                dst: 1,
-                dst_first: 1,
-                count: 3,
-            },
-            LOC,
-            0,
-        )
-        .unwrap();
-        let got: Vec<u32> = (0..4).map(|i| s.volumes[&1].get(i)).collect();
-        assert_eq!(got, vec![1, 1, 2, 3]);
-        assert!(s.store.chunk(4).is_none());
-        assert_eq!(s.store.chunks[1].refs, 2);
-    }
-
-    #[test]
-    fn records_that_contradict_the_state_are_refused() {
-        let mut s = state_with_chunks(1);
-        let bytes: Vec<u8> = 9u32.to_le_bytes().to_vec();
-        let r = s.apply(
-            &Record::Map {
-                volume: 1,
-                first: 0,
-                ids: ids_of(&bytes),
-            },
-            LOC,
-            0,
-        );
-        assert!(r.is_err(), "reference to a chunk that does not exist");
-        let r = s.apply(
-            &Record::Unmap {
-                volume: 1,
-                first: 16383,
-                count: 2,
-            },
-            LOC,
-            0,
-        );
-        assert!(r.is_err(), "range beyond the end");
-        let r = s.apply(&Record::VolumeDelete { volume: 7 }, LOC, 0);
-        assert!(r.is_err());
-    }
-
-    #[test]
-    fn shrinking_a_volume_releases_the_tail() {
-        let mut s = state_with_chunks(1);
-        map(&mut s, 1, 5000, &[1]);
-        s.apply(
-            &Record::VolumeResize {
-                volume: 1,
-                size: 8 << 20,
-            },
-            LOC,
-            0,
-        )
-        .unwrap();
-        assert!(s.store.chunk(1).is_none());
-        s.apply(
-            &Record::VolumeResize {
-                volume: 1,
-                size: 64 << 20,
-            },
-            LOC,
-            0,
-        )
-        .unwrap();
-        assert_eq!(s.volumes[&1].get(5000), 0);
     }
 }

@@ -8,13 +8,18 @@
 //! table stays a dense array with O(1) lookups. A slot is free when its length is 0.
 //!
 //! What the table keeps in RAM is per page, not per chunk: the count of live entries of each
-//! page (2 bytes) and the set of pages at least half free.
+//! page (2 bytes, a table of its own kept whole in RAM) and the set of pages at least half
+//! free.
 
-use crate::pager::{Entry, PageError, Pager, Table};
+use super::pager::{Entry, Pager, Table};
+use super::resident::ResidentTable;
+use super::ApplyError;
 use std::collections::BTreeSet;
 
 /// Table number of the chunk table in the pager.
 pub const CHUNK_TABLE: u8 = 1;
+/// Table number of the live counts of the chunk table's pages.
+pub const CHUNK_LIVE: u8 = 2;
 
 /// Entries per page.
 pub const PER_PAGE: u64 = Table::<ChunkEntry>::PER_PAGE;
@@ -53,17 +58,7 @@ impl Entry for ChunkEntry {
     }
 }
 
-/// Why a change to the table was refused: the log contradicts the table (replay of damaged
-/// metadata) or a page could not be read.
-#[derive(Debug, thiserror::Error)]
-pub enum ChunkTableError {
-    #[error("{0}")]
-    Page(#[from] PageError),
-    #[error("{0}")]
-    Inconsistent(String),
-}
-
-type Result<T> = std::result::Result<T, ChunkTableError>;
+type Result<T> = std::result::Result<T, ApplyError>;
 
 const TABLE: Table<ChunkEntry> = Table::new(CHUNK_TABLE);
 
@@ -72,7 +67,9 @@ const FIRST_ID: u64 = 1;
 
 pub struct ChunkTable {
     /// Live entries per page.
-    live: Vec<u16>,
+    live: ResidentTable<u16>,
+    /// Live entries in all.
+    count: u64,
     /// Pages below the end that are at least half free: new ids come from these first.
     roomy: BTreeSet<u64>,
     /// The page ids are being taken from and the next slot to try.
@@ -81,40 +78,53 @@ pub struct ChunkTable {
 
 impl ChunkTable {
     pub fn new() -> Self {
-        ChunkTable::from_live_counts(Vec::new())
+        ChunkTable::from_live(ResidentTable::new(CHUNK_LIVE))
     }
 
-    /// A table whose pages hold `live` live entries each (as a checkpoint recorded them).
-    pub fn from_live_counts(live: Vec<u16>) -> Self {
+    /// A table whose pages hold the live entries `live` counts (as a checkpoint recorded them).
+    pub fn from_live(live: ResidentTable<u16>) -> Self {
         let roomy = live
+            .as_slice()
             .iter()
             .enumerate()
             .filter(|&(_, &n)| (n as u64) <= PER_PAGE / 2)
             .map(|(p, _)| p as u64)
             .collect();
+        let count = live.as_slice().iter().map(|&n| n as u64).sum();
         ChunkTable {
             live,
+            count,
             roomy,
             cursor: None,
         }
     }
 
     pub fn live_counts(&self) -> &[u16] {
-        &self.live
+        self.live.as_slice()
+    }
+
+    /// The live counts' table, for checkpoints.
+    pub fn live_table(&mut self) -> &mut ResidentTable<u16> {
+        &mut self.live
+    }
+
+    /// Pages of the table.
+    pub fn pages(&self) -> u64 {
+        self.live.len()
     }
 
     /// Chunks stored.
     pub fn len(&self) -> u64 {
-        self.live.iter().map(|&n| n as u64).sum()
+        self.count
     }
 
     pub fn is_empty(&self) -> bool {
-        self.live.iter().all(|&n| n == 0)
+        self.count == 0
     }
 
     /// The chunk with this id, if it is stored.
     pub fn get(&self, pager: &mut Pager, id: u64) -> Result<Option<ChunkEntry>> {
-        if id < FIRST_ID || id / PER_PAGE >= self.live.len() as u64 {
+        if id < FIRST_ID || id / PER_PAGE >= self.live.len() {
             return Ok(None);
         }
         let e = TABLE.get(pager, id)?;
@@ -131,10 +141,7 @@ impl ChunkTable {
                 None => {
                     let page = match self.roomy.pop_first() {
                         Some(p) => p,
-                        None => {
-                            self.live.push(0);
-                            self.live.len() as u64 - 1
-                        }
+                        None => self.live.push(0),
                     };
                     (page, 0)
                 }
@@ -159,9 +166,7 @@ impl ChunkTable {
     }
 
     fn note_room(&mut self, page: u64) {
-        if self.cursor.map(|c| c.0) != Some(page)
-            && (self.live[page as usize] as u64) <= PER_PAGE / 2
-        {
+        if self.cursor.map(|c| c.0) != Some(page) && (self.live.get(page) as u64) <= PER_PAGE / 2 {
             self.roomy.insert(page);
         }
     }
@@ -178,22 +183,21 @@ impl ChunkTable {
         len: u32,
     ) -> Result<Option<ChunkEntry>> {
         if id < FIRST_ID || len == 0 {
-            return Err(ChunkTableError::Inconsistent(format!(
+            return Err(ApplyError::Inconsistent(format!(
                 "chunk {id} of length {len} cannot be stored"
             )));
         }
         let page = id / PER_PAGE;
         // Ids are handed out densely, so an id far past the end is damage, not a reason to
         // allocate a huge directory.
-        if page > self.live.len() as u64 + 64 {
-            return Err(ChunkTableError::Inconsistent(format!(
+        if page > self.live.len() + 64 {
+            return Err(ApplyError::Inconsistent(format!(
                 "chunk id {id} far beyond the {} pages in use",
                 self.live.len()
             )));
         }
-        while self.live.len() as u64 <= page {
-            self.live.push(0);
-            let p = self.live.len() as u64 - 1;
+        while self.live.len() <= page {
+            let p = self.live.push(0);
             if p != page {
                 self.note_room(p);
             }
@@ -201,7 +205,7 @@ impl ChunkTable {
         let old = TABLE.get(pager, id)?;
         if old.len != 0 {
             if old.hash != hash {
-                return Err(ChunkTableError::Inconsistent(format!(
+                return Err(ApplyError::Inconsistent(format!(
                     "chunk {id} rewritten with other content"
                 )));
             }
@@ -228,14 +232,23 @@ impl ChunkTable {
                 refs: 0,
             },
         )?;
-        self.live[page as usize] += 1;
-        if self.live[page as usize] as u64 > PER_PAGE / 2 {
+        self.live.update(page, |n| *n += 1);
+        self.count += 1;
+        if self.live.get(page) as u64 > PER_PAGE / 2 {
             self.roomy.remove(&page);
         }
         Ok(None)
     }
 
     /// One more reference to a stored chunk.
+    /// Set a chunk's count outright (the migration, which carries format 2's counts over).
+    pub fn set_refs(&mut self, pager: &mut Pager, id: u64, refs: u32) -> Result<()> {
+        let mut e = self.stored(pager, id, "count of")?;
+        e.refs = refs;
+        TABLE.set(pager, id, e)?;
+        Ok(())
+    }
+
     pub fn incref(&mut self, pager: &mut Pager, id: u64) -> Result<()> {
         let mut e = self.stored(pager, id, "reference to")?;
         e.refs = e.refs.saturating_add(1);
@@ -247,15 +260,12 @@ impl ChunkTable {
     pub fn decref(&mut self, pager: &mut Pager, id: u64) -> Result<Option<ChunkEntry>> {
         let mut e = self.stored(pager, id, "dereference of")?;
         match e.refs {
-            0 => Err(ChunkTableError::Inconsistent(format!(
+            0 => Err(ApplyError::Inconsistent(format!(
                 "dereference of chunk {id}, which has no references"
             ))),
             u32::MAX => Ok(None),
             1 => {
-                TABLE.set(pager, id, ChunkEntry::default())?;
-                let page = id / PER_PAGE;
-                self.live[page as usize] -= 1;
-                self.note_room(page);
+                self.clear(pager, id)?;
                 Ok(Some(e))
             }
             _ => {
@@ -270,21 +280,27 @@ impl ChunkTable {
     pub fn remove_unreferenced(&mut self, pager: &mut Pager, id: u64) -> Result<ChunkEntry> {
         let e = self.stored(pager, id, "removal of")?;
         if e.refs != 0 {
-            return Err(ChunkTableError::Inconsistent(format!(
+            return Err(ApplyError::Inconsistent(format!(
                 "removal of chunk {id}, which has {} references",
                 e.refs
             )));
         }
+        self.clear(pager, id)?;
+        Ok(e)
+    }
+
+    fn clear(&mut self, pager: &mut Pager, id: u64) -> Result<()> {
         TABLE.set(pager, id, ChunkEntry::default())?;
         let page = id / PER_PAGE;
-        self.live[page as usize] -= 1;
+        self.live.update(page, |n| *n -= 1);
+        self.count -= 1;
         self.note_room(page);
-        Ok(e)
+        Ok(())
     }
 
     fn stored(&self, pager: &mut Pager, id: u64, what: &str) -> Result<ChunkEntry> {
         self.get(pager, id)?
-            .ok_or_else(|| ChunkTableError::Inconsistent(format!("{what} missing chunk {id}")))
+            .ok_or_else(|| ApplyError::Inconsistent(format!("{what} missing chunk {id}")))
     }
 }
 
@@ -297,21 +313,21 @@ impl Default for ChunkTable {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::pager::{PageLoc, PageSource};
+    use crate::meta::page_store::{PageBody, PageSource};
     use proptest::prelude::*;
     use std::collections::HashMap;
     use std::sync::Arc;
 
     struct NoLog;
     impl PageSource for NoLog {
-        fn read_record(&self, _: PageLoc, _: &mut [u8]) -> std::io::Result<()> {
-            Err(std::io::Error::other("no log in this test"))
+        fn read_slot(&self, _: u64, _: &mut PageBody) -> std::io::Result<()> {
+            Err(std::io::Error::other("no metadata area in this test"))
         }
     }
 
     fn pager() -> Pager {
         // Large enough that nothing is evicted: eviction is the pager's own tests' concern.
-        Pager::new(Arc::new(NoLog), 2, 1 << 16)
+        Pager::new(Arc::new(NoLog), 1 << 16)
     }
 
     fn hash(n: u64) -> [u8; 16] {
@@ -410,7 +426,11 @@ mod tests {
             }
             // Reopened from its live counts (as after a checkpoint), the table still hands out
             // only free ids.
-            let mut again = ChunkTable::from_live_counts(t.live_counts().to_vec());
+            let mut live = ResidentTable::new(CHUNK_LIVE);
+            for &n in t.live_counts() {
+                live.push(n);
+            }
+            let mut again = ChunkTable::from_live(live);
             for _ in 0..300 {
                 let id = again.allocate(&mut p).unwrap();
                 prop_assert!(!model.contains_key(&id));

@@ -1,76 +1,37 @@
-//! Paged metadata: tables of fixed-size entries kept in 4 KiB pages that live in the log as
-//! Page records, behind one bounded cache (RFC 0001, docs/rfcs/0001-metadata-at-scale.md).
+//! The page cache and the directories of every paged table (RFC 0001).
 //!
-//! Each table has a *directory* (page index -> where its newest Page record is, and that
-//! record's checksum), small enough for RAM: 12 bytes per 4 KiB page. Pages are read on demand
-//! ("faulted"), checked against the directory's checksum, and kept in the cache until CLOCK
-//! evicts them; a page that was never written reads as zeros. A changed page is *dirty* and is
-//! never evicted: only a checkpoint writes it. A checkpoint [`Pager::freeze`]s the dirty set
-//! (pointer copies), writes the frozen pages as records, and reports each new place with
-//! [`Pager::written`]; a page changed again while frozen is copied first, so the bytes written
-//! are exactly those of the moment of the freeze. The engine takes that moment under its
-//! metadata lock at a log position, which makes the pages written a consistent image of the
-//! metadata at that position: replay continues from it.
+//! Each table has a *directory*: page index -> [`PageLoc`] (slot and checksum), 16 bytes of RAM
+//! per 4 KiB page. Pages are read on demand ("faulted"), checked against the directory's
+//! checksum, and kept until CLOCK evicts them; a page never written reads as zeros. A changed
+//! page is *dirty* and is never evicted: only a checkpoint writes it. A checkpoint
+//! [`Pager::freeze`]s the dirty set (pointer copies), writes the frozen pages into free slots
+//! and reports each new place with [`Pager::written`]; a page changed again while frozen is
+//! copied first, so the bytes written are exactly those of the moment of the freeze. The
+//! engine takes that moment under its metadata lock at a log position, which makes the pages
+//! written a consistent image of the metadata at that position: replay continues from it.
 //!
-//! The pager does no I/O but reads, through [`PageSource`]; writing pages is the checkpoint's
-//! business (they are appended to the log like any record).
+//! Directories are themselves stored in pages (341 entries each, table `DIR_BASE + t` for
+//! table `t`), written by the same checkpoint after the pages they name; the root names the
+//! directory pages. The pager does no writes; reads go through a [`PageSource`].
 
-use crate::format::{decode_referenced, Record, PAGE_PREFIX, RECORD_HEADER};
-use std::collections::{HashMap, VecDeque};
-use std::fmt;
+use super::page_store::PAGE_LOC_BYTES;
+use super::page_store::{read_page, PageBody, PageError, PageLoc, PageSource, PAGE_BYTES};
+use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::marker::PhantomData;
 use std::sync::Arc;
 
-/// Bytes of a metadata page.
-pub const PAGE_BYTES: usize = 4096;
-/// Bytes of a whole Page record: header, prefix, body.
-pub const PAGE_RECORD: usize = RECORD_HEADER + PAGE_PREFIX + PAGE_BYTES;
+/// Table numbers at or above this hold the directory pages of table `t - DIR_BASE`.
+pub const DIR_BASE: u8 = 128;
 
-pub type PageBody = [u8; PAGE_BYTES];
-
-/// Where a page's newest record is in the log, and that record's checksum (which tells the
-/// record meant from a stale one left at the same place).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct PageLoc {
-    pub segment: u32,
-    pub offset: u32,
-    pub crc: u32,
-}
-
-/// Reads Page records for the pager (the engine's log; a plain buffer in tests).
-pub trait PageSource: Send + Sync {
-    /// Fill `buf` with the bytes of the log at `loc`.
-    fn read_record(&self, loc: PageLoc, buf: &mut [u8]) -> std::io::Result<()>;
-}
-
-/// A page that could not be read: its table, index and place, and why.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct PageError {
-    pub table: u8,
-    pub index: u64,
-    pub loc: PageLoc,
-    pub reason: String,
-}
-
-impl fmt::Display for PageError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "metadata page {} of table {} (log segment {}, offset {}): {}",
-            self.index, self.table, self.loc.segment, self.loc.offset, self.reason
-        )
-    }
-}
-
-impl std::error::Error for PageError {}
+/// Directory entries per directory page.
+pub const DIR_PER_PAGE: u64 = (PAGE_BYTES / PAGE_LOC_BYTES) as u64;
 
 struct Resident {
     body: Arc<PageBody>,
-    /// Changed since its last record was written (or never written): only a checkpoint may
-    /// drop it.
+    /// Changed since it was last written (or never written): only a checkpoint may drop it.
     dirty: bool,
     /// Frozen by a checkpoint that has not yet reported where it wrote the page: the
-    /// directory still names an older record, so the page must stay.
+    /// directory still names an older version, so the page must stay.
     frozen: bool,
     /// Used since the clock hand last passed.
     referenced: bool,
@@ -97,42 +58,61 @@ pub struct PagerStats {
 pub struct Pager {
     /// Pages the cache may hold when none is dirty or frozen.
     capacity: usize,
-    directories: Vec<Vec<Option<PageLoc>>>,
+    directories: Vec<Vec<PageLoc>>,
     resident: HashMap<(u8, u64), Resident>,
     /// CLOCK ring of resident pages; entries of pages since dropped are skipped.
     clock: VecDeque<(u8, u64)>,
     dirty: usize,
     source: Arc<dyn PageSource>,
     stats: PagerStats,
+    /// Directory pages (table, directory page index) whose entries changed since the last
+    /// root was made durable: the next checkpoint writes them.
+    changed_dirs: BTreeSet<(u8, u64)>,
 }
 
 impl Pager {
-    /// A pager over `tables` tables holding at most `capacity` clean pages.
-    pub fn new(source: Arc<dyn PageSource>, tables: usize, capacity: usize) -> Self {
+    /// An empty pager holding at most `capacity` clean pages.
+    pub fn new(source: Arc<dyn PageSource>, capacity: usize) -> Self {
         Pager {
             capacity: capacity.max(1),
-            directories: vec![Vec::new(); tables],
+            directories: vec![Vec::new(); 256],
             resident: HashMap::new(),
             clock: VecDeque::new(),
             dirty: 0,
             source,
             stats: PagerStats::default(),
+            changed_dirs: BTreeSet::new(),
         }
     }
 
-    /// A pager that starts from directories a checkpoint recorded.
-    pub fn with_directories(
-        source: Arc<dyn PageSource>,
-        directories: Vec<Vec<Option<PageLoc>>>,
-        capacity: usize,
-    ) -> Self {
-        let mut pager = Pager::new(source, directories.len(), capacity);
-        pager.directories = directories;
-        pager
+    pub fn source(&self) -> &Arc<dyn PageSource> {
+        &self.source
     }
 
-    pub fn directory(&self, table: u8) -> &[Option<PageLoc>] {
+    pub fn capacity(&self) -> usize {
+        self.capacity
+    }
+
+    pub fn set_capacity(&mut self, capacity: usize) {
+        self.capacity = capacity.max(1);
+        self.make_room(self.capacity);
+    }
+
+    pub fn directory(&self, table: u8) -> &[PageLoc] {
         &self.directories[table as usize]
+    }
+
+    /// Install a directory (at open, from the directory pages the root names).
+    pub fn set_directory(&mut self, table: u8, directory: Vec<PageLoc>) {
+        self.directories[table as usize] = directory;
+    }
+
+    /// Where page `index` of `table` is ([`PageLoc::NONE`] if it was never written).
+    pub fn loc(&self, table: u8, index: u64) -> PageLoc {
+        self.directories[table as usize]
+            .get(index as usize)
+            .copied()
+            .unwrap_or(PageLoc::NONE)
     }
 
     pub fn stats(&self) -> PagerStats {
@@ -143,12 +123,17 @@ impl Pager {
         }
     }
 
-    /// Dirty pages beyond the capacity: the engine should checkpoint.
+    /// Dirty pages, and whether they have reached `share` of the capacity.
+    pub fn dirty_pages(&self) -> usize {
+        self.dirty
+    }
+
+    /// Dirty pages beyond the capacity: the engine must checkpoint before it adds more.
     pub fn over_budget(&self) -> bool {
         self.dirty >= self.capacity
     }
 
-    /// Page `index` of `table`, read from the log if it is not cached.
+    /// Page `index` of `table`, read from the metadata area if it is not cached.
     pub fn page(&mut self, table: u8, index: u64) -> Result<&PageBody, PageError> {
         self.load(table, index)?;
         let r = self.resident.get_mut(&(table, index)).expect("loaded");
@@ -156,36 +141,74 @@ impl Pager {
         Ok(&r.body)
     }
 
+    /// Page `index` of `table` if it can be had without I/O: cached, or never written.
+    pub fn peek(&mut self, table: u8, index: u64) -> Option<&PageBody> {
+        if !self.available(table, index) {
+            return None;
+        }
+        self.page(table, index).ok()
+    }
+
+    /// Whether page `index` of `table` can be had without I/O.
+    pub fn available(&self, table: u8, index: u64) -> bool {
+        self.resident.contains_key(&(table, index)) || self.loc(table, index).is_none()
+    }
+
     /// Page `index` of `table` to change: it becomes dirty (copied first if a checkpoint
     /// holds it).
     pub fn page_mut(&mut self, table: u8, index: u64) -> Result<&mut PageBody, PageError> {
         self.load(table, index)?;
+        Ok(self.dirty_body(table, index))
+    }
+
+    /// Page `index` of `table` replaced by zeros without reading what it held (a node id
+    /// reused for a new node): dirty.
+    pub fn page_new(&mut self, table: u8, index: u64) -> &mut PageBody {
+        if !self.resident.contains_key(&(table, index)) {
+            self.insert(table, index, Arc::new([0; PAGE_BYTES]));
+        }
+        let body = self.dirty_body(table, index);
+        body.fill(0);
+        body
+    }
+
+    fn dirty_body(&mut self, table: u8, index: u64) -> &mut PageBody {
         let r = self.resident.get_mut(&(table, index)).expect("loaded");
         r.referenced = true;
         if !r.dirty {
             r.dirty = true;
             self.dirty += 1;
         }
-        Ok(Arc::make_mut(&mut r.body))
+        Arc::make_mut(&mut r.body)
     }
 
-    fn load(&mut self, table: u8, index: u64) -> Result<(), PageError> {
-        if self.resident.contains_key(&(table, index)) {
-            self.stats.hits += 1;
-            return Ok(());
+    /// Of `keys`, the pages that would need I/O, with where they are.
+    pub fn missing(&self, keys: impl IntoIterator<Item = (u8, u64)>) -> Vec<(u8, u64, PageLoc)> {
+        let mut out: Vec<(u8, u64, PageLoc)> = keys
+            .into_iter()
+            .filter(|&(t, i)| !self.resident.contains_key(&(t, i)))
+            .filter_map(|(t, i)| {
+                let loc = self.loc(t, i);
+                (!loc.is_none()).then_some((t, i, loc))
+            })
+            .collect();
+        out.sort_by_key(|&(t, i, _)| (t, i));
+        out.dedup_by_key(|&mut (t, i, _)| (t, i));
+        out
+    }
+
+    /// A page read without the caller holding the engine's lock (see [`Pager::missing`]):
+    /// cached unless it is cached already or its directory entry moved meanwhile.
+    pub fn insert_read(&mut self, table: u8, index: u64, loc: PageLoc, body: Box<PageBody>) {
+        if self.resident.contains_key(&(table, index)) || self.loc(table, index) != loc {
+            return;
         }
-        let loc = self.directories[table as usize]
-            .get(index as usize)
-            .copied()
-            .flatten();
-        let body = match loc {
-            None => Arc::new([0; PAGE_BYTES]),
-            Some(loc) => {
-                self.stats.faults += 1;
-                Arc::new(self.read(table, index, loc)?)
-            }
-        };
-        self.make_room(self.capacity - 1);
+        self.stats.faults += 1;
+        self.make_room(self.capacity.saturating_sub(1));
+        self.insert(table, index, Arc::new(*body));
+    }
+
+    fn insert(&mut self, table: u8, index: u64, body: Arc<PageBody>) {
         self.resident.insert(
             (table, index),
             Resident {
@@ -196,41 +219,23 @@ impl Pager {
             },
         );
         self.clock.push_back((table, index));
-        Ok(())
     }
 
-    fn read(&self, table: u8, index: u64, loc: PageLoc) -> Result<PageBody, PageError> {
-        let fail = |reason: String| PageError {
-            table,
-            index,
-            loc,
-            reason,
+    fn load(&mut self, table: u8, index: u64) -> Result<(), PageError> {
+        if self.resident.contains_key(&(table, index)) {
+            self.stats.hits += 1;
+            return Ok(());
+        }
+        let loc = self.loc(table, index);
+        let body = if loc.is_none() {
+            Arc::new([0; PAGE_BYTES])
+        } else {
+            self.stats.faults += 1;
+            Arc::new(*read_page(&*self.source, table, index, loc)?)
         };
-        let mut buf = vec![0; PAGE_RECORD];
-        self.source
-            .read_record(loc, &mut buf)
-            .map_err(|e| fail(format!("read failed: {e}")))?;
-        let (record, _, crc) =
-            decode_referenced(&buf).map_err(|e| fail(format!("damaged record: {e:?}")))?;
-        if crc != loc.crc {
-            return Err(fail(format!(
-                "checksum {crc:#010x} where the directory expects {:#010x}",
-                loc.crc
-            )));
-        }
-        match record {
-            Record::Page {
-                table: t,
-                index: i,
-                body,
-            } if t == table && i == index && body.len() == PAGE_BYTES => {
-                Ok(body.try_into().expect("length checked"))
-            }
-            Record::Page { table, index, .. } => {
-                Err(fail(format!("holds page {index} of table {table} instead")))
-            }
-            _ => Err(fail("holds a record that is not a page".into())),
-        }
+        self.make_room(self.capacity.saturating_sub(1));
+        self.insert(table, index, body);
+        Ok(())
     }
 
     /// Evict clean, unfrozen pages by CLOCK until at most `target` are cached. Dirty and
@@ -254,6 +259,11 @@ impl Pager {
             self.resident.remove(&key);
             self.stats.evictions += 1;
         }
+        // The ring keeps keys of pages evicted by other paths; trim it when it grows.
+        if self.clock.len() > 2 * self.resident.len() + 64 {
+            let resident = &self.resident;
+            self.clock.retain(|k| resident.contains_key(k));
+        }
     }
 
     /// Hand every dirty page to a checkpoint. They become clean but stay cached until
@@ -276,16 +286,34 @@ impl Pager {
         out
     }
 
-    /// A frozen page was written at `loc`: its directory entry moves there.
-    pub fn written(&mut self, table: u8, index: u64, loc: PageLoc) {
+    /// Page `index` of `table` was written at `loc` (a frozen page, a page of a table kept
+    /// whole in RAM, or a directory page): its directory entry moves there. Returns the place
+    /// it moved from, which becomes free once the next root is durable.
+    pub fn written(&mut self, table: u8, index: u64, loc: PageLoc) -> PageLoc {
         let dir = &mut self.directories[table as usize];
-        if dir.len() <= index as usize {
-            dir.resize(index as usize + 1, None);
+        let from = if dir.len() <= index as usize {
+            // Every directory page up to the new end is written, so the root can name them
+            // all (pages skipped over read as never written).
+            let from = dir.len() as u64;
+            dir.resize(index as usize + 1, PageLoc::NONE);
+            from
+        } else {
+            index
+        };
+        let old = std::mem::replace(&mut dir[index as usize], loc);
+        if table < DIR_BASE {
+            for page in from / DIR_PER_PAGE..=index / DIR_PER_PAGE {
+                self.changed_dirs.insert((table, page));
+            }
         }
-        dir[index as usize] = Some(loc);
         if let Some(r) = self.resident.get_mut(&(table, index)) {
             r.frozen = false;
         }
+        old
+    }
+
+    /// Release the cache space the pages just written held beyond the capacity.
+    pub fn settle(&mut self) {
         self.make_room(self.capacity);
     }
 
@@ -301,6 +329,45 @@ impl Pager {
             }
         }
     }
+
+    /// The directory pages to write with the next root (see [`Pager::dir_page`]); a
+    /// checkpoint that fails gives them back with [`Pager::keep_changed_dirs`].
+    pub fn take_changed_dirs(&mut self) -> BTreeSet<(u8, u64)> {
+        std::mem::take(&mut self.changed_dirs)
+    }
+
+    pub fn keep_changed_dirs(&mut self, dirs: BTreeSet<(u8, u64)>) {
+        self.changed_dirs.extend(dirs);
+    }
+
+    /// Directory page `page` of `table`, encoded.
+    pub fn dir_page(&self, table: u8, page: u64) -> Box<PageBody> {
+        let mut body = Box::new([0u8; PAGE_BYTES]);
+        let dir = &self.directories[table as usize];
+        let from = (page * DIR_PER_PAGE) as usize;
+        let to = dir.len().min(from + DIR_PER_PAGE as usize);
+        for (k, loc) in dir[from.min(to)..to].iter().enumerate() {
+            loc.encode(&mut body[k * PAGE_LOC_BYTES..(k + 1) * PAGE_LOC_BYTES]);
+        }
+        body
+    }
+}
+
+/// Decode the directory of a table of `pages` pages from its directory pages' bodies.
+pub fn decode_directory(pages: u64, dir_pages: &[Box<PageBody>]) -> Vec<PageLoc> {
+    let mut out = Vec::with_capacity(pages as usize);
+    for body in dir_pages {
+        for k in 0..DIR_PER_PAGE as usize {
+            if out.len() as u64 == pages {
+                return out;
+            }
+            out.push(PageLoc::decode(
+                &body[k * PAGE_LOC_BYTES..(k + 1) * PAGE_LOC_BYTES],
+            ));
+        }
+    }
+    out.resize(pages as usize, PageLoc::NONE);
+    out
 }
 
 /// An entry of a paged table: a fixed number of little-endian bytes.
@@ -314,6 +381,16 @@ impl Entry for u64 {
     const SIZE: usize = 8;
     fn read(bytes: &[u8]) -> Self {
         u64::from_le_bytes(bytes.try_into().expect("8 bytes"))
+    }
+    fn write(&self, bytes: &mut [u8]) {
+        bytes.copy_from_slice(&self.to_le_bytes());
+    }
+}
+
+impl Entry for u16 {
+    const SIZE: usize = 2;
+    fn read(bytes: &[u8]) -> Self {
+        u16::from_le_bytes(bytes.try_into().expect("2 bytes"))
     }
     fn write(&self, bytes: &mut [u8]) {
         bytes.copy_from_slice(&self.to_le_bytes());
@@ -336,7 +413,8 @@ impl<T: Entry> Table<T> {
         }
     }
 
-    fn place(index: u64) -> (u64, usize) {
+    /// The page holding entry `index`, and the entry's byte offset in it.
+    pub fn place(index: u64) -> (u64, usize) {
         (
             index / Self::PER_PAGE,
             (index % Self::PER_PAGE) as usize * T::SIZE,
@@ -358,38 +436,48 @@ impl<T: Entry> Table<T> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::format::Encoder;
+    use crate::meta::page_store::page_crc;
     use proptest::prelude::*;
     use std::sync::Mutex;
 
-    /// A log in memory: Page records appended one after another in "segment" 0.
+    /// A metadata area in memory: every page written to a new slot (slots are never reused
+    /// here, so older checkpoints stay readable).
     #[derive(Default)]
-    struct MemLog(Mutex<Vec<u8>>);
+    struct MemLog(Mutex<Vec<PageBody>>);
 
     impl MemLog {
         fn append(&self, p: &FrozenPage) -> PageLoc {
-            let mut log = self.0.lock().unwrap();
-            let offset = log.len() as u32;
-            let mut buf = Vec::new();
-            let (_, crc) = Encoder::new(&mut buf, 7).page(p.table, p.index, &p.body[..]);
-            log.extend_from_slice(&buf);
+            let mut slots = self.0.lock().unwrap();
+            slots.push(*p.body);
             PageLoc {
-                segment: 0,
-                offset,
-                crc,
+                slot: slots.len() as u64 - 1,
+                crc: page_crc(p.table, p.index, &p.body),
             }
         }
     }
 
     impl PageSource for MemLog {
-        fn read_record(&self, loc: PageLoc, buf: &mut [u8]) -> std::io::Result<()> {
-            let log = self.0.lock().unwrap();
-            let at = loc.offset as usize;
-            let src = log
-                .get(at..at + buf.len())
-                .ok_or_else(|| std::io::Error::other("beyond the log"))?;
+        fn read_slot(&self, slot: u64, buf: &mut PageBody) -> std::io::Result<()> {
+            let slots = self.0.lock().unwrap();
+            let src = slots
+                .get(slot as usize)
+                .ok_or_else(|| std::io::Error::other("beyond the area"))?;
             buf.copy_from_slice(src);
             Ok(())
+        }
+    }
+
+    impl Pager {
+        fn with_directories(
+            source: Arc<dyn PageSource>,
+            dirs: Vec<Vec<PageLoc>>,
+            capacity: usize,
+        ) -> Pager {
+            let mut p = Pager::new(source, capacity);
+            for (t, d) in dirs.into_iter().enumerate() {
+                p.set_directory(t as u8, d);
+            }
+            p
         }
     }
 
@@ -400,6 +488,7 @@ mod tests {
             let loc = log.append(&p);
             pager.written(p.table, p.index, loc);
         }
+        pager.settle();
         n
     }
 
@@ -437,7 +526,7 @@ mod tests {
         #[test]
         fn pager_matches_a_model(ops in proptest::collection::vec(op(), 1..200)) {
             let log = Arc::new(MemLog::default());
-            let mut pager = Pager::new(log.clone(), 2, 2);
+            let mut pager = Pager::new(log.clone(), 2);
             let mut live: HashMap<(u8, u64), u64> = HashMap::new();
             let mut durable = live.clone();
             let mut durable_dirs = vec![Vec::new(); 2];
@@ -476,6 +565,7 @@ mod tests {
                             let loc = log.append(&p);
                             pager.written(p.table, p.index, loc);
                         }
+                        pager.settle();
                         // What was written is the image at the freeze, not the later change.
                         let dirs: Vec<_> = (0..2).map(|t| pager.directory(t).to_vec()).collect();
                         let mut reader = Pager::with_directories(log.clone(), dirs, 2);
@@ -497,7 +587,7 @@ mod tests {
     #[test]
     fn clean_pages_are_evicted_and_dirty_ones_kept() {
         let log = Arc::new(MemLog::default());
-        let mut pager = Pager::new(log.clone(), 1, 2);
+        let mut pager = Pager::new(log.clone(), 2);
         for page in 0..6u64 {
             T0.set(&mut pager, page * 512, page + 1).unwrap();
         }
@@ -516,42 +606,45 @@ mod tests {
     #[test]
     fn a_damaged_or_misplaced_page_is_reported_with_its_place() {
         let log = Arc::new(MemLog::default());
-        let mut pager = Pager::new(log.clone(), 2, 1);
+        let mut pager = Pager::new(log.clone(), 1);
         T0.set(&mut pager, 3, 33).unwrap();
         T1.set(&mut pager, 600, 66).unwrap();
         checkpoint(&mut pager, &log);
         let dirs: Vec<_> = (0..2).map(|t| pager.directory(t).to_vec()).collect();
         // Flip a byte inside table 0's page body.
-        let loc0 = dirs[0][0].unwrap();
-        log.0.lock().unwrap()[loc0.offset as usize + RECORD_HEADER + PAGE_PREFIX + 24] ^= 1;
+        let loc0 = dirs[0][0];
+        log.0.lock().unwrap()[loc0.slot as usize][24] ^= 1;
         let mut reader = Pager::with_directories(log.clone(), dirs.clone(), 4);
         let e = T0.get(&mut reader, 3).unwrap_err();
         assert_eq!((e.table, e.index, e.loc), (0, 0, loc0));
-        assert!(e.to_string().contains("offset"), "{e}");
-        // A directory entry naming another page's (valid) record is refused too.
+        assert!(e.to_string().contains("slot"), "{e}");
+        // A directory entry naming another page's (valid) slot is refused too.
         let mut swapped = dirs.clone();
         swapped[0][0] = dirs[1][1];
         let mut reader = Pager::with_directories(log.clone(), swapped, 4);
         let e = T0.get(&mut reader, 3).unwrap_err();
-        assert!(e.reason.contains("page 1 of table 1 instead"), "{e}");
-        // A directory entry whose checksum is not the record's (a stale entry) is refused.
+        assert!(e.reason.contains("checksum"), "{e}");
+        // A directory entry whose checksum is not the slot's (a stale entry) is refused.
         let mut stale = dirs.clone();
-        stale[1][1] = Some(PageLoc {
-            crc: dirs[1][1].unwrap().crc ^ 1,
-            ..dirs[1][1].unwrap()
-        });
+        stale[1][1] = PageLoc {
+            crc: dirs[1][1].crc ^ 1,
+            ..dirs[1][1]
+        };
         let mut reader = Pager::with_directories(log.clone(), stale, 4);
         let e = T1.get(&mut reader, 600).unwrap_err();
         assert!(e.reason.contains("checksum"), "{e}");
-        let mut reader = Pager::with_directories(log.clone(), dirs, 4);
+        let mut reader = Pager::with_directories(log.clone(), dirs.clone(), 4);
         // The undamaged page still reads.
         assert_eq!(T1.get(&mut reader, 600).unwrap(), 66);
+        // Directories survive their own encoding.
+        let body = pager.dir_page(1, 0);
+        assert_eq!(decode_directory(dirs[1].len() as u64, &[body]), dirs[1]);
     }
 
     #[test]
     fn a_failed_checkpoint_leaves_its_pages_dirty() {
         let log = Arc::new(MemLog::default());
-        let mut pager = Pager::new(log.clone(), 1, 1);
+        let mut pager = Pager::new(log.clone(), 1);
         T0.set(&mut pager, 0, 5).unwrap();
         let frozen = pager.freeze();
         assert_eq!(pager.stats().dirty, 0);

@@ -1,0 +1,189 @@
+//! Migration from format 2 (RFC 0001, "Migration from format 2"): an engine directory holding
+//! a format 2 checkpoint and no root is opened the way format 2 opened it (the whole
+//! checkpoint loaded, the log after it replayed through format 2's state machine), converted
+//! into paged tables (ids keep their values, widened to 64 bits; each map page of 1,024
+//! entries becomes two leaves, shared where the page was shared), and written as the first
+//! root. Only then is the format 2 checkpoint set aside (as `checkpoint.v2`). A crash at any
+//! point before the root exists leaves the format 2 array as it was and the migration starts
+//! again; the format 2 records left in the log (chunks with 32-bit ids) stay readable for as
+//! long as they hold live chunks.
+
+use super::open::{replay, used_slots, ReplayTarget};
+use super::*;
+use crate::legacy::checkpoint as v2;
+use crate::legacy::state as old;
+use crate::meta::hooks::is_hook;
+use crate::meta::map_tree::{height_for, Volume, FANOUT};
+use crate::meta::page_store::MetaArea;
+use crate::meta::pager::Pager;
+use std::collections::HashMap;
+
+impl ReplayTarget for old::State {
+    fn replay(
+        &mut self,
+        record: &Record<'_>,
+        loc: Loc,
+        seq: u64,
+    ) -> std::result::Result<(), String> {
+        self.apply(record, loc, seq).map_err(|e| e.to_string())
+    }
+    fn segment(&self, i: u32) -> Segment {
+        self.store.segments[i as usize]
+    }
+    fn set_segment(&mut self, i: u32, s: Segment) {
+        self.store.segments[i as usize] = s;
+    }
+}
+
+impl Engine {
+    /// Open a format 2 array and, unless `read_only`, migrate it to format 3 for good.
+    pub(super) fn migrate(
+        backend: Arc<dyn Backend>,
+        tuning: Tuning,
+        read_only: bool,
+    ) -> Result<Self> {
+        let started = Instant::now();
+        let bytes = backend
+            .load_checkpoint()?
+            .ok_or_else(|| EngineError::Metadata("no format 2 checkpoint".into()))?;
+        let loaded = v2::decode(&bytes).map_err(|e| EngineError::Metadata(e.to_string()))?;
+        drop(bytes);
+        let geometry = loaded.geometry;
+        if geometry.segment_count as u64 * geometry.segment_size as u64 > backend.capacity() {
+            return Err(EngineError::Metadata(
+                "the log is smaller than the checkpoint says".into(),
+            ));
+        }
+        super::budget::check(&geometry, &tuning)?;
+        let mut state = loaded.state;
+        let mut counters = loaded.counters;
+        let mut recovery = Recovery::default();
+        let end = replay(
+            &*backend,
+            &geometry,
+            &mut state,
+            &mut counters,
+            loaded.head,
+            &mut recovery,
+        )?;
+        state.store.rebuild_free_ids();
+        if !read_only {
+            tracing::info!(
+                chunks = state.store.chunks.iter().filter(|c| c.len != 0).count(),
+                volumes = state.volumes.len(),
+                "migrating the engine's metadata from format 2 to format 3"
+            );
+        }
+        let pager = Pager::new(
+            Arc::new(MetaArea(backend.clone())),
+            cache_pages(tuning.metadata_cache),
+        );
+        let converted = convert(state, pager)?;
+        // A format 2 array has no metadata pages; pages of a migration cut short are named by
+        // no root and are free.
+        let slots = Slots::from_used(used_slots(&converted.pager));
+        let engine = Self::finish_open(
+            backend,
+            geometry,
+            converted,
+            counters,
+            loaded.head,
+            end,
+            slots,
+            0,
+            tuning,
+            read_only,
+            recovery,
+            started,
+        )?;
+        if !read_only {
+            engine.backend.retire_checkpoint()?;
+            tracing::info!(
+                seconds = started.elapsed().as_secs_f64(),
+                "engine metadata migrated to format 3"
+            );
+        }
+        Ok(engine)
+    }
+}
+
+/// Format 2's state as format 3 tables, every page dirty (the first root writes them all).
+fn convert(old: old::State, pager: Pager) -> Result<State> {
+    let segment_count = old.store.segments.len() as u32;
+    let mut state = State::new(old.chunk_size, segment_count, pager);
+    for (i, s) in old.store.segments.iter().enumerate() {
+        state.set_segment(i as u32, *s);
+    }
+    for (id, c) in old
+        .store
+        .chunks
+        .iter()
+        .enumerate()
+        .filter(|(_, c)| c.len != 0)
+    {
+        let id = id as u64;
+        let pager = &mut state.pager;
+        state
+            .chunks
+            .put(pager, id, c.hash, c.loc.segment, c.loc.offset, c.len)?;
+        state
+            .chunks
+            .set_refs(pager, id, c.refs.min(u32::MAX as u64) as u32)?;
+        if is_hook(&c.hash) {
+            state.hooks.insert(pager, &c.hash, id)?;
+        }
+    }
+    state.live_bytes = old.store.live_bytes;
+    state.anchored = old.store.anchored;
+    // A page shared by several volumes becomes leaves shared by them.
+    let mut leaves: HashMap<(*const old::Page, usize), u64> = HashMap::new();
+    for (&id, map) in &old.volumes {
+        let chunks = state.chunks_of(map.size);
+        state.volumes.insert(
+            id,
+            Volume {
+                size: map.size,
+                root: 0,
+                height: height_for(chunks),
+            },
+        );
+        for (&page_no, page) in &map.pages {
+            for half in 0..old::PAGE_ENTRIES / FANOUT as usize {
+                let from = half * FANOUT as usize;
+                let entries: Vec<u64> = page.0[from..from + FANOUT as usize]
+                    .iter()
+                    .map(|&e| {
+                        if e == old::ANCHORED {
+                            ANCHORED
+                        } else {
+                            e as u64
+                        }
+                    })
+                    .collect();
+                if entries.iter().all(|&e| e == 0) {
+                    continue;
+                }
+                let key = (std::sync::Arc::as_ptr(page), half);
+                let leaf = match leaves.get(&key) {
+                    Some(&leaf) => {
+                        state.trees.incref_node(leaf);
+                        leaf
+                    }
+                    None => {
+                        let leaf = state.trees.new_leaf(&mut state.pager, &entries);
+                        leaves.insert(key, leaf);
+                        leaf
+                    }
+                };
+                let index = page_no * old::PAGE_ENTRIES as u64 + from as u64;
+                state.with_tree(id, |trees, pager, refs, vol| {
+                    trees.attach_leaf(pager, refs, vol, index, leaf)
+                })?;
+            }
+        }
+    }
+    state.segments.touch_all();
+    state.trees.touch_all();
+    state.chunks.live_table().touch_all();
+    Ok(state)
+}

@@ -1,0 +1,50 @@
+//! Metadata at scale (RFC 0001, docs/rfcs/0001-metadata-at-scale.md): every table of the
+//! engine's metadata lives in 4 KiB pages in the metadata area, behind one bounded cache.
+//!
+//! In the order a write meets them:
+//! - [`hooks`]: the sampled dedup index and the locality cache (advice, confirmed against the
+//!   chunk table);
+//! - [`map_tree`]: each volume's map, a copy-on-write radix tree of nodes with reference
+//!   counts, so snapshots, clones and copies of whole leaves share nodes;
+//! - [`chunk_table`]: chunk id -> fingerprint, place in the log, length, reference count;
+//! - [`resident`]: the small tables kept whole in RAM (segments, node metadata, live counts);
+//! - [`pager`]: the cache and the directories that find every page;
+//! - [`page_store`]: slots of the metadata area, checksums, shadow paging;
+//! - [`root`]: the root file naming a consistent set of pages at one log position.
+
+pub mod chunk_table;
+pub mod hooks;
+pub mod map_tree;
+pub mod page_store;
+pub mod pager;
+pub mod resident;
+pub mod root;
+
+pub use page_store::PageError;
+
+/// Table of the segment table (kept whole in RAM).
+pub const T_SEGMENTS: u8 = 5;
+
+/// What a table number holds, for messages.
+pub fn table_name(table: u8) -> &'static str {
+    match table {
+        chunk_table::CHUNK_TABLE => "chunk table",
+        chunk_table::CHUNK_LIVE => "chunk table live counts",
+        map_tree::T_NODES => "map nodes",
+        map_tree::T_NODE_META => "map node table",
+        T_SEGMENTS => "segment table",
+        hooks::T_HOOKS => "dedup hooks",
+        t if t >= pager::DIR_BASE => "directory",
+        _ => "unknown table",
+    }
+}
+
+/// Why a record could not be applied: it contradicts the state (replay of damaged metadata),
+/// or a metadata page could not be read.
+#[derive(Debug, thiserror::Error)]
+pub enum ApplyError {
+    #[error("inconsistent log record: {0}")]
+    Inconsistent(String),
+    #[error("{0}")]
+    Page(#[from] PageError),
+}

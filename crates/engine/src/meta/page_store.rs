@@ -1,0 +1,279 @@
+//! The metadata area: 4 KiB slots, each holding one page of one table, written by shadow
+//! paging. A checkpoint writes every page it changed into a free slot, never over a slot the
+//! last durable root still names, then replaces the root; only then do the slots of the pages'
+//! previous versions become free. A crash at any moment therefore leaves the old root and
+//! every page it names intact.
+//!
+//! A slot holds the page body alone, so pages stay 4 KiB-aligned. What proves a slot holds
+//! the page meant is the checksum kept where the page is named (a directory entry or the
+//! root): CRC-32C over the table number, the page index and the body. A stale slot (a page
+//! since moved, a slot since reused) or a damaged one fails it and is reported with its
+//! table, index and slot; it is never read as metadata.
+
+use std::collections::BTreeSet;
+use std::fmt;
+use std::io;
+
+/// Bytes of a metadata page (and of a slot).
+pub const PAGE_BYTES: usize = 4096;
+
+pub type PageBody = [u8; PAGE_BYTES];
+
+/// Where a page is in the metadata area, and the checksum that identifies its content.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PageLoc {
+    pub slot: u64,
+    pub crc: u32,
+}
+
+/// Bytes of an encoded [`PageLoc`] (slot u64, crc u32).
+pub const PAGE_LOC_BYTES: usize = 12;
+
+impl PageLoc {
+    /// No page: never written (reads as zeros).
+    pub const NONE: PageLoc = PageLoc {
+        slot: u64::MAX,
+        crc: 0,
+    };
+
+    pub fn is_none(&self) -> bool {
+        self.slot == u64::MAX
+    }
+
+    pub fn encode(&self, out: &mut [u8]) {
+        out[..8].copy_from_slice(&self.slot.to_le_bytes());
+        out[8..12].copy_from_slice(&self.crc.to_le_bytes());
+    }
+
+    pub fn decode(b: &[u8]) -> PageLoc {
+        PageLoc {
+            slot: u64::from_le_bytes(b[..8].try_into().unwrap()),
+            crc: u32::from_le_bytes(b[8..12].try_into().unwrap()),
+        }
+    }
+}
+
+/// The checksum of page `index` of `table` with this body.
+pub fn page_crc(table: u8, index: u64, body: &PageBody) -> u32 {
+    let mut id = [0u8; 9];
+    id[0] = table;
+    id[1..].copy_from_slice(&index.to_le_bytes());
+    crc32c::crc32c_append(crc32c::crc32c(&id), body)
+}
+
+/// Reads slots of the metadata area (the engine's backend; a buffer in tests).
+pub trait PageSource: Send + Sync {
+    fn read_slot(&self, slot: u64, buf: &mut PageBody) -> io::Result<()>;
+}
+
+/// The metadata area of a [`crate::Backend`].
+pub struct MetaArea(pub std::sync::Arc<dyn crate::Backend>);
+
+impl PageSource for MetaArea {
+    fn read_slot(&self, slot: u64, buf: &mut PageBody) -> io::Result<()> {
+        let offset = slot
+            .checked_mul(PAGE_BYTES as u64)
+            .ok_or_else(|| io::Error::other("slot beyond any file"))?;
+        self.0.meta_read(buf, offset)
+    }
+}
+
+/// A page that could not be read: its table, index and place, and why.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PageError {
+    pub table: u8,
+    pub index: u64,
+    pub loc: PageLoc,
+    pub reason: String,
+}
+
+impl fmt::Display for PageError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "metadata page {} of table {} ({}), slot {} of the metadata file (byte {}): {}",
+            self.index,
+            self.table,
+            crate::meta::table_name(self.table),
+            self.loc.slot,
+            self.loc.slot.saturating_mul(PAGE_BYTES as u64),
+            self.reason
+        )
+    }
+}
+
+impl std::error::Error for PageError {}
+
+/// Read page `index` of `table` from `loc` and check it is that page.
+pub fn read_page(
+    source: &dyn PageSource,
+    table: u8,
+    index: u64,
+    loc: PageLoc,
+) -> Result<Box<PageBody>, PageError> {
+    let fail = |reason: String| PageError {
+        table,
+        index,
+        loc,
+        reason,
+    };
+    let mut body = Box::new([0u8; PAGE_BYTES]);
+    source
+        .read_slot(loc.slot, &mut body)
+        .map_err(|e| fail(format!("read failed: {e}")))?;
+    let crc = page_crc(table, index, &body);
+    if crc != loc.crc {
+        return Err(fail(format!(
+            "checksum {crc:#010x} where {:#010x} is expected (damaged, or not this page)",
+            loc.crc
+        )));
+    }
+    Ok(body)
+}
+
+/// Which slots are free. Slots in use are those the current directories name; a slot a page
+/// moved away from is *retiring* until the root that no longer names it is durable.
+#[derive(Debug, Default)]
+pub struct Slots {
+    free: BTreeSet<u64>,
+    /// One past the highest slot ever used: the area's size in slots.
+    end: u64,
+    retiring: Vec<u64>,
+}
+
+impl Slots {
+    /// The free slots of an area whose slots in use are `used`.
+    pub fn from_used(used: impl IntoIterator<Item = u64>) -> Slots {
+        let mut used: Vec<u64> = used.into_iter().collect();
+        used.sort_unstable();
+        used.dedup();
+        let end = used.last().map_or(0, |&s| s + 1);
+        let mut free = BTreeSet::new();
+        let mut next = 0;
+        for s in used {
+            free.extend(next..s);
+            next = s + 1;
+        }
+        Slots {
+            free,
+            end,
+            retiring: Vec::new(),
+        }
+    }
+
+    /// A free slot: the lowest, so the area stays compact and writes cluster.
+    pub fn allocate(&mut self) -> u64 {
+        match self.free.pop_first() {
+            Some(s) => s,
+            None => {
+                self.end += 1;
+                self.end - 1
+            }
+        }
+    }
+
+    /// Slots allocated but not used after all (a write failed): free again.
+    pub fn cancel(&mut self, slots: impl IntoIterator<Item = u64>) {
+        for s in slots {
+            debug_assert!(s < self.end);
+            self.free.insert(s);
+        }
+    }
+
+    /// A page moved away from `slot`: free once the next root is durable.
+    pub fn retire(&mut self, slot: u64) {
+        self.retiring.push(slot);
+    }
+
+    /// The root that no longer names the retiring slots is durable: they are free.
+    pub fn root_durable(&mut self) {
+        for s in std::mem::take(&mut self.retiring) {
+            debug_assert!(s < self.end);
+            self.free.insert(s);
+        }
+    }
+
+    /// Size of the area in slots.
+    pub fn end(&self) -> u64 {
+        self.end
+    }
+
+    /// Slots free now.
+    pub fn free_count(&self) -> u64 {
+        self.free.len() as u64
+    }
+}
+
+/// Write `pages` (slot, body) to the metadata area, runs of adjacent slots in one write each.
+pub fn write_pages(backend: &dyn crate::Backend, pages: &mut [(u64, &PageBody)]) -> io::Result<()> {
+    pages.sort_by_key(|p| p.0);
+    let mut i = 0;
+    let mut buf = Vec::new();
+    while i < pages.len() {
+        let mut j = i + 1;
+        while j < pages.len() && pages[j].0 == pages[j - 1].0 + 1 && j - i < 256 {
+            j += 1;
+        }
+        buf.clear();
+        for (_, body) in &pages[i..j] {
+            buf.extend_from_slice(&body[..]);
+        }
+        backend.meta_write(&buf, pages[i].0 * PAGE_BYTES as u64)?;
+        i = j;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn slots_are_reused_lowest_first_and_retired_ones_only_after_the_root() {
+        let mut s = Slots::from_used([5, 1, 3]);
+        assert_eq!(s.end(), 6);
+        assert_eq!((s.allocate(), s.allocate(), s.allocate()), (0, 2, 4));
+        assert_eq!(s.allocate(), 6);
+        s.retire(1);
+        assert_eq!(s.allocate(), 7, "a retiring slot is not free yet");
+        s.root_durable();
+        assert_eq!(s.allocate(), 1);
+        s.cancel([7]);
+        assert_eq!(s.allocate(), 7);
+        let empty = Slots::from_used([]);
+        assert_eq!((empty.end(), empty.free_count()), (0, 0));
+    }
+
+    #[test]
+    fn a_page_is_checked_against_its_table_index_and_content() {
+        struct One(PageBody);
+        impl PageSource for One {
+            fn read_slot(&self, _: u64, buf: &mut PageBody) -> io::Result<()> {
+                buf.copy_from_slice(&self.0);
+                Ok(())
+            }
+        }
+        let mut body = [0u8; PAGE_BYTES];
+        body[100] = 7;
+        let loc = PageLoc {
+            slot: 3,
+            crc: page_crc(2, 9, &body),
+        };
+        let source = One(body);
+        assert_eq!(read_page(&source, 2, 9, loc).unwrap()[100], 7);
+        let e = read_page(&source, 2, 10, loc).unwrap_err();
+        assert_eq!((e.table, e.index, e.loc), (2, 10, loc));
+        assert!(e.to_string().contains("slot 3"), "{e}");
+        assert!(
+            read_page(&source, 1, 9, loc).is_err(),
+            "another table's page"
+        );
+        let mut damaged = body;
+        damaged[4000] ^= 1;
+        assert!(read_page(&One(damaged), 2, 9, loc).is_err());
+        let mut b = [0u8; 12];
+        loc.encode(&mut b);
+        assert_eq!(PageLoc::decode(&b), loc);
+        assert!(PageLoc::NONE.is_none() && !loc.is_none());
+    }
+}

@@ -1,0 +1,373 @@
+//! The root: the one small file that names a consistent set of metadata pages at one log
+//! position, replaced atomically by each checkpoint (`engine/root`). Layout (little-endian):
+//!
+//! ```text
+//! "SLVRROOT" u64 | version u32 (3) | crc32c u32 (of the body) | body length u32 | body
+//! body:
+//!   geometry   chunk size u32 | segment size u32 | segment count u32 | hash key [32]
+//!   position   segment u32 | sequence u64 | offset u32       replay starts here
+//!   counters   host bytes u64 | collector bytes u64 | next volume u32 | generation u64
+//!              anchored u64 | live bytes u64
+//!   hooks      level u8 | split u64 | entries u64
+//!   tables     n u8, then n x ( table u8 | pages u64 | entries u64 | m u32 |
+//!                               m x ( slot u64 | crc u32 ) )   the table's directory pages
+//!   volumes    n u32, then n x ( id u32 | size u64 | root node u64 | height u8 )
+//!   releasing  n u32, then n x node u64
+//! ```
+
+use super::hooks::HookShape;
+use super::map_tree::Volume;
+use super::page_store::{PageLoc, PAGE_LOC_BYTES};
+
+pub const ROOT_MAGIC: u64 = u64::from_le_bytes(*b"SLVRROOT");
+/// The engine's on-disk format with a root (format 2 had a whole checkpoint instead).
+pub const ROOT_VERSION: u32 = 3;
+
+/// Fixed parameters of an engine, chosen at creation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Geometry {
+    pub chunk_size: u32,
+    pub segment_size: u32,
+    pub segment_count: u32,
+    /// Key of the keyed BLAKE3 fingerprint: crafted collisions need it.
+    pub key: [u8; 32],
+}
+
+/// A position in the log: where the head is, and where replay starts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Head {
+    pub segment: u32,
+    pub seq: u64,
+    pub offset: u32,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Counters {
+    /// Bytes of chunk records written for hosts.
+    pub host_bytes: u64,
+    /// Bytes of chunk records rewritten by the garbage collector.
+    pub gc_bytes: u64,
+    pub next_volume: u32,
+}
+
+/// One table's place in the root.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TableRoot {
+    pub table: u8,
+    /// Pages in the table's directory.
+    pub pages: u64,
+    /// Entries, for tables kept whole in RAM (0 for the others).
+    pub entries: u64,
+    /// Where the directory's pages are.
+    pub dir: Vec<PageLoc>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Root {
+    pub geometry: Geometry,
+    pub head: Head,
+    pub counters: Counters,
+    /// Checkpoints written since the array was created.
+    pub generation: u64,
+    pub anchored: u64,
+    pub live_bytes: u64,
+    pub hooks: HookShape,
+    pub tables: Vec<TableRoot>,
+    pub volumes: Vec<(u32, Volume)>,
+    pub releasing: Vec<u64>,
+}
+
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum RootError {
+    #[error("not a sliver root file")]
+    Magic,
+    #[error("root format version {0} is not supported by this version of sliver")]
+    Version(u32),
+    #[error("root checksum mismatch (the file is damaged)")]
+    Checksum,
+    #[error("root is damaged: {0}")]
+    Malformed(&'static str),
+}
+
+struct W(Vec<u8>);
+impl W {
+    fn u8(&mut self, v: u8) {
+        self.0.push(v);
+    }
+    fn u32(&mut self, v: u32) {
+        self.0.extend_from_slice(&v.to_le_bytes());
+    }
+    fn u64(&mut self, v: u64) {
+        self.0.extend_from_slice(&v.to_le_bytes());
+    }
+}
+
+struct R<'a>(&'a [u8]);
+impl<'a> R<'a> {
+    fn take(&mut self, n: usize) -> Result<&'a [u8], RootError> {
+        if self.0.len() < n {
+            return Err(RootError::Malformed("truncated"));
+        }
+        let (a, b) = self.0.split_at(n);
+        self.0 = b;
+        Ok(a)
+    }
+    fn u8(&mut self) -> Result<u8, RootError> {
+        Ok(self.take(1)?[0])
+    }
+    fn u32(&mut self) -> Result<u32, RootError> {
+        Ok(u32::from_le_bytes(self.take(4)?.try_into().unwrap()))
+    }
+    fn u64(&mut self) -> Result<u64, RootError> {
+        Ok(u64::from_le_bytes(self.take(8)?.try_into().unwrap()))
+    }
+    /// A count of items of `item` bytes each: bounded by what is left.
+    fn count(&mut self, item: usize) -> Result<usize, RootError> {
+        let n = self.u32()? as usize;
+        if n.saturating_mul(item) > self.0.len() {
+            return Err(RootError::Malformed("count beyond the end"));
+        }
+        Ok(n)
+    }
+}
+
+impl Root {
+    pub fn encode(&self) -> Vec<u8> {
+        let mut w = W(Vec::with_capacity(256));
+        let g = &self.geometry;
+        w.u32(g.chunk_size);
+        w.u32(g.segment_size);
+        w.u32(g.segment_count);
+        w.0.extend_from_slice(&g.key);
+        w.u32(self.head.segment);
+        w.u64(self.head.seq);
+        w.u32(self.head.offset);
+        w.u64(self.counters.host_bytes);
+        w.u64(self.counters.gc_bytes);
+        w.u32(self.counters.next_volume);
+        w.u64(self.generation);
+        w.u64(self.anchored);
+        w.u64(self.live_bytes);
+        w.u8(self.hooks.level);
+        w.u64(self.hooks.split);
+        w.u64(self.hooks.entries);
+        w.u8(self.tables.len() as u8);
+        for t in &self.tables {
+            w.u8(t.table);
+            w.u64(t.pages);
+            w.u64(t.entries);
+            w.u32(t.dir.len() as u32);
+            for loc in &t.dir {
+                let mut b = [0u8; PAGE_LOC_BYTES];
+                loc.encode(&mut b);
+                w.0.extend_from_slice(&b);
+            }
+        }
+        w.u32(self.volumes.len() as u32);
+        for (id, v) in &self.volumes {
+            w.u32(*id);
+            w.u64(v.size);
+            w.u64(v.root);
+            w.u8(v.height);
+        }
+        w.u32(self.releasing.len() as u32);
+        for n in &self.releasing {
+            w.u64(*n);
+        }
+        let body = w.0;
+        let mut out = Vec::with_capacity(body.len() + 20);
+        out.extend_from_slice(&ROOT_MAGIC.to_le_bytes());
+        out.extend_from_slice(&ROOT_VERSION.to_le_bytes());
+        out.extend_from_slice(&crc32c::crc32c(&body).to_le_bytes());
+        out.extend_from_slice(&(body.len() as u32).to_le_bytes());
+        out.extend_from_slice(&body);
+        out
+    }
+
+    pub fn decode(bytes: &[u8]) -> Result<Root, RootError> {
+        let mut r = R(bytes);
+        if r.u64().map_err(|_| RootError::Magic)? != ROOT_MAGIC {
+            return Err(RootError::Magic);
+        }
+        let version = r.u32()?;
+        if version != ROOT_VERSION {
+            return Err(RootError::Version(version));
+        }
+        let crc = r.u32()?;
+        let len = r.u32()? as usize;
+        let body = r.take(len)?;
+        if !r.0.is_empty() {
+            return Err(RootError::Malformed("bytes after the body"));
+        }
+        if crc32c::crc32c(body) != crc {
+            return Err(RootError::Checksum);
+        }
+        let mut r = R(body);
+        let geometry = Geometry {
+            chunk_size: r.u32()?,
+            segment_size: r.u32()?,
+            segment_count: r.u32()?,
+            key: r.take(32)?.try_into().unwrap(),
+        };
+        if !geometry.chunk_size.is_power_of_two()
+            || geometry.chunk_size < 512
+            || geometry.segment_size < geometry.chunk_size
+            || geometry.segment_count == 0
+        {
+            return Err(RootError::Malformed("impossible geometry"));
+        }
+        let head = Head {
+            segment: r.u32()?,
+            seq: r.u64()?,
+            offset: r.u32()?,
+        };
+        if head.segment >= geometry.segment_count || head.offset > geometry.segment_size {
+            return Err(RootError::Malformed("position outside the log"));
+        }
+        let counters = Counters {
+            host_bytes: r.u64()?,
+            gc_bytes: r.u64()?,
+            next_volume: r.u32()?,
+        };
+        let generation = r.u64()?;
+        let anchored = r.u64()?;
+        let live_bytes = r.u64()?;
+        let hooks = HookShape {
+            level: r.u8()?,
+            split: r.u64()?,
+            entries: r.u64()?,
+        };
+        if hooks.level > 48 || hooks.split >= 1u64 << hooks.level {
+            return Err(RootError::Malformed("impossible hook table shape"));
+        }
+        let n = r.u8()? as usize;
+        let mut tables = Vec::with_capacity(n);
+        for _ in 0..n {
+            let table = r.u8()?;
+            let pages = r.u64()?;
+            let entries = r.u64()?;
+            let m = r.count(PAGE_LOC_BYTES)?;
+            let dir: Vec<PageLoc> = (0..m)
+                .map(|_| r.take(PAGE_LOC_BYTES).map(PageLoc::decode))
+                .collect::<Result<_, _>>()?;
+            if pages.div_ceil(super::pager::DIR_PER_PAGE) != m as u64 {
+                return Err(RootError::Malformed(
+                    "directory pages do not match the table's size",
+                ));
+            }
+            if tables.iter().any(|t: &TableRoot| t.table == table) {
+                return Err(RootError::Malformed("a table named twice"));
+            }
+            tables.push(TableRoot {
+                table,
+                pages,
+                entries,
+                dir,
+            });
+        }
+        let n = r.count(21)?;
+        let mut volumes = Vec::with_capacity(n);
+        for _ in 0..n {
+            let id = r.u32()?;
+            let v = Volume {
+                size: r.u64()?,
+                root: r.u64()?,
+                height: r.u8()?,
+            };
+            if id == 0 || v.height > 6 || volumes.iter().any(|(i, _)| *i == id) {
+                return Err(RootError::Malformed("impossible volume"));
+            }
+            volumes.push((id, v));
+        }
+        let n = r.count(8)?;
+        let releasing = (0..n).map(|_| r.u64()).collect::<Result<_, _>>()?;
+        if !r.0.is_empty() {
+            return Err(RootError::Malformed("trailing bytes in the body"));
+        }
+        Ok(Root {
+            geometry,
+            head,
+            counters,
+            generation,
+            anchored,
+            live_bytes,
+            hooks,
+            tables,
+            volumes,
+            releasing,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    pub fn sample() -> Root {
+        Root {
+            geometry: Geometry {
+                chunk_size: 4096,
+                segment_size: 4 << 20,
+                segment_count: 100,
+                key: [7; 32],
+            },
+            head: Head {
+                segment: 3,
+                seq: 99,
+                offset: 4096,
+            },
+            counters: Counters {
+                host_bytes: 1,
+                gc_bytes: 2,
+                next_volume: 5,
+            },
+            generation: 8,
+            anchored: 3,
+            live_bytes: 1 << 30,
+            hooks: HookShape {
+                level: 5,
+                split: 3,
+                entries: 1000,
+            },
+            tables: vec![TableRoot {
+                table: 1,
+                pages: 400,
+                entries: 0,
+                dir: vec![
+                    PageLoc { slot: 4, crc: 9 },
+                    PageLoc {
+                        slot: 1 << 40,
+                        crc: 1,
+                    },
+                ],
+            }],
+            volumes: vec![(
+                1,
+                Volume {
+                    size: 1 << 40,
+                    root: 12,
+                    height: 3,
+                },
+            )],
+            releasing: vec![5, 6],
+        }
+    }
+
+    #[test]
+    fn a_root_round_trips_and_damage_is_refused() {
+        let root = sample();
+        let bytes = root.encode();
+        assert_eq!(Root::decode(&bytes).unwrap(), root);
+        for i in 0..bytes.len() {
+            let mut bad = bytes.clone();
+            bad[i] ^= 0x10;
+            assert!(Root::decode(&bad).is_err(), "flip at {i} accepted");
+        }
+        for n in 0..bytes.len() {
+            assert!(Root::decode(&bytes[..n]).is_err());
+        }
+        let mut v4 = bytes.clone();
+        v4[8..12].copy_from_slice(&4u32.to_le_bytes());
+        assert_eq!(Root::decode(&v4), Err(RootError::Version(4)));
+    }
+}
