@@ -79,6 +79,9 @@ pub struct EngineSection {
     /// none | lz4 | zstd | zstd:LEVEL.
     #[serde(default, deserialize_with = "compression")]
     pub compression: Option<Compression>,
+    /// RAM for cached metadata pages, e.g. "512M" (default: an eighth of the machine's memory).
+    #[serde(default, deserialize_with = "size")]
+    pub metadata_cache: Option<u64>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -281,6 +284,7 @@ priority = "250MB/s"
 
 [engine]
 compression = "zstd:5"
+metadata_cache = "512M"
 
 [chap]
 user = "array1"
@@ -305,6 +309,7 @@ chap_secret = "host-secret-1234"
         assert_eq!(c.capacity.soft_threshold_percent, Some(0.75));
         assert_eq!(c.gc.priority, Some(GcPriority::Rate(250_000_000)));
         assert_eq!(c.engine.compression, Some(Compression::Zstd(5)));
+        assert_eq!(c.engine.metadata_cache, Some(512 << 20));
         assert_eq!(c.hosts[0].name, "esx1");
         assert_eq!(c.api_token().unwrap().as_deref(), Some("s3cret-token"));
     }

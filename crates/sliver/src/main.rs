@@ -115,6 +115,9 @@ struct ServeArgs {
     /// Background garbage collection: off, low, medium, high or a rate such as 100MB/s.
     #[arg(long)]
     gc_priority: Option<String>,
+    /// RAM for cached engine metadata, e.g. 512M [default: an eighth of the machine's memory].
+    #[arg(long)]
+    metadata_cache: Option<String>,
 }
 
 fn main() -> ExitCode {
@@ -191,6 +194,17 @@ fn settings(args: ServeArgs) -> Result<Settings, String> {
     };
     if let Some(c) = file.engine.compression {
         options.tuning.compression = c;
+    }
+    match &args.metadata_cache {
+        Some(c) => {
+            options.tuning.metadata_cache = sliver_reclaim::units::parse_size(c)
+                .map_err(|e| format!("--metadata-cache: {e}"))?
+        }
+        None => {
+            if let Some(c) = file.engine.metadata_cache {
+                options.tuning.metadata_cache = c;
+            }
+        }
     }
     let portals = if !args.iscsi_listen.is_empty() {
         args.iscsi_listen
