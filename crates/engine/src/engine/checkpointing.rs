@@ -134,6 +134,9 @@ impl Engine {
                 }
             }
             m.state.pager.settle();
+            for p in frozen {
+                m.state.pager.recycle(p.body);
+            }
             let changed = m.state.pager.take_changed_dirs();
             let dirs: Vec<(u8, u64, Box<PageBody>)> = changed
                 .iter()
@@ -141,7 +144,6 @@ impl Engine {
                 .collect();
             (dirs, changed)
         };
-        drop(frozen);
         let dir_pages: Vec<(u8, u64, &PageBody)> =
             dirs.iter().map(|(t, p, b)| (*t, *p, &**b)).collect();
         let dir_locs = match self.write_to_slots(&dir_pages) {

@@ -255,6 +255,40 @@ struct Meta {
     preparing: std::collections::BTreeSet<u32>,
 }
 
+/// The metadata lock, held: measures how long, so the longest hold is a figure, and holds
+/// over 20 ms (what a host command could notice) are logged with where they were taken.
+struct MetaGuard<'a> {
+    guard: MutexGuard<'a, Meta>,
+    since: Instant,
+    at: &'static std::panic::Location<'static>,
+    longest: &'a AtomicU64,
+}
+
+impl std::ops::Deref for MetaGuard<'_> {
+    type Target = Meta;
+    fn deref(&self) -> &Meta {
+        &self.guard
+    }
+}
+
+impl std::ops::DerefMut for MetaGuard<'_> {
+    fn deref_mut(&mut self) -> &mut Meta {
+        &mut self.guard
+    }
+}
+
+impl Drop for MetaGuard<'_> {
+    fn drop(&mut self) {
+        let held = self.since.elapsed().as_micros() as u64;
+        if held > self.longest.load(Ordering::Relaxed) {
+            self.longest.fetch_max(held, Ordering::Relaxed);
+        }
+        if held > 20_000 {
+            tracing::debug!(held_us = held, at = %self.at, "metadata lock held long");
+        }
+    }
+}
+
 /// A flag a background thread sleeps on until it is set or a timeout passes.
 #[derive(Default)]
 struct Wakeup {
@@ -333,6 +367,8 @@ pub struct Engine {
     usage: Mutex<HashMap<u32, space::UsageWalk>>,
     /// Bytes of metadata pages checkpoints have written since open.
     metadata_written: AtomicU64,
+    /// The longest hold of `meta` since open (microseconds).
+    longest_hold: AtomicU64,
     reuse: RwLock<()>,
     flush: Mutex<FlushState>,
     flushed: Condvar,
@@ -505,8 +541,21 @@ impl Engine {
         ((self.geometry.segment_size as usize / 16) / per).max(1)
     }
 
-    fn lock_meta(&self) -> MutexGuard<'_, Meta> {
-        self.meta.lock().unwrap_or_else(|p| p.into_inner())
+    #[track_caller]
+    fn lock_meta(&self) -> MetaGuard<'_> {
+        let guard = self.meta.lock().unwrap_or_else(|p| p.into_inner());
+        MetaGuard {
+            guard,
+            since: Instant::now(),
+            at: std::panic::Location::caller(),
+            longest: &self.longest_hold,
+        }
+    }
+
+    /// The longest the metadata lock was held since open, in microseconds: every host
+    /// command may wait that long for metadata work.
+    pub fn longest_lock_hold_us(&self) -> u64 {
+        self.longest_hold.load(Ordering::Relaxed)
     }
 
     fn check_writable(&self) -> Result<()> {

@@ -282,6 +282,7 @@ impl Engine {
             slots: Mutex::new(slots),
             usage: Mutex::new(HashMap::new()),
             metadata_written: AtomicU64::new(0),
+            longest_hold: AtomicU64::new(0),
             reuse: RwLock::new(()),
             flush: Mutex::new(FlushState {
                 durable: 0,

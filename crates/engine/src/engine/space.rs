@@ -158,6 +158,7 @@ impl Engine {
             volume,
             UsageWalk {
                 key,
+                walked: Instant::now(),
                 unique,
                 shared,
             },
@@ -175,7 +176,11 @@ impl Engine {
                 .iter()
                 .map(|(&id, v)| (id, m.state.trees.counts(v.root).0))
                 .filter(|&(_, mapped)| mapped > SYNC_USAGE_CHUNKS)
-                .find(|&(id, _)| cache.get(&id).is_none_or(|c| c.key != usage_key(&m, id)))
+                .find(|&(id, _)| {
+                    cache.get(&id).is_none_or(|c| {
+                        c.key != usage_key(&m, id) && c.walked.elapsed() >= USAGE_REFRESH
+                    })
+                })
                 .map(|(id, _)| id)
         };
         if let Some(volume) = stale {
@@ -191,10 +196,14 @@ pub const SYNC_USAGE_CHUNKS: u64 = 64 * 1024;
 /// Chunks with several references a walk counts one by one at most.
 const MAX_REPEATED: usize = 4 << 20;
 
+/// A large volume changing all the time is walked again at most this often.
+const USAGE_REFRESH: Duration = Duration::from_secs(60);
+
 /// A cached walk of one volume, valid while its key stands.
 #[derive(Debug, Clone, Copy)]
 pub(super) struct UsageWalk {
     key: (u64, u64),
+    walked: Instant,
     unique: u64,
     shared: u64,
 }

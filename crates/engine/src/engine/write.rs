@@ -232,8 +232,11 @@ impl Engine {
         self.append_at(m, at, &buf)?;
         // The chunks just written are the freshest locality: the rest of the stream, and
         // repeats of its blocks, find them there.
-        for (id, hash, ..) in &new {
-            m.locality.add(id / CHUNKS_PER_PAGE, [(**hash, *id)]);
+        for group in new.chunk_by(|a, b| a.0 / CHUNKS_PER_PAGE == b.0 / CHUNKS_PER_PAGE) {
+            m.locality.add(
+                group[0].0 / CHUNKS_PER_PAGE,
+                group.iter().map(|(id, hash, ..)| (**hash, *id)),
+            );
         }
         m.counters.host_bytes += host;
         Ok(())

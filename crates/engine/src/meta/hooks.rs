@@ -11,10 +11,12 @@
 //! are found there. Every candidate is confirmed against the chunk table's entry before it is
 //! used, so a stale entry costs a lookup and a missed duplicate costs space, never data.
 
+use super::chunk_table::PER_PAGE as CHUNKS_PER_PAGE;
 use super::page_store::PAGE_BYTES;
 use super::pager::Pager;
 use super::ApplyError;
-use std::collections::{BTreeMap, HashMap};
+use rustc_hash::FxHashMap;
+use std::collections::BTreeMap;
 
 /// Table of hook bucket pages.
 pub const T_HOOKS: u8 = 6;
@@ -178,9 +180,9 @@ impl Hooks {
 /// out. Kept in RAM only (a cold cache costs dedup, never correctness).
 pub struct Locality {
     max_pages: usize,
-    pages: HashMap<u64, (u64, Vec<[u8; 16]>)>,
+    pages: FxHashMap<u64, (u64, Vec<[u8; 16]>)>,
     by_use: BTreeMap<u64, u64>,
-    index: HashMap<[u8; 16], u64>,
+    index: FxHashMap<[u8; 16], u64>,
     clock: u64,
 }
 
@@ -188,9 +190,9 @@ impl Locality {
     pub fn new(max_pages: usize) -> Self {
         Locality {
             max_pages: max_pages.max(1),
-            pages: HashMap::new(),
+            pages: FxHashMap::default(),
             by_use: BTreeMap::new(),
-            index: HashMap::new(),
+            index: FxHashMap::default(),
             clock: 0,
         }
     }
@@ -223,7 +225,11 @@ impl Locality {
                 };
                 if let Some((_, hashes)) = self.pages.remove(&old) {
                     for h in hashes {
-                        if self.index.get(&h).is_some_and(|id| id / 128 == old) {
+                        if self
+                            .index
+                            .get(&h)
+                            .is_some_and(|id| id / CHUNKS_PER_PAGE == old)
+                        {
                             self.index.remove(&h);
                         }
                     }

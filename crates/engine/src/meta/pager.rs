@@ -16,7 +16,8 @@
 
 use super::page_store::PAGE_LOC_BYTES;
 use super::page_store::{read_page, PageBody, PageError, PageLoc, PageSource, PAGE_BYTES};
-use std::collections::{BTreeSet, HashMap, VecDeque};
+use rustc_hash::FxHashMap;
+use std::collections::{BTreeSet, VecDeque};
 use std::marker::PhantomData;
 use std::sync::Arc;
 
@@ -59,7 +60,7 @@ pub struct Pager {
     /// Pages the cache may hold when none is dirty or frozen.
     capacity: usize,
     directories: Vec<Vec<PageLoc>>,
-    resident: HashMap<(u8, u64), Resident>,
+    resident: FxHashMap<(u8, u64), Resident>,
     /// CLOCK ring of resident pages; entries of pages since dropped are skipped.
     clock: VecDeque<(u8, u64)>,
     dirty: usize,
@@ -68,7 +69,14 @@ pub struct Pager {
     /// Directory pages (table, directory page index) whose entries changed since the last
     /// root was made durable: the next checkpoint writes them.
     changed_dirs: BTreeSet<(u8, u64)>,
+    /// Page buffers of evicted pages, reused for the next ones: faults and evictions run on
+    /// every thread, and without reuse the allocator's per-thread arenas each kept a share
+    /// of the cache's churn (a third more RSS than the cache itself in `bench/scale`).
+    spare: Vec<Arc<PageBody>>,
 }
+
+/// Page buffers kept for reuse at most.
+const SPARE_PAGES: usize = 4096;
 
 impl Pager {
     /// An empty pager holding at most `capacity` clean pages.
@@ -76,12 +84,29 @@ impl Pager {
         Pager {
             capacity: capacity.max(1),
             directories: vec![Vec::new(); 256],
-            resident: HashMap::new(),
+            resident: FxHashMap::default(),
             clock: VecDeque::new(),
             dirty: 0,
             source,
             stats: PagerStats::default(),
             changed_dirs: BTreeSet::new(),
+            spare: Vec::new(),
+        }
+    }
+
+    /// A page buffer to fill: a spare one, or a new one.
+    fn buffer(&mut self) -> Arc<PageBody> {
+        self.spare
+            .pop()
+            .unwrap_or_else(|| Arc::new([0; PAGE_BYTES]))
+    }
+
+    /// Keep a buffer no one else holds for reuse (a frozen version a checkpoint is done with).
+    pub fn recycle(&mut self, mut body: Arc<PageBody>) {
+        if self.spare.len() < SPARE_PAGES.min(self.capacity / 16)
+            && Arc::get_mut(&mut body).is_some()
+        {
+            self.spare.push(body);
         }
     }
 
@@ -165,7 +190,8 @@ impl Pager {
     /// reused for a new node): dirty.
     pub fn page_new(&mut self, table: u8, index: u64) -> &mut PageBody {
         if !self.resident.contains_key(&(table, index)) {
-            self.insert(table, index, Arc::new([0; PAGE_BYTES]));
+            let body = self.buffer();
+            self.insert(table, index, body);
         }
         let body = self.dirty_body(table, index);
         body.fill(0);
@@ -173,13 +199,23 @@ impl Pager {
     }
 
     fn dirty_body(&mut self, table: u8, index: u64) -> &mut PageBody {
+        if Arc::get_mut(&mut self.resident.get_mut(&(table, index)).expect("loaded").body).is_none()
+        {
+            // A checkpoint holds this version: change a copy.
+            let mut copy = self.buffer();
+            let r = self.resident.get_mut(&(table, index)).expect("loaded");
+            Arc::get_mut(&mut copy)
+                .expect("a spare buffer is ours")
+                .copy_from_slice(&r.body[..]);
+            r.body = copy;
+        }
         let r = self.resident.get_mut(&(table, index)).expect("loaded");
         r.referenced = true;
         if !r.dirty {
             r.dirty = true;
             self.dirty += 1;
         }
-        Arc::make_mut(&mut r.body)
+        Arc::get_mut(&mut r.body).expect("unshared")
     }
 
     /// Of `keys`, the pages that would need I/O, with where they are.
@@ -205,7 +241,11 @@ impl Pager {
         }
         self.stats.faults += 1;
         self.make_room(self.capacity.saturating_sub(1));
-        self.insert(table, index, Arc::new(*body));
+        let mut buffer = self.buffer();
+        Arc::get_mut(&mut buffer)
+            .expect("a spare buffer is ours")
+            .copy_from_slice(&body[..]);
+        self.insert(table, index, buffer);
     }
 
     fn insert(&mut self, table: u8, index: u64, body: Arc<PageBody>) {
@@ -228,10 +268,19 @@ impl Pager {
         }
         let loc = self.loc(table, index);
         let body = if loc.is_none() {
-            Arc::new([0; PAGE_BYTES])
+            let mut body = self.buffer();
+            Arc::get_mut(&mut body)
+                .expect("a spare buffer is ours")
+                .fill(0);
+            body
         } else {
             self.stats.faults += 1;
-            Arc::new(*read_page(&*self.source, table, index, loc)?)
+            let read = read_page(&*self.source, table, index, loc)?;
+            let mut body = self.buffer();
+            Arc::get_mut(&mut body)
+                .expect("a spare buffer is ours")
+                .copy_from_slice(&read[..]);
+            body
         };
         self.make_room(self.capacity.saturating_sub(1));
         self.insert(table, index, body);
@@ -256,7 +305,9 @@ impl Pager {
                 self.clock.push_back(key);
                 continue;
             }
-            self.resident.remove(&key);
+            if let Some(r) = self.resident.remove(&key) {
+                self.recycle(r.body);
+            }
             self.stats.evictions += 1;
         }
         // The ring keeps keys of pages evicted by other paths; trim it when it grows.
@@ -437,6 +488,7 @@ impl<T: Entry> Table<T> {
 mod tests {
     use super::*;
     use crate::meta::page_store::page_crc;
+    use std::collections::HashMap;
     use proptest::prelude::*;
     use std::sync::Mutex;
 
