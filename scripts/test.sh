@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The whole test suite: formatting, lints, unit and integration tests, conformance against
-# independent initiators (libiscsi, QEMU), the quick benchmark against tgt, fuzz smoke runs.
+# independent initiators (libiscsi, QEMU), the quick benchmark against tgt, the engine at scale
+# (bench/scale --quick), fuzz smoke runs.
 # The README's test command.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -30,6 +31,13 @@ if [ "${SLIVER_SKIP_BENCH:-0}" != 1 ]; then
   bench/run --quick --out "$bench_out/benchmarks.md" --raw "$bench_out/quick.json"
   sed -n '/^| workload/,/^$/p' "$bench_out/benchmarks.md"
   rm -rf "$bench_out"
+
+  step "engine at scale, quick mode: bench/scale --quick (figures reported, not asserted)"
+  # Issue 20's quick mode through the engine's own interface, at most 4 minutes; fails on a
+  # process failure, a data mismatch or a check problem; writes nothing into the tree.
+  scale_out="$(mktemp -d)"
+  bench/scale --quick --deadline 240 --out "$scale_out/benchmarks.md" --raw "$scale_out/scale.json"
+  rm -rf "$scale_out"
 fi
 
 if [ "${SLIVER_SKIP_FUZZ:-0}" != 1 ]; then

@@ -7,14 +7,17 @@
  * with a constant data pattern, iscsi-perf only reads, and neither reports latency percentiles.
  *
  *   iscsi-load -u URL -o read|write|caw|unmap [-p seq|rand] [-q DEPTH] [-s BYTES]
- *              [-n COUNT] [-t SECONDS] [-O OFFSET] [-L LENGTH] [-d unique|mix|zero]
+ *              [-n COUNT] [-t SECONDS] [-O OFFSET] [-L LENGTH] [-d unique|mix|zero|sparse]
  *              [-S SEED] [-V] [-R READBACK]
  *
  * Data: every 4 KiB unit written is a pure function of (seed, byte offset, key), so reads can
  * be checked. `unique` is incompressible and never repeats (a window of a 16 MiB random pool
  * stamped with a 16-byte hash of seed, offset and key); `mix` is 30 % exact duplicates of 256
  * recurring blocks and 70 % blocks whose first half is unique and second half a repeated
- * 64-byte phrase (about 2:1 with LZ4); `zero` is zeros.
+ * 64-byte phrase (about 2:1 with LZ4); `zero` is zeros; `sparse` is unique but highly
+ * compressible: the same 16-byte stamp as `unique` (hash, offset), then zeros, so every unit
+ * is distinct while a compressing target stores a few dozen bytes of it (bench/scale: the
+ * metadata grows like unique data while the disk holds little).
  * A sequential write uses key 0, so a later read with the same seed and -V checks every byte;
  * a random write uses a fresh key per command and, with -R N, reads back up to N of the
  * commands it completed and checks them. COMPARE AND WRITE runs at depth 1 on one block at
@@ -42,7 +45,7 @@
 #define UNIT 4096u
 
 enum op { OP_READ, OP_WRITE, OP_CAW, OP_UNMAP };
-enum data_kind { DATA_UNIQUE, DATA_MIX, DATA_ZERO };
+enum data_kind { DATA_UNIQUE, DATA_MIX, DATA_ZERO, DATA_SPARSE };
 
 struct req {
     int busy;
@@ -151,6 +154,15 @@ static void fill_unit(unsigned char *p, size_t len, uint64_t offset, uint64_t ke
         return;
     }
     uint64_t h = mix64(seed ^ mix64(offset ^ 0x5bd1e995ull) ^ mix64(key + 0x2545f491ull));
+    if (data_kind == DATA_SPARSE) {
+        /* The stamp of fill_unique without the pool window: distinct, then zeros. */
+        unsigned char stamp[16];
+        memcpy(stamp, &h, 8);
+        memcpy(stamp + 8, &offset, 8);
+        memset(p, 0, len);
+        memcpy(p, stamp, len < 16 ? len : 16);
+        return;
+    }
     if (data_kind == DATA_MIX) {
         if (h % 100 < 30) {
             /* One of 256 recurring blocks: the same bytes wherever they are written. */
@@ -419,7 +431,7 @@ static void usage(void)
 {
     fprintf(stderr, "usage: iscsi-load -u URL -o read|write|caw|unmap [-p seq|rand] [-q DEPTH] "
                     "[-s BYTES] [-n COUNT] [-t SECONDS] [-O OFFSET] [-L LENGTH] "
-                    "[-d unique|mix|zero] [-S SEED] [-V] [-R READBACK]\n");
+                    "[-d unique|mix|zero|sparse] [-S SEED] [-V] [-R READBACK]\n");
     exit(1);
 }
 
@@ -448,6 +460,7 @@ int main(int argc, char **argv)
             if (!strcmp(optarg, "unique")) data_kind = DATA_UNIQUE;
             else if (!strcmp(optarg, "mix")) data_kind = DATA_MIX;
             else if (!strcmp(optarg, "zero")) data_kind = DATA_ZERO;
+            else if (!strcmp(optarg, "sparse")) data_kind = DATA_SPARSE;
             else usage();
             break;
         case 'S': seed = strtoull(optarg, NULL, 10); break;
@@ -554,7 +567,7 @@ int main(int argc, char **argv)
     for (uint64_t i = 0; i < n; i++)
         sum += lat_ns[i];
     const char *ops[] = { "read", "write", "caw", "unmap" };
-    const char *kinds[] = { "unique", "mix", "zero" };
+    const char *kinds[] = { "unique", "mix", "zero", "sparse" };
     printf("{\"op\":\"%s\",\"pattern\":\"%s\",\"depth\":%d,\"size\":%u,\"data\":\"%s\","
            "\"block_size\":%u,\"lun_bytes\":%" PRIu64 ",\"region_start\":%" PRIu64
            ",\"region_len\":%" PRIu64 ",\"ops\":%" PRIu64 ",\"bytes\":%" PRIu64

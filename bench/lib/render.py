@@ -654,9 +654,28 @@ def write(res, out_path, raw_rel, root):
     if missing:
         add("- sliver figures missing from this run: " + ", ".join(sorted(set(missing))) + ".")
     add("")
+    # bench/scale's section ("Engine at scale") lives between its markers: kept verbatim.
+    kept = scale_block(out_path)
+    if kept:
+        lines += [kept, ""]
     with open(out_path, "w") as f:
         f.write("\n".join(lines))
     return sorted(set(missing))
+
+
+SCALE_BEGIN, SCALE_END = "<!-- scale:begin -->", "<!-- scale:end -->"
+
+
+def scale_block(path):
+    """The block bench/scale wrote into the document (markers included), or None."""
+    try:
+        with open(path) as f:
+            text = f.read()
+    except OSError:
+        return None
+    i = text.find(SCALE_BEGIN)
+    j = text.find(SCALE_END, i + 1) if i >= 0 else -1
+    return text[i:j + len(SCALE_END)] if j >= 0 else None
 
 
 def make_plots(res, img_dir):
