@@ -208,6 +208,10 @@ pub struct EngineSpace {
     pub unique_chunks: u64,
     /// Log space held for anchored blocks (SBC ANCHOR): not in use, but not available.
     pub anchored_bytes: u64,
+    /// Chunks of data hosts wrote since open (zeros excluded).
+    pub data_chunks_written: u64,
+    /// Of those, the ones found already stored (deduplicated) instead of written.
+    pub dedup_chunks: u64,
 }
 
 /// Space figures of one volume (see `sliver_volume::VolumeSpace`).
@@ -369,6 +373,9 @@ pub struct Engine {
     metadata_written: AtomicU64,
     /// The longest hold of `meta` since open (microseconds).
     longest_hold: AtomicU64,
+    /// Data chunks hosts wrote since open, and how many of them dedup found stored.
+    data_chunks_written: AtomicU64,
+    dedup_chunks: AtomicU64,
     reuse: RwLock<()>,
     flush: Mutex<FlushState>,
     flushed: Condvar,

@@ -283,6 +283,8 @@ impl Engine {
             usage: Mutex::new(HashMap::new()),
             metadata_written: AtomicU64::new(0),
             longest_hold: AtomicU64::new(0),
+            data_chunks_written: AtomicU64::new(0),
+            dedup_chunks: AtomicU64::new(0),
             reuse: RwLock::new(()),
             flush: Mutex::new(FlushState {
                 durable: 0,

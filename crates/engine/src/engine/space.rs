@@ -51,6 +51,8 @@ impl Engine {
             gc_relocated_bytes: gc,
             soft_threshold_exceeded: (physical + held) as f64 > threshold * capacity as f64,
             unique_chunks: m.state.chunks.len(),
+            data_chunks_written: self.data_chunks_written.load(Ordering::Relaxed),
+            dedup_chunks: self.dedup_chunks.load(Ordering::Relaxed),
             anchored_bytes: held,
         }
     }

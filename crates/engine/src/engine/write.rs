@@ -185,10 +185,12 @@ impl Engine {
         let mut local: HashMap<[u8; 16], u64> = HashMap::new();
         let mut into_anchored = true;
         let mut size = RECORD_HEADER + RECORD_HEADER + 16 + 8 * items.len();
+        let mut data = 0u64;
         for (k, item) in items.iter().enumerate() {
             let id = match item {
                 Prepared::Zero => 0,
                 Prepared::Data { hash, codec, bytes } => {
+                    data += 1;
                     if let Some(&id) = local.get(hash) {
                         id
                     } else if let Some(id) = self.find_duplicate(m, hash)? {
@@ -239,6 +241,9 @@ impl Engine {
             );
         }
         m.counters.host_bytes += host;
+        self.data_chunks_written.fetch_add(data, Ordering::Relaxed);
+        self.dedup_chunks
+            .fetch_add(data - new.len() as u64, Ordering::Relaxed);
         Ok(())
     }
 

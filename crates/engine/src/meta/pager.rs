@@ -488,8 +488,8 @@ impl<T: Entry> Table<T> {
 mod tests {
     use super::*;
     use crate::meta::page_store::page_crc;
-    use std::collections::HashMap;
     use proptest::prelude::*;
+    use std::collections::HashMap;
     use std::sync::Mutex;
 
     /// A metadata area in memory: every page written to a new slot (slots are never reused
