@@ -178,16 +178,38 @@ def crc32c(data, crc=0):
     return crc ^ 0xFFFFFFFF
 
 
-def page_record(table, index, body, seq=7):
-    """A Page record (kind 15): header, table, pad, index, 4 KiB body."""
-    payload = bytes([table]) + b"\0" * 7 + struct.pack("<Q", index) + body
-    rest = struct.pack("<IB3xI", len(payload), 15, seq) + payload
-    return struct.pack("<I", crc32c(rest)) + rest
+def page_loc(slot, table, index, body):
+    """A PageLoc: the slot and CRC-32C of (table, index, body)."""
+    crc = crc32c(bytes([table]) + struct.pack("<Q", index) + body)
+    return struct.pack("<QI", slot, crc)
 
 
-corpus["engine_page"] = {
-    "page0": page_record(0, 0, b"".join(struct.pack("<Q", i * 3) for i in range(512))),
-}
+def root_with_one_page():
+    """engine_page input: u16 root length, a format 3 root naming one chunk table page
+    (through one directory page in slot 0, the page in slot 1), then the metadata area."""
+    data = b"".join(
+        b"\x22" * 16 + struct.pack("<IIII", 0, 36 + 40 * i, 40, 1) for i in range(128)
+    )
+    directory = page_loc(1, 1, 0, data).ljust(4096, b"\0")
+    body = struct.pack("<III", 4096, 4 << 20, 16) + b"\x07" * 32
+    body += struct.pack("<IQI", 0, 1, 36)  # replay position
+    body += struct.pack("<QQIQQQ", 0, 0, 2, 1, 0, 0)  # counters
+    body += struct.pack("<BQQ", 4, 0, 0)  # hook table shape
+    body += struct.pack("<BBQQI", 1, 1, 1, 0, 1) + page_loc(0, 129, 0, directory)
+    body += struct.pack("<I", 1) + struct.pack("<IQQB", 1, 64 << 20, 0, 2)
+    body += struct.pack("<I", 0)  # nothing awaiting release
+    root = b"SLVRROOT" + struct.pack("<III", 3, crc32c(body), len(body)) + body
+    return struct.pack("<H", len(root)) + root + directory + data
+
+
+corpus["engine_page"] = {"root_one_page": root_with_one_page()}
+corpus["engine_log"]["format3_chunk_map_copy_release"] = (
+    rec(13, struct.pack("<Q", 1) + b"\x11" * 16 + b"data" * 8)
+    + rec(14, struct.pack("<IIQ", 1, 0, 0) + struct.pack("<QQ", 1, 1))
+    + rec(5, struct.pack("<IIQQQ", 1, 1, 0, 512, 2))
+    + rec(4, struct.pack("<IIQQ", 1, 0, 0, 1024))
+    + rec(16, struct.pack("<II", 1, 0))
+)
 
 for target, files in corpus.items():
     os.makedirs(os.path.join("corpus", target), exist_ok=True)

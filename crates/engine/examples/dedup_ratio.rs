@@ -6,6 +6,8 @@
 //!   side-by-side benchmark's 4-copies data set);
 //! - `clones`: a volume holding the image copied by the host into 8 new volumes, each given 5 %
 //!   divergent writes (VM image clones made without copy offload);
+//! - `golden`: an image copied again after 4 GiB of other writes have pushed it out of the
+//!   locality cache, so only the sampled hooks can lead back to it;
 //! - `overwrites`: 4 KiB random overwrites of mixed data (30 % drawn from 256 recurring
 //!   blocks, the rest half unique), iscsi-load's `mix`.
 //!
@@ -218,6 +220,28 @@ fn main() {
     }
     rows.push((
         "image copied by the host into 8 clones, 5 % divergent",
+        run.result(),
+    ));
+    drop(run);
+
+    // A golden image copied long after it was written: 4 GiB of other data in between push
+    // it out of the locality cache, so only the hooks can lead back to it.
+    let mut run = Run::new(16 << 30);
+    let golden = run.engine.create_volume(size).unwrap();
+    run.write_image(golden, &image);
+    let other = run.engine.create_volume(4 << 30).unwrap();
+    let mut noise = vec![0u8; MIB];
+    for k in 0..4096u64 {
+        for b in noise.chunks_exact_mut(8) {
+            b.copy_from_slice(&rng.next().to_le_bytes());
+        }
+        let piece = noise.clone();
+        run.write(other, k * MIB as u64, &piece);
+    }
+    let later = run.engine.create_volume(size).unwrap();
+    run.write_image(later, &image);
+    rows.push((
+        "image copied after 4 GiB of other writes (out of the locality cache)",
         run.result(),
     ));
     drop(run);

@@ -90,10 +90,18 @@ impl From<ApplyError> for EngineError {
     }
 }
 
-/// Pages a metadata cache of `bytes` holds (each costs its 4 KiB and its bookkeeping).
+/// Pages a metadata cache of `bytes` holds. The setting is the RAM metadata may use: the
+/// locality cache, the buffers and threads of the engine (about 40 MiB together) and an
+/// eighth for versions a checkpoint holds while hosts change them come out of it; each page
+/// costs its 4 KiB and its bookkeeping.
 fn cache_pages(bytes: u64) -> usize {
-    (bytes.max(MIN_METADATA_CACHE) / 4200) as usize
+    let bytes = bytes.max(MIN_METADATA_CACHE);
+    let pages = bytes.saturating_sub(CACHE_OVERHEAD + bytes / 8) / 4200;
+    (pages as usize).max(1024)
 }
+
+/// RAM of the metadata cache setting that is not pages (see [`cache_pages`]).
+const CACHE_OVERHEAD: u64 = 40 << 20;
 
 /// How chunks are compressed before they are stored.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -166,8 +174,9 @@ pub fn default_metadata_cache() -> u64 {
     (budget::memory_limit() / 8).clamp(128 << 20, 64 << 30)
 }
 
-/// Smallest metadata cache accepted: room for every page one command can touch, many times.
-pub const MIN_METADATA_CACHE: u64 = 16 << 20;
+/// Smallest metadata cache accepted: room for the fixed overhead and every page one command
+/// can touch, many times.
+pub const MIN_METADATA_CACHE: u64 = 64 << 20;
 
 impl Default for Tuning {
     fn default() -> Self {
@@ -327,8 +336,10 @@ const CHECKPOINT_RECORDS: u64 = 1 << 20;
 /// background rounds release the rest.
 const INLINE_RELEASE: u64 = 4096;
 
-/// Share of the metadata cache dirty pages may fill before a checkpoint writes them.
-const DIRTY_SHARE: f64 = 0.5;
+/// Share of the metadata cache dirty pages may fill before a background checkpoint writes
+/// them: well below the writers' back-pressure point (9/10), so a checkpoint in progress has
+/// room for the pages hosts dirty meanwhile.
+const DIRTY_SHARE: f64 = 0.25;
 
 /// Chunk pages the locality cache holds (128 fingerprints each).
 const LOCALITY_PAGES: usize = 2048;

@@ -43,12 +43,11 @@ impl Engine {
     ) -> Result<Vec<(u64, [u8; 16])>> {
         let cs = self.geometry.chunk_size as usize;
         let count = out.len() / cs;
-        let (seen, locs, _pin) = {
-            let mut m = self.lock_meta();
+        type Locs = (Vec<(u64, [u8; 16])>, Vec<Option<(u64, Loc, u32, u64)>>);
+        let (m, resolved) = self.lock_resident(|m| -> Result<Locs> {
             if !m.state.volumes.contains_key(&volume) {
                 return Err(EngineError::NoSuchVolume(volume));
             }
-            let pin = self.reuse.read().unwrap_or_else(|p| p.into_inner());
             let ids = m.state.entries(volume, first, count as u64)?;
             let mut seen = Vec::with_capacity(count);
             let mut locs = Vec::with_capacity(count);
@@ -71,8 +70,11 @@ impl Engine {
                 };
                 locs.push(Some((id, loc, chunk.len, seq)));
             }
-            (seen, locs, pin)
-        };
+            Ok((seen, locs))
+        });
+        let (seen, locs) = resolved?;
+        let _pin = self.reuse.read().unwrap_or_else(|p| p.into_inner());
+        drop(m);
         let mut i = 0;
         while i < count {
             let Some((_, loc, len, seq)) = locs[i] else {
@@ -180,6 +182,34 @@ pub(super) fn decode_chunk(
 }
 
 impl Engine {
+    /// Take the metadata lock with the pages `probe` needs cached. `probe` runs under the
+    /// lock with page reads forbidden; when it wanted pages that are not cached, they are read
+    /// outside the lock and it runs again (a lookup down a tree discovers one level a round).
+    /// After a few rounds it runs with reads allowed, so it always completes. `probe` must not
+    /// change anything before it has looked up every page it needs: a round it does not finish
+    /// is abandoned.
+    pub(super) fn lock_resident<T>(
+        &self,
+        mut probe: impl FnMut(&mut Meta) -> Result<T>,
+    ) -> (MetaGuard<'_>, Result<T>) {
+        for _ in 0..6 {
+            let mut m = self.lock_meta();
+            m.state.pager.forbid_reads();
+            let r = probe(&mut m);
+            let wanted = m.state.pager.allow_reads();
+            if wanted.is_empty() {
+                return (m, r);
+            }
+            drop(m);
+            if let Err(e) = self.fault_in(wanted) {
+                return (self.lock_meta(), Err(e));
+            }
+        }
+        let mut m = self.lock_meta();
+        let r = probe(&mut m);
+        (m, r)
+    }
+
     /// Read the metadata pages `keys` names that are not cached, without holding the lock
     /// during the reads, and cache them. A page whose place changed meanwhile (a checkpoint
     /// moved it) is left for the next lookup to read.

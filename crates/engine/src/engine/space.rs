@@ -1,7 +1,10 @@
 //! Space figures of the array and of each volume.
 
 use super::*;
+use crate::meta::chunk_table::{ChunkEntry, CHUNK_TABLE, PER_PAGE as CHUNKS_PER_PAGE};
 use crate::meta::map_tree;
+use crate::meta::page_store::{read_page, PageBody};
+use crate::meta::pager::Entry;
 use std::collections::HashMap;
 
 impl Engine {
@@ -89,13 +92,15 @@ impl Engine {
         })
     }
 
-    /// Walk `volume`'s tree (the lock taken per batch of leaves) and cache its unique and
-    /// shared bytes. A chunk is unique when every reference to it comes from leaves only this
-    /// volume holds: deleting the volume would free it.
+    /// Walk `volume`'s tree and cache its unique and shared bytes. A chunk is unique when
+    /// every reference to it comes from leaves only this volume holds: deleting the volume
+    /// would free it. The lock is taken per batch of leaves, never while a page is read, and
+    /// chunk pages that are not cached are read beside the cache (a walk of a large volume
+    /// would otherwise push the working set out).
     pub(super) fn walk_usage(&self, volume: u32) -> Result<(u64, u64)> {
-        let (key, leaves) = {
-            let mut m = self.lock_meta();
-            let key = usage_key(&m, volume);
+        // The leaves, and whether only this volume reaches them.
+        let (m, walked) = self.lock_resident(|m| {
+            let key = usage_key(m, volume);
             let vol = *m
                 .state
                 .volumes
@@ -117,35 +122,73 @@ impl Engine {
                     stack.push((child, private));
                 }
             }
-            (key, leaves)
-        };
+            Ok((key, leaves))
+        });
+        let (key, leaves) = walked?;
+        drop(m);
         let mut unique = 0u64;
         let mut shared = 0u64;
         // Chunks named more than once: their private references are counted until all are
         // seen (bounded; past the bound they count as shared).
         let mut repeated: HashMap<u64, (u32, u32, u32)> = HashMap::new();
-        for batch in leaves.chunks(64) {
-            let mut m = self.lock_meta();
-            for &(leaf, private) in batch {
-                if m.state.trees.meta.get(leaf).refs == 0 {
-                    continue; // released meanwhile
-                }
-                for id in map_tree::node_entries(&mut m.state.pager, leaf)? {
-                    if !holds_data(id) {
-                        continue;
+        for batch in leaves.chunks(32) {
+            // The batch's chunk ids, and the chunk pages: cached ones read now, the others'
+            // places noted to be read after the lock is released.
+            let (m, ids) = self.lock_resident(|m| {
+                let mut ids = Vec::new();
+                for &(leaf, private) in batch {
+                    if m.state.trees.meta.get(leaf).refs == 0 {
+                        continue; // released meanwhile
                     }
-                    let Some(c) = m.state.chunk(id)? else {
-                        continue;
-                    };
-                    match (private, c.refs) {
-                        (true, 1) => unique += c.len as u64,
-                        (true, refs)
-                            if repeated.len() < MAX_REPEATED || repeated.contains_key(&id) =>
-                        {
-                            repeated.entry(id).or_insert((0, refs, c.len)).0 += 1;
+                    for id in map_tree::node_entries(&mut m.state.pager, leaf)? {
+                        if holds_data(id) {
+                            ids.push((id, private));
                         }
-                        _ => shared += c.len as u64,
                     }
+                }
+                Ok(ids)
+            });
+            let ids = ids?;
+            let mut pages: HashMap<u64, Option<Box<PageBody>>> = HashMap::new();
+            let mut to_read = Vec::new();
+            for &(id, _) in &ids {
+                let page = id / CHUNKS_PER_PAGE;
+                if pages.contains_key(&page) {
+                    continue;
+                }
+                match m.state.pager.cached(CHUNK_TABLE, page) {
+                    Some(body) => {
+                        pages.insert(page, Some(Box::new(*body)));
+                    }
+                    None => {
+                        pages.insert(page, None);
+                        to_read.push((page, m.state.pager.loc(CHUNK_TABLE, page)));
+                    }
+                }
+            }
+            let source = m.state.pager.source().clone();
+            drop(m);
+            for (page, loc) in to_read {
+                if !loc.is_none() {
+                    let body = read_page(&*source, CHUNK_TABLE, page, loc)?;
+                    pages.insert(page, Some(body));
+                }
+            }
+            for (id, private) in ids {
+                let Some(Some(body)) = pages.get(&(id / CHUNKS_PER_PAGE)) else {
+                    continue;
+                };
+                let at = (id % CHUNKS_PER_PAGE) as usize * ChunkEntry::SIZE;
+                let c = ChunkEntry::read(&body[at..at + ChunkEntry::SIZE]);
+                if c.len == 0 {
+                    continue; // freed meanwhile
+                }
+                match (private, c.refs) {
+                    (true, 1) => unique += c.len as u64,
+                    (true, refs) if repeated.len() < MAX_REPEATED || repeated.contains_key(&id) => {
+                        repeated.entry(id).or_insert((0, refs, c.len)).0 += 1;
+                    }
+                    _ => shared += c.len as u64,
                 }
             }
         }

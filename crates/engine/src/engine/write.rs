@@ -125,21 +125,48 @@ impl Engine {
                 prepared[(c - first) as usize] = Some(self.prepare(&buf));
                 expected.push((c, old));
             }
-            let mut m = self.lock_meta();
-            if !m.state.volumes.contains_key(&volume) {
-                return Err(EngineError::NoSuchVolume(volume));
-            }
-            // Compare id and fingerprint: an id freed and reused meanwhile has other content.
-            let mut changed = false;
-            for &(c, old) in &expected {
-                let id = m.state.entry(volume, c)?;
-                if id != old.0
-                    || (holds_data(id) && m.state.chunk(id)?.map(|x| x.hash) != Some(old.1))
-                {
-                    changed = true;
-                    break;
+            let hashes: Vec<[u8; 16]> = prepared
+                .iter()
+                .filter_map(|p| match p {
+                    Some(Prepared::Data { hash, .. }) => Some(*hash),
+                    _ => None,
+                })
+                .collect();
+            let n = last - first + 1;
+            // With the pages the batch will touch cached (read outside the lock if not): the
+            // entries it replaces and their chunks, and its dedup candidates.
+            let (mut m, probed) = self.lock_resident(|m| -> Result<bool> {
+                if !m.state.volumes.contains_key(&volume) {
+                    return Err(EngineError::NoSuchVolume(volume));
                 }
-            }
+                for id in m.state.entries(volume, first, n)? {
+                    if holds_data(id) {
+                        m.state.chunk(id)?;
+                    }
+                }
+                for hash in &hashes {
+                    let candidate = match m.locality.get(hash) {
+                        Some(id) => Some(id),
+                        None if is_hook(hash) => m.state.hooks.get(&mut m.state.pager, hash)?,
+                        None => None,
+                    };
+                    if let Some(id) = candidate {
+                        m.state.chunk(id)?;
+                    }
+                }
+                // Compare id and fingerprint: an id freed and reused meanwhile has other
+                // content.
+                for &(c, old) in &expected {
+                    let id = m.state.entry(volume, c)?;
+                    if id != old.0
+                        || (holds_data(id) && m.state.chunk(id)?.map(|x| x.hash) != Some(old.1))
+                    {
+                        return Ok(true);
+                    }
+                }
+                Ok(false)
+            });
+            let changed = probed?;
             if changed {
                 drop(m);
                 if attempts > 1000 {

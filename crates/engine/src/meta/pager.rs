@@ -73,7 +73,15 @@ pub struct Pager {
     /// every thread, and without reuse the allocator's per-thread arenas each kept a share
     /// of the cache's churn (a third more RSS than the cache itself in `bench/scale`).
     spare: Vec<Arc<PageBody>>,
+    /// While set, a page that would need I/O is not read: the lookup fails with
+    /// [`NOT_CACHED`] and the page is noted in `wanted`, for the engine to read it outside its
+    /// lock and try again.
+    no_reads: bool,
+    wanted: Vec<(u8, u64)>,
 }
+
+/// The reason of a [`PageError`] for a page not read because reads were forbidden.
+pub const NOT_CACHED: &str = "not cached";
 
 /// Page buffers kept for reuse at most.
 const SPARE_PAGES: usize = 4096;
@@ -91,7 +99,20 @@ impl Pager {
             stats: PagerStats::default(),
             changed_dirs: BTreeSet::new(),
             spare: Vec::new(),
+            no_reads: false,
+            wanted: Vec::new(),
         }
+    }
+
+    /// Forbid reads until [`Pager::allow_reads`]: lookups of pages that are not cached fail.
+    pub fn forbid_reads(&mut self) {
+        self.no_reads = true;
+    }
+
+    /// Allow reads again; returns the pages lookups wanted meanwhile.
+    pub fn allow_reads(&mut self) -> Vec<(u8, u64)> {
+        self.no_reads = false;
+        std::mem::take(&mut self.wanted)
     }
 
     /// A page buffer to fill: a spare one, or a new one.
@@ -153,9 +174,16 @@ impl Pager {
         self.dirty
     }
 
-    /// Dirty pages beyond the capacity: the engine must checkpoint before it adds more.
+    /// Dirty pages past 9/10 of the capacity: the engine must checkpoint before it adds
+    /// more (its background rounds start at a quarter; this is the writers' back-pressure).
     pub fn over_budget(&self) -> bool {
-        self.dirty >= self.capacity
+        self.dirty * 10 >= self.capacity * 9
+    }
+
+    /// Page `index` of `table` if it is cached, without marking it used (a scan that must
+    /// not push the working set out).
+    pub fn cached(&self, table: u8, index: u64) -> Option<&PageBody> {
+        self.resident.get(&(table, index)).map(|r| &*r.body)
     }
 
     /// Page `index` of `table`, read from the metadata area if it is not cached.
@@ -267,6 +295,15 @@ impl Pager {
             return Ok(());
         }
         let loc = self.loc(table, index);
+        if self.no_reads && !loc.is_none() {
+            self.wanted.push((table, index));
+            return Err(PageError {
+                table,
+                index,
+                loc,
+                reason: NOT_CACHED.into(),
+            });
+        }
         let body = if loc.is_none() {
             let mut body = self.buffer();
             Arc::get_mut(&mut body)
