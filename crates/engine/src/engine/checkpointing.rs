@@ -220,6 +220,6 @@ pub(super) fn meta_reserve(state: &State, cache: u64) -> u64 {
         .iter()
         .map(|&t| state.pager.directory(t).len() as u64)
         .sum();
-    let dirty_limit = (cache as f64 * DIRTY_SHARE) as u64;
+    let dirty_limit = cache;
     dirty_limit.min(2 * pages * PAGE_BYTES as u64 + (4 << 20))
 }

@@ -91,12 +91,12 @@ impl From<ApplyError> for EngineError {
 }
 
 /// Pages a metadata cache of `bytes` holds. The setting is the RAM metadata may use: the
-/// locality cache, the buffers and threads of the engine (about 40 MiB together) and an
-/// eighth for versions a checkpoint holds while hosts change them come out of it; each page
-/// costs its 4 KiB and its bookkeeping.
+/// locality cache and the buffers and threads of the engine (about 40 MiB together) come out
+/// of it; each page costs its 4 KiB and its bookkeeping (versions a checkpoint holds while
+/// hosts change them count as pages).
 fn cache_pages(bytes: u64) -> usize {
     let bytes = bytes.max(MIN_METADATA_CACHE);
-    let pages = bytes.saturating_sub(CACHE_OVERHEAD + bytes / 8) / 4200;
+    let pages = bytes.saturating_sub(CACHE_OVERHEAD) / 4250;
     (pages as usize).max(1024)
 }
 
@@ -221,6 +221,8 @@ pub struct EngineSpace {
     pub data_chunks_written: u64,
     /// Of those, the ones found already stored (deduplicated) instead of written.
     pub dedup_chunks: u64,
+    /// Bytes of metadata pages checkpoints wrote since open.
+    pub metadata_written_bytes: u64,
 }
 
 /// Space figures of one volume (see `sliver_volume::VolumeSpace`).
@@ -330,16 +332,17 @@ const READY_SEGMENTS: usize = 64;
 /// A checkpoint after this many chunk records: replay applies each, so this bounds crash
 /// recovery time when chunks are small (compressible data), as `checkpoint_bytes` does when
 /// they are large.
-const CHECKPOINT_RECORDS: u64 = 1 << 20;
+const CHECKPOINT_RECORDS: u64 = 2 << 20;
 
 /// Map nodes a command releases itself (4,096 leaves map 8 GiB of 4 KiB chunks); the
 /// background rounds release the rest.
 const INLINE_RELEASE: u64 = 4096;
 
 /// Share of the metadata cache dirty pages may fill before a background checkpoint writes
-/// them: well below the writers' back-pressure point (9/10), so a checkpoint in progress has
-/// room for the pages hosts dirty meanwhile.
-const DIRTY_SHARE: f64 = 0.25;
+/// them. The larger, the fewer times a page changed again and again (random overwrites) is
+/// written; it stays below the writers' back-pressure point (9/10), so a checkpoint in
+/// progress has room for the pages hosts dirty meanwhile.
+const DIRTY_SHARE: f64 = 0.6;
 
 /// Chunk pages the locality cache holds (128 fingerprints each).
 const LOCALITY_PAGES: usize = 2048;

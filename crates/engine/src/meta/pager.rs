@@ -36,6 +36,8 @@ struct Resident {
     frozen: bool,
     /// Used since the clock hand last passed.
     referenced: bool,
+    /// Changed while frozen: the checkpoint still holds the frozen version's buffer.
+    copied: bool,
 }
 
 /// A page handed to a checkpoint by [`Pager::freeze`].
@@ -64,6 +66,9 @@ pub struct Pager {
     /// CLOCK ring of resident pages; entries of pages since dropped are skipped.
     clock: VecDeque<(u8, u64)>,
     dirty: usize,
+    /// Buffers of frozen versions a checkpoint holds beside the changed copies: they take
+    /// room in the cache until the checkpoint has written them.
+    copies: usize,
     source: Arc<dyn PageSource>,
     stats: PagerStats,
     /// Directory pages (table, directory page index) whose entries changed since the last
@@ -95,6 +100,7 @@ impl Pager {
             resident: FxHashMap::default(),
             clock: VecDeque::new(),
             dirty: 0,
+            copies: 0,
             source,
             stats: PagerStats::default(),
             changed_dirs: BTreeSet::new(),
@@ -174,10 +180,11 @@ impl Pager {
         self.dirty
     }
 
-    /// Dirty pages past 9/10 of the capacity: the engine must checkpoint before it adds
-    /// more (its background rounds start at a quarter; this is the writers' back-pressure).
+    /// Dirty pages (and frozen versions held beside their copies) past 9/10 of the
+    /// capacity: the engine must checkpoint before it adds more (this is the writers'
+    /// back-pressure; background checkpoints start earlier).
     pub fn over_budget(&self) -> bool {
-        self.dirty * 10 >= self.capacity * 9
+        (self.dirty + self.copies) * 10 >= self.capacity * 9
     }
 
     /// Page `index` of `table` if it is cached, without marking it used (a scan that must
@@ -236,6 +243,11 @@ impl Pager {
                 .expect("a spare buffer is ours")
                 .copy_from_slice(&r.body[..]);
             r.body = copy;
+            if r.frozen && !r.copied {
+                r.copied = true;
+                self.copies += 1;
+            }
+            self.make_room(self.capacity);
         }
         let r = self.resident.get_mut(&(table, index)).expect("loaded");
         r.referenced = true;
@@ -284,6 +296,7 @@ impl Pager {
                 dirty: false,
                 frozen: false,
                 referenced: false,
+                copied: false,
             },
         );
         self.clock.push_back((table, index));
@@ -329,7 +342,7 @@ impl Pager {
     /// checkpoint ([`Pager::over_budget`]).
     fn make_room(&mut self, target: usize) {
         let mut budget = 2 * self.clock.len();
-        while self.resident.len() > target && budget > 0 {
+        while self.resident.len() + self.copies > target && budget > 0 {
             budget -= 1;
             let Some(key) = self.clock.pop_front() else {
                 break;
@@ -396,6 +409,9 @@ impl Pager {
         }
         if let Some(r) = self.resident.get_mut(&(table, index)) {
             r.frozen = false;
+            if std::mem::take(&mut r.copied) {
+                self.copies -= 1;
+            }
         }
         old
     }
@@ -410,6 +426,9 @@ impl Pager {
         for p in pages {
             if let Some(r) = self.resident.get_mut(&(p.table, p.index)) {
                 r.frozen = false;
+                if std::mem::take(&mut r.copied) {
+                    self.copies -= 1;
+                }
                 if !r.dirty {
                     r.dirty = true;
                     self.dirty += 1;
