@@ -271,6 +271,68 @@ impl State {
         Ok(out)
     }
 
+    /// Whether `record` fits the state as it is (volumes exist, ranges lie inside them, the
+    /// release stack holds what it pops), without changing anything. The live engine checks
+    /// every record with this before writing it, so a command that raced a change to its
+    /// volume (a delete, a shrink) is refused instead of writing a record `apply` would refuse
+    /// on replay. Chunk references are not checked: a batch's own chunk records come first.
+    pub fn validate(&self, record: &Record<'_>) -> Apply {
+        match record {
+            Record::Map { volume, first, ids } => {
+                self.check_range(*volume, *first, ids.len() as u64)
+            }
+            Record::Unmap {
+                volume,
+                first,
+                count,
+            }
+            | Record::Anchor {
+                volume,
+                first,
+                count,
+            } => self.check_range(*volume, *first, *count),
+            Record::Copy {
+                src,
+                src_first,
+                dst,
+                dst_first,
+                count,
+            } => {
+                if *count > MAX_COPY_CHUNKS {
+                    return Err(inconsistent(format!(
+                        "copy of {count} chunks in one record"
+                    )));
+                }
+                self.check_range(*src, *src_first, *count)?;
+                self.check_range(*dst, *dst_first, *count)
+            }
+            Record::VolumeCreate { volume, .. }
+                if self.volumes.contains_key(volume) || *volume == 0 =>
+            {
+                Err(inconsistent(format!("volume {volume} created twice")))
+            }
+            Record::VolumeDelete { volume } | Record::VolumeResize { volume, .. } => {
+                self.volume(*volume).map(|_| ())
+            }
+            Record::VolumeClone { src, dst } => {
+                if self.volumes.contains_key(dst) || *dst == 0 {
+                    return Err(inconsistent(format!("clone into existing volume {dst}")));
+                }
+                self.volume(*src).map(|_| ())
+            }
+            Record::Release { nodes } => {
+                if *nodes as usize > self.trees.releasing.len() || *nodes > MAX_RELEASE_NODES {
+                    return Err(inconsistent(format!(
+                        "release of {nodes} nodes with {} awaiting release",
+                        self.trees.releasing.len()
+                    )));
+                }
+                Ok(())
+            }
+            _ => Ok(()),
+        }
+    }
+
     /// Apply one record found at `loc` (the record's own header position).
     pub fn apply(&mut self, record: &Record<'_>, loc: Loc, seq: u64) -> Apply {
         match record {

@@ -178,11 +178,13 @@ impl Engine {
                 })
                 .collect();
         }
-        let stored = self
-            .backend
-            .meta_sync()
-            .and_then(|()| self.backend.store_root(&root.encode()));
-        if let Err(e) = stored {
+        // A failed sync of the metadata file may have dropped pages the directories now
+        // name, and a later root would name them: like a failed log sync, nothing can be
+        // promised any more.
+        if let Err(e) = self.backend.meta_sync() {
+            return Err(self.poison(format!("fsync of the metadata file failed: {e}")));
+        }
+        if let Err(e) = self.backend.store_root(&root.encode()) {
             // The pages stay where the directories now say; the next root names them. The
             // previous root and the slots it names are untouched.
             self.lock_meta().state.pager.keep_changed_dirs(changed);

@@ -170,6 +170,22 @@ impl Engine {
     /// Write `bytes` (records encoded for `at.seq`) at the reserved position and apply them.
     pub(super) fn append_at(&self, m: &mut Meta, at: Head, bytes: &[u8]) -> Result<()> {
         debug_assert_eq!(at, m.head);
+        // Nothing reaches the log that `apply` would refuse (see `State::validate`).
+        for item in format::records(bytes, at.seq) {
+            let (_, record) = item
+                .map_err(|e| self.poison(format!("self-encoded record failed to decode: {e:?}")))?;
+            let inner: Vec<Record<'_>> = match &record {
+                Record::Batch { inner } => format::records(inner, at.seq)
+                    .filter_map(|r| r.ok().map(|(_, r)| r))
+                    .collect(),
+                _ => vec![record],
+            };
+            for r in &inner {
+                m.state
+                    .validate(r)
+                    .map_err(|e| EngineError::Invalid(format!("refused: {e}")))?;
+            }
+        }
         self.write_log(at.segment, at.offset, bytes)?;
         m.head.offset += bytes.len() as u32;
         let written = m.head.offset;

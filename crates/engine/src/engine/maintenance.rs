@@ -50,7 +50,9 @@ impl Engine {
 
     /// Called by writers after a change: when the dirty pages have outgrown the cache, the
     /// writer writes them itself (the background round was too slow), which holds back
-    /// writers that would grow them further.
+    /// writers that would grow them further. The change is applied already and will be
+    /// durable with the log, so a checkpoint that fails here is logged, not reported to the
+    /// command (a failure that matters has poisoned the engine).
     pub(super) fn relieve_cache(&self) -> Result<()> {
         if !self.lock_meta().state.pager.over_budget() {
             return Ok(());
@@ -59,7 +61,10 @@ impl Engine {
         if !self.lock_meta().state.pager.over_budget() {
             return Ok(());
         }
-        self.checkpoint_locked()
+        if let Err(e) = self.checkpoint_locked() {
+            tracing::warn!("writing metadata pages for a writer: {e}");
+        }
+        Ok(())
     }
 
     pub(super) fn maintain_with(&self, defer_collection: bool) -> Result<Duration> {

@@ -12,6 +12,7 @@ use super::open::{replay, used_slots, ReplayTarget};
 use super::*;
 use crate::legacy::checkpoint as v2;
 use crate::legacy::state as old;
+use crate::meta::chunk_table::PER_PAGE as CHUNKS_PER_PAGE;
 use crate::meta::hooks::is_hook;
 use crate::meta::map_tree::{height_for, Volume, FANOUT};
 use crate::meta::page_store::MetaArea;
@@ -114,6 +115,9 @@ fn convert(old: old::State, pager: Pager) -> Result<State> {
     for (i, s) in old.store.segments.iter().enumerate() {
         state.set_segment(i as u32, *s);
     }
+    // Format 2 left freed ids as gaps of any length.
+    let end = old.store.chunks.len() as u64;
+    state.chunks.reserve_pages(end.div_ceil(CHUNKS_PER_PAGE));
     for (id, c) in old
         .store
         .chunks
@@ -186,4 +190,58 @@ fn convert(old: old::State, pager: Pager) -> Result<State> {
     state.trees.touch_all();
     state.chunks.live_table().touch_all();
     Ok(state)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::meta::page_store::{PageBody, PageSource};
+
+    struct Nothing;
+    impl PageSource for Nothing {
+        fn read_slot(&self, _: u64, _: &mut PageBody) -> std::io::Result<()> {
+            Err(std::io::Error::other("nothing written"))
+        }
+    }
+
+    /// Format 2 leaves the ids of freed chunks as gaps: a volume deleted after another was
+    /// written leaves thousands of free ids below the live ones, which the converted chunk
+    /// table must take as they are.
+    #[test]
+    fn ids_after_a_long_run_of_freed_ones_convert() {
+        let mut old = old::State::new(4096, 16);
+        let at = Loc {
+            segment: 0,
+            offset: 0,
+        };
+        old.apply(
+            &Record::VolumeCreate {
+                volume: 1,
+                size: 64 << 20,
+            },
+            at,
+            1,
+        )
+        .unwrap();
+        for id in [1u32, 60_000] {
+            let mut buf = Vec::new();
+            crate::format::Encoder::new(&mut buf, 1).chunk_v2(
+                id,
+                crate::format::Codec::Raw,
+                &[id as u8; 16],
+                b"x",
+            );
+            let (record, _) = crate::format::decode(&buf, 1).unwrap();
+            old.apply(&record, at, 1).unwrap();
+        }
+        let mut buf = Vec::new();
+        crate::format::Encoder::new(&mut buf, 1).map_v2(1, 7, &[60_000, 1]);
+        let (record, _) = crate::format::decode(&buf, 1).unwrap();
+        old.apply(&record, at, 1).unwrap();
+        let mut state = convert(old, Pager::new(Arc::new(Nothing), 1 << 12)).unwrap();
+        assert_eq!(state.entry(1, 7).unwrap(), 60_000);
+        assert_eq!(state.chunk(60_000).unwrap().unwrap().refs, 1);
+        assert_eq!(state.chunk(1).unwrap().unwrap().refs, 1);
+        assert!(state.audit_counters().is_empty());
+    }
 }

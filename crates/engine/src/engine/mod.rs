@@ -819,6 +819,29 @@ mod tests {
         assert_eq!(engine.check(&mut |_, _| {}), Vec::<String>::new());
     }
 
+    /// A record that no longer fits the state when it is appended (its volume deleted or
+    /// shrunk by a racing command) is refused before it is written: the engine is not
+    /// poisoned and nothing reaches the log that replay would refuse.
+    #[test]
+    fn a_record_that_raced_a_delete_is_refused_not_written() {
+        let (_, engine) = mem_engine(64 << 20, 1 << 20, gc_off());
+        let v = engine.create_volume(8 << 20).unwrap();
+        engine.write(v, 0, &noise(3, 8192)).unwrap();
+        engine.delete_volume(v).unwrap();
+        let mut m = engine.lock_meta();
+        let head = m.head;
+        let mut buf = Vec::new();
+        Encoder::new(&mut buf, head.seq).unmap(v, 0, 2);
+        let at = engine.reserve(&mut m, buf.len(), Space::Metadata).unwrap();
+        let r = engine.append_at(&mut m, at, &buf);
+        assert!(matches!(r, Err(EngineError::Invalid(_))), "{r:?}");
+        assert_eq!(m.head, head, "nothing appended");
+        drop(m);
+        assert!(engine.poisoned().is_none());
+        let w = engine.create_volume(8 << 20).unwrap();
+        engine.write(w, 0, &noise(4, 4096)).unwrap();
+    }
+
     /// Background collection waits while hosts are busy and space is plentiful, runs once
     /// they pause, and does not wait when free space runs short.
     #[test]

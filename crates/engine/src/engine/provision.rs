@@ -51,11 +51,17 @@ impl Engine {
             let n = PIECE.min(full_end - c);
             if anchor {
                 self.append_data_meta_if(
-                    |m| self.room_to_anchor(m, volume, c, n),
+                    |m| {
+                        touch_edges(m, volume, c, n)?;
+                        self.room_to_anchor(m, volume, c, n)
+                    },
                     |e| e.anchor(volume, c, n),
                 )?;
             } else {
-                self.append_data_meta(|e| e.unmap(volume, c, n))?;
+                self.append_data_meta_if(
+                    |m| touch_edges(m, volume, c, n),
+                    |e| e.unmap(volume, c, n),
+                )?;
             }
             // The leaves the range dropped give their chunks back now (bounded by the range).
             self.release_nodes(n / map_tree::FANOUT + 2)?;
@@ -141,19 +147,19 @@ impl Engine {
         let total = full_end - full_first;
         while c < total {
             let n = PIECE.min(total - c);
-            self.append_data_meta(|e| e.copy(src, full_first + c, dst, dst_first + c, n))?;
+            let (s, d) = (full_first + c, dst_first + c);
+            self.append_data_meta_if(
+                |m| touch_copy(m, src, s, dst, d, n),
+                |e| e.copy(src, s, dst, d, n),
+            )?;
             c += n;
         }
         Ok(true)
     }
 
-    /// Append a data-path metadata record (unmap, copy): needs no new chunk space, but log
-    /// space; waits for the collector when the log is full.
-    pub(super) fn append_data_meta(&self, build: impl Fn(&mut Encoder)) -> Result<()> {
-        self.append_data_meta_if(|_: &mut Meta| Ok(()), build)
-    }
-
-    /// [`Engine::append_data_meta`] after `check` passed under the same lock hold.
+    /// Append a data-path metadata record (unmap, anchor, copy) after `check` passed under the
+    /// same lock hold: needs no new chunk space, but log space; waits for the collector when
+    /// the log is full.
     pub(super) fn append_data_meta_if(
         &self,
         check: impl Fn(&mut Meta) -> Result<()>,
@@ -161,11 +167,13 @@ impl Engine {
     ) -> Result<()> {
         let mut collections = 0;
         loop {
-            let mut m = self.lock_meta();
+            // `check` reads the pages the record will touch, so they are read ahead of the
+            // lock (it changes nothing).
+            let (mut m, checked) = self.lock_resident(&check);
             let mut probe = Vec::new();
             build(&mut Encoder::new(&mut probe, 0));
             // Freeing space must keep working on a full array: unmap may use the reserve.
-            match check(&mut m).and_then(|()| self.reserve(&mut m, probe.len(), Space::Metadata)) {
+            match checked.and_then(|()| self.reserve(&mut m, probe.len(), Space::Metadata)) {
                 Ok(at) => {
                     let mut buf = Vec::with_capacity(probe.len());
                     build(&mut Encoder::new(&mut buf, at.seq));
@@ -191,7 +199,12 @@ impl Engine {
     /// (a fully mapped 16 TiB volume would otherwise be scanned whole under it); callers that
     /// want the whole run ask again from where it stopped.
     pub fn chunk_status(&self, volume: u32, index: u64) -> Result<(ChunkState, u64)> {
-        let mut m = self.lock_meta();
+        let (m, result) = self.lock_resident(|m| self.status_run(m, volume, index));
+        drop(m);
+        result
+    }
+
+    fn status_run(&self, m: &mut Meta, volume: u32, index: u64) -> Result<(ChunkState, u64)> {
         let vol = *m
             .state
             .volumes
@@ -237,4 +250,45 @@ impl Engine {
         }
         Ok((state, i - index))
     }
+}
+
+/// Read the pages an unmap or anchor of chunks `first..first + count` changes entry by entry:
+/// the partial leaves at both edges and the chunks they name (whole leaves in between are
+/// dropped or replaced without being read).
+fn touch_edges(m: &mut Meta, volume: u32, first: u64, count: u64) -> Result<()> {
+    let end = first + count;
+    let head = first..end.min(first.next_multiple_of(FANOUT));
+    let tail = (end - end % FANOUT).max(first)..end;
+    for range in [head, tail] {
+        if range.is_empty() {
+            continue;
+        }
+        for id in m
+            .state
+            .entries(volume, range.start, range.end - range.start)?
+        {
+            if holds_data(id) {
+                m.state.chunk(id)?;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Read the pages a Copy record touches: where the ranges do not line up on leaves, every
+/// entry of both and the chunks they name (each copied reference is counted, each replaced one
+/// dropped); where they do, whole leaves are shared without being read.
+fn touch_copy(m: &mut Meta, src: u32, s: u64, dst: u32, d: u64, n: u64) -> Result<()> {
+    if s % FANOUT == d % FANOUT {
+        touch_edges(m, src, s, n)?;
+        return touch_edges(m, dst, d, n);
+    }
+    for (volume, first) in [(src, s), (dst, d)] {
+        for id in m.state.entries(volume, first, n)? {
+            if holds_data(id) {
+                m.state.chunk(id)?;
+            }
+        }
+    }
+    Ok(())
 }

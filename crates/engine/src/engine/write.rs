@@ -144,6 +144,19 @@ impl Engine {
                         m.state.chunk(id)?;
                     }
                 }
+                // A shared leaf (a snapshot's) is copied first: every chunk it names gains a
+                // reference.
+                let vol = m.state.volumes[&volume];
+                for index in [first, last] {
+                    let State { trees, pager, .. } = &mut m.state;
+                    if let Some(leaf) = trees.shared_leaf(pager, &vol, index)? {
+                        for id in crate::meta::map_tree::node_entries(pager, leaf)? {
+                            if holds_data(id) {
+                                m.state.chunk(id)?;
+                            }
+                        }
+                    }
+                }
                 for hash in &hashes {
                     let candidate = match m.locality.get(hash) {
                         Some(id) => Some(id),
@@ -152,6 +165,11 @@ impl Engine {
                     };
                     if let Some(id) = candidate {
                         m.state.chunk(id)?;
+                        // A hit loads the next chunk page into the locality cache too.
+                        let next = id / CHUNKS_PER_PAGE + 1;
+                        if next < m.state.chunks.pages() {
+                            m.state.pager.page(CHUNK_TABLE, next)?;
+                        }
                     }
                 }
                 // Compare id and fingerprint: an id freed and reused meanwhile has other
@@ -207,39 +225,45 @@ impl Engine {
         first: u64,
         items: &[&Prepared],
     ) -> Result<()> {
-        let mut ids = Vec::with_capacity(items.len());
-        let mut new: Vec<(u64, &[u8; 16], Codec, &[u8])> = Vec::new();
-        let mut local: HashMap<[u8; 16], u64> = HashMap::new();
+        // First what is new and what is stored already, and the room the batch needs; ids
+        // for the new chunks only once the room is reserved, so a batch that fails for want
+        // of space takes none (replay meets only ids of batches that were written).
+        enum Slot {
+            Zero,
+            Stored(u64),
+            /// The n-th new chunk of the batch.
+            New(usize),
+        }
+        let mut slots = Vec::with_capacity(items.len());
+        let mut new: Vec<(&[u8; 16], Codec, &[u8])> = Vec::new();
+        let mut local: HashMap<[u8; 16], usize> = HashMap::new();
         let mut into_anchored = true;
         let mut size = RECORD_HEADER + RECORD_HEADER + 16 + 8 * items.len();
         let mut data = 0u64;
         for (k, item) in items.iter().enumerate() {
-            let id = match item {
-                Prepared::Zero => 0,
+            let slot = match item {
+                Prepared::Zero => Slot::Zero,
                 Prepared::Data { hash, codec, bytes } => {
                     data += 1;
-                    if let Some(&id) = local.get(hash) {
-                        id
+                    if let Some(&n) = local.get(hash) {
+                        Slot::New(n)
                     } else if let Some(id) = self.find_duplicate(m, hash)? {
-                        id
+                        Slot::Stored(id)
                     } else {
-                        let State { chunks, pager, .. } = &mut m.state;
-                        let id = chunks.allocate(pager)?;
                         // Without anchors anywhere (the usual case) no lookup is needed.
                         into_anchored &= m.state.anchored > 0
                             && m.state.entry(volume, first + k as u64)? == ANCHORED;
-                        local.insert(*hash, id);
-                        new.push((id, hash, *codec, bytes));
+                        local.insert(*hash, new.len());
+                        new.push((hash, *codec, bytes));
                         size += RECORD_HEADER + CHUNK_PREFIX + bytes.len();
-                        id
+                        Slot::New(new.len() - 1)
                     }
                 }
             };
-            ids.push(id);
+            slots.push(slot);
         }
         // Writes of data already stored (dedup hits, zeros) need no chunk space: like UNMAP
-        // they keep working on a full array. (Ids taken for a batch that fails stay free: the
-        // chunk table hands them out again.)
+        // they keep working on a full array.
         let class = if new.is_empty() {
             Space::Metadata
         } else if into_anchored {
@@ -248,6 +272,24 @@ impl Engine {
             Space::Data
         };
         let at = self.reserve(m, size, class)?;
+        let mut new_ids = Vec::with_capacity(new.len());
+        for _ in &new {
+            let State { chunks, pager, .. } = &mut m.state;
+            new_ids.push(chunks.allocate(pager)?);
+        }
+        let ids: Vec<u64> = slots
+            .iter()
+            .map(|s| match s {
+                Slot::Zero => 0,
+                Slot::Stored(id) => *id,
+                Slot::New(n) => new_ids[*n],
+            })
+            .collect();
+        let new: Vec<(u64, &[u8; 16], Codec, &[u8])> = new
+            .into_iter()
+            .zip(&new_ids)
+            .map(|((hash, codec, bytes), &id)| (id, hash, codec, bytes))
+            .collect();
         let mut buf = Vec::with_capacity(size);
         let mut e = Encoder::new(&mut buf, at.seq);
         let mut host = 0u64;
@@ -286,8 +328,13 @@ impl Engine {
             return Ok(None);
         };
         match m.state.chunk(id)? {
-            // Past 2^31 references a chunk is not shared further: a new copy is written.
-            Some(c) if c.hash == *hash && c.refs < DEDUP_MAX_REFS => {}
+            // Past 2^31 references a chunk is not shared further: a new copy is written. A
+            // chunk in a segment the medium failed to read is not shared either: writing
+            // its data again must store a good copy.
+            Some(c)
+                if c.hash == *hash
+                    && c.refs < DEDUP_MAX_REFS
+                    && !self.unreadable_segment(m, c.segment) => {}
             _ => return Ok(None),
         }
         let page = id / CHUNKS_PER_PAGE;
@@ -302,6 +349,12 @@ impl Engine {
             self.load_locality(m, page + 1)?;
         }
         Ok(Some(id))
+    }
+
+    /// Whether the collector found `segment` (in its current use) unreadable.
+    fn unreadable_segment(&self, m: &Meta, segment: u32) -> bool {
+        let unreadable = self.unreadable.lock().unwrap();
+        !unreadable.is_empty() && unreadable.contains(&(segment, m.state.segment(segment).seq))
     }
 
     /// Put the fingerprints of chunk page `page` in the locality cache.

@@ -65,6 +65,10 @@ const TABLE: Table<ChunkEntry> = Table::new(CHUNK_TABLE);
 /// Id 0 means "unmapped" in maps and is never a chunk.
 const FIRST_ID: u64 = 1;
 
+/// Pages a new id may lie beyond the table's end: batches that failed after their ids were
+/// taken (a log write refused by a full file system) leave gaps that replay must accept.
+const MAX_PAGE_GAP: u64 = 1 << 16;
+
 pub struct ChunkTable {
     /// Live entries per page.
     live: ResidentTable<u16>,
@@ -188,9 +192,9 @@ impl ChunkTable {
             )));
         }
         let page = id / PER_PAGE;
-        // Ids are handed out densely, so an id far past the end is damage, not a reason to
-        // allocate a huge directory.
-        if page > self.live.len() + 64 {
+        // Ids are handed out densely (a batch takes its ids only once its room is reserved),
+        // so an id far past the end is damage, not a reason to grow the table by gigabytes.
+        if page > self.live.len() + MAX_PAGE_GAP {
             return Err(ApplyError::Inconsistent(format!(
                 "chunk id {id} far beyond the {} pages in use",
                 self.live.len()
@@ -241,6 +245,15 @@ impl ChunkTable {
     }
 
     /// One more reference to a stored chunk.
+    /// Make the table at least `pages` pages long (the migration, whose ids may have gaps of
+    /// any size where format 2 freed chunks).
+    pub fn reserve_pages(&mut self, pages: u64) {
+        while self.live.len() < pages {
+            let p = self.live.push(0);
+            self.note_room(p);
+        }
+    }
+
     /// Set a chunk's count outright (the migration, which carries format 2's counts over).
     pub fn set_refs(&mut self, pager: &mut Pager, id: u64, refs: u32) -> Result<()> {
         let mut e = self.stored(pager, id, "count of")?;

@@ -175,12 +175,17 @@ impl Hooks {
     }
 }
 
+/// The fingerprints of one chunk page's slots, as the locality cache knows them.
+type PageFingerprints = Vec<Option<[u8; 16]>>;
+
 /// Fingerprints of recently used chunk pages, and of chunks just written: where duplicates of
-/// a stream are found between hooks. Bounded by a number of pages; least recently used first
-/// out. Kept in RAM only (a cold cache costs dedup, never correctness).
+/// a stream are found between hooks. Bounded by a number of pages, one fingerprint per slot of
+/// each; least recently used page first out. Kept in RAM only (a cold cache costs dedup,
+/// never correctness).
 pub struct Locality {
     max_pages: usize,
-    pages: FxHashMap<u64, (u64, Vec<[u8; 16]>)>,
+    /// Chunk page -> (last use, the fingerprint in each of its slots).
+    pages: FxHashMap<u64, (u64, PageFingerprints)>,
     by_use: BTreeMap<u64, u64>,
     index: FxHashMap<[u8; 16], u64>,
     clock: u64,
@@ -215,7 +220,15 @@ impl Locality {
         }
     }
 
-    /// Add fingerprints of chunk page `page` (all its live entries, or one just written).
+    /// Forget `hash` if it still names chunk `id`.
+    fn unindex(index: &mut FxHashMap<[u8; 16], u64>, hash: &[u8; 16], id: u64) {
+        if index.get(hash) == Some(&id) {
+            index.remove(hash);
+        }
+    }
+
+    /// Record fingerprints of chunk page `page` (all its live entries, or chunks just
+    /// written into it): each replaces what its slot held.
     pub fn add(&mut self, page: u64, entries: impl IntoIterator<Item = ([u8; 16], u64)>) {
         self.touch(page);
         if !self.pages.contains_key(&page) {
@@ -223,25 +236,26 @@ impl Locality {
                 let Some((_, old)) = self.by_use.pop_first() else {
                     break;
                 };
-                if let Some((_, hashes)) = self.pages.remove(&old) {
-                    for h in hashes {
-                        if self
-                            .index
-                            .get(&h)
-                            .is_some_and(|id| id / CHUNKS_PER_PAGE == old)
-                        {
-                            self.index.remove(&h);
+                if let Some((_, slots)) = self.pages.remove(&old) {
+                    for (k, h) in slots.iter().enumerate() {
+                        if let Some(h) = h {
+                            Self::unindex(&mut self.index, h, old * CHUNKS_PER_PAGE + k as u64);
                         }
                     }
                 }
             }
             self.clock += 1;
-            self.pages.insert(page, (self.clock, Vec::new()));
+            self.pages
+                .insert(page, (self.clock, vec![None; CHUNKS_PER_PAGE as usize]));
             self.by_use.insert(self.clock, page);
         }
-        let list = &mut self.pages.get_mut(&page).expect("just added").1;
+        let slots = &mut self.pages.get_mut(&page).expect("just added").1;
         for (hash, id) in entries {
-            list.push(hash);
+            debug_assert_eq!(id / CHUNKS_PER_PAGE, page);
+            let k = (id % CHUNKS_PER_PAGE) as usize;
+            if let Some(old) = slots[k].replace(hash) {
+                Self::unindex(&mut self.index, &old, id);
+            }
             self.index.insert(hash, id);
         }
     }
@@ -315,5 +329,18 @@ mod tests {
         assert_eq!(l.get(&fp(2)), None, "least recently used page went");
         assert_eq!(l.get(&fp(3)), Some(384));
         assert!(l.contains_page(3) && !l.contains_page(2));
+    }
+
+    /// A page kept in the cache while its slots are reused holds one fingerprint per slot:
+    /// steady overwrites of a small array do not grow it.
+    #[test]
+    fn a_reused_slot_replaces_its_fingerprint() {
+        let mut l = Locality::new(4);
+        for n in 0..10_000u64 {
+            l.add(0, [(fp(n), 1 + n % 100)]);
+        }
+        assert_eq!(l.len(), 100);
+        assert_eq!(l.get(&fp(9_999)), Some(100));
+        assert_eq!(l.get(&fp(1)), None, "replaced in its slot");
     }
 }

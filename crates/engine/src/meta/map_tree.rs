@@ -385,9 +385,89 @@ impl Trees {
         Ok(Some((node, l)))
     }
 
+    /// The leaf mapping chunk `index` if a change to it would copy it: it, or a node above it,
+    /// is shared (the copy takes a reference on every chunk the leaf names).
+    pub fn shared_leaf(
+        &self,
+        pager: &mut Pager,
+        vol: &Volume,
+        index: u64,
+    ) -> Result<Option<u64>, ApplyError> {
+        if vol.root == 0 || index >= coverage(vol.height) {
+            return Ok(None);
+        }
+        let mut node = vol.root;
+        let mut shared = self.meta.get(node).refs > 1;
+        let mut l = vol.height;
+        while l > 0 {
+            node = entry(pager, node, slot(index, l))?;
+            if node == 0 {
+                return Ok(None);
+            }
+            shared |= self.meta.get(node).refs > 1;
+            l -= 1;
+        }
+        Ok(shared.then_some(node))
+    }
+
     /// The leaf mapping chunk `index` (0 when absent).
     pub fn leaf(&self, pager: &mut Pager, vol: &Volume, index: u64) -> Result<u64, ApplyError> {
         Ok(self.node_at(pager, vol, index, 0)?.map_or(0, |(n, _)| n))
+    }
+
+    /// Up to `max` leaves of `vol` in index order from chunk `from` (leaf-aligned), each with
+    /// the chunk index it starts at and whether only this volume reaches it (every node on its
+    /// path has one reference). Returns where to go on from, or None at the end. Absent
+    /// subtrees are skipped, so a sparse volume costs what it maps, not what it provisions.
+    pub fn leaves_from(
+        &self,
+        pager: &mut Pager,
+        vol: &Volume,
+        from: u64,
+        max: usize,
+        out: &mut Vec<(u64, u64, bool)>,
+    ) -> Result<Option<u64>, ApplyError> {
+        if vol.root == 0 {
+            return Ok(None);
+        }
+        self.collect_leaves(pager, vol.root, vol.height, 0, true, from, max, out)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn collect_leaves(
+        &self,
+        pager: &mut Pager,
+        node: u64,
+        level: u8,
+        node_first: u64,
+        private: bool,
+        from: u64,
+        max: usize,
+        out: &mut Vec<(u64, u64, bool)>,
+    ) -> Result<Option<u64>, ApplyError> {
+        let private = private && self.meta.get(node).refs == 1;
+        if level == 0 {
+            if out.len() >= max {
+                return Ok(Some(node_first));
+            }
+            out.push((node_first, node, private));
+            return Ok(None);
+        }
+        let sp = span(level);
+        let entries = node_entries(pager, node)?;
+        let lo = (from.saturating_sub(node_first) / sp) as usize;
+        for (s, &child) in entries.iter().enumerate().skip(lo) {
+            if child == 0 {
+                continue;
+            }
+            let c_first = node_first + s as u64 * sp;
+            if let Some(next) =
+                self.collect_leaves(pager, child, level - 1, c_first, private, from, max, out)?
+            {
+                return Ok(Some(next));
+            }
+        }
+        Ok(None)
     }
 
     /// Mark every node's metadata for writing (a table written whole: the migration).

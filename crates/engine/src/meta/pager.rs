@@ -66,6 +66,9 @@ pub struct Pager {
     /// CLOCK ring of resident pages; entries of pages since dropped are skipped.
     clock: VecDeque<(u8, u64)>,
     dirty: usize,
+    /// The pages that became dirty since the last freeze (each once): a freeze visits these,
+    /// not the whole cache.
+    dirty_keys: Vec<(u8, u64)>,
     /// Buffers of frozen versions a checkpoint holds beside the changed copies: they take
     /// room in the cache until the checkpoint has written them.
     copies: usize,
@@ -100,6 +103,7 @@ impl Pager {
             resident: FxHashMap::default(),
             clock: VecDeque::new(),
             dirty: 0,
+            dirty_keys: Vec::new(),
             copies: 0,
             source,
             stats: PagerStats::default(),
@@ -254,6 +258,7 @@ impl Pager {
         if !r.dirty {
             r.dirty = true;
             self.dirty += 1;
+            self.dirty_keys.push((table, index));
         }
         Arc::get_mut(&mut r.body).expect("unshared")
     }
@@ -371,7 +376,10 @@ impl Pager {
     /// [`Pager::written`] reports where each went.
     pub fn freeze(&mut self) -> Vec<FrozenPage> {
         let mut out = Vec::with_capacity(self.dirty);
-        for (&(table, index), r) in self.resident.iter_mut() {
+        for (table, index) in std::mem::take(&mut self.dirty_keys) {
+            let Some(r) = self.resident.get_mut(&(table, index)) else {
+                continue;
+            };
             if r.dirty {
                 r.dirty = false;
                 r.frozen = true;
@@ -432,6 +440,7 @@ impl Pager {
                 if !r.dirty {
                     r.dirty = true;
                     self.dirty += 1;
+                    self.dirty_keys.push((p.table, p.index));
                 }
             }
         }
