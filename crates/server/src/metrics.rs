@@ -184,6 +184,8 @@ pub fn render(ctx: &ApiContext) -> Result<String, ArrayError> {
     }
 
     let space = ctx.array.engine_space();
+    let engine = ctx.array.engine();
+    let cache = engine.cache_stats();
     for (metric, kind, help, value) in [
         (
             "sliver_array_capacity_bytes",
@@ -262,6 +264,48 @@ pub fn render(ctx: &ApiContext) -> Result<String, ArrayError> {
             "counter",
             "Bytes the engine stored for hosts (after dedup and compression).",
             space.host_written_bytes as f64,
+        ),
+        (
+            "sliver_engine_data_chunks_written_total",
+            "counter",
+            "Chunks of data hosts wrote (zeros excluded), since the process started.",
+            space.data_chunks_written as f64,
+        ),
+        (
+            "sliver_engine_dedup_chunks_total",
+            "counter",
+            "Of those, chunks found already stored (deduplicated), since the process started.",
+            space.dedup_chunks as f64,
+        ),
+        (
+            "sliver_engine_metadata_written_bytes_total",
+            "counter",
+            "Bytes of metadata pages checkpoints wrote, since the process started.",
+            space.metadata_written_bytes as f64,
+        ),
+        (
+            "sliver_engine_metadata_cache_pages",
+            "gauge",
+            "Metadata pages in the cache ([engine] metadata_cache).",
+            cache.resident as f64,
+        ),
+        (
+            "sliver_engine_metadata_cache_dirty_pages",
+            "gauge",
+            "Metadata pages changed since the last checkpoint.",
+            cache.dirty as f64,
+        ),
+        (
+            "sliver_engine_metadata_cache_faults_total",
+            "counter",
+            "Metadata pages read from disk, since the process started.",
+            cache.faults as f64,
+        ),
+        (
+            "sliver_engine_metadata_lock_longest_hold_seconds",
+            "gauge",
+            "Longest hold of the engine's metadata lock since the process started.",
+            engine.longest_lock_hold_us() as f64 / 1e6,
         ),
     ] {
         out.help(metric, kind, help);

@@ -391,6 +391,10 @@ fn a_token_protects_every_route_and_metrics_name_the_counters() {
         "sliver_volume_provisioned_bytes{volume=\"m1\"} 8388608",
         "sliver_array_capacity_bytes ",
         "sliver_gc_write_amplification_ratio ",
+        "# TYPE sliver_engine_metadata_written_bytes_total counter",
+        "sliver_engine_metadata_cache_pages ",
+        "sliver_engine_dedup_chunks_total 0",
+        "sliver_engine_metadata_lock_longest_hold_seconds ",
     ] {
         assert!(text.contains(needle), "missing {needle:?} in\n{text}");
     }

@@ -228,6 +228,7 @@ impl Engine {
         m.free.push(victim);
         m.freed += 1;
         m.undiscarded.insert(victim);
+        m.check_segment_lists();
         drop(m);
         self.gc_relocated.fetch_add(relocated, Ordering::Relaxed);
         Ok(Some(relocated))
@@ -282,6 +283,7 @@ impl Engine {
         m.free.extend_from_slice(&victims);
         m.freed += victims.len() as u64;
         m.undiscarded.extend(victims.iter().copied());
+        m.check_segment_lists();
         Ok(victims.len())
     }
 

@@ -116,6 +116,7 @@ impl Engine {
                 offset: SEGMENT_START_LEN as u32,
             };
             m.appended += (SEAL_LEN + SEGMENT_START_LEN) as u64;
+            m.check_segment_lists();
         }
         Ok(m.head)
     }

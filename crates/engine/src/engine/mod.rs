@@ -270,6 +270,46 @@ struct Meta {
     preparing: std::collections::BTreeSet<u32>,
 }
 
+impl Meta {
+    /// The segment lists' invariants, checked in debug builds after every change to them:
+    /// no segment is listed twice; every listed segment is free in the segment table;
+    /// `undiscarded`, `ready` and `preparing` hold free-listed segments only; `ready` and
+    /// `undiscarded` are disjoint (a prepared segment holds space on purpose), and so are
+    /// `ready` and `preparing`. (Segments being punched are on none of the lists.)
+    fn check_segment_lists(&self) {
+        if !cfg!(debug_assertions) {
+            return;
+        }
+        let free: std::collections::BTreeSet<u32> = self.free.iter().copied().collect();
+        assert_eq!(
+            free.len(),
+            self.free.len(),
+            "a segment on the free list twice"
+        );
+        for &s in &self.free {
+            assert_eq!(
+                self.state.segment(s).state,
+                SegState::Free,
+                "segment {s} on the free list is in use"
+            );
+        }
+        for (name, set) in [
+            ("undiscarded", &self.undiscarded),
+            ("ready", &self.ready),
+            ("preparing", &self.preparing),
+        ] {
+            if let Some(s) = set.iter().find(|s| !free.contains(s)) {
+                panic!("segment {s} is {name} but not on the free list");
+            }
+        }
+        assert!(
+            self.ready.is_disjoint(&self.undiscarded),
+            "a ready segment waits to be punched"
+        );
+        assert!(self.ready.is_disjoint(&self.preparing));
+    }
+}
+
 /// The metadata lock, held: measures how long, so the longest hold is a figure, and holds
 /// over 20 ms (what a host command could notice) are logged with where they were taken.
 struct MetaGuard<'a> {
@@ -817,6 +857,38 @@ mod tests {
         engine.read(v, 8 << 20, &mut back).unwrap();
         assert!(back == noise(2, 4096));
         assert_eq!(engine.check(&mut |_, _| {}), Vec::<String>::new());
+    }
+
+    /// A damaged metadata page is found by its checksum, reported with its table and place,
+    /// and never read as metadata: reads that need it fail, `check` names it.
+    #[test]
+    fn a_damaged_metadata_page_is_reported_never_used() {
+        let (backend, engine) = mem_engine(64 << 20, 1 << 20, gc_off());
+        let v = engine.create_volume(16 << 20).unwrap();
+        engine.write(v, 0, &noise(7, 4 << 20)).unwrap();
+        engine.shutdown().unwrap();
+        let slot = engine
+            .lock_meta()
+            .state
+            .pager
+            .loc(crate::meta::chunk_table::CHUNK_TABLE, 0)
+            .slot;
+        drop(engine);
+        backend.corrupt_meta(slot * 4096 + 100);
+        let engine = Engine::open(backend.clone(), gc_off(), true).unwrap();
+        let mut buf = vec![0u8; 4096];
+        let e = engine.read(v, 0, &mut buf).unwrap_err().to_string();
+        assert!(
+            e.contains("chunk table") && e.contains(&format!("slot {slot}")),
+            "{e}"
+        );
+        let problems = engine.check(&mut |_, _| {});
+        assert!(
+            problems
+                .iter()
+                .any(|p| p.contains("chunk table") && p.contains(&format!("slot {slot}"))),
+            "{problems:?}"
+        );
     }
 
     /// A record that no longer fits the state when it is appended (its volume deleted or

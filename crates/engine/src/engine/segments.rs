@@ -69,6 +69,7 @@ impl Engine {
                 m.undiscarded.insert(s);
             }
         }
+        m.check_segment_lists();
         ready
     }
 
@@ -103,7 +104,9 @@ impl Engine {
         };
         self.punch(&taken);
         // Back on top of the free list in reverse, so the lowest is reused first.
-        self.lock_meta().free.extend(taken.iter().rev());
+        let mut m = self.lock_meta();
+        m.free.extend(taken.iter().rev());
+        m.check_segment_lists();
         taken.len()
     }
 
