@@ -4,11 +4,14 @@
 //! checks that every documented route answers. Errors are JSON objects with a stable
 //! `code` (see [`error_code`]) and one readable sentence. When a token is configured every
 //! request, `/metrics` included, needs `Authorization: Bearer <token>`; `sliver serve`
-//! refuses to listen beyond loopback without one.
+//! refuses to listen beyond loopback without one. Before that, every request must address
+//! sliver by a name an attacker cannot own ([`AllowedHosts`]: DNS rebinding).
 
+pub use crate::allowed_hosts::AllowedHosts;
 use crate::array::{
     gc_priority_name, parse_gc_priority, Array, ArrayError, ChapSecret, VolumeKind, VolumeRecord,
 };
+use crate::history::{self, Counters, History, Point, SpaceReading, Step};
 use crate::metrics;
 use axum::extract::rejection::JsonRejection;
 use axum::extract::{Path, Request, State};
@@ -43,6 +46,8 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("post", "/api/v1/hosts"),
     ("delete", "/api/v1/hosts/{name}"),
     ("get", "/api/v1/stats"),
+    ("get", "/api/v1/stats/history"),
+    ("get", "/api/v1/volumes/{name}/history"),
     ("get", "/metrics"),
 ];
 
@@ -53,13 +58,20 @@ pub struct ApiContext {
     pub portals: Vec<SocketAddr>,
     /// Bearer token every request must carry; `None`: no authentication (loopback only).
     pub token: Option<String>,
+    /// Names the `Host` header may carry besides IP literals and `localhost`.
+    pub allowed_hosts: AllowedHosts,
+    /// Rates over the last hour and day, sampled by [`serve`] (RFC 0002).
+    pub history: Arc<std::sync::Mutex<History>>,
 }
 
 type Ctx = Arc<ApiContext>;
 
 /// The API's router.
 pub fn router(ctx: ApiContext) -> Router {
-    let ctx = Arc::new(ctx);
+    router_shared(Arc::new(ctx))
+}
+
+fn router_shared(ctx: Ctx) -> Router {
     let routes = Router::new()
         .route("/api/openapi.json", get(openapi))
         .route("/api/v1/array", get(array_show).patch(array_update))
@@ -87,6 +99,8 @@ pub fn router(ctx: ApiContext) -> Router {
         .route("/api/v1/hosts", get(host_list).post(host_create))
         .route("/api/v1/hosts/{name}", axum::routing::delete(host_delete))
         .route("/api/v1/stats", get(stats))
+        .route("/api/v1/stats/history", get(array_history))
+        .route("/api/v1/volumes/{name}/history", get(volume_history))
         .route("/metrics", get(metrics_text))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed);
@@ -97,15 +111,78 @@ pub fn router(ctx: ApiContext) -> Router {
         .with_state(ctx)
 }
 
-/// Serve the API on `listener` until `shutdown` resolves.
+/// Serve the API on `listener` until `shutdown` resolves, sampling the statistics history
+/// every [`history::SAMPLE_SECONDS`] meanwhile.
 pub async fn serve(
     listener: tokio::net::TcpListener,
     ctx: ApiContext,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    axum::serve(listener, router(ctx))
+    let ctx = Arc::new(ctx);
+    let sampler = tokio::spawn(sample_history(Arc::downgrade(&ctx)));
+    let served = axum::serve(listener, router_shared(ctx))
         .with_graceful_shutdown(shutdown)
-        .await
+        .await;
+    sampler.abort();
+    served
+}
+
+/// Samples the history until the API is gone. A reading costs O(volumes): counters only.
+async fn sample_history(ctx: std::sync::Weak<ApiContext>) {
+    let mut tick = tokio::time::interval(std::time::Duration::from_secs(history::SAMPLE_SECONDS));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        let Some(ctx) = ctx.upgrade() else {
+            return;
+        };
+        let _ =
+            tokio::task::spawn_blocking(move || record_history(&ctx.array, &ctx.history, now_ms()))
+                .await;
+    }
+}
+
+fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+/// Reads every counter of `array` once and adds the reading to `history`, as taken at
+/// `now_ms` (the sampler passes the wall clock; tests pass their own).
+pub fn record_history(array_ref: &Array, history: &std::sync::Mutex<History>, now_ms: u64) {
+    let space = array_ref.engine_space();
+    let mut array = Counters {
+        space: Some(SpaceReading {
+            physical_used_bytes: space.physical_used_bytes,
+            live_bytes: space.live_bytes,
+            reclaimable_bytes: space.reclaimable_bytes,
+            mapped_bytes: space.logical_mapped_bytes,
+            provisioned_bytes: space.provisioned_bytes,
+            data_reduction: space.data_reduction,
+            host_written_bytes: space.host_written_bytes,
+            gc_relocated_bytes: space.gc_relocated_bytes,
+        }),
+        ..Counters::default()
+    };
+    let mut volumes = Vec::new();
+    for record in array_ref.volumes() {
+        let Some(unit) = array_ref.unit(&record.name) else {
+            continue;
+        };
+        let stats = unit.stats();
+        let mut c = Counters::default();
+        history::add_classes(&mut c.classes, &stats.classes);
+        history::add_vaai(&mut c.vaai, &stats.vaai);
+        history::add_classes(&mut array.classes, &stats.classes);
+        history::add_vaai(&mut array.vaai, &stats.vaai);
+        volumes.push((record.name, c));
+    }
+    history
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .record(now_ms, array, volumes);
 }
 
 /// An API error: HTTP status, stable code, one sentence.
@@ -200,6 +277,22 @@ async fn blocking<T: Send + 'static>(
 }
 
 async fn authorize(State(ctx): State<Ctx>, request: Request, next: Next) -> Response {
+    let host = request
+        .headers()
+        .get(header::HOST)
+        .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned())
+        .unwrap_or_default();
+    if !ctx.allowed_hosts.permits(&host) {
+        let shown: String = host.chars().take(80).collect();
+        return ApiError::new(
+            StatusCode::FORBIDDEN,
+            "host_not_allowed",
+            format!(
+                "the API does not answer requests addressed to '{shown}' (protection against DNS rebinding): use an IP address or localhost, or add the name to [api] allowed_hosts or --api-allowed-host"
+            ),
+        )
+        .into_response();
+    }
     if let Some(token) = &ctx.token {
         if !bearer_matches(request.headers(), token) {
             return ApiError::new(
@@ -764,6 +857,8 @@ async fn host_delete(State(ctx): State<Ctx>, Path(name): Path<String>) -> ApiRes
 pub struct Stats {
     /// Milliseconds since the Unix epoch when the counters were read.
     pub time_ms: u64,
+    /// Upper bounds of the latency histogram buckets (one more bucket holds the rest).
+    pub latency_bounds_us: &'static [u64],
     pub volumes: Vec<VolumeStats>,
 }
 
@@ -779,10 +874,7 @@ pub struct VolumeStats {
 
 async fn stats(State(ctx): State<Ctx>) -> ApiResult<Json<Stats>> {
     blocking(move || {
-        let time_ms = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_millis() as u64)
-            .unwrap_or(0);
+        let time_ms = now_ms();
         let mut volumes = Vec::new();
         for record in ctx.array.volumes() {
             let Some(unit) = ctx.array.unit(&record.name) else {
@@ -801,10 +893,91 @@ async fn stats(State(ctx): State<Ctx>) -> ApiResult<Json<Stats>> {
                 vaai: stats.vaai,
             });
         }
-        Ok(Stats { time_ms, volumes })
+        Ok(Stats {
+            time_ms,
+            latency_bounds_us: sliver_scsi::LATENCY_BOUNDS_US,
+            volumes,
+        })
     })
     .await
     .map(Json)
+}
+
+/// `?since=MS&step=5|60` of the history routes.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HistoryQuery {
+    /// Only points after this time (milliseconds since the Unix epoch); default all.
+    #[serde(default)]
+    pub since: Option<u64>,
+    /// Seconds per point: 5 (the last hour for the array, five minutes for a volume) or 60
+    /// (the last day, the last hour); default 5.
+    #[serde(default)]
+    pub step: Option<u64>,
+}
+
+/// Points of rates, oldest first.
+#[derive(Debug, Serialize)]
+pub struct HistoryInfo {
+    pub step_seconds: u64,
+    /// Upper bounds of the latency histogram buckets the percentiles are taken from.
+    pub latency_bounds_us: &'static [u64],
+    pub points: Vec<Point>,
+}
+
+fn history_query(
+    q: Result<axum::extract::Query<HistoryQuery>, axum::extract::rejection::QueryRejection>,
+) -> ApiResult<(Step, u64, u64)> {
+    let bad = |m: String| ApiError::new(StatusCode::BAD_REQUEST, "bad_request", m);
+    let axum::extract::Query(q) = q.map_err(|e| bad(e.body_text()))?;
+    let step_seconds = q.step.unwrap_or(history::SAMPLE_SECONDS);
+    let step = Step::from_seconds(step_seconds).ok_or_else(|| {
+        bad(format!(
+            "step must be {} or {} seconds, not {step_seconds}",
+            history::SAMPLE_SECONDS,
+            history::COARSE_SECONDS
+        ))
+    })?;
+    Ok((step, step_seconds, q.since.unwrap_or(0)))
+}
+
+async fn array_history(
+    State(ctx): State<Ctx>,
+    q: Result<axum::extract::Query<HistoryQuery>, axum::extract::rejection::QueryRejection>,
+) -> ApiResult<Json<HistoryInfo>> {
+    let (step, step_seconds, since) = history_query(q)?;
+    let points = ctx
+        .history
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .array(step, since);
+    Ok(Json(HistoryInfo {
+        step_seconds,
+        latency_bounds_us: sliver_scsi::LATENCY_BOUNDS_US,
+        points,
+    }))
+}
+
+async fn volume_history(
+    State(ctx): State<Ctx>,
+    Path(name): Path<String>,
+    q: Result<axum::extract::Query<HistoryQuery>, axum::extract::rejection::QueryRejection>,
+) -> ApiResult<Json<HistoryInfo>> {
+    let (step, step_seconds, since) = history_query(q)?;
+    if ctx.array.unit(&name).is_none() {
+        return Err(ArrayError::NoSuchVolume(name).into());
+    }
+    let points = ctx
+        .history
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .volume(&name, step, since)
+        .unwrap_or_default();
+    Ok(Json(HistoryInfo {
+        step_seconds,
+        latency_bounds_us: sliver_scsi::LATENCY_BOUNDS_US,
+        points,
+    }))
 }
 
 async fn metrics_text(State(ctx): State<Ctx>) -> ApiResult<Response> {

@@ -5,9 +5,11 @@
 //! LUNs through the [`array::Array`] and runs SCSI commands off the tokio workers
 //! ([`executor`]).
 
+mod allowed_hosts;
 pub mod api;
 pub mod array;
 pub mod executor;
+pub mod history;
 mod metrics;
 mod session;
 mod target;

@@ -1,15 +1,17 @@
 //! The HTTP API on a real listener: the OpenAPI document against the live routes, error
-//! codes, token authentication and the metrics text.
+//! codes, token authentication, the Host check (DNS rebinding) and the metrics text.
 
 use serde_json::{json, Value};
-use sliver_server::api::{self, ApiContext, OPENAPI, ROUTES};
+use sliver_server::api::{self, AllowedHosts, ApiContext, OPENAPI, ROUTES};
 use sliver_server::Array;
 use std::collections::BTreeSet;
+use std::io::{Read, Write};
 use std::net::SocketAddr;
 use std::sync::Arc;
 
 struct Api {
     base: String,
+    history: Arc<std::sync::Mutex<sliver_server::history::History>>,
     _runtime: tokio::runtime::Runtime,
     _dir: tempfile::TempDir,
     array: Arc<Array>,
@@ -41,10 +43,14 @@ fn start(token: Option<&str>) -> Api {
         array: array.clone(),
         portals: vec!["127.0.0.1:3260".parse::<SocketAddr>().unwrap()],
         token: token.map(str::to_string),
+        allowed_hosts: AllowedHosts::new(["array1.example.com"]).unwrap(),
+        history: Default::default(),
     };
+    let history = ctx.history.clone();
     runtime.spawn(api::serve(listener, ctx, std::future::pending()));
     Api {
         base: format!("http://{addr}"),
+        history,
         _runtime: runtime,
         _dir: dir,
         array,
@@ -398,4 +404,138 @@ fn a_token_protects_every_route_and_metrics_name_the_counters() {
     ] {
         assert!(text.contains(needle), "missing {needle:?} in\n{text}");
     }
+}
+
+/// One request written by hand, so the `Host` header is exactly what a browser tricked by
+/// DNS rebinding would send: (status, body).
+fn raw_request(
+    api: &Api,
+    method: &str,
+    path: &str,
+    host: Option<&str>,
+    token: Option<&str>,
+) -> (u16, Value) {
+    let addr = api.base.trim_start_matches("http://");
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(std::time::Duration::from_secs(30)))
+        .unwrap();
+    let mut req = format!("{method} {path} HTTP/1.1\r\nConnection: close\r\nContent-Length: 0\r\n");
+    if let Some(h) = host {
+        req += &format!("Host: {h}\r\n");
+    }
+    if let Some(t) = token {
+        req += &format!("Authorization: Bearer {t}\r\n");
+    }
+    req += "\r\n";
+    s.write_all(req.as_bytes()).unwrap();
+    let mut reply = String::new();
+    s.read_to_string(&mut reply).unwrap();
+    let status = reply
+        .split(' ')
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or_else(|| panic!("no status line in {reply:?}"));
+    let body = reply.split("\r\n\r\n").nth(1).unwrap_or("");
+    (status, serde_json::from_str(body).unwrap_or(Value::Null))
+}
+
+/// A page that rebinds its own name to 127.0.0.1 reaches the API with that name in `Host`:
+/// refused before anything runs, token or not; IP literals, localhost and configured names
+/// are served.
+#[test]
+fn requests_addressed_to_other_names_are_refused_dns_rebinding() {
+    let token = "0123456789abcdef-token";
+    for (api, tok) in [(start(None), None), (start(Some(token)), Some(token))] {
+        api.array.create_volume("keep", 8 << 20, 512).unwrap();
+        let port = api.base.rsplit(':').next().unwrap().to_string();
+        for host in [
+            format!("attacker.example:{port}"),
+            format!("localhost.attacker.example:{port}"),
+            "array2.example.com".to_string(),
+        ] {
+            let (s, v) = raw_request(&api, "DELETE", "/api/v1/volumes/keep", Some(&host), tok);
+            assert_eq!(s, 403, "{host}: {v}");
+            assert_eq!(v["error"]["code"], "host_not_allowed", "{host}: {v}");
+            let msg = v["error"]["message"].as_str().unwrap();
+            assert!(
+                msg.contains("allowed_hosts") && msg.contains("DNS rebinding"),
+                "{msg}"
+            );
+            let (s, _) = raw_request(&api, "GET", "/metrics", Some(&host), tok);
+            assert_eq!(s, 403, "{host}");
+        }
+        let (s, _) = raw_request(&api, "GET", "/api/v1/array", None, tok);
+        assert_eq!(s, 403, "a request without Host");
+        assert!(api.array.unit("keep").is_some(), "the refused DELETE ran");
+        for host in [
+            format!("127.0.0.1:{port}"),
+            format!("localhost:{port}"),
+            format!("[::1]:{port}"),
+            format!("array1.example.com:{port}"),
+            "ARRAY1.example.com".to_string(),
+        ] {
+            let (s, v) = raw_request(&api, "GET", "/api/v1/volumes/keep", Some(&host), tok);
+            assert_eq!(s, 200, "{host}: {v}");
+        }
+        if tok.is_some() {
+            let (s, v) = raw_request(&api, "GET", "/api/v1/array", Some("localhost"), None);
+            assert_eq!(
+                (s, v["error"]["code"].as_str()),
+                (401, Some("unauthorized"))
+            );
+        }
+    }
+}
+
+/// The history routes: points from readings the test takes at its own times (the sampler's
+/// are seconds apart), bounds of the latency buckets, `since` and `step`, and clear errors.
+#[test]
+fn statistics_history_is_served_with_its_bounds_and_validated_queries() {
+    let api = start(None);
+    api.array.create_volume("h1", 8 << 20, 512).unwrap();
+    let t0 = 4_000_000_000_000;
+    for i in 0..3 {
+        api::record_history(&api.array, &api.history, t0 + i * 5_000);
+    }
+    let (s, v, text) = call(&api, "GET", "/api/v1/stats/history", None);
+    assert_eq!(s, 200, "{text}");
+    assert_eq!(v["step_seconds"], 5);
+    assert_eq!(
+        v["latency_bounds_us"].as_array().unwrap().len(),
+        sliver_scsi::LATENCY_BOUNDS_US.len()
+    );
+    // Readings from the sampler may be interleaved; the test's own are the last two points.
+    let points = v["points"].as_array().unwrap();
+    let ours: Vec<&Value> = points
+        .iter()
+        .filter(|p| p["time_ms"].as_u64().unwrap() > t0)
+        .collect();
+    assert_eq!(ours.len(), 2, "{text}");
+    assert_eq!(ours[1]["seconds"], 5.0);
+    assert_eq!(ours[1]["write_iops"], 0.0);
+    assert!(ours[1]["space"]["provisioned_bytes"].as_u64().unwrap() >= 8 << 20);
+    let (_, v, _) = call(
+        &api,
+        "GET",
+        &format!("/api/v1/stats/history?since={}", t0 + 5_000),
+        None,
+    );
+    assert_eq!(v["points"].as_array().unwrap().len(), 1);
+    let (s, v, _) = call(&api, "GET", "/api/v1/volumes/h1/history?step=60", None);
+    assert_eq!((s, v["step_seconds"].as_u64()), (200, Some(60)));
+    for (path, status, code) in [
+        ("/api/v1/stats/history?step=7", 400, "bad_request"),
+        ("/api/v1/stats/history?since=soon", 400, "bad_request"),
+        ("/api/v1/stats/history?colour=red", 400, "bad_request"),
+        ("/api/v1/volumes/nothing/history", 404, "volume_not_found"),
+    ] {
+        let (s, v, text) = call(&api, "GET", path, None);
+        assert_eq!(
+            (s, v["error"]["code"].as_str()),
+            (status, Some(code)),
+            "{path}: {text}"
+        );
+    }
+    let (_, v, _) = call(&api, "GET", "/api/v1/stats", None);
+    assert_eq!(v["latency_bounds_us"][0], sliver_scsi::LATENCY_BOUNDS_US[0]);
 }

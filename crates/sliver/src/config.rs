@@ -52,6 +52,10 @@ pub struct ApiSection {
     pub token: Option<String>,
     /// A file holding the token (first line), kept out of the configuration.
     pub token_file: Option<PathBuf>,
+    /// Host names the API answers to besides IP addresses, localhost and the machine's own
+    /// name (requests naming anything else are refused: DNS rebinding).
+    #[serde(default)]
+    pub allowed_hosts: Vec<String>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -132,6 +136,8 @@ impl Config {
                 line_of("token")
             ));
         }
+        sliver_server::api::AllowedHosts::new(&self.api.allowed_hosts)
+            .map_err(|e| format!("{}[api] allowed_hosts: {e}", line_of("allowed_hosts")))?;
         let mut names = std::collections::HashSet::new();
         for host in &self.hosts {
             let at = line_of(&format!("name = \"{}\"", host.name));
@@ -274,6 +280,7 @@ login_timeout = "20s"
 [api]
 listen = "0.0.0.0:8600"
 token = "s3cret-token"
+allowed_hosts = ["array1.example.com", "array1"]
 
 [capacity]
 size = "2T"
@@ -312,6 +319,7 @@ chap_secret = "host-secret-1234"
         assert_eq!(c.engine.metadata_cache, Some(512 << 20));
         assert_eq!(c.hosts[0].name, "esx1");
         assert_eq!(c.api_token().unwrap().as_deref(), Some("s3cret-token"));
+        assert_eq!(c.api.allowed_hosts, ["array1.example.com", "array1"]);
     }
 
     #[test]
@@ -342,6 +350,11 @@ chap_secret = "host-secret-1234"
                 "chap_secret",
             ),
             ("[chap]\nuser = \"u\"\nsecret = \"short\"\n", "line 1", "12"),
+            (
+                "[api]\nallowed_hosts = [\"array1:8600\"]\n",
+                "line 2",
+                "array1:8600",
+            ),
         ];
         for (text, line, word) in cases {
             let e = Config::parse(text).unwrap_err();

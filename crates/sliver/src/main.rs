@@ -7,7 +7,7 @@ mod top;
 
 use clap::{CommandFactory, Parser, Subcommand};
 use config::Config;
-use sliver_server::api::ApiContext;
+use sliver_server::api::{AllowedHosts, ApiContext};
 use sliver_server::array::{ArrayOptions, ChapSecret, ANY_HOST};
 use sliver_server::{Array, Server, ServerOptions};
 use std::net::SocketAddr;
@@ -105,6 +105,10 @@ struct ServeArgs {
     /// API token; required when the API listens beyond loopback.
     #[arg(long, env = "SLIVER_API_TOKEN", hide_env_values = true)]
     api_token: Option<String>,
+    /// A host name the API answers to besides IP addresses, localhost and this machine's
+    /// name; repeat for several (requests naming others are refused: DNS rebinding).
+    #[arg(long = "api-allowed-host", value_name = "NAME")]
+    api_allowed_hosts: Vec<String>,
     /// iSCSI qualified name of the target, used when the array is created
     /// [default: iqn.2026-11.dev.sliver:array].
     #[arg(long)]
@@ -165,6 +169,7 @@ struct Settings {
     portals: Vec<SocketAddr>,
     api_listen: SocketAddr,
     api_token: Option<String>,
+    api_allowed_hosts: AllowedHosts,
     options: ArrayOptions,
     login_timeout: Option<std::time::Duration>,
     target_chap: Option<ChapSecret>,
@@ -224,6 +229,17 @@ fn settings(args: ServeArgs) -> Result<Settings, String> {
     if api_token.as_deref().is_some_and(|t| t.len() < 16) {
         return Err("the API token must be at least 16 characters long".into());
     }
+    let mut api_allowed_hosts = AllowedHosts::new(&file.api.allowed_hosts)?;
+    for name in &args.api_allowed_hosts {
+        api_allowed_hosts
+            .add(name)
+            .map_err(|e| format!("--api-allowed-host: {e}"))?;
+    }
+    // The machine's own name is the one administrators type; an attacker cannot make a
+    // browser resolve it (unless they own the local resolver, which owns everything).
+    if let Ok(own) = std::fs::read_to_string("/proc/sys/kernel/hostname") {
+        let _ = api_allowed_hosts.add(own.trim());
+    }
     if !api_listen.ip().is_loopback() && api_token.is_none() {
         return Err(format!(
             "the API would listen on {api_listen}, beyond loopback, without a token: set [api] token or token_file in the configuration, or --api-token / SLIVER_API_TOKEN"
@@ -241,6 +257,7 @@ fn settings(args: ServeArgs) -> Result<Settings, String> {
         portals,
         api_listen,
         api_token,
+        api_allowed_hosts,
         options,
         login_timeout: file.iscsi.login_timeout,
         target_chap: file.chap.map(|c| ChapSecret {
@@ -338,6 +355,8 @@ fn serve(args: ServeArgs) -> Result<(), String> {
                 array: array.clone(),
                 portals: server.portals(),
                 token: s.api_token,
+                allowed_hosts: s.api_allowed_hosts,
+                history: Default::default(),
             },
             async move {
                 let _ = api_stopped.await;
