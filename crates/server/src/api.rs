@@ -9,7 +9,8 @@
 
 pub use crate::allowed_hosts::AllowedHosts;
 use crate::array::{
-    gc_priority_name, parse_gc_priority, Array, ArrayError, ChapSecret, VolumeKind, VolumeRecord,
+    gc_priority_name, parse_gc_priority, Array, ArrayError, ChapChange, ChapSecret, VolumeKind,
+    VolumeRecord,
 };
 use crate::history::{self, Counters, History, Point, SpaceReading, Step};
 use crate::metrics;
@@ -44,6 +45,7 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("delete", "/api/v1/volumes/{name}/connections/{host}"),
     ("get", "/api/v1/hosts"),
     ("post", "/api/v1/hosts"),
+    ("patch", "/api/v1/hosts/{name}"),
     ("delete", "/api/v1/hosts/{name}"),
     ("get", "/api/v1/stats"),
     ("get", "/api/v1/stats/history"),
@@ -97,7 +99,10 @@ fn router_shared(ctx: Ctx) -> Router {
             axum::routing::delete(volume_disconnect),
         )
         .route("/api/v1/hosts", get(host_list).post(host_create))
-        .route("/api/v1/hosts/{name}", axum::routing::delete(host_delete))
+        .route(
+            "/api/v1/hosts/{name}",
+            axum::routing::patch(host_update).delete(host_delete),
+        )
         .route("/api/v1/stats", get(stats))
         .route("/api/v1/stats/history", get(array_history))
         .route("/api/v1/volumes/{name}/history", get(volume_history))
@@ -843,6 +848,66 @@ pub fn validate_chap(user: &str, secret: &str) -> Result<(), ApiError> {
         ));
     }
     Ok(())
+}
+
+/// `PATCH /api/v1/hosts/{name}`: what is given changes, the rest stays. CHAP: both
+/// `chap_user` and `chap_secret` to set them, `clear_chap: true` to remove them.
+#[derive(Debug, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct UpdateHost {
+    #[serde(default)]
+    pub iqns: Option<Vec<String>>,
+    #[serde(default)]
+    pub chap_user: Option<String>,
+    #[serde(default)]
+    pub chap_secret: Option<String>,
+    #[serde(default)]
+    pub clear_chap: bool,
+}
+
+async fn host_update(
+    State(ctx): State<Ctx>,
+    Path(name): Path<String>,
+    body: Result<Json<UpdateHost>, JsonRejection>,
+) -> ApiResult<Json<HostInfo>> {
+    let Json(req) = body?;
+    for iqn in req.iqns.iter().flatten() {
+        validate_initiator_name(iqn)?;
+    }
+    let invalid_chap = |m: &str| ApiError::new(StatusCode::BAD_REQUEST, "invalid_chap", m);
+    let chap = match (req.chap_user, req.chap_secret, req.clear_chap) {
+        (None, None, false) => ChapChange::Keep,
+        (None, None, true) => ChapChange::Clear,
+        (Some(user), Some(secret), false) => {
+            validate_chap(&user, &secret)?;
+            ChapChange::Set(ChapSecret { user, secret })
+        }
+        (_, _, true) => {
+            return Err(invalid_chap(
+                "give clear_chap, or chap_user and chap_secret, not both",
+            ))
+        }
+        _ => {
+            return Err(invalid_chap(
+                "give both chap_user and chap_secret, or neither",
+            ))
+        }
+    };
+    let array = ctx.clone();
+    let host = blocking(move || array.array.update_host(&name, req.iqns, chap)).await?;
+    let volumes = ctx
+        .array
+        .connections()
+        .into_iter()
+        .filter(|c| c.host == host.name)
+        .map(|c| c.volume)
+        .collect();
+    Ok(Json(HostInfo {
+        chap_user: host.chap.map(|c| c.user),
+        iqns: host.iqns,
+        name: host.name,
+        volumes,
+    }))
 }
 
 async fn host_delete(State(ctx): State<Ctx>, Path(name): Path<String>) -> ApiResult<StatusCode> {

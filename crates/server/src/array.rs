@@ -115,6 +115,14 @@ pub struct HostRecord {
     pub chap: Option<ChapSecret>,
 }
 
+/// What an edit does to a host's CHAP credentials.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ChapChange {
+    Keep,
+    Clear,
+    Set(ChapSecret),
+}
+
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
 pub struct ConnectionRecord {
     pub volume: String,
@@ -705,6 +713,36 @@ impl Array {
         self.save_locked(&updated)?;
         *config = updated;
         Ok(())
+    }
+
+    /// Edit a host in place: its initiator names (when `iqns` is given) and its CHAP
+    /// credentials. Connections stay; sessions already logged in keep running until they
+    /// log out (the names are checked at login). Returns the host as saved.
+    pub fn update_host(
+        &self,
+        name: &str,
+        iqns: Option<Vec<String>>,
+        chap: ChapChange,
+    ) -> Result<HostRecord> {
+        let mut config = self.config.write().unwrap();
+        let mut updated = config.clone();
+        let host = updated
+            .hosts
+            .iter_mut()
+            .find(|h| h.name == name)
+            .ok_or_else(|| ArrayError::NoSuchHost(name.into()))?;
+        if let Some(iqns) = iqns {
+            host.iqns = iqns;
+        }
+        match chap {
+            ChapChange::Keep => {}
+            ChapChange::Clear => host.chap = None,
+            ChapChange::Set(c) => host.chap = Some(c),
+        }
+        let saved = host.clone();
+        self.save_locked(&updated)?;
+        *config = updated;
+        Ok(saved)
     }
 
     /// Set (or clear) the target's own CHAP credentials (mutual CHAP).

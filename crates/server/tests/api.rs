@@ -539,3 +539,87 @@ fn statistics_history_is_served_with_its_bounds_and_validated_queries() {
     let (_, v, _) = call(&api, "GET", "/api/v1/stats", None);
     assert_eq!(v["latency_bounds_us"][0], sliver_scsi::LATENCY_BOUNDS_US[0]);
 }
+
+/// Editing a host in place: names replaced, CHAP set and cleared, the secret never returned,
+/// connections kept, bad requests refused with their codes and nothing changed.
+#[test]
+fn a_host_is_edited_in_place() {
+    let api = start(None);
+    api.array.create_volume("ev1", 8 << 20, 512).unwrap();
+    let (s, _, t) = call(
+        &api,
+        "POST",
+        "/api/v1/hosts",
+        Some(json!({"name": "esx9", "iqns": ["iqn.1998-01.com.vmware:esx9"]})),
+    );
+    assert_eq!(s, 201, "{t}");
+    let (s, _, t) = call(
+        &api,
+        "POST",
+        "/api/v1/volumes/ev1/connections",
+        Some(json!({"host": "esx9"})),
+    );
+    assert_eq!(s, 201, "{t}");
+    let iqns = [
+        "iqn.1998-01.com.vmware:esx9-new",
+        "iqn.1998-01.com.vmware:esx9-b",
+    ];
+    let (s, h, t) = call(
+        &api,
+        "PATCH",
+        "/api/v1/hosts/esx9",
+        Some(json!({"iqns": iqns, "chap_user": "esx9", "chap_secret": "a-secret-of-16ch"})),
+    );
+    assert_eq!(s, 200, "{t}");
+    assert_eq!(h["iqns"], json!(iqns));
+    assert_eq!(h["chap_user"], "esx9");
+    assert_eq!(h["volumes"], json!(["ev1"]));
+    assert!(
+        !t.contains("a-secret-of-16ch"),
+        "secrets are never returned"
+    );
+    let (_, _, listed) = call(&api, "GET", "/api/v1/hosts", None);
+    assert!(!listed.contains("a-secret-of-16ch") && listed.contains("esx9-new"));
+    for (body, code) in [
+        (json!({"iqns": ["not an iqn"]}), "invalid_iqn"),
+        (json!({"chap_user": "u"}), "invalid_chap"),
+        (
+            json!({"chap_user": "u", "chap_secret": "short"}),
+            "invalid_chap",
+        ),
+        (
+            json!({"clear_chap": true, "chap_user": "u", "chap_secret": "a-secret-of-16ch"}),
+            "invalid_chap",
+        ),
+        (json!({"colour": "red"}), "bad_request"),
+    ] {
+        let (s, v, t) = call(&api, "PATCH", "/api/v1/hosts/esx9", Some(body.clone()));
+        assert_eq!(
+            (s, v["error"]["code"].as_str()),
+            (400, Some(code)),
+            "{body}: {t}"
+        );
+    }
+    let (s, v, _) = call(&api, "PATCH", "/api/v1/hosts/nobody", Some(json!({})));
+    assert_eq!(
+        (s, v["error"]["code"].as_str()),
+        (404, Some("host_not_found"))
+    );
+    // Unchanged by the refused edits; then CHAP cleared with the names kept.
+    let (s, h, t) = call(
+        &api,
+        "PATCH",
+        "/api/v1/hosts/esx9",
+        Some(json!({"clear_chap": true})),
+    );
+    assert_eq!(s, 200, "{t}");
+    assert_eq!(h["iqns"], json!(iqns));
+    assert_eq!(h["chap_user"], Value::Null);
+    let saved = api
+        .array
+        .hosts()
+        .into_iter()
+        .find(|h| h.name == "esx9")
+        .unwrap();
+    assert_eq!((saved.iqns.len(), saved.chap), (2, None));
+}
