@@ -468,6 +468,15 @@ pub struct VolumeInfo {
     pub data_reduction: f64,
     pub connections: Vec<ConnectionInfo>,
     pub vaai: sliver_scsi::VaaiCounters,
+    /// Milliseconds since the Unix epoch; null for volumes made before it was recorded.
+    #[serde(default)]
+    pub created_ms: Option<u64>,
+    /// The id of the volume this one was snapshotted or cloned from (kept after it is deleted).
+    #[serde(default)]
+    pub source_id: Option<String>,
+    /// That volume's current name; null once it is deleted.
+    #[serde(default)]
+    pub source: Option<String>,
 }
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -481,6 +490,22 @@ pub struct ConnectionInfo {
 pub(crate) fn volume_info(
     ctx: &ApiContext,
     record: &VolumeRecord,
+) -> Result<VolumeInfo, ArrayError> {
+    volume_info_among(ctx, record, &names_by_id(&ctx.array.volumes()))
+}
+
+fn names_by_id(all: &[VolumeRecord]) -> std::collections::HashMap<&str, &str> {
+    all.iter()
+        .map(|v| (v.id.as_str(), v.name.as_str()))
+        .collect()
+}
+
+/// As [`volume_info`], with the source's name looked up in `names` (id -> name, built once
+/// for a whole listing).
+fn volume_info_among(
+    ctx: &ApiContext,
+    record: &VolumeRecord,
+    names: &std::collections::HashMap<&str, &str>,
 ) -> Result<VolumeInfo, ArrayError> {
     let space = ctx.array.volume_space(&record.name)?;
     let (kind, read_only) = match record.kind {
@@ -520,6 +545,13 @@ pub(crate) fn volume_info(
         data_reduction: space.data_reduction,
         connections,
         vaai,
+        created_ms: record.created_ms,
+        source: record
+            .source_id
+            .as_ref()
+            .and_then(|id| names.get(id.as_str()))
+            .map(|n| n.to_string()),
+        source_id: record.source_id.clone(),
     })
 }
 
@@ -545,10 +577,10 @@ fn find_volume(ctx: &ApiContext, name: &str) -> Result<VolumeRecord, ArrayError>
 
 async fn volume_list(State(ctx): State<Ctx>) -> ApiResult<Json<Vec<VolumeInfo>>> {
     blocking(move || {
-        ctx.array
-            .volumes()
-            .iter()
-            .map(|r| volume_info(&ctx, r))
+        let all = ctx.array.volumes();
+        let names = names_by_id(&all);
+        all.iter()
+            .map(|r| volume_info_among(&ctx, r, &names))
             .collect::<Result<Vec<_>, _>>()
     })
     .await

@@ -105,6 +105,14 @@ pub struct VolumeRecord {
     pub size_bytes: u64,
     pub block_size: u32,
     pub kind: VolumeKind,
+    /// When the volume was created, milliseconds since the Unix epoch (absent for volumes
+    /// made before it was recorded).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub created_ms: Option<u64>,
+    /// The `id` of the volume this one was snapshotted or cloned from; kept after that volume
+    /// is deleted, so siblings still group.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub source_id: Option<String>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -403,6 +411,7 @@ impl Array {
                 volume,
                 read_only: false,
             },
+            None,
         )
         .inspect_err(|_| {
             let _ = self.engine.delete_volume(volume);
@@ -423,6 +432,7 @@ impl Array {
             size_bytes,
             block_size,
             VolumeKind::Passthrough { path },
+            None,
         )
     }
 
@@ -454,6 +464,7 @@ impl Array {
             record.size_bytes,
             record.block_size,
             VolumeKind::Engine { volume, read_only },
+            Some(record.id.clone()),
         )
         .inspect_err(|_| {
             let _ = self.engine.delete_volume(volume);
@@ -485,17 +496,24 @@ impl Array {
         size_bytes: u64,
         block_size: u32,
         kind: VolumeKind,
+        source_id: Option<String>,
     ) -> Result<()> {
         let mut config = self.config.write().unwrap();
         if config.volumes.iter().any(|v| v.name == name) {
             return Err(ArrayError::VolumeExists(name.into()));
         }
+        let created_ms = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .ok()
+            .map(|d| d.as_millis() as u64);
         let record = VolumeRecord {
             name: name.into(),
             id: format!("{:032x}", rand::random::<u128>()),
             size_bytes,
             block_size,
             kind,
+            created_ms,
+            source_id,
         };
         let unit = self.open_unit(&record, &config.target_name)?;
         config.volumes.push(record);

@@ -298,13 +298,26 @@ fn volumes_hosts_and_connections_round_trip_with_stable_error_codes() {
     assert_eq!(s, 201, "{t}");
     assert_eq!(snap["kind"], "snapshot");
     assert_eq!(snap["read_only"], true);
-    let (s, _, t) = call(
+    let (_, vol1, _) = call(&api, "GET", "/api/v1/volumes/vol1", None);
+    assert_eq!(
+        (&snap["source"], &snap["source_id"]),
+        (&json!("vol1"), &vol1["id"])
+    );
+    assert_eq!(vol1["source"], Value::Null, "a volume made from nothing");
+    let now_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64;
+    let created = snap["created_ms"].as_u64().unwrap();
+    assert!(created <= now_ms && created + 600_000 > now_ms, "{created}");
+    let (s, clone, t) = call(
         &api,
         "POST",
         "/api/v1/volumes/vol1.snap/clones",
         Some(json!({"name": "vol1-clone"})),
     );
     assert_eq!(s, 201, "{t}");
+    assert_eq!(clone["source"], "vol1.snap");
     expect(
         call(
             &api,
@@ -329,6 +342,11 @@ fn volumes_hosts_and_connections_round_trip_with_stable_error_codes() {
     assert_eq!(
         v["connections"][0]["host"], "esx1",
         "connections follow a rename"
+    );
+    let (_, snap, _) = call(&api, "GET", "/api/v1/volumes/vol1.snap", None);
+    assert_eq!(
+        snap["source"], "vol-one",
+        "the source is named as it is now"
     );
     assert_eq!(
         api.array
@@ -360,6 +378,16 @@ fn volumes_hosts_and_connections_round_trip_with_stable_error_codes() {
     for name in ["vol-one", "vol1.snap", "vol1-clone"] {
         let (s, _, t) = call(&api, "DELETE", &format!("/api/v1/volumes/{name}"), None);
         assert_eq!(s, 204, "{name}: {t}");
+        if name == "vol-one" {
+            let (_, list, _) = call(&api, "GET", "/api/v1/volumes", None);
+            let snap = &list.as_array().unwrap()[0];
+            assert_eq!(snap["name"], "vol1.snap");
+            assert_eq!(snap["source"], Value::Null, "its source is gone");
+            assert!(
+                snap["source_id"].is_string(),
+                "the id still groups siblings"
+            );
+        }
     }
     let (s, _, _) = call(&api, "DELETE", "/api/v1/hosts/esx1", None);
     assert_eq!(s, 204);
