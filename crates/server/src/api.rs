@@ -49,6 +49,8 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("delete", "/api/v1/hosts/{name}"),
     ("get", "/api/v1/stats"),
     ("get", "/api/v1/stats/history"),
+    ("get", "/api/v1/events"),
+    ("get", "/api/v1/initiators/refused"),
     ("get", "/api/v1/volumes/{name}/history"),
     ("get", "/metrics"),
 ];
@@ -105,6 +107,8 @@ fn router_shared(ctx: Ctx) -> Router {
         )
         .route("/api/v1/stats", get(stats))
         .route("/api/v1/stats/history", get(array_history))
+        .route("/api/v1/events", get(events_list))
+        .route("/api/v1/initiators/refused", get(refused_initiators))
         .route("/api/v1/volumes/{name}/history", get(volume_history))
         .route("/metrics", get(metrics_text))
         .fallback(not_found)
@@ -188,6 +192,17 @@ pub fn record_history(array_ref: &Array, history: &std::sync::Mutex<History>, no
         .lock()
         .unwrap_or_else(|e| e.into_inner())
         .record(now_ms, array, volumes);
+    let used = if space.capacity_bytes > 0 {
+        space.physical_used_bytes as f64 / space.capacity_bytes as f64
+    } else {
+        0.0
+    };
+    array_ref.events().observe(
+        now_ms,
+        space.soft_threshold_exceeded,
+        used,
+        array_ref.engine().poisoned(),
+    );
 }
 
 /// An API error: HTTP status, stable code, one sentence.
@@ -998,6 +1013,50 @@ async fn stats(State(ctx): State<Ctx>) -> ApiResult<Json<Stats>> {
     })
     .await
     .map(Json)
+}
+
+/// `?after=SEQ&limit=N` of `GET /api/v1/events`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EventsQuery {
+    /// Only events with a larger sequence number (default 0: all kept).
+    #[serde(default)]
+    pub after: Option<u64>,
+    /// At most this many, oldest first (default and maximum 1000).
+    #[serde(default)]
+    pub limit: Option<usize>,
+}
+
+/// Events, oldest first; `next` is the `after` to poll with for what follows.
+#[derive(Debug, Serialize)]
+pub struct EventsInfo {
+    pub events: Vec<crate::events::Event>,
+    pub next: u64,
+}
+
+async fn events_list(
+    State(ctx): State<Ctx>,
+    q: Result<axum::extract::Query<EventsQuery>, axum::extract::rejection::QueryRejection>,
+) -> ApiResult<Json<EventsInfo>> {
+    let axum::extract::Query(q) =
+        q.map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, "bad_request", e.body_text()))?;
+    let after = q.after.unwrap_or(0);
+    let limit = q
+        .limit
+        .unwrap_or(crate::events::KEPT)
+        .min(crate::events::KEPT);
+    let log = ctx.array.events();
+    let events = log.after(after, limit);
+    let next = events
+        .last()
+        .map_or(after.min(log.next_seq() - 1), |e| e.seq);
+    Ok(Json(EventsInfo { events, next }))
+}
+
+/// Initiators refused recently (unknown to every host), most recent last: what the console
+/// offers to add to a host with one click.
+async fn refused_initiators(State(ctx): State<Ctx>) -> Json<Vec<crate::events::RefusedInitiator>> {
+    Json(ctx.array.events().refused())
 }
 
 /// `?since=MS&step=5|60` of the history routes.

@@ -5,6 +5,7 @@
 //! new configuration, never a torn one. Volume data lives beside it, one file per
 //! passthrough volume under `volumes/`.
 
+use crate::events::{EventLog, NewEvent};
 use serde::{Deserialize, Serialize};
 use sliver_engine::{
     Engine, EngineConfig, EngineSpace, EngineVolume, FileBackend, GcPriority, Tuning,
@@ -15,7 +16,7 @@ use std::collections::BTreeMap;
 use std::fs;
 use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 
 /// The host name that matches every initiator (labs and the demo).
 pub const ANY_HOST: &str = "*";
@@ -248,6 +249,8 @@ pub struct Array {
     engine: Arc<Engine>,
     config: RwLock<ArrayConfig>,
     units: RwLock<BTreeMap<String, Arc<LogicalUnit>>>,
+    /// What happened, for the API and the console (`events.jsonl`).
+    events: Mutex<EventLog>,
 }
 
 impl Array {
@@ -341,12 +344,17 @@ impl Array {
             }
         }
         engine.start_background();
+        let (events, skipped) = EventLog::open(dir).map_err(io(dir))?;
+        if skipped > 0 {
+            tracing::warn!("{skipped} damaged lines of the event log skipped");
+        }
         let array = Array {
             dir: dir.to_path_buf(),
             _lock: lock,
             engine,
             config: RwLock::new(config),
             units: RwLock::new(BTreeMap::new()),
+            events: Mutex::new(events),
         };
         let (volumes, target) = {
             let config = array.config.read().unwrap();
@@ -394,6 +402,17 @@ impl Array {
 
     /// Create a thin engine volume of `size_bytes` (a multiple of the engine's chunk size).
     pub fn create_volume(&self, name: &str, size_bytes: u64, block_size: u32) -> Result<()> {
+        self.create_volume_unrecorded(name, size_bytes, block_size)
+            .inspect(|_| {
+                self.volume_event(
+                    "volume_created",
+                    name,
+                    format!("volume {name} created ({})", size_text(size_bytes)),
+                )
+            })
+    }
+
+    fn create_volume_unrecorded(&self, name: &str, size_bytes: u64, block_size: u32) -> Result<()> {
         self.check_new_volume(name, size_bytes, block_size)?;
         let chunk = self.engine.chunk_size() as u64;
         if !size_bytes.is_multiple_of(chunk) || !chunk.is_multiple_of(block_size as u64) {
@@ -425,6 +444,25 @@ impl Array {
         size_bytes: u64,
         block_size: u32,
     ) -> Result<()> {
+        self.create_passthrough_volume_unrecorded(name, size_bytes, block_size)
+            .inspect(|_| {
+                self.volume_event(
+                    "volume_created",
+                    name,
+                    format!(
+                        "passthrough volume {name} created ({})",
+                        size_text(size_bytes)
+                    ),
+                )
+            })
+    }
+
+    fn create_passthrough_volume_unrecorded(
+        &self,
+        name: &str,
+        size_bytes: u64,
+        block_size: u32,
+    ) -> Result<()> {
         self.check_new_volume(name, size_bytes, block_size)?;
         let path = PathBuf::from("volumes").join(format!("{:032x}.img", rand::random::<u128>()));
         self.add_volume(
@@ -438,11 +476,31 @@ impl Array {
 
     /// A read-only, point-in-time copy of `source` named `name`, sharing all its data.
     pub fn snapshot_volume(&self, source: &str, name: &str) -> Result<()> {
+        self.snapshot_volume_unrecorded(source, name).inspect(|_| {
+            self.volume_event(
+                "snapshot_created",
+                name,
+                format!("snapshot {name} of {source} created"),
+            )
+        })
+    }
+
+    fn snapshot_volume_unrecorded(&self, source: &str, name: &str) -> Result<()> {
         self.clone_engine_volume(source, name, true)
     }
 
     /// A writable copy of `source` named `name`, sharing all its data until either changes.
     pub fn clone_volume(&self, source: &str, name: &str) -> Result<()> {
+        self.clone_volume_unrecorded(source, name).inspect(|_| {
+            self.volume_event(
+                "clone_created",
+                name,
+                format!("clone {name} of {source} created"),
+            )
+        })
+    }
+
+    fn clone_volume_unrecorded(&self, source: &str, name: &str) -> Result<()> {
         self.clone_engine_volume(source, name, false)
     }
 
@@ -567,6 +625,12 @@ impl Array {
     /// Delete a volume (or snapshot): refused while it is connected to a host. Shared data
     /// stays with the volumes that still reference it.
     pub fn delete_volume(&self, name: &str) -> Result<()> {
+        self.delete_volume_unrecorded(name).inspect(|_| {
+            self.volume_event("volume_deleted", name, format!("volume {name} deleted"))
+        })
+    }
+
+    fn delete_volume_unrecorded(&self, name: &str) -> Result<()> {
         let record = {
             let mut config = self.config.write().unwrap();
             let hosts: Vec<String> = config
@@ -601,6 +665,16 @@ impl Array {
 
     /// Rename a volume; hosts keep seeing the same disk (serial and NAA derive from its id).
     pub fn rename_volume(&self, name: &str, new_name: &str) -> Result<()> {
+        self.rename_volume_unrecorded(name, new_name).inspect(|_| {
+            self.volume_event(
+                "volume_renamed",
+                new_name,
+                format!("volume {name} renamed {new_name}"),
+            )
+        })
+    }
+
+    fn rename_volume_unrecorded(&self, name: &str, new_name: &str) -> Result<()> {
         validate_name(new_name)?;
         let mut config = self.config.write().unwrap();
         if config.volumes.iter().any(|v| v.name == new_name) {
@@ -627,6 +701,17 @@ impl Array {
 
     /// Grow a volume to `size_bytes`; connected hosts get CAPACITY DATA HAS CHANGED.
     pub fn resize_volume(&self, name: &str, size_bytes: u64) -> Result<()> {
+        self.resize_volume_unrecorded(name, size_bytes)
+            .inspect(|_| {
+                self.volume_event(
+                    "volume_resized",
+                    name,
+                    format!("volume {name} resized to {}", size_text(size_bytes)),
+                )
+            })
+    }
+
+    fn resize_volume_unrecorded(&self, name: &str, size_bytes: u64) -> Result<()> {
         let mut config = self.config.write().unwrap();
         let index = config
             .volumes
@@ -659,6 +744,17 @@ impl Array {
 
     /// Remove the connection of `volume` to `host`.
     pub fn disconnect(&self, volume: &str, host: &str) -> Result<()> {
+        self.disconnect_unrecorded(volume, host).inspect(|_| {
+            self.host_event(
+                "volume_disconnected",
+                host,
+                Some(volume),
+                format!("volume {volume} disconnected from {host}"),
+            )
+        })
+    }
+
+    fn disconnect_unrecorded(&self, volume: &str, host: &str) -> Result<()> {
         let mut config = self.config.write().unwrap();
         if !config.volumes.iter().any(|v| v.name == volume) {
             return Err(ArrayError::NoSuchVolume(volume.into()));
@@ -681,6 +777,12 @@ impl Array {
 
     /// Delete a host: refused while volumes are connected to it.
     pub fn delete_host(&self, name: &str) -> Result<()> {
+        self.delete_host_unrecorded(name).inspect(|_| {
+            self.host_event("host_deleted", name, None, format!("host {name} deleted"))
+        })
+    }
+
+    fn delete_host_unrecorded(&self, name: &str) -> Result<()> {
         let mut config = self.config.write().unwrap();
         let volumes: Vec<String> = config
             .connections
@@ -760,6 +862,26 @@ impl Array {
         let saved = host.clone();
         self.save_locked(&updated)?;
         *config = updated;
+        drop(config);
+        let mut events = self.events();
+        for iqn in &saved.iqns {
+            events.forget_refused(iqn);
+        }
+        drop(events);
+        self.host_event(
+            "host_updated",
+            name,
+            None,
+            format!(
+                "host {name} changed ({} initiators, {})",
+                saved.iqns.len(),
+                if saved.chap.is_some() {
+                    "CHAP"
+                } else {
+                    "no CHAP"
+                }
+            ),
+        );
         Ok(saved)
     }
 
@@ -783,31 +905,76 @@ impl Array {
                 "soft threshold {share} is not between 0.01 and 1"
             )));
         }
-        self.update_settings(|s| s.soft_threshold = Some(share))?;
+        let changed = self.update_settings(|s| s.soft_threshold = Some(share))?;
         let mut tuning = self.engine.tuning();
         tuning.soft_threshold = share;
         self.engine.set_tuning(tuning);
+        if changed {
+            self.record_event(NewEvent {
+                kind: "soft_threshold_changed",
+                message: format!("soft threshold set to {:.0} % of capacity", share * 100.0),
+                ..NewEvent::default()
+            });
+        }
         Ok(())
     }
 
     /// Change the garbage collector's priority and keep it.
     pub fn set_gc_priority(&self, priority: GcPriority) -> Result<()> {
-        self.update_settings(|s| s.gc_priority = Some(gc_priority_name(priority)))?;
+        let changed = self.update_settings(|s| s.gc_priority = Some(gc_priority_name(priority)))?;
         let mut tuning = self.engine.tuning();
         tuning.gc = priority;
         self.engine.set_tuning(tuning);
+        if changed {
+            self.record_event(NewEvent {
+                kind: "gc_priority_changed",
+                message: format!("GC priority set to {}", gc_priority_name(priority)),
+                ..NewEvent::default()
+            });
+        }
         Ok(())
     }
 
-    fn update_settings(&self, change: impl FnOnce(&mut Settings)) -> Result<()> {
+    /// Applies `change` to the kept settings; whether they changed.
+    fn update_settings(&self, change: impl FnOnce(&mut Settings)) -> Result<bool> {
         let mut config = self.config.write().unwrap();
         let mut updated = config.clone();
         change(&mut updated.settings);
-        if updated.settings != config.settings {
-            self.save_locked(&updated)?;
-            *config = updated;
+        if updated.settings == config.settings {
+            return Ok(false);
         }
-        Ok(())
+        self.save_locked(&updated)?;
+        *config = updated;
+        Ok(true)
+    }
+
+    /// The event log (RFC 0002): the API reads it, the target reports refused logins to it.
+    pub fn events(&self) -> MutexGuard<'_, EventLog> {
+        self.events.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Records one event now.
+    pub fn record_event(&self, e: NewEvent) {
+        self.events().record(now_ms(), e);
+    }
+
+    fn volume_event(&self, kind: &'static str, volume: &str, message: String) {
+        self.record_event(NewEvent {
+            kind,
+            message,
+            volume: Some(volume.into()),
+            ..NewEvent::default()
+        });
+    }
+
+    fn host_event(&self, kind: &'static str, host: &str, volume: Option<&str>, message: String) {
+        self.record_event(NewEvent {
+            kind,
+            message,
+            host: Some(host.into()),
+            volume: volume.map(str::to_string),
+            ..NewEvent::default()
+        });
     }
 
     /// Space figures of one volume.
@@ -846,12 +1013,28 @@ impl Array {
         if config.hosts.iter().any(|h| h.name == name) {
             return Err(ArrayError::HostExists(name.into()));
         }
+        let chap_text = if chap.is_some() { ", with CHAP" } else { "" };
+        let message = format!("host {name} created ({} initiators{chap_text})", iqns.len());
+        let mut events = self.events();
+        for iqn in &iqns {
+            events.forget_refused(iqn);
+        }
         config.hosts.push(HostRecord {
             name: name.into(),
             iqns,
             chap,
         });
-        self.save_locked(&config)
+        self.save_locked(&config)?;
+        events.record(
+            now_ms(),
+            NewEvent {
+                kind: "host_created",
+                message,
+                host: Some(name.into()),
+                ..NewEvent::default()
+            },
+        );
+        Ok(())
     }
 
     /// Connect `volume` to `host` at `lun` (the lowest free LUN when `None`). Returns the LUN.
@@ -895,6 +1078,13 @@ impl Array {
             lun,
         });
         self.save_locked(&config)?;
+        drop(config);
+        self.host_event(
+            "volume_connected",
+            host,
+            Some(volume),
+            format!("volume {volume} connected to {host} as LUN {lun}"),
+        );
         Ok(lun)
     }
 
@@ -989,6 +1179,23 @@ impl Array {
     fn save_locked(&self, config: &ArrayConfig) -> Result<()> {
         let bytes = serde_json::to_vec_pretty(config).expect("config serialises");
         write_atomically(&self.dir, CONFIG_FILE, &bytes)
+    }
+}
+
+/// Milliseconds since the Unix epoch.
+pub(crate) fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+/// A size as events show it: GiB or MiB.
+fn size_text(bytes: u64) -> String {
+    if bytes >= 1 << 30 {
+        format!("{:.1} GiB", bytes as f64 / (1u64 << 30) as f64)
+    } else {
+        format!("{:.1} MiB", bytes as f64 / (1u64 << 20) as f64)
     }
 }
 

@@ -183,6 +183,7 @@ pub(crate) async fn drive(
     let authority = Arc::new(ConnectionAuthority {
         server: server.clone(),
         local,
+        peer,
         kill: kill.clone(),
     });
     let conn = Connection::new(server.settings.clone(), authority);

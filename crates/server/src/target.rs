@@ -257,13 +257,28 @@ impl Drop for ConnectionSlot {
 pub(crate) struct ConnectionAuthority {
     pub server: Arc<Server>,
     pub local: SocketAddr,
+    /// The initiator's address, for the refused-login events.
+    pub peer: SocketAddr,
     /// Notified when this connection's session is reinstated elsewhere.
     pub kill: Arc<Notify>,
+}
+
+impl ConnectionAuthority {
+    fn refused(&self, initiator: &str, reason: &str) {
+        self.server.array.events().login_refused(
+            crate::array::now_ms(),
+            initiator,
+            &self.peer.to_string(),
+            reason,
+        );
+    }
 }
 
 impl Authority for ConnectionAuthority {
     fn send_targets(&self, initiator_name: &str) -> Vec<DiscoveredTarget> {
         if matches!(self.server.array.access(initiator_name), Access::Unknown) {
+            // ESXi discovers before it logs in: this is where an unknown host shows first.
+            self.refused(initiator_name, "discovery by an initiator no host lists");
             return vec![];
         }
         let addresses = self
@@ -293,7 +308,10 @@ impl Authority for ConnectionAuthority {
             }
         }
         match self.server.array.access(initiator_name) {
-            Access::Unknown => Authorization::Denied,
+            Access::Unknown => {
+                self.refused(initiator_name, "no host lists this initiator");
+                Authorization::Denied
+            }
             Access::Allowed(chap) => Authorization::Allow {
                 chap: chap.map(|c| ChapCredentials {
                     user: c.user,

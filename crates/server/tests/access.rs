@@ -15,6 +15,7 @@ const HOST_B: &str = "iqn.2026-11.test:host-b";
 
 struct Running {
     addr: SocketAddr,
+    array: Arc<Array>,
     server: Arc<Server>,
     thread: Option<std::thread::JoinHandle<()>>,
     _dir: tempfile::TempDir,
@@ -33,10 +34,11 @@ fn start(setup: impl FnOnce(&Array)) -> Running {
     let dir = tempfile::tempdir().unwrap();
     let array = Arc::new(Array::open(dir.path(), TARGET).unwrap());
     setup(&array);
-    let server = Server::new(array);
+    let server = Server::new(array.clone());
     let (addr, thread) = support::serve_on_loopback(&server, "sliver-test");
     Running {
         addr,
+        array,
         server,
         thread: Some(thread),
         _dir: dir,
@@ -115,8 +117,32 @@ fn unmapped_lun_cannot_be_addressed() {
 fn unknown_initiator_is_refused_login() {
     let t = start(two_hosts);
     let url = format!("iscsi://{}/{TARGET}/0", t.addr);
-    let out = run("iscsi-inq", &["-i", "iqn.2026-11.test:stranger", &url]);
+    let stranger = "iqn.2026-11.test:stranger";
+    let out = run("iscsi-inq", &["-i", stranger, &url]);
     assert!(!out.status.success());
+    // The refusal is an event and the initiator is offered for adding, once however often
+    // it retries.
+    let out = run("iscsi-inq", &["-i", stranger, &url]);
+    assert!(!out.status.success());
+    let refused = t.array.events().refused();
+    assert_eq!(refused.len(), 1, "{refused:?}");
+    assert_eq!(refused[0].initiator, stranger);
+    assert_eq!(refused[0].reason, "no host lists this initiator");
+    assert_eq!(refused[0].count, 2);
+    assert!(refused[0].remote.starts_with("127.0.0.1:"));
+    let events = t.array.events().after(0, 1000);
+    let logins: Vec<_> = events
+        .iter()
+        .filter(|e| e.kind == "login_refused")
+        .collect();
+    assert_eq!(logins.len(), 1, "{events:?}");
+    assert!(logins[0].message.contains(stranger));
+    assert_eq!(logins[0].initiator.as_deref(), Some(stranger));
+    // Adding it to a host takes it off the list.
+    t.array
+        .create_host("stranger", vec![stranger.into()], None)
+        .unwrap();
+    assert!(t.array.events().refused().is_empty());
 }
 
 #[test]

@@ -651,3 +651,106 @@ fn a_host_is_edited_in_place() {
         .unwrap();
     assert_eq!((saved.iqns.len(), saved.chap), (2, None));
 }
+
+/// The events route: what the API changed, in order, paged by `after`, survives a reopen of
+/// the array; bad queries are refused.
+#[test]
+fn events_record_what_changed() {
+    let api = start(None);
+    let (s, _, t) = call(
+        &api,
+        "POST",
+        "/api/v1/volumes",
+        Some(json!({"name": "e1", "size_bytes": 8u64 << 20})),
+    );
+    assert_eq!(s, 201, "{t}");
+    call(
+        &api,
+        "POST",
+        "/api/v1/hosts",
+        Some(json!({"name": "eh", "iqns": ["iqn.1998-01.com.vmware:eh"]})),
+    );
+    call(
+        &api,
+        "POST",
+        "/api/v1/volumes/e1/connections",
+        Some(json!({"host": "eh"})),
+    );
+    call(
+        &api,
+        "POST",
+        "/api/v1/volumes/e1/snapshots",
+        Some(json!({"name": "e1s"})),
+    );
+    call(&api, "DELETE", "/api/v1/volumes/e1s", None);
+    call(
+        &api,
+        "PATCH",
+        "/api/v1/array",
+        Some(json!({"soft_threshold": 0.5})),
+    );
+    let (s, v, t) = call(&api, "GET", "/api/v1/events", None);
+    assert_eq!(s, 200, "{t}");
+    let kinds: Vec<&str> = v["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["kind"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        kinds,
+        [
+            "volume_created",
+            "host_created",
+            "volume_connected",
+            "snapshot_created",
+            "volume_deleted",
+            "soft_threshold_changed"
+        ],
+        "{t}"
+    );
+    let first = &v["events"][0];
+    assert_eq!(first["volume"], "e1");
+    assert_eq!(first["severity"], "info");
+    assert!(first["message"].as_str().unwrap().contains("8.0 MiB"));
+    let seqs: Vec<u64> = v["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["seq"].as_u64().unwrap())
+        .collect();
+    assert!(seqs.windows(2).all(|w| w[0] < w[1]));
+    assert_eq!(v["next"], *seqs.last().unwrap());
+    let (_, page, _) = call(
+        &api,
+        "GET",
+        &format!("/api/v1/events?after={}&limit=2", seqs[1]),
+        None,
+    );
+    let page_seqs: Vec<u64> = page["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["seq"].as_u64().unwrap())
+        .collect();
+    assert_eq!(page_seqs, seqs[2..4]);
+    assert_eq!(page["next"], seqs[3]);
+    let (_, empty, _) = call(
+        &api,
+        "GET",
+        &format!("/api/v1/events?after={}", seqs[5]),
+        None,
+    );
+    assert_eq!(
+        (empty["events"].as_array().unwrap().len(), &empty["next"]),
+        (0, &json!(seqs[5]))
+    );
+    let (s, v, _) = call(&api, "GET", "/api/v1/events?after=-1", None);
+    assert_eq!((s, v["error"]["code"].as_str()), (400, Some("bad_request")));
+    let (s, v, _) = call(&api, "GET", "/api/v1/initiators/refused", None);
+    assert_eq!((s, v), (200, json!([])));
+    // The file keeps them: a log opened on the same directory reads them back.
+    let (reopened, skipped) = sliver_server::events::EventLog::open(api._dir.path()).unwrap();
+    assert_eq!(skipped, 0);
+    assert_eq!(reopened.after(0, 1000).len(), 6);
+}
