@@ -338,6 +338,18 @@ fn has_engine(dir: &Path) -> bool {
     dir.join("log").exists()
 }
 
+/// The metadata cache's counters (pages resident and dirty, hits, faults, evictions).
+fn cache_json(engine: &Engine) -> serde_json::Value {
+    let c = engine.cache_stats();
+    serde_json::json!({
+        "resident_pages": c.resident,
+        "dirty_pages": c.dirty,
+        "hits": c.hits,
+        "faults": c.faults,
+        "evictions": c.evictions,
+    })
+}
+
 fn fill(args: &Args) {
     let (t, cache) = tuning(args);
     let created = !has_engine(&args.dir);
@@ -536,6 +548,8 @@ fn fill(args: &Args) {
             "space_before": space_before,
             "space": space.clone(),
             "flush_error": flushed.err().map(|e| e.to_string()),
+            "cache": cache_json(&engine),
+            "longest_lock_hold_us": engine.longest_lock_hold_us(),
         }));
         pos = done_to;
         space_before = space;
@@ -675,6 +689,14 @@ fn check_cmd(args: &Args) {
 }
 
 fn main() {
+    // SCALE_LOG=debug (any tracing filter) writes the engine's log to stderr: the metadata
+    // lock's long holds are logged at debug with where they were taken.
+    if let Ok(filter) = std::env::var("SCALE_LOG") {
+        tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::new(filter))
+            .with_writer(std::io::stderr)
+            .init();
+    }
     let args = parse_args();
     rss_watchdog(args.max_rss);
     match args.cmd.as_str() {
