@@ -51,6 +51,7 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("get", "/api/v1/stats/history"),
     ("get", "/api/v1/events"),
     ("get", "/api/v1/initiators/refused"),
+    ("get", "/api/v1/sessions"),
     ("get", "/api/v1/volumes/{name}/history"),
     ("get", "/metrics"),
 ];
@@ -66,6 +67,8 @@ pub struct ApiContext {
     pub allowed_hosts: AllowedHosts,
     /// Rates over the last hour and day, sampled by [`serve`] (RFC 0002).
     pub history: Arc<std::sync::Mutex<History>>,
+    /// The iSCSI server, for its live sessions (`None`: an API without one lists none).
+    pub server: Option<Arc<crate::Server>>,
 }
 
 type Ctx = Arc<ApiContext>;
@@ -109,6 +112,7 @@ fn router_shared(ctx: Ctx) -> Router {
         .route("/api/v1/stats/history", get(array_history))
         .route("/api/v1/events", get(events_list))
         .route("/api/v1/initiators/refused", get(refused_initiators))
+        .route("/api/v1/sessions", get(sessions_list))
         .route("/api/v1/volumes/{name}/history", get(volume_history))
         .route("/metrics", get(metrics_text))
         .fallback(not_found)
@@ -1057,6 +1061,16 @@ async fn events_list(
 /// offers to add to a host with one click.
 async fn refused_initiators(State(ctx): State<Ctx>) -> Json<Vec<crate::events::RefusedInitiator>> {
     Json(ctx.array.events().refused())
+}
+
+/// Logged-in iSCSI sessions (normal and discovery), by initiator name.
+async fn sessions_list(State(ctx): State<Ctx>) -> Json<Vec<crate::SessionSummary>> {
+    Json(
+        ctx.server
+            .as_ref()
+            .map(|s| s.sessions())
+            .unwrap_or_default(),
+    )
 }
 
 /// `?since=MS&step=5|60` of the history routes.

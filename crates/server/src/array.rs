@@ -1107,6 +1107,24 @@ impl Array {
         }
     }
 
+    /// The host `initiator` logs in as: the one listing it, else `*` when the wildcard host
+    /// would admit it; `None` when no host would.
+    pub fn host_of(&self, initiator: &str) -> Option<String> {
+        let config = self.config.read().unwrap();
+        if let Some(h) = config
+            .hosts
+            .iter()
+            .find(|h| h.iqns.iter().any(|i| i == initiator))
+        {
+            return Some(h.name.clone());
+        }
+        drop(config);
+        match self.access(initiator) {
+            Access::Allowed(_) => Some(ANY_HOST.into()),
+            Access::Unknown => None,
+        }
+    }
+
     /// LUNs `initiator` may address, sorted by LUN. A host's own mapping wins over `*` for the
     /// same LUN number.
     pub fn luns_for(&self, initiator: &str) -> Vec<MappedLun> {

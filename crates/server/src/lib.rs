@@ -16,4 +16,4 @@ mod session;
 mod target;
 
 pub use array::{Array, ArrayError};
-pub use target::{Server, ServerOptions, Timeouts, MAX_CONNECTIONS, MAX_SESSIONS};
+pub use target::{Server, ServerOptions, SessionSummary, Timeouts, MAX_CONNECTIONS, MAX_SESSIONS};

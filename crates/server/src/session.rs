@@ -184,6 +184,7 @@ pub(crate) async fn drive(
         server: server.clone(),
         local,
         peer,
+        chap: Default::default(),
         kill: kill.clone(),
     });
     let conn = Connection::new(server.settings.clone(), authority);

@@ -2,13 +2,14 @@
 
 use crate::array::{Access, Array};
 use crate::session;
+use serde::Serialize;
 use sliver_iscsi::{
     Authority, Authorization, ChapCredentials, DiscoveredTarget, LoginStatus, SessionInfo,
-    TargetSettings,
+    SessionType, TargetSettings,
 };
 use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::net::TcpListener;
@@ -88,6 +89,32 @@ struct SessionHandle {
     tsih: u16,
     /// Notified to make the owning connection drop (reinstatement).
     kill: Arc<Notify>,
+    /// What the API lists.
+    summary: SessionSummary,
+}
+
+/// A logged-in session as the API and the console show it.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct SessionSummary {
+    pub initiator: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub alias: Option<String>,
+    /// The host whose initiator names list it, `*` for the wildcard host, or none (a
+    /// discovery session of an initiator no host lists cannot log in; this is for a host
+    /// deleted or changed after the login).
+    pub host: Option<String>,
+    /// The initiator session id, hex.
+    pub isid: String,
+    pub tsih: u16,
+    /// `normal` or `discovery`.
+    pub kind: &'static str,
+    /// The initiator's address and the portal it reached.
+    pub remote: String,
+    pub portal: String,
+    /// Milliseconds since the Unix epoch.
+    pub login_ms: u64,
+    /// Whether the login authenticated with CHAP.
+    pub chap: bool,
 }
 
 impl Server {
@@ -223,6 +250,24 @@ impl Server {
         }
     }
 
+    /// The logged-in sessions, by initiator name and ISID, with the host each belongs to as
+    /// the configuration stands now.
+    pub fn sessions(&self) -> Vec<SessionSummary> {
+        let mut list: Vec<SessionSummary> = self
+            .registry
+            .lock()
+            .unwrap()
+            .sessions
+            .values()
+            .map(|h| h.summary.clone())
+            .collect();
+        list.sort_by(|a, b| (&a.initiator, &a.isid).cmp(&(&b.initiator, &b.isid)));
+        for s in &mut list {
+            s.host = self.array.host_of(&s.initiator);
+        }
+        list
+    }
+
     /// Release a session's registry entry when its connection ends.
     pub(crate) fn unregister(&self, initiator: &str, isid: [u8; 6], tsih: u16) {
         let mut reg = self.registry.lock().unwrap();
@@ -257,8 +302,10 @@ impl Drop for ConnectionSlot {
 pub(crate) struct ConnectionAuthority {
     pub server: Arc<Server>,
     pub local: SocketAddr,
-    /// The initiator's address, for the refused-login events.
+    /// The initiator's address, for the refused-login events and the session list.
     pub peer: SocketAddr,
+    /// Whether this connection's login was told to authenticate with CHAP.
+    pub chap: AtomicBool,
     /// Notified when this connection's session is reinstated elsewhere.
     pub kill: Arc<Notify>,
 }
@@ -312,12 +359,15 @@ impl Authority for ConnectionAuthority {
                 self.refused(initiator_name, "no host lists this initiator");
                 Authorization::Denied
             }
-            Access::Allowed(chap) => Authorization::Allow {
-                chap: chap.map(|c| ChapCredentials {
-                    user: c.user,
-                    secret: c.secret.into_bytes(),
-                }),
-            },
+            Access::Allowed(chap) => {
+                self.chap.store(chap.is_some(), Ordering::Relaxed);
+                Authorization::Allow {
+                    chap: chap.map(|c| ChapCredentials {
+                        user: c.user,
+                        secret: c.secret.into_bytes(),
+                    }),
+                }
+            }
         }
     }
 
@@ -346,11 +396,27 @@ impl Authority for ConnectionAuthority {
             tsih = tsih.wrapping_add(1);
         }
         reg.next_tsih = tsih.wrapping_add(1);
+        let summary = SessionSummary {
+            initiator: info.initiator_name.clone(),
+            alias: info.initiator_alias.clone(),
+            host: None,
+            isid: info.isid.iter().map(|b| format!("{b:02x}")).collect(),
+            tsih,
+            kind: match info.session_type {
+                SessionType::Discovery => "discovery",
+                _ => "normal",
+            },
+            remote: self.peer.to_string(),
+            portal: self.local.to_string(),
+            login_ms: crate::array::now_ms(),
+            chap: self.chap.load(Ordering::Relaxed),
+        };
         reg.sessions.insert(
             key,
             SessionHandle {
                 tsih,
                 kill: self.kill.clone(),
+                summary,
             },
         );
         Ok(tsih)

@@ -193,3 +193,41 @@ fn wildcard_host_serves_any_initiator() {
     assert!(out.status.success());
     assert!(String::from_utf8_lossy(&out.stdout).contains("Total size:8388608"));
 }
+
+/// The session list (`GET /api/v1/sessions` reads it): a logged-in host appears with its
+/// host name, addresses and TSIH, and disappears when it logs out.
+#[test]
+fn live_sessions_are_listed_with_their_host() {
+    let t = start(two_hosts);
+    assert!(t.server.sessions().is_empty());
+    let url = format!("iscsi://{}/{TARGET}/0", t.addr);
+    let options = sliver_initiator::SessionOptions {
+        initiator_name: HOST_A.into(),
+        ..Default::default()
+    };
+    let s = sliver_initiator::Session::connect(&url, options).unwrap();
+    let list = t.server.sessions();
+    assert_eq!(list.len(), 1, "{list:?}");
+    let one = &list[0];
+    assert_eq!(one.initiator, HOST_A);
+    assert_eq!(one.host.as_deref(), Some("host-a"));
+    assert_eq!((one.kind, one.chap), ("normal", false));
+    assert!(one.tsih > 0);
+    assert_eq!(one.isid.len(), 12);
+    assert!(one.remote.starts_with("127.0.0.1:"));
+    assert_eq!(one.portal, t.addr.to_string());
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64;
+    assert!(one.login_ms <= now && one.login_ms + 60_000 > now);
+    s.logout().unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while !t.server.sessions().is_empty() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the session stayed listed"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}

@@ -45,6 +45,7 @@ fn start(token: Option<&str>) -> Api {
         token: token.map(str::to_string),
         allowed_hosts: AllowedHosts::new(["array1.example.com"]).unwrap(),
         history: Default::default(),
+        server: None,
     };
     let history = ctx.history.clone();
     runtime.spawn(api::serve(listener, ctx, std::future::pending()));

@@ -357,6 +357,7 @@ fn serve(args: ServeArgs) -> Result<(), String> {
                 token: s.api_token,
                 allowed_hosts: s.api_allowed_hosts,
                 history: Default::default(),
+                server: Some(server.clone()),
             },
             async move {
                 let _ = api_stopped.await;
