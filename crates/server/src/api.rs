@@ -8,14 +8,15 @@
 //! sliver by a name an attacker cannot own ([`AllowedHosts`]: DNS rebinding).
 
 pub use crate::allowed_hosts::AllowedHosts;
+use crate::array::now_ms;
 use crate::array::{
     gc_priority_name, parse_gc_priority, Array, ArrayError, ChapChange, ChapSecret, VolumeKind,
     VolumeRecord,
 };
 use crate::history::{self, Counters, History, Point, SpaceReading, Step};
 use crate::metrics;
-use axum::extract::rejection::JsonRejection;
-use axum::extract::{Path, Request, State};
+use axum::extract::rejection::{JsonRejection, QueryRejection};
+use axum::extract::{Path, Query, Request, State};
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
@@ -155,13 +156,6 @@ async fn sample_history(ctx: std::sync::Weak<ApiContext>) {
     }
 }
 
-fn now_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0)
-}
-
 /// Reads every counter of `array` once and adds the reading to `history`, as taken at
 /// `now_ms` (the sampler passes the wall clock; tests pass their own).
 pub fn record_history(array_ref: &Array, history: &std::sync::Mutex<History>, now_ms: u64) {
@@ -187,9 +181,9 @@ pub fn record_history(array_ref: &Array, history: &std::sync::Mutex<History>, no
         let stats = unit.stats();
         let mut c = Counters::default();
         history::add_classes(&mut c.classes, &stats.classes);
-        history::add_vaai(&mut c.vaai, &stats.vaai);
+        c.vaai.add(&stats.vaai);
         history::add_classes(&mut array.classes, &stats.classes);
-        history::add_vaai(&mut array.vaai, &stats.vaai);
+        array.vaai.add(&stats.vaai);
         volumes.push((record.name, c));
     }
     history
@@ -278,6 +272,12 @@ impl From<ArrayError> for ApiError {
 
 impl From<JsonRejection> for ApiError {
     fn from(e: JsonRejection) -> Self {
+        ApiError::new(StatusCode::BAD_REQUEST, "bad_request", e.body_text())
+    }
+}
+
+impl From<QueryRejection> for ApiError {
+    fn from(e: QueryRejection) -> Self {
         ApiError::new(StatusCode::BAD_REQUEST, "bad_request", e.body_text())
     }
 }
@@ -795,22 +795,30 @@ pub struct HostInfo {
     pub volumes: Vec<String>,
 }
 
+/// A host as the API shows it (never its secret), with the volumes connected to it.
+fn host_info(
+    h: crate::array::HostRecord,
+    connections: &[crate::array::ConnectionRecord],
+) -> HostInfo {
+    HostInfo {
+        volumes: connections
+            .iter()
+            .filter(|c| c.host == h.name)
+            .map(|c| c.volume.clone())
+            .collect(),
+        chap_user: h.chap.map(|c| c.user),
+        iqns: h.iqns,
+        name: h.name,
+    }
+}
+
 async fn host_list(State(ctx): State<Ctx>) -> Json<Vec<HostInfo>> {
     let connections = ctx.array.connections();
     Json(
         ctx.array
             .hosts()
             .into_iter()
-            .map(|h| HostInfo {
-                volumes: connections
-                    .iter()
-                    .filter(|c| c.host == h.name)
-                    .map(|c| c.volume.clone())
-                    .collect(),
-                chap_user: h.chap.map(|c| c.user),
-                iqns: h.iqns,
-                name: h.name,
-            })
+            .map(|h| host_info(h, &connections))
             .collect(),
     )
 }
@@ -946,19 +954,7 @@ async fn host_update(
     };
     let array = ctx.clone();
     let host = blocking(move || array.array.update_host(&name, req.iqns, chap)).await?;
-    let volumes = ctx
-        .array
-        .connections()
-        .into_iter()
-        .filter(|c| c.host == host.name)
-        .map(|c| c.volume)
-        .collect();
-    Ok(Json(HostInfo {
-        chap_user: host.chap.map(|c| c.user),
-        iqns: host.iqns,
-        name: host.name,
-        volumes,
-    }))
+    Ok(Json(host_info(host, &ctx.array.connections())))
 }
 
 async fn host_delete(State(ctx): State<Ctx>, Path(name): Path<String>) -> ApiResult<StatusCode> {
@@ -1040,10 +1036,9 @@ pub struct EventsInfo {
 
 async fn events_list(
     State(ctx): State<Ctx>,
-    q: Result<axum::extract::Query<EventsQuery>, axum::extract::rejection::QueryRejection>,
+    q: Result<Query<EventsQuery>, QueryRejection>,
 ) -> ApiResult<Json<EventsInfo>> {
-    let axum::extract::Query(q) =
-        q.map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, "bad_request", e.body_text()))?;
+    let Query(q) = q?;
     let after = q.after.unwrap_or(0);
     let limit = q
         .limit
@@ -1095,59 +1090,51 @@ pub struct HistoryInfo {
     pub points: Vec<Point>,
 }
 
-fn history_query(
-    q: Result<axum::extract::Query<HistoryQuery>, axum::extract::rejection::QueryRejection>,
-) -> ApiResult<(Step, u64, u64)> {
-    let bad = |m: String| ApiError::new(StatusCode::BAD_REQUEST, "bad_request", m);
-    let axum::extract::Query(q) = q.map_err(|e| bad(e.body_text()))?;
+/// The points a history query asks for, from the array's history or one volume's.
+fn history_answer(
+    ctx: &ApiContext,
+    q: Result<Query<HistoryQuery>, QueryRejection>,
+    read: impl FnOnce(&History, Step, u64) -> Vec<Point>,
+) -> ApiResult<Json<HistoryInfo>> {
+    let Query(q) = q?;
     let step_seconds = q.step.unwrap_or(history::SAMPLE_SECONDS);
     let step = Step::from_seconds(step_seconds).ok_or_else(|| {
-        bad(format!(
-            "step must be {} or {} seconds, not {step_seconds}",
-            history::SAMPLE_SECONDS,
-            history::COARSE_SECONDS
-        ))
+        ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "bad_request",
+            format!(
+                "step must be {} or {} seconds, not {step_seconds}",
+                history::SAMPLE_SECONDS,
+                history::COARSE_SECONDS
+            ),
+        )
     })?;
-    Ok((step, step_seconds, q.since.unwrap_or(0)))
+    let history = ctx.history.lock().unwrap_or_else(|e| e.into_inner());
+    Ok(Json(HistoryInfo {
+        step_seconds,
+        latency_bounds_us: sliver_scsi::LATENCY_BOUNDS_US,
+        points: read(&history, step, q.since.unwrap_or(0)),
+    }))
 }
 
 async fn array_history(
     State(ctx): State<Ctx>,
-    q: Result<axum::extract::Query<HistoryQuery>, axum::extract::rejection::QueryRejection>,
+    q: Result<Query<HistoryQuery>, QueryRejection>,
 ) -> ApiResult<Json<HistoryInfo>> {
-    let (step, step_seconds, since) = history_query(q)?;
-    let points = ctx
-        .history
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .array(step, since);
-    Ok(Json(HistoryInfo {
-        step_seconds,
-        latency_bounds_us: sliver_scsi::LATENCY_BOUNDS_US,
-        points,
-    }))
+    history_answer(&ctx, q, |h, step, since| h.array(step, since))
 }
 
 async fn volume_history(
     State(ctx): State<Ctx>,
     Path(name): Path<String>,
-    q: Result<axum::extract::Query<HistoryQuery>, axum::extract::rejection::QueryRejection>,
+    q: Result<Query<HistoryQuery>, QueryRejection>,
 ) -> ApiResult<Json<HistoryInfo>> {
-    let (step, step_seconds, since) = history_query(q)?;
     if ctx.array.unit(&name).is_none() {
         return Err(ArrayError::NoSuchVolume(name).into());
     }
-    let points = ctx
-        .history
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .volume(&name, step, since)
-        .unwrap_or_default();
-    Ok(Json(HistoryInfo {
-        step_seconds,
-        latency_bounds_us: sliver_scsi::LATENCY_BOUNDS_US,
-        points,
-    }))
+    history_answer(&ctx, q, |h, step, since| {
+        h.volume(&name, step, since).unwrap_or_default()
+    })
 }
 
 async fn metrics_text(State(ctx): State<Ctx>) -> ApiResult<Response> {

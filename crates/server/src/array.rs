@@ -863,25 +863,16 @@ impl Array {
         self.save_locked(&updated)?;
         *config = updated;
         drop(config);
-        let mut events = self.events();
-        for iqn in &saved.iqns {
-            events.forget_refused(iqn);
-        }
-        drop(events);
-        self.host_event(
-            "host_updated",
-            name,
-            None,
-            format!(
-                "host {name} changed ({} initiators, {})",
-                saved.iqns.len(),
-                if saved.chap.is_some() {
-                    "CHAP"
-                } else {
-                    "no CHAP"
-                }
-            ),
+        let chap_text = if saved.chap.is_some() {
+            "CHAP"
+        } else {
+            "no CHAP"
+        };
+        let message = format!(
+            "host {name} changed ({} initiators, {chap_text})",
+            saved.iqns.len()
         );
+        self.host_admitted(name, &saved.iqns, "host_updated", message);
         Ok(saved)
     }
 
@@ -967,6 +958,16 @@ impl Array {
         });
     }
 
+    /// A host that now lists `iqns`: they leave the refused list, and the change is an event.
+    fn host_admitted(&self, host: &str, iqns: &[String], kind: &'static str, message: String) {
+        let mut events = self.events();
+        for iqn in iqns {
+            events.forget_refused(iqn);
+        }
+        drop(events);
+        self.host_event(kind, host, None, message);
+    }
+
     fn host_event(&self, kind: &'static str, host: &str, volume: Option<&str>, message: String) {
         self.record_event(NewEvent {
             kind,
@@ -1015,25 +1016,14 @@ impl Array {
         }
         let chap_text = if chap.is_some() { ", with CHAP" } else { "" };
         let message = format!("host {name} created ({} initiators{chap_text})", iqns.len());
-        let mut events = self.events();
-        for iqn in &iqns {
-            events.forget_refused(iqn);
-        }
         config.hosts.push(HostRecord {
             name: name.into(),
-            iqns,
+            iqns: iqns.clone(),
             chap,
         });
         self.save_locked(&config)?;
-        events.record(
-            now_ms(),
-            NewEvent {
-                kind: "host_created",
-                message,
-                host: Some(name.into()),
-                ..NewEvent::default()
-            },
-        );
+        drop(config);
+        self.host_admitted(name, &iqns, "host_created", message);
         Ok(())
     }
 

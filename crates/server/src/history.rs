@@ -319,34 +319,8 @@ pub fn add_classes(
     classes: &[(CommandClass, ClassStats)],
 ) {
     for (c, s) in classes {
-        let t = total.entry(c.name()).or_default();
-        t.commands += s.commands;
-        t.errors += s.errors;
-        t.bytes += s.bytes;
-        t.latency_sum_us += s.latency_sum_us;
-        if t.latency_buckets.len() < s.latency_buckets.len() {
-            t.latency_buckets.resize(s.latency_buckets.len(), 0);
-        }
-        for (a, b) in t.latency_buckets.iter_mut().zip(&s.latency_buckets) {
-            *a += b;
-        }
+        total.entry(c.name()).or_default().add(s);
     }
-}
-
-/// Sums VAAI counters.
-pub fn add_vaai(total: &mut VaaiCounters, v: &VaaiCounters) {
-    total.ats += v.ats;
-    total.ats_failed += v.ats_failed;
-    total.clone_read += v.clone_read;
-    total.clone_write += v.clone_write;
-    total.clone_failed += v.clone_failed;
-    total.zero += v.zero;
-    total.zero_failed += v.zero_failed;
-    total.delete += v.delete;
-    total.delete_failed += v.delete_failed;
-    total.deleted_bytes += v.deleted_bytes;
-    total.cloned_bytes += v.cloned_bytes;
-    total.zeroed_bytes += v.zeroed_bytes;
 }
 
 #[cfg(test)]
@@ -506,8 +480,8 @@ mod tests {
             cloned_bytes: 1,
             zeroed_bytes: 1,
         };
-        add_vaai(&mut v, &one);
-        add_vaai(&mut v, &one);
+        v.add(&one);
+        v.add(&one);
         assert_eq!(serde_json::to_value(&v).unwrap(), {
             let mut all = serde_json::to_value(&one).unwrap();
             for (_, x) in all.as_object_mut().unwrap() {
