@@ -13,7 +13,7 @@ use std::io;
 use std::os::unix::fs::FileExt;
 use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Mutex;
 
 pub trait Backend: Send + Sync {
@@ -27,6 +27,13 @@ pub trait Backend: Send + Sync {
     /// Reserve space for a range about to be written, so running out of space shows up here
     /// (ENOSPC) and not in the middle of a record.
     fn allocate(&self, offset: u64, len: u64) -> io::Result<()>;
+    /// Whether a range [`Backend::allocate`] accepted can be written without running out of
+    /// space. False once the file system turned out to have no fallocate: space then shows up
+    /// as ENOSPC on write, which the engine must see before it applies a record, so it writes
+    /// under the metadata lock again.
+    fn allocation_reserves(&self) -> bool {
+        true
+    }
     /// Give a range's space back (its contents become undefined).
     fn discard(&self, offset: u64, len: u64) -> io::Result<()>;
     /// Read the metadata area; bytes never written read as zeros.
@@ -72,6 +79,8 @@ pub struct FileBackend {
     /// Bytes of the metadata file allocated so far (it grows by [`META_GROWTH`] steps, so a
     /// full file system shows as ENOSPC from fallocate, not in the middle of a page).
     meta_allocated: AtomicU64,
+    /// Set once fallocate answered EOPNOTSUPP (see [`Backend::allocation_reserves`]).
+    no_fallocate: AtomicBool,
 }
 
 /// The metadata file grows by this much at a time.
@@ -118,6 +127,13 @@ impl FileBackend {
             .truncate(false)
             .open(dir.join(META_FILE))?;
         let meta_len = meta.metadata()?.len();
+        // Whether the file system has fallocate at all, known before the first segment is
+        // allocated (the head segment of a reopened array is written into without one). The
+        // log's first 4 KiB: at most a page of a free segment's space, given back when it is.
+        let no_fallocate = matches!(
+            fallocate(&log, libc::FALLOC_FL_KEEP_SIZE, 0, 4096),
+            Err(e) if e.raw_os_error() == Some(libc::EOPNOTSUPP)
+        );
         Ok(Self {
             dir: dir.to_path_buf(),
             capacity: capacity.max(len),
@@ -125,6 +141,7 @@ impl FileBackend {
             meta,
             checkpoint_len: AtomicU64::new(0),
             meta_allocated: AtomicU64::new(meta_len),
+            no_fallocate: AtomicBool::new(no_fallocate),
         })
     }
 
@@ -219,9 +236,16 @@ impl Backend for FileBackend {
     fn allocate(&self, offset: u64, len: u64) -> io::Result<()> {
         match self.fallocate(0, offset, len) {
             // File systems without fallocate: space shows up as ENOSPC on write instead.
-            Err(e) if e.raw_os_error() == Some(libc::EOPNOTSUPP) => Ok(()),
+            Err(e) if e.raw_os_error() == Some(libc::EOPNOTSUPP) => {
+                self.no_fallocate.store(true, Ordering::Release);
+                Ok(())
+            }
             other => other,
         }
+    }
+
+    fn allocation_reserves(&self) -> bool {
+        !self.no_fallocate.load(Ordering::Acquire)
     }
 
     fn discard(&self, offset: u64, len: u64) -> io::Result<()> {

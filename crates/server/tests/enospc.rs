@@ -331,6 +331,10 @@ impl Backend for NoFallocateFs {
         // What FileBackend does on EOPNOTSUPP.
         Ok(())
     }
+    fn allocation_reserves(&self) -> bool {
+        // And what it answers afterwards: space is only known when a write lands.
+        false
+    }
     fn discard(&self, offset: u64, len: u64) -> io::Result<()> {
         let mut fs = self.fs.lock().unwrap();
         for page in offset.div_ceil(PAGE)..(offset + len) / PAGE {

@@ -18,6 +18,12 @@ impl Engine {
     /// hears (done, total) chunks as the data is read.
     pub fn check(&self, progress: &mut dyn FnMut(u64, u64)) -> Vec<String> {
         let mut problems = Vec::new();
+        // Chunks are read from the log: writes applied but still in flight land first.
+        let appended = self.lock_meta().appended;
+        if let Err(e) = self.wait_written(appended) {
+            problems.push(format!("log writes in flight never completed: {e}"));
+            return problems;
+        }
         if let Err(e) = self.check_metadata(&mut problems) {
             problems.push(format!("metadata could not be read: {e}"));
         }

@@ -88,6 +88,16 @@ impl Engine {
         // Live bytes of a sealed segment only fall, so one found empty stays empty: nothing
         // to read or relocate (the common case after a large UNMAP or zeroing).
         let mut raw = vec![0u8; if empty { 0 } else { seg as usize }];
+        // Victims are older than the last checkpoint, which waited for the log writes in
+        // flight before it; a range still in flight here would be read as torn records.
+        let unwritten = self.inflight.in_segment(victim);
+        debug_assert!(
+            unwritten.is_empty(),
+            "victim {victim} has log writes in flight"
+        );
+        self.inflight
+            .wait_for(&unwritten, &self.poisoned)
+            .map_err(|_| self.poisoned_error())?;
         if !empty {
             if let Err(e) = self.backend.read_at(&mut raw, victim as u64 * seg) {
                 // The medium's failure, not the log's: writes go on. Hosts reading the
@@ -199,10 +209,14 @@ impl Engine {
                 e.chunk(*id, *codec, hash, data);
             }
             e.wrap_batch(0);
-            self.append_at(&mut m, at, &buf)?;
+            let unwritten = self.append_unwritten(&mut m, at, buf)?;
             let moved = (size - RECORD_HEADER) as u64;
             m.counters.gc_bytes += moved;
             relocated += moved;
+            // Hosts' commands go on while the relocation reaches the log (readers of the
+            // chunks it moved wait for it).
+            drop(m);
+            self.write_unwritten(unwritten)?;
         }
         // Relocations durable before the old copies can disappear; and the records that made
         // the victim's chunks dead (UNMAP, overwrites) durable before their data can be

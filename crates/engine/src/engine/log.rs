@@ -168,10 +168,73 @@ impl Engine {
         self.backend.has_room(seg, seg)
     }
 
-    /// Write `bytes` (records encoded for `at.seq`) at the reserved position and apply them.
+    /// Write `bytes` (records encoded for `at.seq`) at the reserved position and apply them,
+    /// all under the lock (metadata records, relocations, copies: see [`Unwritten`] for host
+    /// writes).
     pub(super) fn append_at(&self, m: &mut Meta, at: Head, bytes: &[u8]) -> Result<()> {
+        self.validate_append(m, at, bytes)?;
+        self.write_log(at.segment, at.offset, bytes)?;
+        self.apply_append(m, at, bytes)
+    }
+
+    /// Apply `bytes` (records encoded for `at.seq`, at the reserved position) and register
+    /// them as in flight; the caller writes them with [`Engine::write_unwritten`] once it has
+    /// let go of the lock. Used where the write may take as long as the file system makes it
+    /// (a host write), so that other commands do not wait for it.
+    pub(super) fn append_unwritten(
+        &self,
+        m: &mut Meta,
+        at: Head,
+        bytes: Vec<u8>,
+    ) -> Result<Unwritten> {
+        if !self.backend.allocation_reserves() {
+            // Without fallocate a write can still run out of space, which must be known
+            // before the records are applied.
+            self.append_at(m, at, &bytes)?;
+            return Ok(Unwritten::Written);
+        }
+        self.validate_append(m, at, &bytes)?;
+        let position = m.appended;
+        self.apply_append(m, at, &bytes)?;
+        self.inflight
+            .register(position, at.segment, at.offset, bytes.len() as u32);
+        Ok(Unwritten::Pending {
+            position,
+            segment: at.segment,
+            offset: at.offset,
+            bytes,
+        })
+    }
+
+    /// Write what [`Engine::append_unwritten`] applied (without the lock), and return once
+    /// every range before it is written too. A failure poisons the engine: the state is ahead of the log, and the range stays in flight so that no
+    /// reader or flush takes its bytes as written.
+    pub(super) fn write_unwritten(&self, unwritten: Unwritten) -> Result<()> {
+        let Unwritten::Pending {
+            position,
+            segment,
+            offset,
+            bytes,
+        } = unwritten
+        else {
+            return Ok(());
+        };
+        let at = segment as u64 * self.geometry.segment_size as u64 + offset as u64;
+        if let Err(e) = self.backend.write_at(&bytes, at) {
+            return Err(self.poison(format!(
+                "log write failed after its records were applied: {e}"
+            )));
+        }
+        self.inflight.complete(position);
+        // Acknowledged in log order: once a command returns, the log before its records is
+        // written too, so a crash of the process alone (the page cache survives) keeps every
+        // write acknowledged, as when the log was written under the lock.
+        self.wait_written(position)
+    }
+
+    /// Nothing reaches the log that `apply` would refuse (see `State::validate`).
+    fn validate_append(&self, m: &Meta, at: Head, bytes: &[u8]) -> Result<()> {
         debug_assert_eq!(at, m.head);
-        // Nothing reaches the log that `apply` would refuse (see `State::validate`).
         for item in format::records(bytes, at.seq) {
             let (_, record) = item
                 .map_err(|e| self.poison(format!("self-encoded record failed to decode: {e:?}")))?;
@@ -187,7 +250,11 @@ impl Engine {
                     .map_err(|e| EngineError::Invalid(format!("refused: {e}")))?;
             }
         }
-        self.write_log(at.segment, at.offset, bytes)?;
+        Ok(())
+    }
+
+    /// Move the head past `bytes` and apply their records.
+    fn apply_append(&self, m: &mut Meta, at: Head, bytes: &[u8]) -> Result<()> {
         m.head.offset += bytes.len() as u32;
         let written = m.head.offset;
         m.state.update_segment(at.segment, |s| s.written = written);
@@ -210,6 +277,18 @@ impl Engine {
         Ok(())
     }
 
+    /// Wait until the log ranges in flight before `position` are written.
+    pub(super) fn wait_written(&self, position: u64) -> Result<()> {
+        self.inflight
+            .wait_below(position, &self.poisoned)
+            .map_err(|_| self.poisoned_error())
+    }
+
+    /// The error of a poisoned engine.
+    pub(super) fn poisoned_error(&self) -> EngineError {
+        EngineError::Poisoned(self.poison.lock().unwrap().clone().unwrap_or_default())
+    }
+
     /// Make every write completed so far durable (group commit: concurrent callers share one
     /// sync).
     pub fn flush(&self) -> Result<()> {
@@ -217,11 +296,12 @@ impl Engine {
             return Ok(());
         }
         let target = self.lock_meta().appended;
+        // Writes applied before this call may still be on their way to the log.
+        self.wait_written(target)?;
         let mut f = self.flush.lock().unwrap();
         loop {
             if self.poisoned.load(Ordering::Acquire) {
-                let why = self.poison.lock().unwrap().clone().unwrap_or_default();
-                return Err(EngineError::Poisoned(why));
+                return Err(self.poisoned_error());
             }
             if f.durable >= target {
                 return Ok(());
@@ -229,7 +309,14 @@ impl Engine {
             if !f.syncing {
                 f.syncing = true;
                 drop(f);
-                let upto = self.lock_meta().appended;
+                // Durable after the sync: the log up to the first range still in flight
+                // (ranges register under `meta`, so none can start below `appended` later).
+                let upto = {
+                    let m = self.lock_meta();
+                    self.inflight
+                        .first()
+                        .map_or(m.appended, |p| p.min(m.appended))
+                };
                 let result = self.backend.sync();
                 f = self.flush.lock().unwrap();
                 f.syncing = false;
@@ -253,4 +340,18 @@ impl Engine {
 /// ENOSPC or EDQUOT: the file system (or the quota) is full.
 pub(super) fn out_of_space(e: &io::Error) -> bool {
     matches!(e.raw_os_error(), Some(libc::ENOSPC) | Some(libc::EDQUOT))
+}
+
+/// What [`Engine::append_unwritten`] leaves to write.
+#[must_use = "applied records must be written"]
+pub(super) enum Unwritten {
+    /// Written under the lock already (a backend that cannot reserve space).
+    Written,
+    /// Applied and registered in flight at log `position`; `bytes` go at `offset` of `segment`.
+    Pending {
+        position: u64,
+        segment: u32,
+        offset: u32,
+        bytes: Vec<u8>,
+    },
 }

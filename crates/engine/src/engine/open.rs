@@ -291,6 +291,7 @@ impl Engine {
                 syncing: false,
             }),
             flushed: Condvar::new(),
+            inflight: Default::default(),
             poison: Mutex::new(None),
             poisoned: AtomicBool::new(false),
             maintenance: Mutex::new(()),

@@ -73,8 +73,17 @@ impl Engine {
             Ok((seen, locs))
         });
         let (seen, locs) = resolved?;
+        // Chunks whose records a write applied but has not written yet are read once it has.
+        let unwritten = self
+            .inflight
+            .holding(locs.iter().flatten().map(|&(_, loc, ..)| loc));
         let _pin = self.reuse.read().unwrap_or_else(|p| p.into_inner());
         drop(m);
+        if !unwritten.is_empty() {
+            self.inflight
+                .wait_for(&unwritten, &self.poisoned)
+                .map_err(|_| self.poisoned_error())?;
+        }
         let mut i = 0;
         while i < count {
             let Some((_, loc, len, seq)) = locs[i] else {

@@ -208,8 +208,10 @@ impl Engine {
                     }
                     return Err(EngineError::NoSpace);
                 }
-                Ok(()) => {
+                Ok(unwritten) => {
+                    // The log write happens without the lock: other commands go on meanwhile.
                     drop(m);
+                    self.write_unwritten(unwritten)?;
                     return self.relieve_cache();
                 }
                 Err(e) => return Err(e),
@@ -217,14 +219,15 @@ impl Engine {
         }
     }
 
-    /// Encode and append one batch mapping chunks `first..` of `volume`.
+    /// Encode and apply one batch mapping chunks `first..` of `volume`; the caller writes it
+    /// to the log once it has let go of the lock.
     pub(super) fn commit(
         &self,
         m: &mut Meta,
         volume: u32,
         first: u64,
         items: &[&Prepared],
-    ) -> Result<()> {
+    ) -> Result<Unwritten> {
         // First what is new and what is stored already, and the room the batch needs; ids
         // for the new chunks only once the room is reserved, so a batch that fails for want
         // of space takes none (replay meets only ids of batches that were written).
@@ -300,7 +303,7 @@ impl Engine {
         e.map(volume, first, &ids);
         e.wrap_batch(0);
         debug_assert_eq!(buf.len(), size);
-        self.append_at(m, at, &buf)?;
+        let unwritten = self.append_unwritten(m, at, buf)?;
         // The chunks just written are the freshest locality: the rest of the stream, and
         // repeats of its blocks, find them there.
         for group in new.chunk_by(|a, b| a.0 / CHUNKS_PER_PAGE == b.0 / CHUNKS_PER_PAGE) {
@@ -313,7 +316,7 @@ impl Engine {
         self.data_chunks_written.fetch_add(data, Ordering::Relaxed);
         self.dedup_chunks
             .fetch_add(data - new.len() as u64, Ordering::Relaxed);
-        Ok(())
+        Ok(unwritten)
     }
 
     /// A stored chunk with this fingerprint, from the locality cache or a hook, confirmed
