@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The whole test suite: formatting, lints, unit and integration tests, conformance against
-# independent initiators (libiscsi, QEMU), the quick benchmark against tgt, the engine at scale
-# (bench/scale --quick), fuzz smoke runs.
+# independent initiators (libiscsi, QEMU), the console in a real browser, the quick benchmark
+# against tgt, the engine at scale (bench/scale --quick), fuzz smoke runs.
 # The README's test command.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -23,6 +23,11 @@ cargo run --quiet -- --version
 
 step "conformance: libiscsi iscsi-test-cu and QEMU against a live sliver"
 scripts/conformance.sh
+
+if [ "${SLIVER_SKIP_CONSOLE:-0}" != 1 ]; then
+  step "the console in a real browser (chromium + playwright-core)"
+  scripts/console-test.sh
+fi
 
 if [ "${SLIVER_SKIP_BENCH:-0}" != 1 ]; then
   step "benchmark quick mode: sliver and tgt side by side (figures reported, not asserted)"

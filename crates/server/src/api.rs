@@ -116,6 +116,9 @@ fn router_shared(ctx: Ctx) -> Router {
         .route("/api/v1/sessions", get(sessions_list))
         .route("/api/v1/volumes/{name}/history", get(volume_history))
         .route("/metrics", get(metrics_text))
+        // The console (RFC 0002): not API routes, so not in ROUTES or the OpenAPI document.
+        .route("/", get(crate::console::index))
+        .route("/console/{*file}", get(crate::console::file))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed);
     routes
@@ -301,6 +304,23 @@ async fn blocking<T: Send + 'static>(
 }
 
 async fn authorize(State(ctx): State<Ctx>, request: Request, next: Next) -> Response {
+    let console = crate::console::is_console_path(request.uri().path());
+    let mut response = match refusal(&ctx, &request, console) {
+        Some(refused) => refused.into_response(),
+        None => next.run(request).await,
+    };
+    if console {
+        crate::console::console_headers(response.headers_mut());
+    } else {
+        crate::console::api_headers(response.headers_mut());
+    }
+    response
+}
+
+/// Why `request` is refused before it reaches a route, if it is: a `Host` an attacker could
+/// own (DNS rebinding), a change sent by a page of another origin, a missing token (the
+/// console's static files need none).
+fn refusal(ctx: &ApiContext, request: &Request, console: bool) -> Option<ApiError> {
     let host = request
         .headers()
         .get(header::HOST)
@@ -308,26 +328,57 @@ async fn authorize(State(ctx): State<Ctx>, request: Request, next: Next) -> Resp
         .unwrap_or_default();
     if !ctx.allowed_hosts.permits(&host) {
         let shown: String = host.chars().take(80).collect();
-        return ApiError::new(
+        return Some(ApiError::new(
             StatusCode::FORBIDDEN,
             "host_not_allowed",
             format!(
                 "the API does not answer requests addressed to '{shown}' (protection against DNS rebinding): use an IP address or localhost, or add the name to [api] allowed_hosts or --api-allowed-host"
             ),
-        )
-        .into_response();
+        ));
+    }
+    let changes = !matches!(
+        *request.method(),
+        axum::http::Method::GET | axum::http::Method::HEAD | axum::http::Method::OPTIONS
+    );
+    if changes {
+        if let Some(origin) = request.headers().get(header::ORIGIN) {
+            let origin = String::from_utf8_lossy(origin.as_bytes());
+            if !same_origin(&origin, &host) {
+                let shown: String = origin.chars().take(80).collect();
+                return Some(ApiError::new(
+                    StatusCode::FORBIDDEN,
+                    "origin_not_allowed",
+                    format!(
+                        "changes are accepted only from sliver's own pages, not from a page of '{shown}'"
+                    ),
+                ));
+            }
+        }
     }
     if let Some(token) = &ctx.token {
-        if !bearer_matches(request.headers(), token) {
-            return ApiError::new(
+        if !console && !bearer_matches(request.headers(), token) {
+            return Some(ApiError::new(
                 StatusCode::UNAUTHORIZED,
                 "unauthorized",
                 "a valid API token is required (Authorization: Bearer <token>)",
-            )
-            .into_response();
+            ));
         }
     }
-    next.run(request).await
+    None
+}
+
+/// Whether an `Origin` header (`http://name:port`) names the host and port the request was
+/// sent to (its `Host` header). A page's own requests carry its origin; `null` (a sandboxed
+/// frame, a file) never matches.
+fn same_origin(origin: &str, host: &str) -> bool {
+    let Some(authority) = origin
+        .strip_prefix("http://")
+        .or_else(|| origin.strip_prefix("https://"))
+    else {
+        return false;
+    };
+    let authority = authority.trim_end_matches('/');
+    !authority.is_empty() && authority.eq_ignore_ascii_case(host.trim())
 }
 
 /// Constant-time comparison of the presented bearer token.
@@ -344,6 +395,10 @@ fn bearer_matches(headers: &HeaderMap, token: &str) -> bool {
 }
 
 async fn not_found() -> ApiError {
+    not_found_error()
+}
+
+pub(crate) fn not_found_error() -> ApiError {
     ApiError::new(StatusCode::NOT_FOUND, "not_found", "no such API route")
 }
 
@@ -383,6 +438,13 @@ pub struct ArrayInfo {
     pub gc: GcInfo,
     pub volumes: usize,
     pub hosts: usize,
+    /// When this process opened the array (ms since the Unix epoch).
+    #[serde(default)]
+    pub started_ms: u64,
+    /// Why the engine stopped accepting writes, if it did (a failed write or sync of the
+    /// log): the array then serves reads only until it is restarted.
+    #[serde(default)]
+    pub poisoned: Option<String>,
 }
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -460,6 +522,8 @@ pub(crate) fn array_info(ctx: &ApiContext) -> ArrayInfo {
         },
         volumes: ctx.array.volumes().len(),
         hosts: ctx.array.hosts().len(),
+        started_ms: ctx.array.opened_ms(),
+        poisoned: ctx.array.engine().poisoned(),
     }
 }
 
@@ -1045,7 +1109,11 @@ async fn events_list(
         .unwrap_or(crate::events::KEPT)
         .min(crate::events::KEPT);
     let log = ctx.array.events();
-    let events = log.after(after, limit);
+    // Without `after`: the latest `limit` (what a page shows first); with it, what follows.
+    let events = match q.after {
+        Some(after) => log.after(after, limit),
+        None => log.latest(limit),
+    };
     let next = events
         .last()
         .map_or(after.min(log.next_seq() - 1), |e| e.seq);

@@ -251,6 +251,8 @@ pub struct Array {
     units: RwLock<BTreeMap<String, Arc<LogicalUnit>>>,
     /// What happened, for the API and the console (`events.jsonl`).
     events: Mutex<EventLog>,
+    /// When this process opened the array (ms since the Unix epoch).
+    opened_ms: u64,
 }
 
 impl Array {
@@ -355,6 +357,7 @@ impl Array {
             config: RwLock::new(config),
             units: RwLock::new(BTreeMap::new()),
             events: Mutex::new(events),
+            opened_ms: now_ms(),
         };
         let (volumes, target) = {
             let config = array.config.read().unwrap();
@@ -987,6 +990,11 @@ impl Array {
     }
 
     /// The engine behind engine volumes.
+    /// When this process opened the array (ms since the Unix epoch).
+    pub fn opened_ms(&self) -> u64 {
+        self.opened_ms
+    }
+
     pub fn engine(&self) -> &Arc<Engine> {
         &self.engine
     }

@@ -282,6 +282,12 @@ impl EventLog {
         self.events.range(start..).take(limit).cloned().collect()
     }
 
+    /// The latest `limit` events, oldest first.
+    pub fn latest(&self, limit: usize) -> Vec<Event> {
+        let start = self.events.len().saturating_sub(limit);
+        self.events.range(start..).cloned().collect()
+    }
+
     /// The sequence number the next event will get.
     pub fn next_seq(&self) -> u64 {
         self.next_seq

@@ -8,6 +8,7 @@
 mod allowed_hosts;
 pub mod api;
 pub mod array;
+pub mod console;
 pub mod events;
 pub mod executor;
 pub mod history;

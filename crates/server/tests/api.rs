@@ -736,6 +736,16 @@ fn events_record_what_changed() {
         .collect();
     assert_eq!(page_seqs, seqs[2..4]);
     assert_eq!(page["next"], seqs[3]);
+    // Without `after`: the latest, oldest first (what a page shows first).
+    let (_, latest, _) = call(&api, "GET", "/api/v1/events?limit=2", None);
+    let latest_seqs: Vec<u64> = latest["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["seq"].as_u64().unwrap())
+        .collect();
+    assert_eq!(latest_seqs, seqs[4..6]);
+    assert_eq!(latest["next"], seqs[5]);
     let (_, empty, _) = call(
         &api,
         "GET",
@@ -754,4 +764,180 @@ fn events_record_what_changed() {
     let (reopened, skipped) = sliver_server::events::EventLog::open(api._dir.path()).unwrap();
     assert_eq!(skipped, 0);
     assert_eq!(reopened.after(0, 1000).len(), 6);
+}
+
+/// One request with any headers, written by hand: (status, header lines in lower case, body).
+fn exchange(
+    api: &Api,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &str,
+) -> (u16, String, String) {
+    let addr = api.base.trim_start_matches("http://");
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(std::time::Duration::from_secs(30)))
+        .unwrap();
+    let mut req = format!(
+        "{method} {path} HTTP/1.1\r\nConnection: close\r\nContent-Length: {}\r\n",
+        body.len()
+    );
+    for (k, v) in headers {
+        req += &format!("{k}: {v}\r\n");
+    }
+    req += "\r\n";
+    req += body;
+    s.write_all(req.as_bytes()).unwrap();
+    let mut reply = Vec::new();
+    s.read_to_end(&mut reply).unwrap();
+    let reply = String::from_utf8_lossy(&reply).into_owned();
+    let (head, body) = reply.split_once("\r\n\r\n").unwrap_or((&reply, ""));
+    let status = head.split(' ').nth(1).and_then(|c| c.parse().ok()).unwrap();
+    (status, head.to_ascii_lowercase(), body.to_string())
+}
+
+fn header<'a>(head: &'a str, name: &str) -> Option<&'a str> {
+    head.lines()
+        .find_map(|l| l.strip_prefix(&format!("{name}: ")))
+        .map(str::trim)
+}
+
+/// The console: the page and its files from the binary, with the RFC's headers, validators
+/// and 304s; no token needed for them (the login must load), the Host check as for the API;
+/// API answers carry their own policy and are never cached.
+#[test]
+fn the_console_is_served_from_the_binary_with_strict_headers() {
+    use sliver_server::console::{API_CSP, ASSETS, CONSOLE_CSP};
+    let token = "0123456789abcdef-token";
+    for (api, tok) in [(start(None), None), (start(Some(token)), Some(token))] {
+        let port = api.base.rsplit(':').next().unwrap().to_string();
+        let host = format!("127.0.0.1:{port}");
+        let (s, head, body) = exchange(&api, "GET", "/", &[("Host", &host)], "");
+        assert_eq!(s, 200, "{head}");
+        assert_eq!(
+            header(&head, "content-type"),
+            Some("text/html; charset=utf-8")
+        );
+        assert_eq!(
+            header(&head, "content-security-policy"),
+            Some(CONSOLE_CSP.to_ascii_lowercase().as_str())
+        );
+        assert_eq!(header(&head, "x-frame-options"), Some("deny"));
+        assert_eq!(header(&head, "x-content-type-options"), Some("nosniff"));
+        assert_eq!(header(&head, "referrer-policy"), Some("no-referrer"));
+        assert_eq!(
+            header(&head, "cross-origin-opener-policy"),
+            Some("same-origin")
+        );
+        assert_eq!(
+            header(&head, "cross-origin-resource-policy"),
+            Some("same-origin")
+        );
+        assert_eq!(header(&head, "cache-control"), Some("no-cache"));
+        assert!(body.contains(r#"<script type="module" src="/console/app.js">"#));
+        // Every embedded file, and a 304 for a copy the browser holds.
+        for a in ASSETS {
+            let path = format!("/console/{}", a.path);
+            let (s, head, body) = exchange(&api, "GET", &path, &[("Host", &host)], "");
+            assert_eq!(s, 200, "{path}");
+            assert_eq!(header(&head, "content-type"), Some(a.content_type));
+            assert_eq!(body.len(), a.bytes.len(), "{path}");
+            let etag = header(&head, "etag").expect("an ETag").to_string();
+            let (s, head, body) = exchange(
+                &api,
+                "GET",
+                &path,
+                &[("Host", &host), ("If-None-Match", &etag)],
+                "",
+            );
+            assert_eq!((s, body.as_str()), (304, ""), "{path}");
+            assert!(header(&head, "content-security-policy").is_some());
+        }
+        let (s, _, body) = exchange(&api, "GET", "/console/missing.js", &[("Host", &host)], "");
+        assert_eq!(s, 404);
+        assert!(body.contains("not_found"));
+        // DNS rebinding: refused for the console as for the API.
+        let (s, _, body) = exchange(&api, "GET", "/", &[("Host", "evil.example")], "");
+        assert_eq!(s, 403);
+        assert!(body.contains("host_not_allowed"));
+        // API answers: their own policy, never cached; a token still needed for them.
+        let auth = tok.map(|t| format!("Bearer {t}"));
+        let mut with_auth = vec![("Host", host.as_str())];
+        if let Some(a) = &auth {
+            with_auth.push(("Authorization", a.as_str()));
+        }
+        let (s, head, _) = exchange(&api, "GET", "/api/v1/array", &with_auth, "");
+        assert_eq!(s, 200);
+        assert_eq!(
+            header(&head, "content-security-policy"),
+            Some(API_CSP.to_ascii_lowercase().as_str())
+        );
+        assert_eq!(header(&head, "cache-control"), Some("no-store"));
+        assert_eq!(header(&head, "x-content-type-options"), Some("nosniff"));
+        if tok.is_some() {
+            let (s, _, _) = exchange(&api, "GET", "/api/v1/array", &[("Host", &host)], "");
+            assert_eq!(s, 401);
+        }
+    }
+}
+
+/// A page of another origin cannot change anything: a foreign `Origin` on a change is
+/// refused (the page's own origin is served), and a form-encodable body is not JSON.
+#[test]
+fn changes_from_other_origins_are_refused() {
+    let api = start(None);
+    let port = api.base.rsplit(':').next().unwrap().to_string();
+    let host = format!("127.0.0.1:{port}");
+    let body = r#"{"name": "o1", "size_bytes": 8388608}"#;
+    for origin in ["http://evil.example", "null", "http://127.0.0.1:1"] {
+        let (s, _, reply) = exchange(
+            &api,
+            "POST",
+            "/api/v1/volumes",
+            &[
+                ("Host", &host),
+                ("Origin", origin),
+                ("Content-Type", "application/json"),
+            ],
+            body,
+        );
+        assert_eq!(s, 403, "{origin}: {reply}");
+        assert!(reply.contains("origin_not_allowed"), "{reply}");
+    }
+    assert!(api.array.unit("o1").is_none(), "a refused change ran");
+    let (s, _, reply) = exchange(
+        &api,
+        "POST",
+        "/api/v1/volumes",
+        &[("Host", &host), ("Content-Type", "text/plain")],
+        body,
+    );
+    assert!(s >= 400, "{reply}");
+    assert!(
+        api.array.unit("o1").is_none(),
+        "a text/plain body was taken as JSON"
+    );
+    let own = format!("http://{host}");
+    let (s, _, reply) = exchange(
+        &api,
+        "POST",
+        "/api/v1/volumes",
+        &[
+            ("Host", &host),
+            ("Origin", &own),
+            ("Content-Type", "application/json"),
+        ],
+        body,
+    );
+    assert_eq!(s, 201, "{reply}");
+    // Reads from any origin are harmless (and unreadable to it without CORS headers).
+    let (s, head, _) = exchange(
+        &api,
+        "GET",
+        "/api/v1/array",
+        &[("Host", &host), ("Origin", "http://evil.example")],
+        "",
+    );
+    assert_eq!(s, 200);
+    assert!(header(&head, "access-control-allow-origin").is_none());
 }

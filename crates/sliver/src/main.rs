@@ -348,6 +348,7 @@ fn serve(args: ServeArgs) -> Result<(), String> {
             }
         }
         println!("API: http://{api_addr}");
+        println!("console: {}", console_url(api_addr));
         let (stop_api, api_stopped) = tokio::sync::oneshot::channel::<()>();
         let api = tokio::spawn(sliver_server::api::serve(
             api_listener,
@@ -419,4 +420,18 @@ async fn shutdown_signal() {
         _ = tokio::signal::ctrl_c() => {}
         _ = term.recv() => {}
     }
+}
+
+/// Where the console is: the API's address, or for a wildcard listener the machine's host
+/// name (which the API's `Host` check accepts).
+fn console_url(api: std::net::SocketAddr) -> String {
+    if !api.ip().is_unspecified() {
+        return format!("http://{api}/");
+    }
+    let name = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .ok()
+        .map(|n| n.trim().to_string())
+        .filter(|n| !n.is_empty())
+        .unwrap_or_else(|| "localhost".into());
+    format!("http://{name}:{}/", api.port())
 }

@@ -1,0 +1,421 @@
+// The sliver console in a real browser: Debian's chromium, driven by playwright-core, against
+// a real `sliver serve` on ephemeral ports, with real I/O from qemu-io (RFC 0002, "Test plan").
+// Run by scripts/console-test.sh (a step of scripts/test.sh).
+
+import { test, before, after } from "node:test";
+import assert from "node:assert/strict";
+import { spawn, execFile, execFileSync } from "node:child_process";
+import { promisify } from "node:util";
+import { mkdtempSync, rmSync, mkdirSync, readFileSync } from "node:fs";
+import { createInterface } from "node:readline";
+import { chromium } from "playwright-core";
+
+const ROOT = new URL("../..", import.meta.url).pathname;
+const SLIVER = process.env.SLIVER_BIN || `${ROOT}target/debug/sliver`;
+const CHROMIUM = process.env.CHROMIUM || "/usr/bin/chromium";
+const SHOTS = `${ROOT}target/console-screenshots`;
+/** The console's poll interval in these tests (?poll=MS). */
+const POLL = 400;
+
+let browser;
+const servers = [];
+
+before(async () => {
+  browser = await chromium.launch({ executablePath: CHROMIUM, headless: true, args: ["--no-sandbox"] });
+  mkdirSync(SHOTS, { recursive: true });
+});
+
+after(async () => {
+  for (const s of servers) await s.stop();
+  if (browser) await browser.close();
+});
+
+/** `sliver serve` on a fresh data directory and ephemeral ports; resolves once it printed them. */
+async function startSliver(extra = []) {
+  const dir = mkdtempSync("/tmp/sliver-console-");
+  const child = spawn(SLIVER, ["serve", "--data-dir", dir, "--capacity", "1G",
+    "--iscsi-listen", "127.0.0.1:0", "--api-listen", "127.0.0.1:0", ...extra],
+  { stdio: ["ignore", "pipe", "pipe"] });
+  let stderr = "";
+  child.stderr.on("data", (d) => { stderr += d; });
+  const lines = createInterface({ input: child.stdout });
+  const server = await new Promise((resolve, reject) => {
+    const found = {};
+    const timer = setTimeout(() => reject(new Error(`sliver did not start: ${stderr}`)), 30000);
+    child.on("exit", (code) => reject(new Error(`sliver exited (${code}): ${stderr}`)));
+    lines.on("line", (line) => {
+      const url = /iscsi:\/\/\S+/.exec(line);
+      if (url && !found.lun) found.lun = url[0];
+      const api = /^API: (http:\/\/\S+)/.exec(line);
+      if (api) found.api = api[1];
+      const consoleUrl = /^console: (http:\/\/\S+)/.exec(line);
+      if (consoleUrl) found.console = consoleUrl[1];
+      if (found.api && found.console && found.lun) {
+        clearTimeout(timer);
+        resolve(found);
+      }
+    });
+  });
+  server.child = child;
+  server.dir = dir;
+  const exited = new Promise((resolve) => child.on("exit", resolve));
+  server.stop = async () => {
+    if (child.exitCode === null && child.signalCode === null) {
+      child.kill("SIGCONT");
+      child.kill("SIGTERM");
+      const timer = setTimeout(() => child.kill("SIGKILL"), 10000);
+      await exited;
+      clearTimeout(timer);
+    }
+    rmSync(dir, { recursive: true, force: true });
+  };
+  servers.push(server);
+  return server;
+}
+
+/** The API from the test, as a client other than the console (Node's fetch). */
+async function apiCall(server, method, path, body, token) {
+  const headers = { "Content-Type": "application/json" };
+  if (token) headers.Authorization = `Bearer ${token}`;
+  const r = await fetch(`${server.api}${path}`, { method, headers, body: body === undefined ? undefined : JSON.stringify(body) });
+  const text = await r.text();
+  return { status: r.status, body: text ? JSON.parse(text) : null };
+}
+
+/** A page on the console, recording console errors, page errors and every request. */
+async function openConsole(server, hash = "#/", size = { width: 1280, height: 900 }) {
+  const context = await browser.newContext({ viewport: size });
+  const page = await context.newPage();
+  const record = { errors: [], requests: [], inflight: 0, maxInflight: 0, apiRequests: 0 };
+  page.on("console", (m) => { if (m.type() === "error") record.errors.push(m.text()); });
+  page.on("pageerror", (e) => record.errors.push(String(e)));
+  const isPoll = (r) => r.url().includes("/api/") && r.method() === "GET";
+  page.on("request", (r) => {
+    record.requests.push(r.url());
+    if (isPoll(r)) {
+      record.apiRequests++;
+      record.inflight++;
+      record.maxInflight = Math.max(record.maxInflight, record.inflight);
+    }
+  });
+  const done = (r) => { if (isPoll(r)) record.inflight--; };
+  page.on("requestfinished", done);
+  page.on("requestfailed", done);
+  await page.goto(`${server.console}?poll=${POLL}${hash}`);
+  return { page, context, record };
+}
+
+/** qemu-io on the server's LUN. Asynchronous: a synchronous child would stop this process
+ * from reading sliver's output, and sliver blocks once that pipe is full. */
+async function qemuIo(server, commands) {
+  const args = ["-f", "raw"];
+  for (const c of commands) args.push("-c", c);
+  args.push(server.lun);
+  const { stdout } = await promisify(execFile)("qemu-io", args, { encoding: "utf8", timeout: 120000 });
+  return stdout;
+}
+
+async function statusText(page) {
+  return (await page.textContent("#status")).trim();
+}
+
+async function waitFor(what, fn, ms = 15000) {
+  const end = Date.now() + ms;
+  let last;
+  while (Date.now() < end) {
+    last = await fn();
+    if (last) return last;
+    await new Promise((r) => setTimeout(r, 100));
+  }
+  throw new Error(`timed out waiting for ${what} (last: ${JSON.stringify(last)})`);
+}
+
+async function figureValue(page, key) {
+  return page.getAttribute(`[data-figure="${key}"]`, "data-value");
+}
+
+test("a clean load: no console error, nothing leaves the origin, the dashboard equals the API", async () => {
+  const server = await startSliver();
+  const { page, context, record } = await openConsole(server);
+  await waitFor("live", async () => (await statusText(page)) === "live");
+  await waitFor("figures", async () => (await figureValue(page, "capacity_bytes")) !== null);
+  const a = (await apiCall(server, "GET", "/api/v1/array")).body;
+  for (const key of ["capacity_bytes", "physical_used_bytes", "provisioned_bytes", "reclaimable_bytes", "data_reduction", "total_reduction", "volumes", "hosts"]) {
+    await waitFor(`${key} = ${a[key]}`, async () => Number(await figureValue(page, key)) === a[key]);
+  }
+  await page.waitForTimeout(3 * POLL);
+  assert.deepEqual(record.errors, [], "console errors");
+  const origin = new URL(server.console).origin;
+  const foreign = record.requests.filter((u) => new URL(u).origin !== origin);
+  assert.deepEqual(foreign, [], "requests to other origins");
+  await context.close();
+  await server.stop();
+});
+
+test("charts gain points while I/O runs, and VAAI zeroing and unmapping show", async () => {
+  const server = await startSliver();
+  const { page, context, record } = await openConsole(server, "#/volumes/demo");
+  await waitFor("live", async () => (await statusText(page)) === "live");
+  const points = async () => Number(await page.getAttribute('[data-chart="IOPS"]', "data-points"));
+  const before = await points();
+  const end = Date.now() + 12000;
+  let offset = 0;
+  while (Date.now() < end) {
+    await qemuIo(server, [`write -P 0x5a ${offset} 4M`]);
+    offset = (offset + (4 << 20)) % (1 << 30);
+  }
+  await waitFor("new chart points", async () => (await points()) > before, 12000);
+  await waitFor("the writes in the chart", async () =>
+    Number(await page.getAttribute('[data-chart="IOPS"]', "data-peak")) > 0, 12000);
+  await qemuIo(server, ["write -z 0 16M", "discard 0 16M"]);
+  const stats = await waitFor("ZERO and DELETE in the API", async () => {
+    const s = (await apiCall(server, "GET", "/api/v1/stats")).body;
+    const v = s.volumes.find((x) => x.name === "demo");
+    return v.vaai.zero > 0 && v.vaai.delete > 0 ? v.vaai : null;
+  });
+  await waitFor("ZERO in the volume's panel", async () =>
+    Number(await page.getAttribute('[data-vaai="ZERO"] td', "data-value")) === stats.zero);
+  await waitFor("DELETE in the volume's panel", async () =>
+    Number(await page.getAttribute('[data-vaai="DELETE"] td', "data-value")) === stats.delete);
+  assert.deepEqual(record.errors, []);
+  await context.close();
+  await server.stop();
+});
+
+test("polling: one request in flight at most, none while hidden, stale when the API fails or stops, then live", async () => {
+  const server = await startSliver();
+  const { page, context, record } = await openConsole(server);
+  await waitFor("live", async () => (await statusText(page)) === "live");
+  await page.waitForTimeout(6 * POLL);
+  assert.equal(record.maxInflight, 1, "two poll requests were in flight at once");
+
+  // Hidden: headless chromium keeps the page visible, so the test overrides visibilityState
+  // and dispatches the event the browser would.
+  await page.evaluate(() => {
+    Object.defineProperty(document, "visibilityState", { value: "hidden", configurable: true });
+    Object.defineProperty(document, "hidden", { value: true, configurable: true });
+    document.dispatchEvent(new Event("visibilitychange"));
+  });
+  await waitFor("the request in flight to finish", async () => record.inflight === 0);
+  const hiddenFrom = record.apiRequests;
+  await page.waitForTimeout(4 * POLL);
+  assert.equal(record.apiRequests, hiddenFrom, "polls while hidden");
+  await page.evaluate(() => {
+    Object.defineProperty(document, "visibilityState", { value: "visible", configurable: true });
+    Object.defineProperty(document, "hidden", { value: false, configurable: true });
+    document.dispatchEvent(new Event("visibilitychange"));
+  });
+  await waitFor("polling to resume", async () => record.apiRequests > hiddenFrom);
+
+  // Every API request fails: stale within three polls; served again: live.
+  await page.route("**/api/**", (route) => route.abort());
+  const t0 = Date.now();
+  await waitFor("stale", async () => (await statusText(page)).startsWith("stale since"));
+  assert.ok(Date.now() - t0 <= 3 * POLL + 1500, `stale after ${Date.now() - t0} ms`);
+  await page.unroute("**/api/**");
+  await waitFor("live again", async () => (await statusText(page)) === "live");
+
+  // The server stops answering (SIGSTOP): requests time out, stale; SIGCONT: live.
+  process.kill(server.child.pid, "SIGSTOP");
+  await waitFor("stale (stopped server)", async () => (await statusText(page)).startsWith("stale since"), 20000);
+  process.kill(server.child.pid, "SIGCONT");
+  await waitFor("live after SIGCONT", async () => (await statusText(page)) === "live", 20000);
+  assert.equal(record.maxInflight, 1, "two poll requests were in flight at once");
+  await context.close();
+  await server.stop();
+});
+
+/** Fill the form titled `title` inside `scope` and submit it. */
+async function submit(page, title, values, scope = "") {
+  const form = page.locator(`${scope} form[data-action="${title}"]`.trim());
+  for (const [name, value] of Object.entries(values)) {
+    const el = form.locator(`[name="${name}"]`);
+    const tag = await el.evaluate((e) => e.tagName);
+    if (tag === "SELECT") await el.selectOption(value);
+    else await el.fill(value);
+  }
+  await form.locator('button[type="submit"]').click();
+  return form;
+}
+
+async function formError(form) {
+  await waitFor("the error sentence", async () => !(await form.locator(".error").isHidden()));
+  return (await form.locator(".error").textContent()).trim();
+}
+
+test("volumes: create, resize, rename, snapshot, clone, connect, disconnect, delete, with the API's own errors", async () => {
+  const server = await startSliver();
+  const { page, context, record } = await openConsole(server, "#/volumes");
+  await waitFor("live", async () => (await statusText(page)) === "live");
+  const volume = async (name) => (await apiCall(server, "GET", "/api/v1/volumes")).body.find((v) => v.name === name);
+
+  let form = await submit(page, "Create volume", { name: "ui1", size: "64M" });
+  await waitFor("ui1 created", () => volume("ui1"));
+  await waitFor("ui1 listed", async () => (await page.locator('tr[data-key="ui1"]').count()) === 1);
+
+  // The same name again: the API's sentence beside the form, the inputs kept.
+  form = await submit(page, "Create volume", { name: "ui1", size: "64M" });
+  const expected = (await apiCall(server, "POST", "/api/v1/volumes", { name: "ui1", size_bytes: 64 << 20 })).body.error.message;
+  assert.equal(await formError(form), expected);
+  assert.equal(await form.locator('[name="name"]').inputValue(), "ui1");
+
+  await page.locator('tr[data-key="ui1"] button').click();
+  form = await submit(page, "Resize", { size: "32M" });
+  const shrink = (await apiCall(server, "PATCH", "/api/v1/volumes/ui1", { size_bytes: 32 << 20 })).body.error.message;
+  assert.equal(await formError(form), shrink);
+  assert.equal(await form.locator('[name="size"]').inputValue(), "32M", "the input was kept");
+  await submit(page, "Resize", { size: "128M" });
+  await waitFor("ui1 grown", async () => (await volume("ui1")).provisioned_bytes === 128 << 20);
+
+  await submit(page, "Rename", { name: "ui2" });
+  await waitFor("renamed", async () => (await volume("ui2")) && !(await volume("ui1")));
+  await waitFor("the panel follows the new name", async () => (await page.locator('h2:text("Volume ui2")').count()) === 1);
+
+  await submit(page, "Snapshot", { snapshot: "ui2-snap" });
+  await waitFor("snapshot", async () => (await volume("ui2-snap"))?.source === "ui2");
+  await submit(page, "Clone", { clone: "ui2-clone" });
+  await waitFor("clone", async () => (await volume("ui2-clone"))?.source === "ui2");
+
+  assert.equal((await apiCall(server, "POST", "/api/v1/hosts", { name: "h1", iqns: ["iqn.2026-11.test:h1"] })).status, 201);
+  await waitFor("the host offered", async () => {
+    await page.locator('tr[data-key="ui2"] button').click();
+    return (await page.locator('form[data-action="Connect"] option[value="h1"]').count()) === 1;
+  });
+  await submit(page, "Connect", { host: "h1" });
+  await waitFor("connected", async () => (await volume("ui2")).connections.some((c) => c.host === "h1"));
+
+  // Delete while connected: the API refuses, the console shows why.
+  await waitFor("the disconnect form", async () => (await page.locator('form[data-action="Disconnect"]').count()) === 1);
+  form = await submit(page, "Delete", { confirm: "ui2" });
+  const busy = (await apiCall(server, "DELETE", "/api/v1/volumes/ui2")).body.error.message;
+  assert.equal(await formError(form), busy);
+
+  await submit(page, "Disconnect", { connection: "h1" });
+  await waitFor("disconnected", async () => (await volume("ui2")).connections.length === 0);
+  // The panel is rebuilt for the new state (no disconnect form) before the next action.
+  await waitFor("the panel rebuilt", async () => (await page.locator('form[data-action="Disconnect"]').count()) === 0);
+  form = await submit(page, "Delete", { confirm: "wrong" });
+  assert.match(await formError(form), /type the volume's name/);
+  assert.ok(await volume("ui2"), "deleted without the name typed");
+  await submit(page, "Delete", { confirm: "ui2" });
+  await waitFor("deleted", async () => !(await volume("ui2")));
+  await waitFor("unlisted", async () => (await page.locator('tr[data-key="ui2"]').count()) === 0);
+  assert.deepEqual(record.errors.filter((e) => !e.includes("status of 4")), [], "console errors besides the refused requests");
+  await context.close();
+  await server.stop();
+});
+
+test("hosts: create with CHAP, edit, refused initiators; the CHAP secret never reaches the browser", async () => {
+  const server = await startSliver();
+  const { page, context } = await openConsole(server, "#/hosts");
+  const bodies = [];
+  page.on("response", async (r) => {
+    try { bodies.push(await r.text()); } catch { /* a body already gone */ }
+  });
+  await waitFor("live", async () => (await statusText(page)) === "live");
+  const secret = "s3cret-chap-4711";
+  await submit(page, "Create host", { name: "esx1", iqns: "iqn.1998-01.com.vmware:esx1", chap_user: "esx1", chap_secret: secret });
+  await waitFor("esx1 created", async () => (await apiCall(server, "GET", "/api/v1/hosts")).body.some((h) => h.name === "esx1" && h.chap_user === "esx1"));
+  await waitFor("esx1 listed", async () => (await page.locator('tr[data-key="esx1"]').count()) === 1);
+  await page.locator('tr[data-key="esx1"] button:text("Edit")').click();
+  await submit(page, "Edit esx1", { iqns: "iqn.1998-01.com.vmware:esx1\niqn.1998-01.com.vmware:esx1b", chap_user: "esx1", chap_secret: `${secret}-2` });
+  await waitFor("edited", async () => (await apiCall(server, "GET", "/api/v1/hosts")).body.find((h) => h.name === "esx1")?.iqns.length === 2);
+  await page.waitForTimeout(2 * POLL);
+  const html = await page.evaluate(() => document.documentElement.outerHTML);
+  const values = await page.evaluate(() => [...document.querySelectorAll("input, textarea")].map((e) => e.value));
+  const storage = await page.evaluate(() => JSON.stringify([{ ...localStorage }, { ...sessionStorage }, document.cookie]));
+  const dbs = await page.evaluate(async () => JSON.stringify(await indexedDB.databases()));
+  for (const [where, text] of [["markup", html], ["inputs", values.join("\n")], ["storage", storage], ["IndexedDB", dbs], ["responses", bodies.join("\n")]]) {
+    assert.ok(!text.includes(secret), `the CHAP secret is in the ${where}`);
+  }
+
+  // An initiator no host knows is refused at login and listed; one click makes it a host.
+  assert.equal((await apiCall(server, "DELETE", "/api/v1/volumes/demo/connections/%2A")).status, 204);
+  const stranger = "iqn.2026-11.test.console:stranger";
+  const target = (await apiCall(server, "GET", "/api/v1/array")).body.target_name;
+  const portal = new URL(server.lun.replace("iscsi://", "http://")).host;
+  await assert.rejects(promisify(execFile)("qemu-io", ["--image-opts",
+    `driver=iscsi,transport=tcp,portal=${portal},target=${target},lun=0,initiator-name=${stranger}`,
+    "-c", "read 0 4k"], { timeout: 60000 }), "an unknown initiator logged in");
+  await waitFor("the refused initiator listed", async () => (await page.locator(`tr[data-key="${stranger}"]`).count()) === 1);
+  await page.locator(`tr[data-key="${stranger}"] button`).click();
+  await waitFor("a host made of it", async () =>
+    (await apiCall(server, "GET", "/api/v1/hosts")).body.find((h) => h.iqns.includes(stranger))?.name === "stranger");
+  await waitFor("gone from the refused list", async () => (await page.locator(`tr[data-key="${stranger}"]`).count()) === 0);
+  await context.close();
+  await server.stop();
+});
+
+test("soft threshold: the banner shows past it and goes below it", async () => {
+  const server = await startSliver();
+  const { page, context } = await openConsole(server, "#/settings");
+  await waitFor("live", async () => (await statusText(page)) === "live");
+  await submit(page, "threshold", { soft_threshold: "1" });
+  await waitFor("threshold set", async () => (await apiCall(server, "GET", "/api/v1/array")).body.soft_threshold === 0.01);
+  // 32 MiB of incompressible data: more than 1 % of 1 GiB.
+  execFileSync("sh", ["-c", `head -c 33554432 /dev/urandom > ${server.dir}/noise`]);
+  await qemuIo(server, [`write -s ${server.dir}/noise 0 32M`]);
+  await waitFor("exceeded", async () => (await apiCall(server, "GET", "/api/v1/array")).body.soft_threshold_exceeded);
+  await page.goto(`${server.console}?poll=${POLL}#/`);
+  await waitFor("banner", async () => page.locator(".banner.warning").isVisible());
+  assert.equal((await apiCall(server, "PATCH", "/api/v1/array", { soft_threshold: 0.8 })).status, 200);
+  await waitFor("banner gone", async () => page.locator(".banner.warning").isHidden());
+  await context.close();
+  await server.stop();
+});
+
+test("a token: login shown, the API's sentence for a wrong one, the dashboard for the right one, kept nowhere", async () => {
+  const token = "console-test-token-0123456789";
+  const server = await startSliver(["--api-token", token]);
+  const { page, context, record } = await openConsole(server);
+  await waitFor("the login", async () => page.locator("form.login").isVisible());
+  await page.fill("#token", "wrong-token");
+  await page.click('form.login button[type="submit"]');
+  const expected = (await apiCall(server, "GET", "/api/v1/array", undefined, "wrong-token")).body.error.message;
+  await waitFor("the refusal", async () => ((await page.textContent("form.login .error")) || "").trim() === expected);
+  await page.fill("#token", token);
+  await page.click('form.login button[type="submit"]');
+  await waitFor("live", async () => (await statusText(page)) === "live");
+  await waitFor("figures", async () => (await figureValue(page, "capacity_bytes")) !== null);
+  const kept = await page.evaluate(() => JSON.stringify([{ ...localStorage }, { ...sessionStorage }, document.cookie, location.href]));
+  assert.ok(!kept.includes(token), "the token was kept in storage or the URL");
+  assert.ok(!record.requests.some((u) => u.includes(token)), "the token was put in a URL");
+  await page.reload();
+  await waitFor("the login again after a reload", async () => page.locator("form.login").isVisible());
+  await page.screenshot({ path: `${SHOTS}/login-1280x900.png` });
+  await context.close();
+  await server.stop();
+});
+
+test("every screen renders at 1280x900 and phone size without errors (screenshots in target/console-screenshots)", async () => {
+  const server = await startSliver();
+  await apiCall(server, "POST", "/api/v1/hosts", { name: "esx01", iqns: ["iqn.1998-01.com.vmware:esx01"] });
+  await apiCall(server, "POST", "/api/v1/volumes/demo/connections", { host: "esx01" });
+  await apiCall(server, "POST", "/api/v1/volumes/demo/snapshots", { name: "demo-snap" });
+  await qemuIo(server, ["write -P 0x11 0 32M", "write -z 32M 16M"]);
+  // Charts need two samples of the server's 5 s sampler to draw a rate.
+  await waitFor("history points", async () =>
+    (await apiCall(server, "GET", "/api/v1/stats/history")).body.points.length >= 2, 20000);
+  for (const [w, h] of [[1280, 900], [390, 844]]) {
+    const { page, context, record } = await openConsole(server, "#/", { width: w, height: h });
+    for (const [name, hash] of [["dashboard", "#/"], ["volumes", "#/volumes"], ["volume", "#/volumes/demo"], ["hosts", "#/hosts"],
+      ["snapshots", "#/snapshots"], ["space", "#/space"], ["events", "#/events"], ["settings", "#/settings"]]) {
+      await page.evaluate((x) => { location.hash = x; }, hash);
+      await waitFor(`${name} live`, async () => (await statusText(page)) === "live");
+      await page.waitForTimeout(2 * POLL);
+      await page.screenshot({ path: `${SHOTS}/${name}-${w}x${h}.png`, fullPage: true });
+    }
+    assert.deepEqual(record.errors, [], `console errors at ${w}x${h}`);
+    assert.equal(record.maxInflight, 1);
+    await context.close();
+  }
+  await server.stop();
+});
+
+test("the vendored uPlot is the package's own file", () => {
+  for (const f of ["uPlot.esm.js", "uPlot.min.css"]) {
+    const vendored = readFileSync(`${ROOT}crates/server/console/vendor/${f}`);
+    const packaged = readFileSync(new URL(`./node_modules/uplot/dist/${f}`, import.meta.url));
+    assert.ok(vendored.equals(packaged), `${f} differs from uplot@1.6.32's`);
+  }
+});
