@@ -83,7 +83,7 @@ async function apiCall(server, method, path, body, token) {
 }
 
 /** A page on the console, recording console errors, page errors and every request. */
-async function openConsole(server, hash = "#/", size = { width: 1280, height: 900 }) {
+async function openConsole(server, hash = "#/", size = { width: 1280, height: 900 }, poll = POLL) {
   const context = await browser.newContext({ viewport: size });
   const page = await context.newPage();
   const record = { errors: [], requests: [], inflight: 0, maxInflight: 0, apiRequests: 0 };
@@ -101,7 +101,7 @@ async function openConsole(server, hash = "#/", size = { width: 1280, height: 90
   const done = (r) => { if (isPoll(r)) record.inflight--; };
   page.on("requestfinished", done);
   page.on("requestfailed", done);
-  await page.goto(`${server.console}?poll=${POLL}${hash}`);
+  await page.goto(`${server.console}?poll=${poll}${hash}`);
   return { page, context, record };
 }
 
@@ -409,6 +409,53 @@ test("every screen renders at 1280x900 and phone size without errors (screenshot
     assert.equal(record.maxInflight, 1);
     await context.close();
   }
+  await server.stop();
+});
+
+test("a one-minute soak at a fast poll rate: heap, DOM and chart points stay bounded, one poll in flight", async (t) => {
+  const server = await startSliver();
+  await apiCall(server, "POST", "/api/v1/hosts", { name: "soak", iqns: ["iqn.2026-11.test:soak"] });
+  // The fastest poll the console accepts.
+  const { page, context, record } = await openConsole(server, "#/", undefined, 200);
+  const cdp = await context.newCDPSession(page);
+  await cdp.send("HeapProfiler.enable");
+  const measure = async () => {
+    await cdp.send("HeapProfiler.collectGarbage");
+    const { usedSize } = await cdp.send("Runtime.getHeapUsage");
+    const { nodes } = await cdp.send("Memory.getDOMCounters");
+    return { heap: usedSize, nodes };
+  };
+  const screens = ["#/volumes", "#/volumes/demo", "#/hosts", "#/snapshots", "#/space", "#/events", "#/settings", "#/"];
+  let i = 0;
+  const cycle = async (until) => {
+    while (Date.now() < until) {
+      await page.evaluate((x) => { location.hash = x; }, screens[i++ % screens.length]);
+      await page.waitForTimeout(750);
+    }
+    await page.evaluate(() => { location.hash = "#/"; });
+    await waitFor("live on the dashboard", async () => (await statusText(page)) === "live");
+    await page.waitForTimeout(1000);
+  };
+  const start = Date.now();
+  // Background I/O keeps the charts and counters moving.
+  const io = (async () => {
+    while (Date.now() < start + 60000) await qemuIo(server, ["write -P 0x33 0 8M", "read 0 8M"]);
+  })();
+  await cycle(start + 10000);
+  const early = await measure();
+  await cycle(start + 60000);
+  const late = await measure();
+  await io;
+  const grew = late.heap - early.heap;
+  t.diagnostic(`JS heap after GC ${early.heap} B at 10 s, ${late.heap} B at 60 s; DOM nodes ${early.nodes} -> ${late.nodes}; ${record.apiRequests} polls`);
+  assert.ok(grew < 2 * 2 ** 20, `the JS heap grew ${grew} bytes from 10 s to 60 s (${early.heap} -> ${late.heap})`);
+  assert.ok(late.nodes < early.nodes * 1.5 + 500, `DOM nodes ${early.nodes} -> ${late.nodes}`);
+  for (const el of await page.locator("figure.chart").all()) {
+    assert.ok(Number(await el.getAttribute("data-points")) <= 720, "a chart holds more points than its ring");
+  }
+  assert.equal(record.maxInflight, 1, "two poll requests were in flight at once");
+  assert.deepEqual(record.errors, []);
+  await context.close();
   await server.stop();
 });
 

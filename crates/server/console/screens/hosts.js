@@ -79,23 +79,28 @@ export function hosts(root, ctx) {
     ctx.refresh();
   });
   const refusedError = h("p", { class: "error", role: "alert", hidden: true });
+  const noHosts = h("p", { class: "hint", hidden: true, text: "No hosts: volumes connected to * are open to every initiator." });
+  const noSessions = h("p", { class: "hint", hidden: true, text: "No initiator is logged in." });
+  const noRefused = h("p", { class: "hint", hidden: true, text: "None refused recently." });
   replace(root,
     h("h1", { text: "Hosts and connections" }),
-    h("table", { class: "list hosts" },
-      h("thead", null, h("tr", null, ["host", "initiators", "CHAP", "volumes", ""].map((t) => h("th", { text: t })))),
-      hostsBody),
+    h("div", { class: "panel" }, h("h2", { text: "Hosts" }),
+      h("table", { class: "list hosts" },
+        h("thead", null, h("tr", null, ["host", "initiators", "CHAP", "volumes", ""].map((t) => h("th", { text: t })))),
+        hostsBody),
+      noHosts),
     edit,
     h("div", { class: "panel" }, create),
     h("div", { class: "panel" }, h("h2", { text: "Sessions" }),
       h("table", { class: "list sessions" },
         h("thead", null, h("tr", null, ["initiator", "host", "kind", "from", "portal", "since", "CHAP"].map((t) => h("th", { text: t })))),
-        sessionsBody)),
+        sessionsBody), noSessions),
     h("div", { class: "panel" }, h("h2", { text: "Refused initiators" }),
       h("p", { class: "hint", text: "Initiators that tried to log in or discover without belonging to a host." }),
       refusedError,
       h("table", { class: "list refused" },
         h("thead", null, h("tr", null, ["initiator", "from", "reason", "last", "count", ""].map((t) => h("th", { text: t })))),
-        refusedBody)),
+        refusedBody), noRefused),
     h("div", { class: "panel" }, h("h2", { text: "Volumes × hosts (LUN)" }), matrix));
 
   let list = [];
@@ -180,13 +185,19 @@ export function hosts(root, ctx) {
         setText(row.children[4], String(r.count));
       });
 
-    const key = JSON.stringify([list.map((x) => x.name), vols.map((v) => [v.name, v.connections])]);
+    noHosts.hidden = list.length > 0;
+    noSessions.hidden = sessions.length > 0;
+    noRefused.hidden = refused.length > 0;
+    // Columns: every host, and * (every initiator) when a volume is connected to it.
+    const columns = list.map((x) => x.name);
+    if (vols.some((v) => v.connections.some((c) => c.host === "*"))) columns.unshift("*");
+    const key = JSON.stringify([columns, vols.map((v) => [v.name, v.connections])]);
     if (matrix.dataset.key !== key) {
       matrix.dataset.key = key;
       replace(matrix,
-        h("thead", null, h("tr", null, h("th", { text: "volume" }), list.map((x) => h("th", { text: x.name })))),
-        h("tbody", null, vols.map((v) => h("tr", null, h("th", { text: v.name }), list.map((x) => {
-          const c = v.connections.find((y) => y.host === x.name);
+        h("thead", null, h("tr", null, h("th", { text: "volume" }), columns.map((x) => h("th", { class: "num", text: x })))),
+        h("tbody", null, vols.map((v) => h("tr", null, h("th", { text: v.name }), columns.map((x) => {
+          const c = v.connections.find((y) => y.host === x);
           return h("td", { class: c ? "num on" : "num", text: c ? String(c.lun) : "·" });
         })))));
     }

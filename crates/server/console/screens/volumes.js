@@ -110,11 +110,14 @@ export function volumes(root, ctx) {
     size.value = "";
     ctx.refresh();
   });
+  const none = h("p", { class: "hint", text: "No volumes yet: create one below.", hidden: true });
   replace(root,
     h("h1", { text: "Volumes" }),
-    h("table", { class: "list volumes" },
-      h("thead", null, h("tr", null, ["name", "kind", "size", "mapped", "physical", "reduction", "connected to", ""].map((t) => h("th", { text: t })))),
-      body),
+    h("div", { class: "panel" },
+      h("table", { class: "list volumes" },
+        h("thead", null, h("tr", null, ["name", "kind", "size", "mapped", "physical", "reduction", "connected to", ""].map((t) => h("th", { text: t })))),
+        body),
+      none),
     panel,
     h("div", { class: "panel" }, create));
 
@@ -156,6 +159,7 @@ export function volumes(root, ctx) {
         setText(row.children[6], v.connections.map((c) => `${c.host}:${c.lun}`).join(", ") || "–");
         row.children[2].dataset.value = String(v.provisioned_bytes);
       });
+    none.hidden = list.length > 0;
     const current = selected && list.find((v) => v.name === selected);
     if (selected && !current) {
       selected = null;
