@@ -856,10 +856,15 @@ fn the_console_is_served_from_the_binary_with_strict_headers() {
         let (s, _, body) = exchange(&api, "GET", "/console/missing.js", &[("Host", &host)], "");
         assert_eq!(s, 404);
         assert!(body.contains("not_found"));
-        // DNS rebinding: refused for the console as for the API.
-        let (s, _, body) = exchange(&api, "GET", "/", &[("Host", "evil.example")], "");
-        assert_eq!(s, 403);
-        assert!(body.contains("host_not_allowed"));
+        // DNS rebinding: refused for the console as for the API; configured names served.
+        for path in ["/", "/console/app.js", "/api/v1/array"] {
+            let (s, _, body) = exchange(&api, "GET", path, &[("Host", "evil.example")], "");
+            assert_eq!(s, 403, "{path}");
+            assert!(body.contains("host_not_allowed"), "{path}: {body}");
+        }
+        let named = format!("array1.example.com:{port}");
+        let (s, _, _) = exchange(&api, "GET", "/", &[("Host", &named)], "");
+        assert_eq!(s, 200, "a configured name");
         // API answers: their own policy, never cached; a token still needed for them.
         let auth = tok.map(|t| format!("Bearer {t}"));
         let mut with_auth = vec![("Host", host.as_str())];
