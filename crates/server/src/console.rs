@@ -121,17 +121,26 @@ fn serve(path: &str, headers: &HeaderMap) -> Response {
     response
 }
 
-/// The headers every console answer carries.
-pub fn console_headers(h: &mut HeaderMap) {
+/// The headers every answer carries, with `csp` as its Content-Security-Policy.
+fn common_headers(h: &mut HeaderMap, csp: &'static str) {
     h.insert(
         header::CONTENT_SECURITY_POLICY,
-        HeaderValue::from_static(CONSOLE_CSP),
+        HeaderValue::from_static(csp),
     );
-    h.insert(header::X_FRAME_OPTIONS, HeaderValue::from_static("DENY"));
     h.insert(
         header::X_CONTENT_TYPE_OPTIONS,
         HeaderValue::from_static("nosniff"),
     );
+    h.insert(
+        "cross-origin-resource-policy",
+        HeaderValue::from_static("same-origin"),
+    );
+}
+
+/// The headers every console answer carries.
+pub fn console_headers(h: &mut HeaderMap) {
+    common_headers(h, CONSOLE_CSP);
+    h.insert(header::X_FRAME_OPTIONS, HeaderValue::from_static("DENY"));
     h.insert(
         header::REFERRER_POLICY,
         HeaderValue::from_static("no-referrer"),
@@ -140,26 +149,11 @@ pub fn console_headers(h: &mut HeaderMap) {
         "cross-origin-opener-policy",
         HeaderValue::from_static("same-origin"),
     );
-    h.insert(
-        "cross-origin-resource-policy",
-        HeaderValue::from_static("same-origin"),
-    );
 }
 
 /// The headers every API and metrics answer carries.
 pub fn api_headers(h: &mut HeaderMap) {
-    h.insert(
-        header::CONTENT_SECURITY_POLICY,
-        HeaderValue::from_static(API_CSP),
-    );
-    h.insert(
-        header::X_CONTENT_TYPE_OPTIONS,
-        HeaderValue::from_static("nosniff"),
-    );
-    h.insert(
-        "cross-origin-resource-policy",
-        HeaderValue::from_static("same-origin"),
-    );
+    common_headers(h, API_CSP);
     h.entry(header::CACHE_CONTROL)
         .or_insert(HeaderValue::from_static("no-store"));
 }

@@ -121,8 +121,13 @@ impl Engine {
         Ok(m.head)
     }
 
+    /// The byte offset in the log area of `offset` in `segment`.
+    fn log_offset(&self, segment: u32, offset: u32) -> u64 {
+        segment as u64 * self.geometry.segment_size as u64 + offset as u64
+    }
+
     pub(super) fn write_log(&self, segment: u32, offset: u32, bytes: &[u8]) -> Result<()> {
-        let at = segment as u64 * self.geometry.segment_size as u64 + offset as u64;
+        let at = self.log_offset(segment, offset);
         match self.backend.write_at(bytes, at) {
             Ok(()) => Ok(()),
             Err(e) if out_of_space(&e) => self.clear_cut_short(at, bytes),
@@ -207,8 +212,9 @@ impl Engine {
     }
 
     /// Write what [`Engine::append_unwritten`] applied (without the lock), and return once
-    /// every range before it is written too. A failure poisons the engine: the state is ahead of the log, and the range stays in flight so that no
-    /// reader or flush takes its bytes as written.
+    /// every range before it is written too. A failure poisons the engine: the state is
+    /// ahead of the log, and the range stays in flight so that no reader or flush takes its
+    /// bytes as written.
     pub(super) fn write_unwritten(&self, unwritten: Unwritten) -> Result<()> {
         let Unwritten::Pending {
             position,
@@ -219,8 +225,10 @@ impl Engine {
         else {
             return Ok(());
         };
-        let at = segment as u64 * self.geometry.segment_size as u64 + offset as u64;
-        if let Err(e) = self.backend.write_at(&bytes, at) {
+        if let Err(e) = self
+            .backend
+            .write_at(&bytes, self.log_offset(segment, offset))
+        {
             return Err(self.poison(format!(
                 "log write failed after its records were applied: {e}"
             )));

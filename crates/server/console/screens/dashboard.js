@@ -26,22 +26,23 @@ export function setFigure(root, key, raw, text) {
   setText(el.querySelector(".value"), text);
 }
 
-export function ioCharts() {
+/** IOPS, bandwidth and latency charts over history points, keeping at most `limit`. */
+export function ioCharts(limit) {
   return [
     new TimeChart("IOPS", [
       { label: "read", value: (p) => p.read_iops },
       { label: "write", value: (p) => p.write_iops },
       { label: "other", value: (p) => p.other_iops },
-    ], (v) => fmt.count(v), HOUR_POINTS),
+    ], (v) => fmt.count(v), limit),
     new TimeChart("Bandwidth", [
       { label: "read", value: (p) => p.read_bytes_per_s },
       { label: "write", value: (p) => p.write_bytes_per_s },
-    ], (v) => fmt.rate(v), HOUR_POINTS),
+    ], (v) => fmt.rate(v), limit),
     new TimeChart("Latency", [
       { label: "read avg", value: (p) => (p.read_iops > 0 ? p.read_latency_us : null) },
       { label: "write avg", value: (p) => (p.write_iops > 0 ? p.write_latency_us : null) },
       { label: "p99 (bucket bound)", value: (p) => p.p99_latency_us },
-    ], (v) => fmt.micros(v), HOUR_POINTS),
+    ], (v) => fmt.micros(v), limit),
   ];
 }
 
@@ -86,7 +87,7 @@ export function dashboard(root, ctx) {
     figure("GC write amplification", "write_amplification"),
     figure("volumes", "volumes"),
     figure("hosts", "hosts"));
-  const charts = ioCharts();
+  const charts = ioCharts(HOUR_POINTS);
   const vaai = vaaiTable();
   const topBody = h("tbody");
   const eventsBody = h("tbody");

@@ -4,8 +4,7 @@
 import { h, replace, setText, syncRows } from "../dom.js";
 import * as api from "../api.js";
 import * as fmt from "../format.js";
-import { TimeChart } from "../charts.js";
-import { figure, setFigure } from "./dashboard.js";
+import { figure, setFigure, ioCharts } from "./dashboard.js";
 import { volumeActions } from "./volumes.js";
 
 /** The volume ring keeps 60 points of 5 s: five minutes. */
@@ -75,22 +74,7 @@ export function volume(root, ctx, name) {
     figure("shared", "shared_bytes", "stored once, used by others too"),
     figure("data reduction", "data_reduction"),
     figure("thin provisioning", "thin_provisioning", "provisioned / mapped"));
-  const charts = [
-    new TimeChart("IOPS", [
-      { label: "read", value: (p) => p.read_iops },
-      { label: "write", value: (p) => p.write_iops },
-      { label: "other", value: (p) => p.other_iops },
-    ], fmt.count, POINTS),
-    new TimeChart("Bandwidth", [
-      { label: "read", value: (p) => p.read_bytes_per_s },
-      { label: "write", value: (p) => p.write_bytes_per_s },
-    ], fmt.rate, POINTS),
-    new TimeChart("Latency", [
-      { label: "read avg", value: (p) => (p.read_iops > 0 ? p.read_latency_us : null) },
-      { label: "write avg", value: (p) => (p.write_iops > 0 ? p.write_latency_us : null) },
-      { label: "p99", value: (p) => p.p99_latency_us },
-    ], fmt.micros, POINTS),
-  ];
+  const charts = ioCharts(POINTS);
   const classes = h("tbody");
   const vaai = h("tbody");
   const family = h("ul", { class: "tree" });
@@ -114,8 +98,7 @@ export function volume(root, ctx, name) {
 
   async function tick(signal) {
     if (!array) array = await api.get("/api/v1/array", signal);
-    let all;
-    all = await api.get("/api/v1/volumes", signal);
+    const all = await api.get("/api/v1/volumes", signal);
     const v = all.find((x) => x.name === name);
     if (!v) {
       missing.hidden = false;
