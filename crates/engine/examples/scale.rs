@@ -4,7 +4,7 @@
 //!
 //!     scale fill  --data-dir D --to BYTES [--from BYTES] [--step BYTES] [--capacity BYTES]
 //!                 [--metadata-cache BYTES] [--max-rss BYTES] [--time-limit SECONDS]
-//!                 [--qd1-rate WRITES_PER_S] [--seed N] [--wrap]
+//!                 [--qd1-rate WRITES_PER_S] [--seed N] [--wrap] [--stall-stacks]
 //!     scale open  --data-dir D [--expect BYTES] [--metadata-cache BYTES] [--max-rss BYTES]
 //!     scale check --data-dir D [--metadata-cache BYTES] [--max-rss BYTES]
 //!
@@ -30,6 +30,11 @@
 //! are the latency a small writer sees while the big writers fill. Step lines carry VmRSS and
 //! VmHWM, the QD1 percentiles, /proc/self/io, the allocated size of every file in the engine
 //! directory and `space()`.
+//!
+//! `--stall-stacks` (root): where the QD1 writer waits when a command takes over 10 ms, as
+//! kernel stacks sampled every 2 ms, counted in the `done` line (see `StallSampler`); the QD1
+//! thread is named `qd1` for profilers. With `RUST_LOG=sliver_engine=debug` the engine logs
+//! every metadata-lock hold over 20 ms with where it was taken, on stderr.
 //!
 //! `open` times `Engine::open` and the first 4 KiB read of volume 1, reports `recovery()` and
 //! VmHWM, checks 64 chunks below `--expect` and shuts down cleanly. `check` opens read-only
@@ -125,6 +130,7 @@ struct Args {
     expect: Option<u64>,
     wrap: bool,
     seed: u64,
+    stall_stacks: bool,
 }
 
 fn parse_args() -> Args {
@@ -146,10 +152,15 @@ fn parse_args() -> Args {
         expect: None,
         wrap: false,
         seed: 0,
+        stall_stacks: false,
     };
     while let Some(flag) = it.next() {
         if flag == "--wrap" {
             a.wrap = true;
+            continue;
+        }
+        if flag == "--stall-stacks" {
+            a.stall_stacks = true;
             continue;
         }
         let v = it
@@ -350,6 +361,95 @@ fn cache_json(engine: &Engine) -> serde_json::Value {
     })
 }
 
+/// `--stall-stacks`: where the QD1 writer waits when a command takes long. The writer marks
+/// when each command starts; a sampler thread reads the writer's kernel stack
+/// (`/proc/self/task/TID/stack`, root only) every 2 ms while the command has run over 10 ms,
+/// and counts each stack (its top frames, offsets dropped). Each sample stands for about 2 ms
+/// of waiting; the fill's `done` line lists the most frequent stacks.
+struct StallSampler {
+    base: Instant,
+    /// Nanoseconds since `base` + 1 when the current command started; 0 while idle.
+    started: AtomicU64,
+    stack_path: Mutex<Option<PathBuf>>,
+    counts: Mutex<std::collections::HashMap<String, u64>>,
+}
+
+impl StallSampler {
+    const THRESHOLD: Duration = Duration::from_millis(10);
+    const PERIOD: Duration = Duration::from_millis(2);
+    const FRAMES: usize = 8;
+
+    fn new() -> Arc<StallSampler> {
+        Arc::new(StallSampler {
+            base: Instant::now(),
+            started: AtomicU64::new(0),
+            stack_path: Mutex::new(None),
+            counts: Mutex::default(),
+        })
+    }
+
+    /// Called on the writer's thread before its first command.
+    fn register_writer(&self) {
+        if let Ok(link) = std::fs::read_link("/proc/thread-self") {
+            *self.stack_path.lock().unwrap() = Some(Path::new("/proc").join(link).join("stack"));
+        }
+    }
+
+    fn begin(&self) {
+        let ns = self.base.elapsed().as_nanos() as u64 + 1;
+        self.started.store(ns, Ordering::Release);
+    }
+
+    fn end(&self) {
+        self.started.store(0, Ordering::Release);
+    }
+
+    fn spawn(self: &Arc<Self>, stop: Arc<AtomicBool>) -> std::thread::JoinHandle<()> {
+        let me = self.clone();
+        std::thread::spawn(move || {
+            while !stop.load(Ordering::Acquire) {
+                std::thread::sleep(Self::PERIOD);
+                let started = me.started.load(Ordering::Acquire);
+                if started == 0 {
+                    continue;
+                }
+                let running = (me.base.elapsed().as_nanos() as u64 + 1).saturating_sub(started);
+                if running < Self::THRESHOLD.as_nanos() as u64 {
+                    continue;
+                }
+                let Some(path) = me.stack_path.lock().unwrap().clone() else {
+                    continue;
+                };
+                let Ok(text) = std::fs::read_to_string(&path) else {
+                    continue;
+                };
+                let frames: Vec<&str> = text
+                    .lines()
+                    .filter_map(|l| l.split_whitespace().nth(1))
+                    .map(|f| f.split('+').next().unwrap_or(f))
+                    .take(Self::FRAMES)
+                    .collect();
+                let key = if frames.is_empty() {
+                    "(running in user space)".to_string()
+                } else {
+                    frames.join(" < ")
+                };
+                *me.counts.lock().unwrap().entry(key).or_default() += 1;
+            }
+        })
+    }
+
+    fn summary(&self) -> serde_json::Value {
+        let counts = self.counts.lock().unwrap();
+        let mut v: Vec<(&String, &u64)> = counts.iter().collect();
+        v.sort_by(|a, b| b.1.cmp(a.1));
+        v.iter()
+            .take(20)
+            .map(|(k, n)| serde_json::json!({"samples": n, "stack": k}))
+            .collect()
+    }
+}
+
 fn fill(args: &Args) {
     let (t, cache) = tuning(args);
     let created = !has_engine(&args.dir);
@@ -397,59 +497,75 @@ fn fill(args: &Args) {
     let paused = Arc::new(AtomicBool::new(false));
     let lat: Arc<Mutex<Vec<u64>>> = Arc::default();
     let qd1_errors = Arc::new(AtomicU64::new(0));
+    let sampler = args.stall_stacks.then(StallSampler::new);
+    let sampler_thread = sampler.as_ref().map(|s| s.spawn(stop.clone()));
     let qd1_thread = {
-        let (engine, stop, paused, lat, errors) = (
+        let (engine, stop, paused, lat, errors, sampler) = (
             engine.clone(),
             stop.clone(),
             paused.clone(),
             lat.clone(),
             qd1_errors.clone(),
+            sampler.clone(),
         );
         let rate = args.qd1_rate;
-        std::thread::spawn(move || {
-            // Tagged apart from the fill (bit 63 of the second word) and from other runs.
-            let run = mix64(std::process::id() as u64 ^ SEED.rotate_left(17))
-                ^ std::time::SystemTime::now()
-                    .duration_since(std::time::UNIX_EPOCH)
-                    .map(|d| d.as_nanos() as u64)
-                    .unwrap_or(0);
-            let mut buf = vec![0u8; CHUNK as usize];
-            let period = if rate > 0 {
-                Duration::from_secs_f64(1.0 / rate as f64)
-            } else {
-                Duration::ZERO
-            };
-            let mut next = Instant::now();
-            let mut n = 0u64;
-            while !stop.load(Ordering::Acquire) {
-                if paused.load(Ordering::Acquire) {
-                    std::thread::sleep(Duration::from_millis(1));
-                    next = Instant::now();
-                    continue;
+        // Named, so profiles (`perf sched`, off-CPU stacks) can tell it from the fill writers.
+        let named = std::thread::Builder::new().name("qd1".into());
+        named
+            .spawn(move || {
+                // Tagged apart from the fill (bit 63 of the second word) and from other runs.
+                let run = mix64(std::process::id() as u64 ^ SEED.rotate_left(17))
+                    ^ std::time::SystemTime::now()
+                        .duration_since(std::time::UNIX_EPOCH)
+                        .map(|d| d.as_nanos() as u64)
+                        .unwrap_or(0);
+                let mut buf = vec![0u8; CHUNK as usize];
+                let period = if rate > 0 {
+                    Duration::from_secs_f64(1.0 / rate as f64)
+                } else {
+                    Duration::ZERO
+                };
+                let mut next = Instant::now();
+                let mut n = 0u64;
+                if let Some(s) = &sampler {
+                    s.register_writer();
                 }
-                n += 1;
-                let tag = mix64(run ^ n);
-                buf[..8].copy_from_slice(&tag.to_le_bytes());
-                buf[8..16].copy_from_slice(&(n | 1 << 63).to_le_bytes());
-                let at = (mix64(tag) % (QD1_VOLUME / CHUNK)) * CHUNK;
-                let t0 = Instant::now();
-                let r = engine.write(qd1, at, &buf);
-                let ns = t0.elapsed().as_nanos() as u64;
-                if r.is_err() {
-                    errors.fetch_add(1, Ordering::Relaxed);
-                }
-                lat.lock().unwrap().push(ns);
-                if rate > 0 {
-                    next += period;
-                    let now = Instant::now();
-                    if next > now {
-                        std::thread::sleep(next - now);
-                    } else {
-                        next = now; // late: no catch-up burst
+                while !stop.load(Ordering::Acquire) {
+                    if paused.load(Ordering::Acquire) {
+                        std::thread::sleep(Duration::from_millis(1));
+                        next = Instant::now();
+                        continue;
+                    }
+                    n += 1;
+                    let tag = mix64(run ^ n);
+                    buf[..8].copy_from_slice(&tag.to_le_bytes());
+                    buf[8..16].copy_from_slice(&(n | 1 << 63).to_le_bytes());
+                    let at = (mix64(tag) % (QD1_VOLUME / CHUNK)) * CHUNK;
+                    let t0 = Instant::now();
+                    if let Some(s) = &sampler {
+                        s.begin();
+                    }
+                    let r = engine.write(qd1, at, &buf);
+                    let ns = t0.elapsed().as_nanos() as u64;
+                    if let Some(s) = &sampler {
+                        s.end();
+                    }
+                    if r.is_err() {
+                        errors.fetch_add(1, Ordering::Relaxed);
+                    }
+                    lat.lock().unwrap().push(ns);
+                    if rate > 0 {
+                        next += period;
+                        let now = Instant::now();
+                        if next > now {
+                            std::thread::sleep(next - now);
+                        } else {
+                            next = now; // late: no catch-up burst
+                        }
                     }
                 }
-            }
-        })
+            })
+            .unwrap_or_else(|e| fail(&format!("cannot start the QD1 writer: {e}")))
     };
 
     let mut pos = args.from / WRITE * WRITE;
@@ -567,6 +683,9 @@ fn fill(args: &Args) {
     }
     stop.store(true, Ordering::Release);
     let _ = qd1_thread.join();
+    if let Some(t) = sampler_thread {
+        let _ = t.join();
+    }
     let shut = Instant::now();
     let shutdown = engine.shutdown();
     let shutdown_secs = shut.elapsed().as_secs_f64();
@@ -582,6 +701,7 @@ fn fill(args: &Args) {
         "hwm": hwm(),
         "io": proc_io(),
         "files": files(&args.dir),
+        "stall_stacks": sampler.map(|s| s.summary()),
     }));
     if reason == "write-error" {
         std::process::exit(1);
@@ -689,6 +809,14 @@ fn check_cmd(args: &Args) {
 }
 
 fn main() {
+    // The engine's own diagnostics (long metadata-lock holds and where they were taken, at
+    // debug level) go to stderr when RUST_LOG asks for them; bench/scale keeps stderr.
+    if std::env::var_os("RUST_LOG").is_some() {
+        tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+            .with_writer(std::io::stderr)
+            .init();
+    }
     // SCALE_LOG=debug (any tracing filter) writes the engine's log to stderr: the metadata
     // lock's long holds are logged at debug with where they were taken.
     if let Ok(filter) = std::env::var("SCALE_LOG") {

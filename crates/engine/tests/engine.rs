@@ -642,3 +642,70 @@ fn a_nearly_full_array_keeps_taking_overwrites_while_checkpoints_and_the_collect
     engine.shutdown().unwrap();
     background.join().unwrap();
 }
+
+/// Requests outside a volume are refused whole, before anything is written, whether the
+/// range is checked up front (partial chunks, several batches) or inside the commit's own lock
+/// hold (whole chunks in one batch) or the read's (aligned reads).
+#[test]
+fn requests_outside_a_volume_are_refused_whole_and_write_nothing() {
+    let (_, e) = mem_engine(8 << 20);
+    let size = 16 * CS as u64;
+    let vol = e.create_volume(size).unwrap();
+    let out_of_range = |r: Result<(), EngineError>, offset: u64, len: u64| match r {
+        Err(EngineError::OutOfRange {
+            volume,
+            offset: o,
+            len: l,
+            size: s,
+        }) => {
+            assert_eq!((volume, o, l, s), (vol, offset, len, size));
+        }
+        other => panic!("expected OutOfRange for {offset}+{len}, got {other:?}"),
+    };
+    let data = text(1, 4 * CS);
+    let before = e.space();
+    // Whole chunks in one batch, crossing the end: its first two chunks are inside.
+    let at = size - 2 * CS as u64;
+    out_of_range(e.write(vol, at, &data), at, data.len() as u64);
+    // Whole chunks entirely past the end, and an offset whose end overflows.
+    out_of_range(e.write(vol, size, &data[..CS]), size, CS as u64);
+    out_of_range(
+        e.write(vol, u64::MAX - CS as u64 + 1, &data[..CS]),
+        u64::MAX - CS as u64 + 1,
+        CS as u64,
+    );
+    // A partial chunk crossing the end, and more than one batch crossing it.
+    out_of_range(e.write(vol, size - 100, &data[..200]), size - 100, 200);
+    let long = text(2, 64 * CS);
+    out_of_range(e.write(vol, 0, &long), 0, long.len() as u64);
+    // Nothing of the refused writes landed: the range inside still reads as zeros.
+    let mut back = vec![0xAAu8; size as usize];
+    e.read(vol, 0, &mut back).unwrap();
+    assert!(back.iter().all(|&b| b == 0), "a refused write left data");
+    assert_eq!(e.space().logical_mapped_bytes, before.logical_mapped_bytes);
+    // Reads: aligned (checked in the read's own lock hold) and unaligned.
+    let mut buf = vec![0u8; 2 * CS];
+    out_of_range(
+        e.read(vol, at + CS as u64, &mut buf),
+        at + CS as u64,
+        buf.len() as u64,
+    );
+    out_of_range(e.read(vol, size - 10, &mut buf[..20]), size - 10, 20);
+    let huge = u64::MAX - CS as u64 + 1;
+    out_of_range(e.read(vol, huge, &mut buf), huge, buf.len() as u64);
+    out_of_range(e.read(vol, huge + 10, &mut buf[..20]), huge + 10, 20);
+    // A volume that does not exist.
+    assert!(matches!(
+        e.write(vol + 7, 0, &data[..CS]),
+        Err(EngineError::NoSuchVolume(v)) if v == vol + 7
+    ));
+    let mut one = vec![0u8; CS];
+    assert!(matches!(
+        e.read(vol + 7, 0, &mut one),
+        Err(EngineError::NoSuchVolume(v)) if v == vol + 7
+    ));
+    // And the edges themselves work.
+    e.write(vol, at, &data[..2 * CS]).unwrap();
+    e.read(vol, at, &mut buf).unwrap();
+    assert_eq!(buf, &data[..2 * CS]);
+}

@@ -52,9 +52,12 @@ impl Engine {
     /// writer writes them itself (the background round was too slow), which holds back
     /// writers that would grow them further. The change is applied already and will be
     /// durable with the log, so a checkpoint that fails here is logged, not reported to the
-    /// command (a failure that matters has poisoned the engine).
-    pub(super) fn relieve_cache(&self) -> Result<()> {
-        if !self.lock_meta().state.pager.over_budget() {
+    /// command (a failure that matters has poisoned the engine). `over_budget` is what the
+    /// writer read under its own lock hold, so a writer that finds the cache within budget
+    /// (nearly always) takes the metadata lock once per command, not twice; it is read again
+    /// under the maintenance lock before any page is written.
+    pub(super) fn relieve_cache(&self, over_budget: bool) -> Result<()> {
+        if !over_budget {
             return Ok(());
         }
         let _maintenance = self.maintenance.lock().unwrap_or_else(|p| p.into_inner());

@@ -12,18 +12,21 @@ impl Engine {
             return Self::volume_range(&m, volume, offset, 0);
         }
         let first = offset / cs;
-        let last = (offset + buf.len() as u64 - 1) / cs;
+        // Aligned reads go straight into `buf`; their range is checked inside `read_chunks`'
+        // own lock hold (one acquisition per command, not two). Edges go through a bounce
+        // buffer of whole chunks, so their request is checked here first, as is an end past
+        // u64.
+        let end = offset.checked_add(buf.len() as u64);
+        let aligned = end.is_some_and(|end| offset.is_multiple_of(cs) && end.is_multiple_of(cs));
+        if aligned {
+            self.read_chunks(volume, first, buf)?;
+            return Ok(());
+        }
         {
             let m = self.lock_meta();
             Self::volume_range(&m, volume, offset, buf.len() as u64)?;
         }
-        // Aligned fast path reads straight into `buf`; edges go through a bounce buffer.
-        let aligned_start = offset.is_multiple_of(cs);
-        let aligned_end = (offset + buf.len() as u64).is_multiple_of(cs);
-        if aligned_start && aligned_end {
-            self.read_chunks(volume, first, buf)?;
-            return Ok(());
-        }
+        let last = (offset + buf.len() as u64 - 1) / cs;
         let mut bounce = vec![0u8; (last - first + 1) as usize * cs as usize];
         self.read_chunks(volume, first, &mut bounce)?;
         let skip = (offset - first * cs) as usize;
@@ -34,7 +37,8 @@ impl Engine {
     /// Fill `out` (whole chunks) with chunks `first..` of `volume`. Map entries and chunk
     /// locations are resolved under one lock and the segments pinned against reuse, so the
     /// bytes read are what the map held at that instant. Returns the (id, fingerprint) seen
-    /// for each chunk.
+    /// for each chunk. The chunks must lie in the volume (volume sizes are whole chunks):
+    /// [`EngineError::OutOfRange`] otherwise.
     pub(super) fn read_chunks(
         &self,
         volume: u32,
@@ -45,9 +49,7 @@ impl Engine {
         let count = out.len() / cs;
         type Locs = (Vec<(u64, [u8; 16])>, Vec<Option<(u64, Loc, u32, u64)>>);
         let (m, resolved) = self.lock_resident(|m| -> Result<Locs> {
-            if !m.state.volumes.contains_key(&volume) {
-                return Err(EngineError::NoSuchVolume(volume));
-            }
+            Self::volume_range(m, volume, first.saturating_mul(cs as u64), out.len() as u64)?;
             let ids = m.state.entries(volume, first, count as u64)?;
             let mut seen = Vec::with_capacity(count);
             let mut locs = Vec::with_capacity(count);

@@ -4,7 +4,7 @@ use super::*;
 use crate::meta::chunk_table::{ChunkEntry, CHUNK_TABLE, PER_PAGE as CHUNKS_PER_PAGE};
 use crate::meta::hooks::is_hook;
 use crate::meta::pager::Entry;
-use std::collections::HashMap;
+use rustc_hash::FxHashMap;
 
 /// A chunk shared this many times is not shared further (a dedup hit writes a new copy), so
 /// its count never comes near saturating.
@@ -60,29 +60,48 @@ impl Engine {
     /// all-zero chunks unmapped. Not durable until [`Engine::flush`].
     pub fn write(&self, volume: u32, offset: u64, data: &[u8]) -> Result<()> {
         self.check_writable()?;
-        {
+        let request = (offset, data.len() as u64);
+        let cs = self.geometry.chunk_size as u64;
+        let limit = self.batch_chunks() as u64 * cs;
+        // The whole request is checked before anything is written. A write of whole chunks
+        // that fits one batch (every small host write) is checked inside its own commit's lock
+        // hold, before any change: one metadata lock acquisition per command instead of two,
+        // and each is one more wait behind other commands' holds. Longer writes, and writes of
+        // partial chunks (which read the old data first), are checked here first.
+        // An end past u64 is out of every volume: the check up front reports it.
+        let end = offset.checked_add(data.len() as u64);
+        let single = end.is_some()
+            && offset.is_multiple_of(cs)
+            && (data.len() as u64).is_multiple_of(cs)
+            && !data.is_empty()
+            && data.len() as u64 <= limit;
+        if !single {
             let m = self.lock_meta();
             Self::volume_range(&m, volume, offset, data.len() as u64)?;
         }
-        if data.is_empty() {
+        let Some(end) = end.filter(|_| !data.is_empty()) else {
             return Ok(());
-        }
-        let cs = self.geometry.chunk_size as u64;
-        let limit = self.batch_chunks() as u64 * cs;
+        };
         // Pieces aligned to chunk boundaries, each one batch (crash-atomic).
         let mut pos = offset;
-        let end = offset + data.len() as u64;
         while pos < end {
             let piece_end = ((pos / cs) * cs + limit).min(end);
             let slice = &data[(pos - offset) as usize..(piece_end - offset) as usize];
-            self.write_piece(volume, pos, slice)?;
+            self.write_piece(volume, request, pos, slice)?;
             pos = piece_end;
         }
         Ok(())
     }
 
-    /// One batch: chunks `pos/cs ..= (end-1)/cs`.
-    pub(super) fn write_piece(&self, volume: u32, offset: u64, data: &[u8]) -> Result<()> {
+    /// One batch: chunks `pos/cs ..= (end-1)/cs` of the write `request` (offset, length),
+    /// whose range is checked again under the commit's lock hold.
+    pub(super) fn write_piece(
+        &self,
+        volume: u32,
+        request: (u64, u64),
+        offset: u64,
+        data: &[u8],
+    ) -> Result<()> {
         let cs = self.geometry.chunk_size as u64;
         let first = offset / cs;
         let last = (offset + data.len() as u64 - 1) / cs;
@@ -136,9 +155,7 @@ impl Engine {
             // With the pages the batch will touch cached (read outside the lock if not): the
             // entries it replaces and their chunks, and its dedup candidates.
             let (mut m, probed) = self.lock_resident(|m| -> Result<bool> {
-                if !m.state.volumes.contains_key(&volume) {
-                    return Err(EngineError::NoSuchVolume(volume));
-                }
+                Self::volume_range(m, volume, request.0, request.1)?;
                 for id in m.state.entries(volume, first, n)? {
                     if holds_data(id) {
                         m.state.chunk(id)?;
@@ -209,10 +226,11 @@ impl Engine {
                     return Err(EngineError::NoSpace);
                 }
                 Ok(unwritten) => {
+                    let over_budget = m.state.pager.over_budget();
                     // The log write happens without the lock: other commands go on meanwhile.
                     drop(m);
                     self.write_unwritten(unwritten)?;
-                    return self.relieve_cache();
+                    return self.relieve_cache(over_budget);
                 }
                 Err(e) => return Err(e),
             }
@@ -239,7 +257,9 @@ impl Engine {
         }
         let mut slots = Vec::with_capacity(items.len());
         let mut new: Vec<(&[u8; 16], Codec, &[u8])> = Vec::new();
-        let mut local: HashMap<[u8; 16], usize> = HashMap::new();
+        // Under the lock: sized once, and hashed cheaply (the keys are keyed BLAKE3 already).
+        let mut local: FxHashMap<[u8; 16], usize> =
+            FxHashMap::with_capacity_and_hasher(items.len(), Default::default());
         let mut into_anchored = true;
         let mut size = RECORD_HEADER + RECORD_HEADER + 16 + 8 * items.len();
         let mut data = 0u64;

@@ -97,11 +97,15 @@ const SPARE_PAGES: usize = 4096;
 impl Pager {
     /// An empty pager holding at most `capacity` clean pages.
     pub fn new(source: Arc<dyn PageSource>, capacity: usize) -> Self {
+        let capacity = capacity.max(1);
         Pager {
-            capacity: capacity.max(1),
+            capacity,
             directories: vec![Vec::new(); 256],
-            resident: FxHashMap::default(),
-            clock: VecDeque::new(),
+            // Sized for the capacity at once (what the cache is configured to hold): growing
+            // a map of hundreds of thousands of pages rehashes them all under the metadata
+            // lock. Only the control bytes are touched until pages arrive.
+            resident: FxHashMap::with_capacity_and_hasher(capacity, Default::default()),
+            clock: VecDeque::with_capacity(capacity),
             dirty: 0,
             dirty_keys: Vec::new(),
             copies: 0,
@@ -151,6 +155,11 @@ impl Pager {
 
     pub fn set_capacity(&mut self, capacity: usize) {
         self.capacity = capacity.max(1);
+        // A configuration change: one resize now instead of one under a host's write later.
+        self.resident
+            .reserve(self.capacity.saturating_sub(self.resident.len()));
+        self.clock
+            .reserve(self.capacity.saturating_sub(self.clock.len()));
         self.make_room(self.capacity);
     }
 
