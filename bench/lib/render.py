@@ -654,28 +654,31 @@ def write(res, out_path, raw_rel, root):
     if missing:
         add("- sliver figures missing from this run: " + ", ".join(sorted(set(missing))) + ".")
     add("")
-    # bench/scale's section ("Engine at scale") lives between its markers: kept verbatim.
-    kept = scale_block(out_path)
-    if kept:
-        lines += [kept, ""]
+    # bench/scale's section ("Engine at scale") lives between its markers, and sections other
+    # benchmarks' runs were written into by hand between the hand markers: kept verbatim.
+    for begin, end in ((SCALE_BEGIN, SCALE_END), (HAND_BEGIN, HAND_END)):
+        kept = marked_block(out_path, begin, end)
+        if kept:
+            lines += [kept, ""]
     with open(out_path, "w") as f:
         f.write("\n".join(lines))
     return sorted(set(missing))
 
 
 SCALE_BEGIN, SCALE_END = "<!-- scale:begin -->", "<!-- scale:end -->"
+HAND_BEGIN, HAND_END = "<!-- hand:begin -->", "<!-- hand:end -->"
 
 
-def scale_block(path):
-    """The block bench/scale wrote into the document (markers included), or None."""
+def marked_block(path, begin, end):
+    """The block between `begin` and `end` in the document (markers included), or None."""
     try:
         with open(path) as f:
             text = f.read()
     except OSError:
         return None
-    i = text.find(SCALE_BEGIN)
-    j = text.find(SCALE_END, i + 1) if i >= 0 else -1
-    return text[i:j + len(SCALE_END)] if j >= 0 else None
+    i = text.find(begin)
+    j = text.find(end, i + 1) if i >= 0 else -1
+    return text[i:j + len(end)] if j >= 0 else None
 
 
 def make_plots(res, img_dir):
