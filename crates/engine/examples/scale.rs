@@ -33,7 +33,7 @@
 //!
 //! `--stall-stacks` (root): where the QD1 writer waits when a command takes over 10 ms, as
 //! kernel stacks sampled every 2 ms, counted in the `done` line (see `StallSampler`); the QD1
-//! thread is named `qd1` for profilers. With `RUST_LOG=sliver_engine=debug` the engine logs
+//! thread is named `qd1` for profilers. With `SCALE_LOG=sliver_engine=debug` the engine logs
 //! every metadata-lock hold over 20 ms with where it was taken, on stderr.
 //!
 //! `open` times `Engine::open` and the first 4 KiB read of volume 1, reports `recovery()` and
@@ -809,14 +809,6 @@ fn check_cmd(args: &Args) {
 }
 
 fn main() {
-    // The engine's own diagnostics (long metadata-lock holds and where they were taken, at
-    // debug level) go to stderr when RUST_LOG asks for them; bench/scale keeps stderr.
-    if std::env::var_os("RUST_LOG").is_some() {
-        tracing_subscriber::fmt()
-            .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
-            .with_writer(std::io::stderr)
-            .init();
-    }
     // SCALE_LOG=debug (any tracing filter) writes the engine's log to stderr: the metadata
     // lock's long holds are logged at debug with where they were taken.
     if let Ok(filter) = std::env::var("SCALE_LOG") {

@@ -67,8 +67,8 @@ impl Engine {
         // that fits one batch (every small host write) is checked inside its own commit's lock
         // hold, before any change: one metadata lock acquisition per command instead of two,
         // and each is one more wait behind other commands' holds. Longer writes, and writes of
-        // partial chunks (which read the old data first), are checked here first.
-        // An end past u64 is out of every volume: the check up front reports it.
+        // partial chunks (which read the old data first), are checked here first, as is an
+        // end past u64.
         let end = offset.checked_add(data.len() as u64);
         let single = end.is_some()
             && offset.is_multiple_of(cs)
