@@ -14,8 +14,8 @@ use crate::meta::chunk_table::{ChunkEntry, ChunkTable};
 use crate::meta::hooks::{is_hook, Hooks};
 use crate::meta::map_tree::{self, ChunkRefs, Trees, Volume, ANCHORED, FANOUT};
 use crate::meta::pager::{Entry, Pager};
-use crate::meta::resident::ResidentTable;
-use crate::meta::{ApplyError, T_SEGMENTS};
+use crate::meta::segment_table::SegmentTable;
+use crate::meta::ApplyError;
 use std::collections::{BTreeMap, HashMap, HashSet};
 
 pub use crate::meta::map_tree::holds_data;
@@ -104,7 +104,7 @@ fn inconsistent(why: String) -> ApplyError {
 pub struct State {
     pub pager: Pager,
     pub chunks: ChunkTable,
-    pub segments: ResidentTable<Segment>,
+    pub segments: SegmentTable,
     pub trees: Trees,
     pub volumes: BTreeMap<u32, Volume>,
     pub hooks: Hooks,
@@ -122,7 +122,7 @@ pub struct State {
 /// The chunk reference counting the trees call back into.
 struct Refs<'a> {
     chunks: &'a mut ChunkTable,
-    segments: &'a mut ResidentTable<Segment>,
+    segments: &'a mut SegmentTable,
     anchored: &'a mut u64,
     live_bytes: &'a mut u64,
 }
@@ -155,7 +155,7 @@ impl ChunkRefs for Refs<'_> {
 
 impl State {
     pub fn new(chunk_size: u32, segment_count: u32, pager: Pager) -> Self {
-        let mut segments = ResidentTable::new(T_SEGMENTS);
+        let mut segments = SegmentTable::new();
         for _ in 0..segment_count {
             segments.push(Segment::FREE);
         }
@@ -561,6 +561,9 @@ impl State {
                 Ok(()) => {}
                 Err(e) => out.push(format!("volume {id}: {e}")),
             }
+        }
+        if let Err(e) = self.segments.audit() {
+            out.push(e);
         }
         let live: u64 = self.segments.as_slice().iter().map(|s| s.live).sum();
         if live != self.live_bytes {

@@ -90,10 +90,11 @@ impl Engine {
         let (frozen, mut root, appended) = {
             let mut m = self.lock_meta();
             let state = &mut m.state;
+            let pool = state.pager.pool().clone();
             let mut frozen = state.pager.freeze();
-            frozen.extend(state.segments.freeze());
-            frozen.extend(state.trees.meta.freeze());
-            frozen.extend(state.chunks.live_table().freeze());
+            frozen.extend(state.segments.freeze(&pool));
+            frozen.extend(state.trees.meta.freeze(&pool));
+            frozen.extend(state.chunks.live_table().freeze(&pool));
             let root = self.root_image(&m);
             (frozen, root, (m.appended, m.records_since_checkpoint))
         };
@@ -134,9 +135,9 @@ impl Engine {
                 }
             }
             m.state.pager.settle();
-            for p in frozen {
-                m.state.pager.recycle(p.body);
-            }
+            // The frozen buffers return to the pool here, under the lock (those the cache
+            // still holds stay with it).
+            drop(frozen);
             let changed = m.state.pager.take_changed_dirs();
             let dirs: Vec<(u8, u64, Box<PageBody>)> = changed
                 .iter()

@@ -51,18 +51,16 @@ impl Engine {
     pub(super) fn collect_one(&self, max_live: f64, may_checkpoint: bool) -> Result<Option<u64>> {
         let seg = self.geometry.segment_size as u64;
         let unreadable = self.unreadable.lock().unwrap().clone();
+        // From the victim index, not a scan: the cost is the index's buckets, not the log's
+        // size, under the lock every command takes.
         let pick = |m: &Meta, eligible_only: bool| -> Option<(u32, u64, bool)> {
-            m.state
-                .segments
-                .as_slice()
-                .iter()
-                .enumerate()
-                .filter(|(_, s)| s.state == SegState::Sealed)
-                .filter(|(i, s)| s.live == 0 || !unreadable.contains(&(*i as u32, s.seq)))
-                .filter(|(_, s)| !eligible_only || s.seq < m.checkpoint_seq)
-                .filter(|(_, s)| (s.live as f64) <= max_live * seg as f64)
-                .min_by_key(|(_, s)| s.live)
-                .map(|(i, s)| (i as u32, s.seq, s.live == 0))
+            let limit = (max_live * seg as f64) as u64;
+            let victim = m.state.segments.emptiest(limit, |i, s| {
+                (s.live == 0 || !unreadable.contains(&(i, s.seq)))
+                    && (!eligible_only || s.seq < m.checkpoint_seq)
+            })?;
+            let s = m.state.segment(victim);
+            Some((victim, s.seq, s.live == 0))
         };
         let victim = {
             let m = self.lock_meta();
@@ -222,7 +220,7 @@ impl Engine {
         // the victim's chunks dead (UNMAP, overwrites) durable before their data can be
         // overwritten, or a replay after a crash would map chunks that are gone.
         self.flush()?;
-        {
+        let period = {
             let mut m = self.lock_meta();
             let s = m.state.segment(victim);
             if s.live != 0 || s.state != SegState::Sealed {
@@ -231,13 +229,14 @@ impl Engine {
                     s.live
                 )));
             }
-            // No new readers can find it; wait out those that did.
             m.state.update_segment(victim, |s| {
                 s.state = SegState::Free;
                 s.written = 0;
             });
-        }
-        drop(self.reuse.write().unwrap_or_else(|p| p.into_inner()));
+            // No new reader can find it; wait out those that did.
+            self.read_pins.advance()
+        };
+        self.read_pins.wait(period);
         let mut m = self.lock_meta();
         m.free.push(victim);
         m.freed += 1;
@@ -258,13 +257,8 @@ impl Engine {
             let m = self.lock_meta();
             m.state
                 .segments
-                .as_slice()
-                .iter()
-                .enumerate()
-                .filter(|(_, s)| {
-                    s.state == SegState::Sealed && s.seq < m.checkpoint_seq && s.live == 0
-                })
-                .map(|(i, _)| i as u32)
+                .empty_sealed()
+                .filter(|&i| m.state.segment(i).seq < m.checkpoint_seq)
                 .collect()
         };
         if victims.is_empty() {
@@ -273,7 +267,7 @@ impl Engine {
         // The records that made these segments' chunks dead must be durable before their
         // bytes can be overwritten, or a replay after a crash would map chunks that are gone.
         self.flush()?;
-        {
+        let period = {
             let mut m = self.lock_meta();
             for &v in &victims {
                 let s = m.state.segment(v);
@@ -290,9 +284,10 @@ impl Engine {
                     s.written = 0;
                 });
             }
-        }
-        // No new readers can find them; wait out those that did.
-        drop(self.reuse.write().unwrap_or_else(|p| p.into_inner()));
+            // No new reader can find them; wait out those that did.
+            self.read_pins.advance()
+        };
+        self.read_pins.wait(period);
         let mut m = self.lock_meta();
         m.free.extend_from_slice(&victims);
         m.freed += victims.len() as u64;

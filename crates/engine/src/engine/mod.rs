@@ -11,9 +11,9 @@
 //! Concurrency: one mutex (`meta`) guards the metadata and the log head; records are appended
 //! and applied under it, so the log order is the apply order and recovery reproduces exactly
 //! the state that was acknowledged. Hashing, compression, data reads and most metadata page
-//! reads happen outside it. `reuse` keeps the garbage collector from recycling a segment while
-//! a reader that looked up a chunk location in it is still reading. Lock order: `maintenance`
-//! -> `meta` -> `slots` -> `flush`.
+//! reads happen outside it. [`read_pins`] lets the garbage collector wait out a reader that
+//! looked up a chunk location in a segment before the segment is reused; readers never wait.
+//! Lock order: `maintenance` -> `meta` -> `slots` -> `flush`.
 
 mod budget;
 mod check;
@@ -26,6 +26,7 @@ mod migrate;
 mod open;
 mod provision;
 mod read;
+mod read_pins;
 mod segments;
 mod space;
 mod write;
@@ -46,7 +47,7 @@ use crate::state::{Loc, SegState, Segment, State};
 use std::collections::HashMap;
 use std::io;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard, RwLock};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 /// Why an engine operation failed.
@@ -431,7 +432,9 @@ pub struct Engine {
     /// Data chunks hosts wrote since open, and how many of them dedup found stored.
     data_chunks_written: AtomicU64,
     dedup_chunks: AtomicU64,
-    reuse: RwLock<()>,
+    /// Readers still reading segments they resolved: the collector waits them out before a
+    /// freed segment is written again.
+    read_pins: read_pins::ReadPins,
     flush: Mutex<FlushState>,
     flushed: Condvar,
     /// Log ranges applied but still being written (host writes write outside `meta`).

@@ -10,6 +10,7 @@ use crate::meta::page_store::{read_page, MetaArea};
 use crate::meta::pager::{decode_directory, Pager, DIR_BASE};
 use crate::meta::resident::ResidentTable;
 use crate::meta::root::Root;
+use crate::meta::segment_table::SegmentTable;
 use crate::meta::T_SEGMENTS;
 
 /// What replay applies records to: format 3's state, or format 2's for the migration.
@@ -285,7 +286,7 @@ impl Engine {
             longest_hold: AtomicU64::new(0),
             data_chunks_written: AtomicU64::new(0),
             dedup_chunks: AtomicU64::new(0),
-            reuse: RwLock::new(()),
+            read_pins: Default::default(),
             flush: Mutex::new(FlushState {
                 durable: 0,
                 syncing: false,
@@ -336,7 +337,7 @@ fn load_state(backend: &Arc<dyn Backend>, root: &Root, tuning: &Tuning) -> Resul
             .map_or(0, |t| t.entries)
     };
     let meta = |e: crate::meta::PageError| EngineError::Metadata(e.to_string());
-    let segments = ResidentTable::load(T_SEGMENTS, &pager, entries(T_SEGMENTS)).map_err(meta)?;
+    let segments = SegmentTable::load(&pager, entries(T_SEGMENTS)).map_err(meta)?;
     if segments.len() != g.segment_count as u64 {
         return Err(EngineError::Metadata(format!(
             "the segment table holds {} segments, the root says {}",

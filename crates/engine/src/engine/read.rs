@@ -79,7 +79,8 @@ impl Engine {
         let unwritten = self
             .inflight
             .holding(locs.iter().flatten().map(|&(_, loc, ..)| loc));
-        let _pin = self.reuse.read().unwrap_or_else(|p| p.into_inner());
+        // Pinned in the hold that resolved the locations (never waits; see `read_pins`).
+        let _pin = self.read_pins.pin();
         drop(m);
         if !unwritten.is_empty() {
             self.inflight

@@ -8,17 +8,21 @@
 //!   counts, so snapshots, clones and copies of whole leaves share nodes;
 //! - [`chunk_table`]: chunk id -> fingerprint, place in the log, length, reference count;
 //! - [`resident`]: the small tables kept whole in RAM (segments, node metadata, live counts);
+//! - [`segment_table`]: the segment table and the collector's index of sealed segments;
 //! - [`pager`]: the cache and the directories that find every page;
+//! - [`page_buf`]: the cache's page buffers, in blocks of their own;
 //! - [`page_store`]: slots of the metadata area, checksums, shadow paging;
 //! - [`root`]: the root file naming a consistent set of pages at one log position.
 
 pub mod chunk_table;
 pub mod hooks;
 pub mod map_tree;
+pub mod page_buf;
 pub mod page_store;
 pub mod pager;
 pub mod resident;
 pub mod root;
+pub mod segment_table;
 
 pub use page_store::PageError;
 

@@ -14,6 +14,7 @@
 //! table `t`), written by the same checkpoint after the pages they name; the root names the
 //! directory pages. The pager does no writes; reads go through a [`PageSource`].
 
+use super::page_buf::{PageBuf, PagePool};
 use super::page_store::PAGE_LOC_BYTES;
 use super::page_store::{read_page, PageBody, PageError, PageLoc, PageSource, PAGE_BYTES};
 use rustc_hash::FxHashMap;
@@ -28,7 +29,7 @@ pub const DIR_BASE: u8 = 128;
 pub const DIR_PER_PAGE: u64 = (PAGE_BYTES / PAGE_LOC_BYTES) as u64;
 
 struct Resident {
-    body: Arc<PageBody>,
+    body: PageBuf,
     /// Changed since it was last written (or never written): only a checkpoint may drop it.
     dirty: bool,
     /// Frozen by a checkpoint that has not yet reported where it wrote the page: the
@@ -44,7 +45,7 @@ struct Resident {
 pub struct FrozenPage {
     pub table: u8,
     pub index: u64,
-    pub body: Arc<PageBody>,
+    pub body: PageBuf,
 }
 
 /// Cache figures, for metrics and for tests that must see eviction happen.
@@ -77,10 +78,9 @@ pub struct Pager {
     /// Directory pages (table, directory page index) whose entries changed since the last
     /// root was made durable: the next checkpoint writes them.
     changed_dirs: BTreeSet<(u8, u64)>,
-    /// Page buffers of evicted pages, reused for the next ones: faults and evictions run on
-    /// every thread, and without reuse the allocator's per-thread arenas each kept a share
-    /// of the cache's churn (a third more RSS than the cache itself in `bench/scale`).
-    spare: Vec<Arc<PageBody>>,
+    /// Where page buffers come from: blocks of their own, so the cache's churn does not
+    /// fragment the heap (see [`super::page_buf`]).
+    pool: PagePool,
     /// While set, a page that would need I/O is not read: the lookup fails with
     /// [`NOT_CACHED`] and the page is noted in `wanted`, for the engine to read it outside its
     /// lock and try again.
@@ -90,9 +90,6 @@ pub struct Pager {
 
 /// The reason of a [`PageError`] for a page not read because reads were forbidden.
 pub const NOT_CACHED: &str = "not cached";
-
-/// Page buffers kept for reuse at most.
-const SPARE_PAGES: usize = 4096;
 
 impl Pager {
     /// An empty pager holding at most `capacity` clean pages.
@@ -112,7 +109,7 @@ impl Pager {
             source,
             stats: PagerStats::default(),
             changed_dirs: BTreeSet::new(),
-            spare: Vec::new(),
+            pool: PagePool::new(),
             no_reads: false,
             wanted: Vec::new(),
         }
@@ -129,20 +126,10 @@ impl Pager {
         std::mem::take(&mut self.wanted)
     }
 
-    /// A page buffer to fill: a spare one, or a new one.
-    fn buffer(&mut self) -> Arc<PageBody> {
-        self.spare
-            .pop()
-            .unwrap_or_else(|| Arc::new([0; PAGE_BYTES]))
-    }
-
-    /// Keep a buffer no one else holds for reuse (a frozen version a checkpoint is done with).
-    pub fn recycle(&mut self, mut body: Arc<PageBody>) {
-        if self.spare.len() < SPARE_PAGES.min(self.capacity / 16)
-            && Arc::get_mut(&mut body).is_some()
-        {
-            self.spare.push(body);
-        }
+    /// Where this cache's page buffers come from (tables kept whole in RAM encode their
+    /// pages for a checkpoint into buffers of the same pool).
+    pub fn pool(&self) -> &PagePool {
+        &self.pool
     }
 
     pub fn source(&self) -> &Arc<dyn PageSource> {
@@ -238,7 +225,7 @@ impl Pager {
     /// reused for a new node): dirty.
     pub fn page_new(&mut self, table: u8, index: u64) -> &mut PageBody {
         if !self.resident.contains_key(&(table, index)) {
-            let body = self.buffer();
+            let body = self.pool.take();
             self.insert(table, index, body);
         }
         let body = self.dirty_body(table, index);
@@ -247,15 +234,10 @@ impl Pager {
     }
 
     fn dirty_body(&mut self, table: u8, index: u64) -> &mut PageBody {
-        if Arc::get_mut(&mut self.resident.get_mut(&(table, index)).expect("loaded").body).is_none()
-        {
+        let r = self.resident.get_mut(&(table, index)).expect("loaded");
+        if PageBuf::get_mut(&mut r.body).is_none() {
             // A checkpoint holds this version: change a copy.
-            let mut copy = self.buffer();
-            let r = self.resident.get_mut(&(table, index)).expect("loaded");
-            Arc::get_mut(&mut copy)
-                .expect("a spare buffer is ours")
-                .copy_from_slice(&r.body[..]);
-            r.body = copy;
+            r.body = self.pool.copy_of(&r.body);
             if r.frozen && !r.copied {
                 r.copied = true;
                 self.copies += 1;
@@ -269,7 +251,7 @@ impl Pager {
             self.dirty += 1;
             self.dirty_keys.push((table, index));
         }
-        Arc::get_mut(&mut r.body).expect("unshared")
+        PageBuf::get_mut(&mut r.body).expect("unshared")
     }
 
     /// Of `keys`, the pages that would need I/O, with where they are.
@@ -295,14 +277,11 @@ impl Pager {
         }
         self.stats.faults += 1;
         self.make_room(self.capacity.saturating_sub(1));
-        let mut buffer = self.buffer();
-        Arc::get_mut(&mut buffer)
-            .expect("a spare buffer is ours")
-            .copy_from_slice(&body[..]);
+        let buffer = self.pool.copy_of(&body);
         self.insert(table, index, buffer);
     }
 
-    fn insert(&mut self, table: u8, index: u64, body: Arc<PageBody>) {
+    fn insert(&mut self, table: u8, index: u64, body: PageBuf) {
         self.resident.insert(
             (table, index),
             Resident {
@@ -332,19 +311,11 @@ impl Pager {
             });
         }
         let body = if loc.is_none() {
-            let mut body = self.buffer();
-            Arc::get_mut(&mut body)
-                .expect("a spare buffer is ours")
-                .fill(0);
-            body
+            self.pool.zeroed()
         } else {
             self.stats.faults += 1;
             let read = read_page(&*self.source, table, index, loc)?;
-            let mut body = self.buffer();
-            Arc::get_mut(&mut body)
-                .expect("a spare buffer is ours")
-                .copy_from_slice(&read[..]);
-            body
+            self.pool.copy_of(&read)
         };
         self.make_room(self.capacity.saturating_sub(1));
         self.insert(table, index, body);
@@ -369,9 +340,8 @@ impl Pager {
                 self.clock.push_back(key);
                 continue;
             }
-            if let Some(r) = self.resident.remove(&key) {
-                self.recycle(r.body);
-            }
+            // Its buffer returns to the pool (or stays with a checkpoint that holds it).
+            self.resident.remove(&key);
             self.stats.evictions += 1;
         }
         // The ring keeps keys of pages evicted by other paths; trim it when it grows.

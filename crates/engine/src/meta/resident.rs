@@ -4,10 +4,10 @@
 //! is needed on every write, and is loaded at open in one pass. A change marks its page dirty;
 //! a checkpoint encodes the dirty pages at the moment it freezes the metadata.
 
-use super::page_store::{read_page, PageBody, PageError, PAGE_BYTES};
+use super::page_buf::{PageBuf, PagePool};
+use super::page_store::{read_page, PageError, PAGE_BYTES};
 use super::pager::{Entry, FrozenPage, Pager};
 use std::collections::BTreeSet;
-use std::sync::Arc;
 
 pub struct ResidentTable<T> {
     table: u8,
@@ -104,12 +104,14 @@ impl<T: Entry + Default + PartialEq> ResidentTable<T> {
         self.dirty.extend(0..pages);
     }
 
-    /// The dirty pages, encoded, for a checkpoint; they are clean afterwards.
-    pub fn freeze(&mut self) -> Vec<FrozenPage> {
+    /// The dirty pages, encoded into buffers of `pool`, for a checkpoint; they are clean
+    /// afterwards.
+    pub fn freeze(&mut self, pool: &PagePool) -> Vec<FrozenPage> {
         std::mem::take(&mut self.dirty)
             .into_iter()
             .map(|page| {
-                let mut body: PageBody = [0; PAGE_BYTES];
+                let mut buf = pool.zeroed();
+                let body = PageBuf::get_mut(&mut buf).expect("a buffer just taken is ours");
                 let from = page as usize * Self::PER_PAGE;
                 let to = self.items.len().min(from + Self::PER_PAGE);
                 for (k, item) in self.items[from.min(to)..to].iter().enumerate() {
@@ -118,7 +120,7 @@ impl<T: Entry + Default + PartialEq> ResidentTable<T> {
                 FrozenPage {
                     table: self.table,
                     index: page,
-                    body: Arc::new(body),
+                    body: buf,
                 }
             })
             .collect()
@@ -138,7 +140,8 @@ impl<T: Entry + Default + PartialEq> ResidentTable<T> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::meta::page_store::{page_crc, PageLoc, PageSource};
+    use crate::meta::page_store::{page_crc, PageBody, PageLoc, PageSource};
+    use std::sync::Arc;
 
     struct Slots(std::sync::Mutex<Vec<PageBody>>);
     impl PageSource for Slots {
@@ -168,10 +171,13 @@ mod tests {
                 pager.written(p.table, p.index, loc);
             }
         };
-        write(&mut pager, t.freeze());
-        assert!(t.freeze().is_empty(), "clean after a checkpoint");
+        write(&mut pager, t.freeze(&PagePool::new()));
+        assert!(
+            t.freeze(&PagePool::new()).is_empty(),
+            "clean after a checkpoint"
+        );
         t.set(5, 1);
-        let frozen = t.freeze();
+        let frozen = t.freeze(&PagePool::new());
         assert_eq!(frozen.len(), 1, "one page changed");
         write(&mut pager, frozen);
         let back: ResidentTable<u64> = ResidentTable::load(9, &pager, t.len()).unwrap();
