@@ -211,6 +211,25 @@ corpus["engine_log"]["format3_chunk_map_copy_release"] = (
     + rec(16, struct.pack("<II", 1, 0))
 )
 
+
+
+def replica_object(kind, array, epoch, number, body):
+    """RFC 0003's object: the 64-byte header (CRC-32C over it with its own field zero), then
+    the body."""
+    h = b"SLVROBJ1" + bytes([kind, 0, 0, 0]) + b"\0" * 4 + array
+    h += struct.pack("<QQQI", epoch, number, len(body), crc32c(body)) + b"\0" * 4
+    assert len(h) == 64, len(h)
+    h = h[:12] + struct.pack("<I", crc32c(h)) + h[16:]
+    return h + body
+
+
+corpus["replica_object"] = {
+    "segment": replica_object(2, b"pool-a-uuid-0001", 1, 0x10, bytes(range(256)) * 4),
+    "manifest_empty_body": replica_object(1, b"pool-a-uuid-0001", 7, 1, b""),
+    "name_head": b"head/0000000000000009-00001000",
+    "name_manifest": b"manifest/00000000000000000007",
+}
+
 for target, files in corpus.items():
     os.makedirs(os.path.join("corpus", target), exist_ok=True)
     for name, data in files.items():

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The whole test suite: formatting, lints, unit and integration tests, conformance against
-# independent initiators (libiscsi, QEMU), the console in a real browser, the quick benchmark
-# against tgt, the engine at scale (bench/scale --quick), fuzz smoke runs.
+# independent initiators (libiscsi, QEMU), the object store client against a real SeaweedFS,
+# the console in a real browser, the quick benchmark against tgt, the engine at scale
+# (bench/scale --quick), fuzz smoke runs.
 # The README's test command.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -23,6 +24,9 @@ cargo run --quiet -- --version
 
 step "conformance: libiscsi iscsi-test-cu and QEMU against a live sliver"
 scripts/conformance.sh
+
+step "object store: the S3 client and the write-fencing probe against a real SeaweedFS"
+scripts/object-store-test.sh
 
 if [ "${SLIVER_SKIP_CONSOLE:-0}" != 1 ]; then
   step "the console in a real browser (chromium + playwright-core)"
