@@ -9,6 +9,8 @@
 //! then overwritten at random 4 KiB offsets with new unique compressible chunks while the
 //! engine's background thread checkpoints as it would in service.
 
+#[path = "support/proc_status.rs"]
+mod proc_status;
 use sliver_engine::{Compression, Engine, EngineConfig, FileBackend, GcPriority, Tuning};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -35,6 +37,11 @@ fn chunk(stamp: u64, salt: u64, out: &mut [u8]) {
     out[8..16].copy_from_slice(&salt.to_le_bytes());
 }
 
+/// A line of /proc/self/status in MiB (VmRSS, VmHWM).
+fn status_mib(key: &str) -> u64 {
+    proc_status::status_bytes(key) >> 20
+}
+
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     let flag = |name: &str| {
@@ -50,9 +57,9 @@ fn main() {
         .collect();
     let overwrite = flag("--overwrite").map_or(4 << 30, |s| size(&s));
     println!(
-        "| volume | metadata cache | host bytes overwritten | metadata bytes written | share | writes/s | idle 5 s: metadata written |"
+        "| volume | metadata cache | host bytes overwritten | metadata bytes written | share | writes/s | longest metadata lock hold | VmRSS after | idle 5 s: metadata written |"
     );
-    println!("|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|---|");
     let mut rows = Vec::new();
     for &volume_size in &sizes {
         let dir = tempfile::tempdir_in("/var/tmp").expect("scratch");
@@ -92,27 +99,36 @@ fn main() {
         // What the overwrites left dirty counts too.
         engine.checkpoint().unwrap();
         let metadata = engine.metadata_written() - before;
+        let rss = status_mib("VmRSS:");
+        let hold_ms = engine.longest_lock_hold_us() as f64 / 1000.0;
         let idle_from = engine.metadata_written();
         std::thread::sleep(Duration::from_secs(5));
         let idle = engine.metadata_written() - idle_from;
         let share = metadata as f64 / overwrite as f64;
         println!(
-            "| {} GiB | {} MiB | {} MiB | {} MiB | {:.1} % | {:.0} | {} bytes |",
+            "| {} GiB | {} MiB | {} MiB | {} MiB | {:.1} % | {:.0} | {:.1} ms | {} MiB | {} bytes |",
             volume_size >> 30,
             cache >> 20,
             overwrite >> 20,
             metadata >> 20,
             share * 100.0,
             writes as f64 / elapsed.as_secs_f64(),
+            hold_ms,
+            rss,
             idle
         );
         rows.push(serde_json::json!({
             "volume_bytes": volume_size, "cache_bytes": cache, "host_bytes": overwrite,
             "metadata_bytes": metadata, "share": share,
             "writes_per_s": writes as f64 / elapsed.as_secs_f64(), "idle_metadata_bytes": idle,
+            "vm_rss_mib": rss, "longest_lock_hold_ms": hold_ms,
         }));
         engine.shutdown().unwrap();
     }
+    println!(
+        "\nVmHWM of the process (all volumes): {} MiB",
+        status_mib("VmHWM:")
+    );
     if let Some(path) = flag("--json") {
         std::fs::write(path, serde_json::to_vec_pretty(&rows).unwrap()).expect("write json");
     }

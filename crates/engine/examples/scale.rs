@@ -45,6 +45,9 @@
 //! today's engine stops there instead of being killed by the kernel), and every subcommand
 //! exits at once, status 4, past 1.1 times that.
 
+#[path = "support/proc_status.rs"]
+mod proc_status;
+use proc_status::status_bytes;
 use sliver_engine::{Compression, Engine, EngineConfig, FileBackend, GcPriority, Tuning};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -189,24 +192,12 @@ fn parse_args() -> Args {
     a
 }
 
-fn status_kib(key: &str) -> u64 {
-    std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with(key))
-                .and_then(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok())
-        })
-        .unwrap_or(0)
-        * 1024
-}
-
 fn rss() -> u64 {
-    status_kib("VmRSS:")
+    status_bytes("VmRSS:")
 }
 
 fn hwm() -> u64 {
-    status_kib("VmHWM:")
+    status_bytes("VmHWM:")
 }
 
 fn proc_io() -> serde_json::Value {

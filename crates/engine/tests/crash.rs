@@ -263,6 +263,9 @@ struct Session {
 fn tuning() -> Tuning {
     Tuning {
         checkpoint_bytes: u64::MAX,
+        // A journal budget of a few pages' worth, so that checkpoints consolidate pending
+        // words and clean journal pages (with the default budget they never would here).
+        metadata_journal: 4 << 10,
         ..Tuning::default()
     }
 }

@@ -26,11 +26,54 @@ fn the_page_fuzz_seed_is_a_valid_root_and_page() {
     let area = Area(&seed[2 + len..]);
     let t = &root.tables[0];
     let dir_page = read_page(&area, 128 + t.table, 0, t.dir[0]).expect("directory page");
-    let dir = decode_directory(t.pages, &[dir_page]);
+    let dir = decode_directory(t.pages, &[dir_page], root.version);
     let page = read_page(&area, t.table, 0, dir[0]).expect("the page it names");
     assert_eq!(page[0], 0x22);
     sliver_engine::fuzz_page(seed);
     sliver_engine::fuzz_log(include_bytes!(
         "../../../fuzz/corpus/engine_log/format3_chunk_map_copy_release"
     ));
+}
+
+/// The format 4 seed is valid too: its root decodes, and the journal page it names applies its
+/// word on top of the chunk page's base (so the fuzzer starts from a journal that is used).
+#[test]
+fn the_format_4_page_seed_has_a_journal_that_applies() {
+    use sliver_engine::meta::chunk_table::CHUNK_TABLE;
+    use sliver_engine::meta::journal::T_JOURNAL;
+    use sliver_engine::meta::page_store::{read_page, PageBody, PageSource, PAGE_BYTES};
+    use sliver_engine::meta::pager::{decode_directory, Pager, DIR_BASE};
+    use sliver_engine::meta::root::{Root, ROOT_VERSION};
+    let seed = include_bytes!("../../../fuzz/corpus/engine_page/format4_root_with_a_journal");
+    let len = u16::from_le_bytes([seed[0], seed[1]]) as usize;
+    let root = Root::decode(&seed[2..2 + len]).expect("the seed's root decodes");
+    assert_eq!(root.version, ROOT_VERSION);
+    struct Area(Vec<u8>);
+    impl PageSource for Area {
+        fn read_slot(&self, slot: u64, buf: &mut PageBody) -> std::io::Result<()> {
+            let at = slot as usize * PAGE_BYTES;
+            buf.copy_from_slice(&self.0[at..at + PAGE_BYTES]);
+            Ok(())
+        }
+    }
+    let area = std::sync::Arc::new(Area(seed[2 + len..].to_vec()));
+    let mut pager = Pager::new(area.clone(), 4);
+    for t in &root.tables {
+        let dir_page = read_page(&*area, DIR_BASE + t.table, 0, t.dir[0]).expect("directory");
+        pager.set_directory(
+            t.table,
+            decode_directory(t.pages, &[dir_page], root.version),
+        );
+    }
+    pager.load_journal().expect("the journal loads");
+    assert_eq!(pager.journal().words(), 1);
+    assert!(!pager.directory(T_JOURNAL).is_empty());
+    let page = pager.page(CHUNK_TABLE, 0).expect("the chunk page");
+    assert_eq!(
+        page[16..24],
+        0x5555u64.to_le_bytes(),
+        "word 2 from the journal"
+    );
+    assert_eq!(page[0], 0x22, "the rest from the base");
+    sliver_engine::fuzz_page(seed);
 }

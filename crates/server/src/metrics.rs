@@ -296,6 +296,24 @@ pub fn render(ctx: &ApiContext) -> Result<String, ArrayError> {
             cache.dirty as f64,
         ),
         (
+            "sliver_engine_metadata_journal_words",
+            "gauge",
+            "Words of metadata pages written as deltas, pending on top of their pages' last whole version.",
+            cache.journal_words as f64,
+        ),
+        (
+            "sliver_engine_metadata_journal_pages",
+            "gauge",
+            "Journal pages in the metadata file holding those words.",
+            cache.journal_pages as f64,
+        ),
+        (
+            "sliver_engine_metadata_journal_ram_bytes",
+            "gauge",
+            "RAM the pending words take (part of [engine] metadata_cache).",
+            cache.journal_bytes as f64,
+        ),
+        (
             "sliver_engine_metadata_cache_faults_total",
             "counter",
             "Metadata pages read from disk, since the process started.",

@@ -7,6 +7,7 @@
 use super::*;
 use crate::meta::chunk_table::{ChunkEntry, CHUNK_TABLE, PER_PAGE as CHUNKS_PER_PAGE};
 use crate::meta::hooks::T_HOOKS;
+use crate::meta::journal::T_JOURNAL;
 use crate::meta::map_tree::{self, T_NODES};
 use crate::meta::pager::Entry;
 
@@ -18,6 +19,10 @@ impl Engine {
     /// hears (done, total) chunks as the data is read.
     pub fn check(&self, progress: &mut dyn FnMut(u64, u64)) -> Vec<String> {
         let mut problems = Vec::new();
+        // The collector and checkpoints wait: a relocation between reading the segment table
+        // and reading the chunk pages would look like damage (an engine checked while open, as
+        // tests do; `sliver check` opens it alone).
+        let _maintenance = self.maintenance.lock().unwrap_or_else(|p| p.into_inner());
         // Chunks are read from the log: writes applied but still in flight land first.
         let appended = self.lock_meta().appended;
         if let Err(e) = self.wait_written(appended) {
@@ -40,7 +45,7 @@ impl Engine {
             let (dirs, source) = {
                 let m = self.lock_meta();
                 let dirs: Vec<(u8, Vec<crate::meta::page_store::PageLoc>)> =
-                    [CHUNK_TABLE, T_NODES, T_HOOKS]
+                    [CHUNK_TABLE, T_NODES, T_HOOKS, T_JOURNAL]
                         .iter()
                         .map(|&t| (t, m.state.pager.directory(t).to_vec()))
                         .collect();
@@ -51,16 +56,22 @@ impl Engine {
                     if loc.is_none() {
                         continue;
                     }
-                    if let Err(e) =
-                        crate::meta::page_store::read_page(&*source, table, index as u64, loc)
-                    {
-                        problems.push(e.to_string());
+                    match crate::meta::page_store::read_page(&*source, table, index as u64, loc) {
+                        Err(e) => problems.push(e.to_string()),
+                        Ok(body) if table == T_JOURNAL => {
+                            if let Err(e) = crate::meta::journal::decode(&body) {
+                                problems
+                                    .push(format!("{e} (journal page {index}, slot {})", loc.slot));
+                            }
+                        }
+                        Ok(_) => {}
                     }
                 }
             }
         }
         let mut m = self.lock_meta();
         problems.extend(m.state.audit_counters());
+        problems.extend(m.state.pager.journal().audit());
         // Node references: volume roots and interior entries, each node visited once.
         let nodes = m.state.trees.meta.len();
         let mut node_refs = vec![0u32; nodes as usize];

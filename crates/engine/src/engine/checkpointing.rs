@@ -4,27 +4,34 @@
 //!
 //! The dirty set is frozen under the metadata lock (pointer copies, bounded by the cache), the
 //! log is synced up to the position (pages name chunks in it), the frozen pages go to free
-//! slots outside the lock, then the directory pages that name them, a sync, and the root. The
-//! slots the pages moved away from are free once that root is durable. A crash at any point
-//! leaves the previous root and every page it names intact.
+//! slots outside the lock (pages changed in a few words as words in journal pages, see
+//! [`crate::meta::journal`]), then the directory pages that name them, a sync, and the root.
+//! The slots the pages moved away from are free once that root is durable. A crash at any
+//! point leaves the previous root and every page it names intact.
+//!
+//! Before the freeze, outside the lock, a checkpoint reads what keeps the journal bounded: the
+//! pages it will write whole because their pending words have piled up (consolidation) and
+//! the journal pages whose few live words it will write again (cleaning).
 
 use super::*;
 use crate::meta::chunk_table::{CHUNK_LIVE, CHUNK_TABLE};
 use crate::meta::hooks::T_HOOKS;
+use crate::meta::journal::{self, T_JOURNAL};
 use crate::meta::map_tree::{T_NODES, T_NODE_META};
-use crate::meta::page_store::{page_crc, write_pages, PageBody, PageLoc, PAGE_BYTES};
-use crate::meta::pager::{FrozenPage, DIR_BASE};
+use crate::meta::page_store::{page_crc, read_page, write_pages, PageBody, PageLoc, PAGE_BYTES};
+use crate::meta::pager::{journal_writer, FrozenPage, DIR_BASE};
 use crate::meta::root::{Root, TableRoot};
 use crate::meta::T_SEGMENTS;
 
 /// Every table a root names, paged or kept whole in RAM.
-pub(super) const TABLES: [u8; 6] = [
+pub(super) const TABLES: [u8; 7] = [
     CHUNK_TABLE,
     CHUNK_LIVE,
     T_NODES,
     T_NODE_META,
     T_SEGMENTS,
     T_HOOKS,
+    T_JOURNAL,
 ];
 
 impl Engine {
@@ -39,6 +46,7 @@ impl Engine {
     /// filled in once their directory pages are written.
     pub(super) fn root_image(&self, m: &Meta) -> Root {
         Root {
+            version: crate::meta::root::ROOT_VERSION,
             geometry: self.geometry,
             head: m.head,
             counters: m.counters,
@@ -52,9 +60,9 @@ impl Engine {
         }
     }
 
-    /// Write `pages` to free slots; returns where each went. On failure the slots are free
-    /// again and nothing names them.
-    fn write_to_slots(&self, pages: &[(u8, u64, &PageBody)]) -> Result<Vec<PageLoc>> {
+    /// Write `pages` to free slots as generation `gen`; returns where each went. On failure
+    /// the slots are free again and nothing names them.
+    fn write_to_slots(&self, pages: &[(u8, u64, &PageBody)], gen: u64) -> Result<Vec<PageLoc>> {
         let slots: Vec<u64> = {
             let mut s = self.slots.lock().unwrap();
             pages.iter().map(|_| s.allocate()).collect()
@@ -80,6 +88,7 @@ impl Engine {
             .map(|(&slot, &(table, index, body))| PageLoc {
                 slot,
                 crc: page_crc(table, index, body),
+                gen,
             })
             .collect())
     }
@@ -87,52 +96,100 @@ impl Engine {
     /// Freeze, write and name the changed metadata; caller holds `maintenance`.
     pub(super) fn checkpoint_locked(&self) -> Result<()> {
         let started = Instant::now();
-        let (frozen, mut root, appended) = {
+        // Journal upkeep, read ahead of the freeze so the lock is not held for it.
+        let (victims, to_clean, source) = {
+            let m = self.lock_meta();
+            let pager = &m.state.pager;
+            (
+                pager.consolidation_victims(),
+                pager.journal_cleanable(),
+                pager.source().clone(),
+            )
+        };
+        if !victims.is_empty() {
+            self.fault_in(victims.clone())?;
+        }
+        // A journal page that cannot be read is left alone here (`check` and the next open
+        // report it); its words stay pending.
+        let cleaned: Vec<(u64, Vec<journal::Group>)> = to_clean
+            .into_iter()
+            .filter_map(|(j, loc)| {
+                let body = read_page(&*source, T_JOURNAL, j, loc).ok()?;
+                Some((j, journal::decode(&body).ok()?.1))
+            })
+            .collect();
+        let (frozen, cleaning, mut root, appended) = {
             let mut m = self.lock_meta();
             let state = &mut m.state;
             let pool = state.pager.pool().clone();
+            state.pager.make_whole(&victims);
             let mut frozen = state.pager.freeze();
+            let cleaning = state.pager.cleaning_words(&cleaned, &frozen);
             frozen.extend(state.segments.freeze(&pool));
             frozen.extend(state.trees.meta.freeze(&pool));
             frozen.extend(state.chunks.live_table().freeze(&pool));
             let root = self.root_image(&m);
-            (frozen, root, (m.appended, m.records_since_checkpoint))
+            (
+                frozen,
+                cleaning,
+                root,
+                (m.appended, m.records_since_checkpoint),
+            )
         };
         let froze = started.elapsed();
-        let thaw = |frozen: Vec<FrozenPage>| {
+        let thaw = |frozen: Vec<FrozenPage>, journal: &[u64]| {
             let mut m = self.lock_meta();
             let state = &mut m.state;
             state.segments.thaw(&frozen);
             state.trees.meta.thaw(&frozen);
             state.chunks.live_table().thaw(&frozen);
             state.pager.thaw(frozen);
+            state.pager.cancel_journal_pages(journal);
         };
+        let writer = journal_writer(root.generation, &frozen, &cleaning);
+        let journal_indexes = self
+            .lock_meta()
+            .state
+            .pager
+            .allocate_journal_pages(writer.pages().len());
         // The pages name chunks whose records must be durable before any root names them.
         if let Err(e) = self.flush() {
-            thaw(frozen);
+            thaw(frozen, &journal_indexes);
             return Err(e);
         }
         let pages: Vec<(u8, u64, &PageBody)> = frozen
             .iter()
+            .filter(|p| p.delta.is_none())
             .map(|p| (p.table, p.index, &*p.body))
+            .chain(
+                journal_indexes
+                    .iter()
+                    .zip(writer.pages())
+                    .map(|(&j, body)| (T_JOURNAL, j, &**body)),
+            )
             .collect();
-        let locs = match self.write_to_slots(&pages) {
+        let mut locs = match self.write_to_slots(&pages, root.generation) {
             Ok(locs) => locs,
             Err(e) => {
-                thaw(frozen);
+                thaw(frozen, &journal_indexes);
                 return Err(e);
             }
         };
-        let written = frozen.len();
-        // The directories move to the new places; the directory pages that changed follow.
+        let journal_locs: Vec<(u64, PageLoc)> = journal_indexes
+            .iter()
+            .copied()
+            .zip(locs.split_off(locs.len() - journal_indexes.len()))
+            .collect();
+        let written = pages.len();
+        drop(pages);
+        let placed = writer.into_placed();
+        // The directories move to the new places, the words written become pending; the
+        // directory pages that changed follow.
         let (dirs, changed) = {
             let mut m = self.lock_meta();
             let mut slots = self.slots.lock().unwrap();
-            for (p, loc) in frozen.iter().zip(&locs) {
-                let old = m.state.pager.written(p.table, p.index, *loc);
-                if !old.is_none() {
-                    slots.retire(old.slot);
-                }
+            for old in m.state.pager.install(&frozen, &locs, placed, &journal_locs) {
+                slots.retire(old.slot);
             }
             m.state.pager.settle();
             // The frozen buffers return to the pool here, under the lock (those the cache
@@ -147,7 +204,7 @@ impl Engine {
         };
         let dir_pages: Vec<(u8, u64, &PageBody)> =
             dirs.iter().map(|(t, p, b)| (*t, *p, &**b)).collect();
-        let dir_locs = match self.write_to_slots(&dir_pages) {
+        let dir_locs = match self.write_to_slots(&dir_pages, root.generation) {
             Ok(locs) => locs,
             Err(e) => {
                 self.lock_meta().state.pager.keep_changed_dirs(changed);

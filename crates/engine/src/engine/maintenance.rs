@@ -45,7 +45,7 @@ impl Engine {
         let dirty = m.state.pager.dirty_pages() as f64;
         written >= tuning.checkpoint_bytes
             || m.records_since_checkpoint >= CHECKPOINT_RECORDS
-            || dirty >= DIRTY_SHARE * m.state.pager.capacity() as f64
+            || dirty >= DIRTY_SHARE * m.state.pager.page_capacity() as f64
     }
 
     /// Called by writers after a change: when the dirty pages have outgrown the cache, the

@@ -15,7 +15,7 @@ use crate::legacy::state as old;
 use crate::meta::chunk_table::PER_PAGE as CHUNKS_PER_PAGE;
 use crate::meta::hooks::is_hook;
 use crate::meta::map_tree::{height_for, Volume, FANOUT};
-use crate::meta::page_store::MetaArea;
+
 use crate::meta::pager::Pager;
 use std::collections::HashMap;
 
@@ -75,10 +75,7 @@ impl Engine {
                 "migrating the engine's metadata from format 2 to format 3"
             );
         }
-        let pager = Pager::new(
-            Arc::new(MetaArea(backend.clone())),
-            cache_pages(tuning.metadata_cache),
-        );
+        let pager = new_pager(&backend, &tuning);
         let converted = convert(state, pager)?;
         // A format 2 array has no metadata pages; pages of a migration cut short are named by
         // no root and are free.

@@ -102,6 +102,18 @@ fn cache_pages(bytes: u64) -> usize {
     (pages as usize).max(1024)
 }
 
+/// The page cache `tuning` asks for, reading the metadata area of `backend`.
+fn new_pager(backend: &Arc<dyn Backend>, tuning: &Tuning) -> crate::meta::pager::Pager {
+    let mut pager = crate::meta::pager::Pager::new(
+        Arc::new(crate::meta::page_store::MetaArea(backend.clone())),
+        cache_pages(tuning.metadata_cache),
+    );
+    if tuning.metadata_journal != 0 {
+        pager.set_journal_budget(tuning.metadata_journal);
+    }
+    pager
+}
+
 /// RAM of the metadata cache setting that is not pages (see [`cache_pages`]).
 const CACHE_OVERHEAD: u64 = 40 << 20;
 
@@ -168,6 +180,10 @@ pub struct Tuning {
     /// Bytes of RAM for cached metadata pages (`[engine] metadata_cache`): clean pages beyond
     /// it are evicted, and a checkpoint writes the dirty ones once they fill half of it.
     pub metadata_cache: u64,
+    /// Bytes of the metadata cache the delta journal's pending words may take; 0 (the
+    /// default) for a quarter of it, at most 256 MiB. Tests set it small to make consolidation
+    /// and cleaning happen.
+    pub metadata_journal: u64,
 }
 
 /// The metadata cache when none is configured: an eighth of the machine's memory, at least
@@ -188,6 +204,7 @@ impl Default for Tuning {
             soft_threshold: 0.8,
             checkpoint_bytes: 256 << 20,
             metadata_cache: default_metadata_cache(),
+            metadata_journal: 0,
         }
     }
 }

@@ -6,10 +6,10 @@ use super::*;
 use crate::meta::chunk_table::{ChunkTable, CHUNK_LIVE};
 use crate::meta::hooks::Hooks;
 use crate::meta::map_tree::{Trees, T_NODE_META};
-use crate::meta::page_store::{read_page, MetaArea};
+use crate::meta::page_store::read_page;
 use crate::meta::pager::{decode_directory, Pager, DIR_BASE};
 use crate::meta::resident::ResidentTable;
-use crate::meta::root::Root;
+use crate::meta::root::{Root, ROOT_VERSION_V3};
 use crate::meta::segment_table::SegmentTable;
 use crate::meta::T_SEGMENTS;
 
@@ -80,10 +80,7 @@ impl Engine {
             key,
         };
         super::budget::check(&geometry, &tuning)?;
-        let pager = Pager::new(
-            Arc::new(MetaArea(backend.clone())),
-            cache_pages(tuning.metadata_cache),
-        );
+        let pager = new_pager(&backend, &tuning);
         let mut state = State::new(config.chunk_size, segment_count, pager);
         // Segment 0, sequence 1, holds the first record.
         backend.allocate(0, config.segment_size as u64)?;
@@ -314,10 +311,7 @@ impl Engine {
 /// kept whole in RAM loaded, everything else left on disk until it is needed.
 fn load_state(backend: &Arc<dyn Backend>, root: &Root, tuning: &Tuning) -> Result<State> {
     let g = &root.geometry;
-    let mut pager = Pager::new(
-        Arc::new(MetaArea(backend.clone())),
-        cache_pages(tuning.metadata_cache),
-    );
+    let mut pager = new_pager(backend, tuning);
     for t in &root.tables {
         let dir_table = DIR_BASE + t.table;
         let bodies = t
@@ -327,9 +321,17 @@ fn load_state(backend: &Arc<dyn Backend>, root: &Root, tuning: &Tuning) -> Resul
             .map(|(p, &loc)| read_page(&**pager.source(), dir_table, p as u64, loc))
             .collect::<std::result::Result<Vec<_>, _>>()
             .map_err(|e| EngineError::Metadata(e.to_string()))?;
-        pager.set_directory(t.table, decode_directory(t.pages, &bodies));
+        pager.set_directory(t.table, decode_directory(t.pages, &bodies, root.version));
         pager.set_directory(dir_table, t.dir.clone());
     }
+    if root.version == ROOT_VERSION_V3 {
+        // Format 3's directory pages hold places without generations: the first checkpoint
+        // writes every directory page in format 4 with the root that names them.
+        pager.rewrite_all_directories();
+    }
+    pager
+        .load_journal()
+        .map_err(|e| EngineError::Metadata(e.to_string()))?;
     let entries = |table: u8| {
         root.tables
             .iter()

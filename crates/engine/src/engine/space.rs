@@ -143,16 +143,25 @@ impl Engine {
                     }
                     None => {
                         pages.insert(page, None);
-                        to_read.push((page, m.state.pager.loc(CHUNK_TABLE, page)));
+                        // The base on disk, and the words pending on top of it now.
+                        let pager = &m.state.pager;
+                        to_read.push((
+                            page,
+                            pager.loc(CHUNK_TABLE, page),
+                            pager.journal().words_of(CHUNK_TABLE, page),
+                        ));
                     }
                 }
             }
             let source = m.state.pager.source().clone();
             drop(m);
-            for (page, loc) in to_read {
+            for (page, loc, words) in to_read {
                 // A page that moved meanwhile (its slot reused) fails its checksum: its
                 // chunks are left out of this walk's figures.
-                if let Ok(body) = read_page(&*source, CHUNK_TABLE, page, loc) {
+                if let Ok(mut body) = read_page(&*source, CHUNK_TABLE, page, loc) {
+                    for (w, v) in words {
+                        body[w as usize * 8..w as usize * 8 + 8].copy_from_slice(&v.to_le_bytes());
+                    }
                     pages.insert(page, Some(body));
                 }
             }

@@ -24,7 +24,8 @@ pub const CHUNK_LIVE: u8 = 2;
 /// Entries per page.
 pub const PER_PAGE: u64 = Table::<ChunkEntry>::PER_PAGE;
 
-/// A stored chunk. `len == 0` marks a free slot.
+/// A stored chunk. `len == 0` marks a free slot (whose other fields are left over and mean
+/// nothing).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct ChunkEntry {
     pub hash: [u8; 16],
@@ -278,7 +279,7 @@ impl ChunkTable {
             ))),
             u32::MAX => Ok(None),
             1 => {
-                self.clear(pager, id)?;
+                self.clear(pager, id, e)?;
                 Ok(Some(e))
             }
             _ => {
@@ -298,12 +299,23 @@ impl ChunkTable {
                 e.refs
             )));
         }
-        self.clear(pager, id)?;
+        self.clear(pager, id, e)?;
         Ok(e)
     }
 
-    fn clear(&mut self, pager: &mut Pager, id: u64) -> Result<()> {
-        TABLE.set(pager, id, ChunkEntry::default())?;
+    /// Free the slot of chunk `id` (entry `e`). Only its length and count are cleared (one
+    /// 8-byte word: what a checkpoint writes as a delta is that word); the fingerprint and place
+    /// left behind mean nothing, since every reader of an entry checks its length first.
+    fn clear(&mut self, pager: &mut Pager, id: u64, e: ChunkEntry) -> Result<()> {
+        TABLE.set(
+            pager,
+            id,
+            ChunkEntry {
+                len: 0,
+                refs: 0,
+                ..e
+            },
+        )?;
         let page = id / PER_PAGE;
         self.live.update(page, |n| *n -= 1);
         self.count -= 1;

@@ -13,7 +13,7 @@
 
 use super::chunk_table::PER_PAGE as CHUNKS_PER_PAGE;
 use super::page_store::PAGE_BYTES;
-use super::pager::Pager;
+use super::pager::{PageMut, Pager};
 use super::ApplyError;
 use rustc_hash::FxHashMap;
 use std::collections::BTreeMap;
@@ -91,10 +91,9 @@ fn read_entry(page: &[u8], k: usize) -> (u64, u64) {
     )
 }
 
-fn write_entry(page: &mut [u8], k: usize, tag: u64, id: u64) {
-    let b = &mut page[k * ENTRY..(k + 1) * ENTRY];
-    b[..8].copy_from_slice(&tag.to_le_bytes());
-    b[8..].copy_from_slice(&id.to_le_bytes());
+fn write_entry(page: &mut PageMut<'_>, k: usize, tag: u64, id: u64) {
+    page.set_word(2 * k, tag);
+    page.set_word(2 * k + 1, id);
 }
 
 impl Hooks {
@@ -121,12 +120,12 @@ impl Hooks {
         id: u64,
     ) -> Result<(), ApplyError> {
         let t = tag(hash);
-        let page = pager.page_mut(T_HOOKS, self.shape.bucket(t))?;
+        let mut page = pager.page_mut(T_HOOKS, self.shape.bucket(t))?;
         let mut free = None;
         for k in 0..PER_BUCKET {
-            let (tag, old) = read_entry(page, k);
+            let (tag, old) = read_entry(&page[..], k);
             if old != 0 && tag == t {
-                write_entry(page, k, t, id);
+                write_entry(&mut page, k, t, id);
                 return Ok(());
             }
             if old == 0 && free.is_none() {
@@ -134,7 +133,7 @@ impl Hooks {
             }
         }
         let k = free.unwrap_or((t >> 32) as usize % PER_BUCKET);
-        write_entry(page, k, t, id);
+        write_entry(&mut page, k, t, id);
         self.shape.entries += 1;
         let capacity = self.shape.buckets() as f64 * PER_BUCKET as f64;
         if self.shape.entries as f64 > MAX_LOAD * capacity {
@@ -157,14 +156,14 @@ impl Hooks {
         };
         let high = 1u64 << shape.level;
         let (stay, go): (Vec<_>, Vec<_>) = entries.into_iter().partition(|&(t, _)| t & high == 0);
-        let page = pager.page_mut(T_HOOKS, from)?;
-        page.fill(0);
+        let mut page = pager.page_mut(T_HOOKS, from)?;
+        page.replace(|b| b.fill(0));
         for (k, &(t, id)) in stay.iter().enumerate() {
-            write_entry(page, k, t, id);
+            write_entry(&mut page, k, t, id);
         }
-        let page = pager.page_new(T_HOOKS, to);
+        let mut page = pager.page_new(T_HOOKS, to);
         for (k, &(t, id)) in go.iter().enumerate() {
-            write_entry(page, k, t, id);
+            write_entry(&mut page, k, t, id);
         }
         self.shape.split += 1;
         if self.shape.split == high {

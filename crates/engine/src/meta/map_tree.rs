@@ -121,7 +121,7 @@ fn entry(pager: &mut Pager, node: u64, i: usize) -> Result<u64, ApplyError> {
 }
 
 fn set_entry(pager: &mut Pager, node: u64, i: usize, value: u64) -> Result<(), ApplyError> {
-    pager.page_mut(T_NODES, node)?[i * 8..i * 8 + 8].copy_from_slice(&value.to_le_bytes());
+    pager.page_mut(T_NODES, node)?.set_word(i, value);
     Ok(())
 }
 
@@ -259,9 +259,9 @@ impl Trees {
         let entries = node_entries(pager, node)?;
         self.copies += 1;
         let copy = self.alloc(pager, m.level);
-        let body = pager.page_new(T_NODES, copy);
+        let mut body = pager.page_new(T_NODES, copy);
         for (i, e) in entries.iter().enumerate() {
-            body[i * 8..i * 8 + 8].copy_from_slice(&e.to_le_bytes());
+            body.set_word(i, *e);
         }
         self.meta.update(copy, |c| {
             c.mapped = m.mapped;
@@ -573,12 +573,12 @@ impl Trees {
             }
             let path = self.private_path(pager, refs, vol, index, 0)?;
             let leaf = *path.last().expect("a leaf");
-            let page = pager.page_mut(T_NODES, leaf)?;
+            let mut page = pager.page_mut(T_NODES, leaf)?;
             let mut delta = (0i64, 0i64);
             for (j, &id) in new.iter().enumerate() {
                 let s = slot(index + j as u64, 0);
                 let old = u64::from_le_bytes(page[s * 8..s * 8 + 8].try_into().unwrap());
-                page[s * 8..s * 8 + 8].copy_from_slice(&id.to_le_bytes());
+                page.set_word(s, id);
                 let (m1, a1) = leaf_counts([id]);
                 let (m0, a0) = leaf_counts([old]);
                 delta.0 += m1 - m0;
@@ -678,14 +678,14 @@ impl Trees {
     ) -> Result<(i64, i64), ApplyError> {
         let mut delta = (0i64, 0i64);
         if level == 0 {
-            let page = pager.page_mut(T_NODES, node)?;
+            let mut page = pager.page_mut(T_NODES, node)?;
             for i in from..to {
                 let s = (i - node_first) as usize;
                 let old = u64::from_le_bytes(page[s * 8..s * 8 + 8].try_into().unwrap());
                 if old == value {
                     continue;
                 }
-                page[s * 8..s * 8 + 8].copy_from_slice(&value.to_le_bytes());
+                page.set_word(s, value);
                 let (m0, a0) = leaf_counts([old]);
                 delta.0 -= m0;
                 delta.1 += (value == ANCHORED) as i64 - a0;
@@ -821,9 +821,9 @@ impl Trees {
     /// A new leaf holding `entries` (the migration, which sets its chunks' counts itself).
     pub fn new_leaf(&mut self, pager: &mut Pager, entries: &[u64]) -> u64 {
         let id = self.alloc(pager, 0);
-        let page = pager.page_new(T_NODES, id);
+        let mut page = pager.page_new(T_NODES, id);
         for (i, e) in entries.iter().enumerate() {
-            page[i * 8..i * 8 + 8].copy_from_slice(&e.to_le_bytes());
+            page.set_word(i, *e);
         }
         let (m, a) = leaf_counts(entries.iter().copied());
         self.add_counts(id, (m, a));
@@ -887,7 +887,7 @@ impl Trees {
             if vol.root != 0 {
                 let counts = self.counts(vol.root);
                 let top = self.alloc(pager, vol.height + 1);
-                pager.page_new(T_NODES, top)[..8].copy_from_slice(&vol.root.to_le_bytes());
+                pager.page_new(T_NODES, top).set_word(0, vol.root);
                 self.meta.update(top, |m| {
                     m.mapped = counts.0;
                     m.anchored = counts.1;

@@ -10,12 +10,15 @@
 //! - [`resident`]: the small tables kept whole in RAM (segments, node metadata, live counts);
 //! - [`segment_table`]: the segment table and the collector's index of sealed segments;
 //! - [`pager`]: the cache and the directories that find every page;
+//! - [`journal`]: pages changed in a few words, written as deltas on top of their last whole
+//!   version;
 //! - [`page_buf`]: the cache's page buffers, in blocks of their own;
 //! - [`page_store`]: slots of the metadata area, checksums, shadow paging;
 //! - [`root`]: the root file naming a consistent set of pages at one log position.
 
 pub mod chunk_table;
 pub mod hooks;
+pub mod journal;
 pub mod map_tree;
 pub mod page_buf;
 pub mod page_store;
@@ -38,6 +41,7 @@ pub fn table_name(table: u8) -> &'static str {
         map_tree::T_NODE_META => "map node table",
         T_SEGMENTS => "segment table",
         hooks::T_HOOKS => "dedup hooks",
+        journal::T_JOURNAL => "delta journal",
         t if t >= pager::DIR_BASE => "directory",
         _ => "unknown table",
     }

@@ -19,21 +19,28 @@ pub const PAGE_BYTES: usize = 4096;
 
 pub type PageBody = [u8; PAGE_BYTES];
 
-/// Where a page is in the metadata area, and the checksum that identifies its content.
+/// Where a page is in the metadata area, the checksum that identifies its content, and the
+/// checkpoint that wrote it there (its *generation*: changes the delta journal holds for the
+/// page apply on top of it only if they are younger, see [`super::journal`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PageLoc {
     pub slot: u64,
     pub crc: u32,
+    pub gen: u64,
 }
 
-/// Bytes of an encoded [`PageLoc`] (slot u64, crc u32).
-pub const PAGE_LOC_BYTES: usize = 12;
+/// Bytes of an encoded [`PageLoc`] (slot u64, crc u32, generation u64).
+pub const PAGE_LOC_BYTES: usize = 20;
+
+/// Bytes of a [`PageLoc`] in format 3 (slot u64, crc u32: no generation).
+pub const PAGE_LOC_BYTES_V3: usize = 12;
 
 impl PageLoc {
     /// No page: never written (reads as zeros).
     pub const NONE: PageLoc = PageLoc {
         slot: u64::MAX,
         crc: 0,
+        gen: 0,
     };
 
     pub fn is_none(&self) -> bool {
@@ -43,12 +50,20 @@ impl PageLoc {
     pub fn encode(&self, out: &mut [u8]) {
         out[..8].copy_from_slice(&self.slot.to_le_bytes());
         out[8..12].copy_from_slice(&self.crc.to_le_bytes());
+        out[12..20].copy_from_slice(&self.gen.to_le_bytes());
     }
 
+    /// Decode an entry of `bytes` bytes: [`PAGE_LOC_BYTES`], or [`PAGE_LOC_BYTES_V3`] for a
+    /// format 3 directory, whose pages all count as generation 0.
     pub fn decode(b: &[u8]) -> PageLoc {
+        let gen = match b.len() {
+            PAGE_LOC_BYTES_V3 => 0,
+            _ => u64::from_le_bytes(b[12..20].try_into().unwrap()),
+        };
         PageLoc {
             slot: u64::from_le_bytes(b[..8].try_into().unwrap()),
             crc: u32::from_le_bytes(b[8..12].try_into().unwrap()),
+            gen,
         }
     }
 }
@@ -258,6 +273,7 @@ mod tests {
         let loc = PageLoc {
             slot: 3,
             crc: page_crc(2, 9, &body),
+            gen: 77,
         };
         let source = One(body);
         assert_eq!(read_page(&source, 2, 9, loc).unwrap()[100], 7);
@@ -271,9 +287,14 @@ mod tests {
         let mut damaged = body;
         damaged[4000] ^= 1;
         assert!(read_page(&One(damaged), 2, 9, loc).is_err());
-        let mut b = [0u8; 12];
+        let mut b = [0u8; PAGE_LOC_BYTES];
         loc.encode(&mut b);
         assert_eq!(PageLoc::decode(&b), loc);
+        // A format 3 entry has no generation: 0.
+        assert_eq!(
+            PageLoc::decode(&b[..PAGE_LOC_BYTES_V3]),
+            PageLoc { gen: 0, ..loc }
+        );
         assert!(PageLoc::NONE.is_none() && !loc.is_none());
     }
 }

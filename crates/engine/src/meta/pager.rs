@@ -13,11 +13,20 @@
 //! Directories are themselves stored in pages (341 entries each, table `DIR_BASE + t` for
 //! table `t`), written by the same checkpoint after the pages they name; the root names the
 //! directory pages. The pager does no writes; reads go through a [`PageSource`].
+//!
+//! A changed page also records *which* 8-byte words changed since it was last frozen: a
+//! checkpoint writes a page changed in a few words as a delta in the journal instead of
+//! whole ([`super::journal`]), and the pager applies a page's pending words whenever it reads
+//! the page's base from disk.
 
+use super::journal::{
+    delta_table, Group, Journal, JournalWriter, WordSet, MAX_DELTA_WORDS, MAX_PENDING_WORDS,
+    T_JOURNAL,
+};
 use super::page_buf::{PageBuf, PagePool};
 use super::page_store::PAGE_LOC_BYTES;
 use super::page_store::{read_page, PageBody, PageError, PageLoc, PageSource, PAGE_BYTES};
-use rustc_hash::FxHashMap;
+use rustc_hash::{FxHashMap, FxHashSet};
 use std::collections::{BTreeSet, VecDeque};
 use std::marker::PhantomData;
 use std::sync::Arc;
@@ -39,6 +48,33 @@ struct Resident {
     referenced: bool,
     /// Changed while frozen: the checkpoint still holds the frozen version's buffer.
     copied: bool,
+    /// Words changed since the page was last frozen (meaningful while `dirty`).
+    changed: WordSet,
+    /// Replaced rather than changed word by word (a new node, a split bucket), or chosen to
+    /// be written whole: the next checkpoint writes it whole.
+    whole: bool,
+}
+
+/// Words cleaning writes again: (journal page they were in, table, page, words).
+pub type CleanedWords = (u64, u8, u64, Vec<(u16, u64)>);
+
+/// The journal pages of a checkpoint of generation `gen`: the cleaned words first, then the
+/// changed words of each page frozen as a delta (open replays them in this order).
+pub fn journal_writer(gen: u64, frozen: &[FrozenPage], cleaned: &[CleanedWords]) -> JournalWriter {
+    let mut w = JournalWriter::new(gen);
+    for (from, table, index, words) in cleaned {
+        w.push(*table, *index, words, Some(*from));
+    }
+    for p in frozen {
+        if let Some(changed) = &p.delta {
+            let words: Vec<(u16, u64)> = changed
+                .iter()
+                .map(|k| (k as u16, super::journal::word(&p.body, k)))
+                .collect();
+            w.push(p.table, p.index, &words, None);
+        }
+    }
+    w
 }
 
 /// A page handed to a checkpoint by [`Pager::freeze`].
@@ -46,6 +82,51 @@ pub struct FrozenPage {
     pub table: u8,
     pub index: u64,
     pub body: PageBuf,
+    /// `Some(words)`: the checkpoint writes these words to the journal, not the page
+    /// ([`Pager::delta_written`] then releases it); `None`: the page is written whole.
+    pub delta: Option<WordSet>,
+}
+
+/// A page being changed: reads see the whole body, writes go through [`PageMut::set`] so
+/// the pager knows which words changed.
+pub struct PageMut<'a> {
+    body: &'a mut PageBody,
+    changed: &'a mut WordSet,
+    whole: &'a mut bool,
+}
+
+impl PageMut<'_> {
+    /// Write `bytes` at byte `at`; only the 8-byte words whose value changes count as
+    /// changed.
+    pub fn set(&mut self, at: usize, bytes: &[u8]) {
+        let end = at + bytes.len();
+        for w in at / 8..end.div_ceil(8) {
+            let (from, to) = ((w * 8).max(at), (w * 8 + 8).min(end));
+            let src = &bytes[from - at..to - at];
+            if self.body[from..to] != *src {
+                self.body[from..to].copy_from_slice(src);
+                self.changed.insert(w);
+            }
+        }
+    }
+
+    /// Write the 8-byte word `word`.
+    pub fn set_word(&mut self, word: usize, value: u64) {
+        self.set(word * 8, &value.to_le_bytes());
+    }
+
+    /// Change the page as a whole (the next checkpoint writes it whole).
+    pub fn replace(&mut self, change: impl FnOnce(&mut PageBody)) {
+        change(self.body);
+        *self.whole = true;
+    }
+}
+
+impl std::ops::Deref for PageMut<'_> {
+    type Target = PageBody;
+    fn deref(&self) -> &PageBody {
+        self.body
+    }
 }
 
 /// Cache figures, for metrics and for tests that must see eviction happen.
@@ -56,6 +137,12 @@ pub struct PagerStats {
     pub evictions: u64,
     pub resident: usize,
     pub dirty: usize,
+    /// Words of pages written as deltas and not yet part of their pages' bases, and the pages
+    /// they belong to, the journal pages holding them and their RAM.
+    pub journal_words: u64,
+    pub journal_word_pages: usize,
+    pub journal_pages: usize,
+    pub journal_bytes: u64,
 }
 
 /// The page cache and the directories of every table.
@@ -86,7 +173,24 @@ pub struct Pager {
     /// lock and try again.
     no_reads: bool,
     wanted: Vec<(u8, u64)>,
+    /// The words pending on top of pages' bases (see [`super::journal`]).
+    journal: Journal,
+    /// RAM the pending words may take, when configured (else derived from the capacity).
+    journal_limit: Option<u64>,
 }
+
+/// Share of the cache the journal's pending words may take; beyond three quarters of it,
+/// checkpoints write the pages with the most pending words whole (consolidation), and at
+/// all of it no page goes as a delta until they have.
+const JOURNAL_SHARE: u64 = 4;
+/// The most RAM pending words take, whatever the cache: open reads the journal whole, and
+/// this bounds it (with cleaning, to twice the live entries: about 0.5 GiB at most).
+const JOURNAL_MAX_BYTES: u64 = 256 << 20;
+/// Pages one checkpoint writes whole to consolidate pending words at most.
+const MAX_VICTIMS: usize = 4096;
+/// Journal pages one checkpoint cleans at most, and the pages in use below which it does not.
+const MAX_CLEANED: usize = 256;
+const CLEAN_SLACK: usize = 64;
 
 /// The reason of a [`PageError`] for a page not read because reads were forbidden.
 pub const NOT_CACHED: &str = "not cached";
@@ -112,7 +216,103 @@ impl Pager {
             pool: PagePool::new(),
             no_reads: false,
             wanted: Vec::new(),
+            journal: Journal::new(),
+            journal_limit: None,
         }
+    }
+
+    /// Set the RAM the pending words may take (instead of a share of the capacity).
+    pub fn set_journal_budget(&mut self, bytes: u64) {
+        self.journal_limit = Some(bytes);
+    }
+
+    /// Read the journal pages the directories name and rebuild the pending words from them
+    /// (open: the directories are those of the root).
+    pub fn load_journal(&mut self) -> Result<(), PageError> {
+        let mut pages = Vec::new();
+        for (j, &loc) in self.directory(T_JOURNAL).iter().enumerate() {
+            if loc.is_none() {
+                continue;
+            }
+            let body = read_page(&*self.source, T_JOURNAL, j as u64, loc)?;
+            let (gen, groups) = super::journal::decode(&body).map_err(|e| PageError {
+                table: T_JOURNAL,
+                index: j as u64,
+                loc,
+                reason: e.to_string(),
+            })?;
+            pages.push((j as u64, loc, gen, groups));
+        }
+        let directories = &self.directories;
+        self.journal = Journal::load(pages, |table, index| {
+            directories[table as usize].get(index as usize).copied()
+        })
+        .map_err(|e| PageError {
+            table: T_JOURNAL,
+            index: 0,
+            loc: PageLoc::NONE,
+            reason: e.to_string(),
+        })?;
+        Ok(())
+    }
+
+    pub fn journal(&self) -> &Journal {
+        &self.journal
+    }
+
+    /// RAM the journal's pending words may take.
+    pub fn journal_budget(&self) -> u64 {
+        self.journal_limit.unwrap_or(
+            (self.capacity as u64 * PAGE_BYTES as u64 / JOURNAL_SHARE).min(JOURNAL_MAX_BYTES),
+        )
+    }
+
+    /// Pages the cache may hold: its capacity less the pending words' budget (at least
+    /// half). The budget is set aside whether the words use it or not: page buffers are kept
+    /// in their pool once allocated (see [`super::page_buf`]), so pages that filled it first
+    /// would stay in RAM beside the words that came later.
+    fn page_room(&self) -> usize {
+        let journal = (self.journal_budget() / PAGE_BYTES as u64) as usize;
+        self.capacity.saturating_sub(journal).max(self.capacity / 2)
+    }
+
+    /// Pages to write whole in the next checkpoint so that the pending words shrink: none
+    /// until they take three quarters of their budget, then those with the most words.
+    pub fn consolidation_victims(&self) -> Vec<(u8, u64)> {
+        let budget = self.journal_budget();
+        if self.journal.ram_bytes() * 4 < budget * 3 {
+            return Vec::new();
+        }
+        self.journal.victims(budget / 2, MAX_VICTIMS)
+    }
+
+    /// Journal pages the next checkpoint should clean, with where they are.
+    pub fn journal_cleanable(&self) -> Vec<(u64, PageLoc)> {
+        // A small budget (tests) cleans early too.
+        let slack = (self.journal_budget() / PAGE_BYTES as u64) as usize;
+        self.journal
+            .cleanable(slack.clamp(2, CLEAN_SLACK), MAX_CLEANED)
+            .into_iter()
+            .map(|j| (j, self.loc(T_JOURNAL, j)))
+            .collect()
+    }
+
+    /// Make the cached ones of `pages` dirty, to be written whole by the next checkpoint.
+    pub fn make_whole(&mut self, pages: &[(u8, u64)]) {
+        for &(table, index) in pages {
+            if self.resident.contains_key(&(table, index)) {
+                self.dirty_body(table, index);
+                self.resident
+                    .get_mut(&(table, index))
+                    .expect("cached")
+                    .whole = true;
+            }
+        }
+    }
+
+    /// Apply the pending words of page `index` of `table` to its base, read outside the pager.
+    pub fn patch(&self, table: u8, index: u64, body: &mut PageBody) {
+        self.journal.apply(table, index, body);
     }
 
     /// Forbid reads until [`Pager::allow_reads`]: lookups of pages that are not cached fail.
@@ -147,7 +347,7 @@ impl Pager {
             .reserve(self.capacity.saturating_sub(self.resident.len()));
         self.clock
             .reserve(self.capacity.saturating_sub(self.clock.len()));
-        self.make_room(self.capacity);
+        self.make_room(self.page_room());
     }
 
     pub fn directory(&self, table: u8) -> &[PageLoc] {
@@ -171,6 +371,10 @@ impl Pager {
         PagerStats {
             resident: self.resident.len(),
             dirty: self.dirty,
+            journal_words: self.journal.words(),
+            journal_word_pages: self.journal.pages(),
+            journal_pages: self.journal.journal_pages(),
+            journal_bytes: self.journal.ram_bytes(),
             ..self.stats
         }
     }
@@ -184,7 +388,12 @@ impl Pager {
     /// capacity: the engine must checkpoint before it adds more (this is the writers'
     /// back-pressure; background checkpoints start earlier).
     pub fn over_budget(&self) -> bool {
-        (self.dirty + self.copies) * 10 >= self.capacity * 9
+        (self.dirty + self.copies) * 10 >= self.page_room() * 9
+    }
+
+    /// Pages the cache holds for pages (its capacity less the pending words' budget).
+    pub fn page_capacity(&self) -> usize {
+        self.page_room()
     }
 
     /// Page `index` of `table` if it is cached, without marking it used (a scan that must
@@ -216,24 +425,25 @@ impl Pager {
 
     /// Page `index` of `table` to change: it becomes dirty (copied first if a checkpoint
     /// holds it).
-    pub fn page_mut(&mut self, table: u8, index: u64) -> Result<&mut PageBody, PageError> {
+    pub fn page_mut(&mut self, table: u8, index: u64) -> Result<PageMut<'_>, PageError> {
         self.load(table, index)?;
         Ok(self.dirty_body(table, index))
     }
 
     /// Page `index` of `table` replaced by zeros without reading what it held (a node id
-    /// reused for a new node): dirty.
-    pub fn page_new(&mut self, table: u8, index: u64) -> &mut PageBody {
+    /// reused for a new node): dirty, and written whole by the next checkpoint (its pending
+    /// words, if any, are dropped when it is).
+    pub fn page_new(&mut self, table: u8, index: u64) -> PageMut<'_> {
         if !self.resident.contains_key(&(table, index)) {
             let body = self.pool.take();
             self.insert(table, index, body);
         }
-        let body = self.dirty_body(table, index);
-        body.fill(0);
-        body
+        let mut page = self.dirty_body(table, index);
+        page.replace(|b| b.fill(0));
+        page
     }
 
-    fn dirty_body(&mut self, table: u8, index: u64) -> &mut PageBody {
+    fn dirty_body(&mut self, table: u8, index: u64) -> PageMut<'_> {
         let r = self.resident.get_mut(&(table, index)).expect("loaded");
         if PageBuf::get_mut(&mut r.body).is_none() {
             // A checkpoint holds this version: change a copy.
@@ -242,7 +452,7 @@ impl Pager {
                 r.copied = true;
                 self.copies += 1;
             }
-            self.make_room(self.capacity);
+            self.make_room(self.page_room());
         }
         let r = self.resident.get_mut(&(table, index)).expect("loaded");
         r.referenced = true;
@@ -251,7 +461,11 @@ impl Pager {
             self.dirty += 1;
             self.dirty_keys.push((table, index));
         }
-        PageBuf::get_mut(&mut r.body).expect("unshared")
+        PageMut {
+            body: PageBuf::get_mut(&mut r.body).expect("unshared"),
+            changed: &mut r.changed,
+            whole: &mut r.whole,
+        }
     }
 
     /// Of `keys`, the pages that would need I/O, with where they are.
@@ -276,8 +490,10 @@ impl Pager {
             return;
         }
         self.stats.faults += 1;
-        self.make_room(self.capacity.saturating_sub(1));
-        let buffer = self.pool.copy_of(&body);
+        self.make_room(self.page_room().saturating_sub(1));
+        let mut buffer = self.pool.copy_of(&body);
+        self.journal
+            .apply(table, index, PageBuf::get_mut(&mut buffer).expect("new"));
         self.insert(table, index, buffer);
     }
 
@@ -290,6 +506,8 @@ impl Pager {
                 frozen: false,
                 referenced: false,
                 copied: false,
+                changed: WordSet::default(),
+                whole: false,
             },
         );
         self.clock.push_back((table, index));
@@ -314,10 +532,11 @@ impl Pager {
             self.pool.zeroed()
         } else {
             self.stats.faults += 1;
-            let read = read_page(&*self.source, table, index, loc)?;
+            let mut read = read_page(&*self.source, table, index, loc)?;
+            self.journal.apply(table, index, &mut read);
             self.pool.copy_of(&read)
         };
-        self.make_room(self.capacity.saturating_sub(1));
+        self.make_room(self.page_room().saturating_sub(1));
         self.insert(table, index, body);
         Ok(())
     }
@@ -353,19 +572,36 @@ impl Pager {
 
     /// Hand every dirty page to a checkpoint. They become clean but stay cached until
     /// [`Pager::written`] reports where each went.
+    ///
+    /// A page of a table that takes deltas goes as one when it has a base on disk, changed in
+    /// at most [`MAX_DELTA_WORDS`] words, would keep at most [`MAX_PENDING_WORDS`] pending,
+    /// and the pending words are within their budget; otherwise it is written whole.
     pub fn freeze(&mut self) -> Vec<FrozenPage> {
         let mut out = Vec::with_capacity(self.dirty);
+        let deltas_allowed = self.journal.ram_bytes() < self.journal_budget();
         for (table, index) in std::mem::take(&mut self.dirty_keys) {
+            let has_base = !self.loc(table, index).is_none();
+            let pending = self.journal.count(table, index);
             let Some(r) = self.resident.get_mut(&(table, index)) else {
                 continue;
             };
             if r.dirty {
                 r.dirty = false;
                 r.frozen = true;
+                let changed = std::mem::take(&mut r.changed);
+                let delta = (deltas_allowed
+                    && delta_table(table)
+                    && has_base
+                    && !std::mem::take(&mut r.whole)
+                    && changed.len() <= MAX_DELTA_WORDS
+                    && pending + changed.len() <= MAX_PENDING_WORDS)
+                    .then_some(changed);
+                r.whole = false;
                 out.push(FrozenPage {
                     table,
                     index,
                     body: r.body.clone(),
+                    delta,
                 });
             }
         }
@@ -394,18 +630,115 @@ impl Pager {
                 self.changed_dirs.insert((table, page));
             }
         }
+        // Written whole: the base holds every pending word now.
+        if delta_table(table) {
+            self.journal.drop_page(table, index);
+        }
+        self.unfreeze(table, index);
+        old
+    }
+
+    fn unfreeze(&mut self, table: u8, index: u64) {
         if let Some(r) = self.resident.get_mut(&(table, index)) {
             r.frozen = false;
             if std::mem::take(&mut r.copied) {
                 self.copies -= 1;
             }
         }
-        old
+    }
+
+    fn journal_moved(&mut self, table: u8, index: u64, words: &[(u16, u64)], from: u64, to: u64) {
+        self.journal.moved(table, index, words, from, to);
+    }
+
+    /// The live words of the journal pages a checkpoint cleans (`cleaned`: each page's index
+    /// and groups, as read), except those of pages it writes whole: (journal page, table,
+    /// page, words).
+    pub fn cleaning_words(
+        &self,
+        cleaned: &[(u64, Vec<Group>)],
+        frozen: &[FrozenPage],
+    ) -> Vec<CleanedWords> {
+        let whole: FxHashSet<(u8, u64)> = frozen
+            .iter()
+            .filter(|p| p.delta.is_none())
+            .map(|p| (p.table, p.index))
+            .collect();
+        let mut out = Vec::new();
+        for (j, groups) in cleaned {
+            let mut seen = FxHashSet::default();
+            for g in groups {
+                let key = (g.table, g.index);
+                if whole.contains(&key) || !seen.insert(key) {
+                    continue;
+                }
+                let words = self.journal.live_in(g.table, g.index, *j);
+                if !words.is_empty() {
+                    out.push((*j, g.table, g.index, words));
+                }
+            }
+        }
+        out
+    }
+
+    /// A checkpoint's pages are written: the whole ones of `frozen` at `whole_locs` (in their
+    /// order), the journal pages `writer` filled at `journal` (index, place, in its order).
+    /// Directories move, the written words become pending, cleaned words move, delta pages
+    /// are released and journal pages with nothing live left are dropped. Returns the places
+    /// pages moved away from, free once the next root is durable.
+    pub fn install(
+        &mut self,
+        frozen: &[FrozenPage],
+        whole_locs: &[PageLoc],
+        placed: Vec<(usize, Option<u64>, Group)>,
+        journal: &[(u64, PageLoc)],
+    ) -> Vec<PageLoc> {
+        let mut retired = Vec::new();
+        let whole = frozen.iter().filter(|p| p.delta.is_none());
+        for (p, loc) in whole.zip(whole_locs) {
+            retired.push(self.written(p.table, p.index, *loc));
+        }
+        for &(j, loc) in journal {
+            retired.push(self.written(T_JOURNAL, j, loc));
+        }
+        for (ordinal, from, g) in placed {
+            let to = journal[ordinal].0;
+            match from {
+                Some(from) => self.journal_moved(g.table, g.index, &g.words, from, to),
+                None => self.journal.add(g.table, g.index, &g.words, to),
+            }
+        }
+        for p in frozen.iter().filter(|p| p.delta.is_some()) {
+            self.unfreeze(p.table, p.index);
+        }
+        retired.extend(self.drop_dead_journal_pages());
+        retired.retain(|l| !l.is_none());
+        retired
+    }
+
+    /// Journal page indexes for a checkpoint's new journal pages (see [`Journal::allocate`]).
+    pub fn allocate_journal_pages(&mut self, n: usize) -> Vec<u64> {
+        self.journal.allocate(n)
+    }
+
+    /// Journal page indexes taken for pages that were not written after all.
+    pub fn cancel_journal_pages(&mut self, indexes: &[u64]) {
+        self.journal.cancel(indexes);
+    }
+
+    /// Drop the journal pages none of whose words are pending any more from the directory;
+    /// returns the places they held, free once the next root is durable.
+    pub fn drop_dead_journal_pages(&mut self) -> Vec<PageLoc> {
+        let dead = self.journal.take_dead();
+        dead.into_iter()
+            .map(|j| self.written(T_JOURNAL, j, PageLoc::NONE))
+            .filter(|l| !l.is_none())
+            .collect()
     }
 
     /// Release the cache space the pages just written held beyond the capacity.
     pub fn settle(&mut self) {
-        self.make_room(self.capacity);
+        self.make_room(self.page_room());
     }
 
     /// A checkpoint that froze pages failed before writing them: they are dirty again.
@@ -416,11 +749,27 @@ impl Pager {
                 if std::mem::take(&mut r.copied) {
                     self.copies -= 1;
                 }
+                // What changed since the freeze, and what the frozen version had changed.
+                match p.delta {
+                    Some(words) => r.changed.union(&words),
+                    None => r.whole = true,
+                }
                 if !r.dirty {
                     r.dirty = true;
                     self.dirty += 1;
                     self.dirty_keys.push((p.table, p.index));
                 }
+            }
+        }
+    }
+
+    /// Every directory page is to be written with the next root (a format 3 array, whose
+    /// directory pages have another layout).
+    pub fn rewrite_all_directories(&mut self) {
+        for table in 0..DIR_BASE {
+            let pages = self.directories[table as usize].len() as u64;
+            for page in 0..pages.div_ceil(DIR_PER_PAGE) {
+                self.changed_dirs.insert((table, page));
             }
         }
     }
@@ -448,17 +797,22 @@ impl Pager {
     }
 }
 
-/// Decode the directory of a table of `pages` pages from its directory pages' bodies.
-pub fn decode_directory(pages: u64, dir_pages: &[Box<PageBody>]) -> Vec<PageLoc> {
+/// Directory entries per directory page in a root of `version`.
+pub fn dir_per_page(version: u32) -> u64 {
+    (PAGE_BYTES / super::root::loc_bytes(version)) as u64
+}
+
+/// Decode the directory of a table of `pages` pages from its directory pages' bodies, written
+/// in the format of a root of `version`.
+pub fn decode_directory(pages: u64, dir_pages: &[Box<PageBody>], version: u32) -> Vec<PageLoc> {
+    let size = super::root::loc_bytes(version);
     let mut out = Vec::with_capacity(pages as usize);
     for body in dir_pages {
-        for k in 0..DIR_PER_PAGE as usize {
+        for k in 0..dir_per_page(version) as usize {
             if out.len() as u64 == pages {
                 return out;
             }
-            out.push(PageLoc::decode(
-                &body[k * PAGE_LOC_BYTES..(k + 1) * PAGE_LOC_BYTES],
-            ));
+            out.push(PageLoc::decode(&body[k * size..(k + 1) * size]));
         }
     }
     out.resize(pages as usize, PageLoc::NONE);
@@ -523,7 +877,9 @@ impl<T: Entry> Table<T> {
 
     pub fn set(&self, pager: &mut Pager, index: u64, value: T) -> Result<(), PageError> {
         let (page, at) = Self::place(index);
-        value.write(&mut pager.page_mut(self.id, page)?[at..at + T::SIZE]);
+        let mut bytes = [0u8; PAGE_BYTES];
+        value.write(&mut bytes[..T::SIZE]);
+        pager.page_mut(self.id, page)?.set(at, &bytes[..T::SIZE]);
         Ok(())
     }
 }
@@ -542,12 +898,13 @@ mod tests {
     struct MemLog(Mutex<Vec<PageBody>>);
 
     impl MemLog {
-        fn append(&self, p: &FrozenPage) -> PageLoc {
+        fn append(&self, table: u8, index: u64, body: &PageBody, gen: u64) -> PageLoc {
             let mut slots = self.0.lock().unwrap();
-            slots.push(*p.body);
+            slots.push(*body);
             PageLoc {
                 slot: slots.len() as u64 - 1,
-                crc: page_crc(p.table, p.index, &p.body),
+                crc: page_crc(table, index, body),
+                gen,
             }
         }
     }
@@ -564,6 +921,7 @@ mod tests {
     }
 
     impl Pager {
+        /// A pager opened on the directories a checkpoint left (the journal read back).
         fn with_directories(
             source: Arc<dyn PageSource>,
             dirs: Vec<Vec<PageLoc>>,
@@ -573,23 +931,74 @@ mod tests {
             for (t, d) in dirs.into_iter().enumerate() {
                 p.set_directory(t as u8, d);
             }
+            p.load_journal().expect("journal");
             p
         }
     }
 
-    fn checkpoint(pager: &mut Pager, log: &MemLog) -> usize {
-        let frozen = pager.freeze();
-        let n = frozen.len();
-        for p in frozen {
-            let loc = log.append(&p);
-            pager.written(p.table, p.index, loc);
+    /// The directories a root would name (every table the tests use, and the journal).
+    fn directories(pager: &Pager) -> Vec<Vec<PageLoc>> {
+        (0..=T_JOURNAL)
+            .map(|t| pager.directory(t).to_vec())
+            .collect()
+    }
+
+    /// The first half of a checkpoint as the engine does it: consolidation victims read and
+    /// marked, journal pages to clean read, the dirty set frozen.
+    fn freeze(pager: &mut Pager) -> (Vec<FrozenPage>, Vec<CleanedWords>) {
+        let victims = pager.consolidation_victims();
+        for &(t, i) in &victims {
+            pager.page(t, i).unwrap();
         }
+        let cleaned: Vec<(u64, Vec<Group>)> = pager
+            .journal_cleanable()
+            .into_iter()
+            .map(|(j, loc)| {
+                let body = read_page(&**pager.source(), T_JOURNAL, j, loc).unwrap();
+                (j, super::super::journal::decode(&body).unwrap().1)
+            })
+            .collect();
+        pager.make_whole(&victims);
+        let frozen = pager.freeze();
+        let cleaning = pager.cleaning_words(&cleaned, &frozen);
+        (frozen, cleaning)
+    }
+
+    /// The second half: whole pages and journal pages written, then installed.
+    fn finish(
+        pager: &mut Pager,
+        log: &MemLog,
+        frozen: Vec<FrozenPage>,
+        cleaning: &[CleanedWords],
+        gen: u64,
+    ) -> usize {
+        let writer = journal_writer(gen, &frozen, cleaning);
+        let indexes = pager.allocate_journal_pages(writer.pages().len());
+        let whole: Vec<PageLoc> = frozen
+            .iter()
+            .filter(|p| p.delta.is_none())
+            .map(|p| log.append(p.table, p.index, &p.body, gen))
+            .collect();
+        let journal: Vec<(u64, PageLoc)> = indexes
+            .iter()
+            .zip(writer.pages())
+            .map(|(&j, b)| (j, log.append(T_JOURNAL, j, b, gen)))
+            .collect();
+        let n = frozen.len();
+        pager.install(&frozen, &whole, writer.into_placed(), &journal);
         pager.settle();
         n
     }
 
+    fn checkpoint(pager: &mut Pager, log: &MemLog, gen: &mut u64) -> usize {
+        *gen += 1;
+        let (frozen, cleaning) = freeze(pager);
+        finish(pager, log, frozen, &cleaning, *gen)
+    }
+
     const T0: Table<u64> = Table::new(0);
-    const T1: Table<u64> = Table::new(1);
+    /// A table that takes deltas.
+    const T1: Table<u64> = Table::new(super::super::chunk_table::CHUNK_TABLE);
 
     #[derive(Debug, Clone)]
     enum Op {
@@ -625,7 +1034,8 @@ mod tests {
             let mut pager = Pager::new(log.clone(), 2);
             let mut live: HashMap<(u8, u64), u64> = HashMap::new();
             let mut durable = live.clone();
-            let mut durable_dirs = vec![Vec::new(); 2];
+            let mut durable_dirs = directories(&pager);
+            let mut gen = 0u64;
             let table = |t: bool| if t { T1 } else { T0 };
             for op in ops {
                 match op {
@@ -638,16 +1048,16 @@ mod tests {
                         prop_assert_eq!(table(t).get(&mut pager, i).unwrap(), want);
                     }
                     Op::Checkpoint => {
-                        checkpoint(&mut pager, &log);
+                        checkpoint(&mut pager, &log, &mut gen);
                         durable = live.clone();
-                        durable_dirs = (0..2).map(|t| pager.directory(t).to_vec()).collect();
+                        durable_dirs = directories(&pager);
                     }
                     Op::Restart => {
                         pager = Pager::with_directories(log.clone(), durable_dirs.clone(), 2);
                         live = durable.clone();
                     }
                     Op::ChangeWhileFrozen(changes) => {
-                        let frozen = pager.freeze();
+                        let (frozen, cleaning) = freeze(&mut pager);
                         let image = live.clone();
                         for &(t, i, v) in &changes {
                             table(t).set(&mut pager, i, v).unwrap();
@@ -657,25 +1067,22 @@ mod tests {
                         for (&(t, i), &v) in &live {
                             prop_assert_eq!(table(t == 1).get(&mut pager, i).unwrap(), v);
                         }
-                        for p in frozen {
-                            let loc = log.append(&p);
-                            pager.written(p.table, p.index, loc);
-                        }
-                        pager.settle();
+                        gen += 1;
+                        finish(&mut pager, &log, frozen, &cleaning, gen);
                         // What was written is the image at the freeze, not the later change.
-                        let dirs: Vec<_> = (0..2).map(|t| pager.directory(t).to_vec()).collect();
-                        let mut reader = Pager::with_directories(log.clone(), dirs, 2);
+                        let mut reader = Pager::with_directories(log.clone(), directories(&pager), 2);
                         for (&(tt, ii), &vv) in &image {
                             prop_assert_eq!(table(tt == 1).get(&mut reader, ii).unwrap(), vv);
                         }
                         // The changed page is dirty again: the next checkpoint carries it.
                         prop_assert!(pager.stats().dirty >= 1);
                         durable = image;
-                        durable_dirs = (0..2).map(|t| pager.directory(t).to_vec()).collect();
+                        durable_dirs = directories(&pager);
                     }
                 }
                 let s = pager.stats();
                 prop_assert!(s.resident <= 2 + s.dirty + 1, "{s:?}");
+                prop_assert!(pager.journal().audit().is_empty(), "{:?}", pager.journal().audit());
             }
         }
     }
@@ -689,7 +1096,7 @@ mod tests {
         }
         assert_eq!(pager.stats().resident, 6, "dirty pages are never evicted");
         assert!(pager.over_budget());
-        assert_eq!(checkpoint(&mut pager, &log), 6);
+        assert_eq!(checkpoint(&mut pager, &log, &mut 0), 6);
         for page in 0..6u64 {
             assert_eq!(T0.get(&mut pager, page * 512).unwrap(), page + 1);
         }
@@ -705,7 +1112,7 @@ mod tests {
         let mut pager = Pager::new(log.clone(), 1);
         T0.set(&mut pager, 3, 33).unwrap();
         T1.set(&mut pager, 600, 66).unwrap();
-        checkpoint(&mut pager, &log);
+        checkpoint(&mut pager, &log, &mut 0);
         let dirs: Vec<_> = (0..2).map(|t| pager.directory(t).to_vec()).collect();
         // Flip a byte inside table 0's page body.
         let loc0 = dirs[0][0];
@@ -734,7 +1141,14 @@ mod tests {
         assert_eq!(T1.get(&mut reader, 600).unwrap(), 66);
         // Directories survive their own encoding.
         let body = pager.dir_page(1, 0);
-        assert_eq!(decode_directory(dirs[1].len() as u64, &[body]), dirs[1]);
+        assert_eq!(
+            decode_directory(
+                dirs[1].len() as u64,
+                &[body],
+                super::super::root::ROOT_VERSION
+            ),
+            dirs[1]
+        );
     }
 
     #[test]
@@ -746,6 +1160,110 @@ mod tests {
         assert_eq!(pager.stats().dirty, 0);
         pager.thaw(frozen);
         assert_eq!(pager.stats().dirty, 1);
-        assert_eq!(checkpoint(&mut pager, &log), 1);
+        assert_eq!(checkpoint(&mut pager, &log, &mut 0), 1);
+    }
+
+    /// Slots written since `from`, by what they hold: (journal pages, other pages).
+    fn written_since(log: &MemLog, from: usize, pager: &Pager) -> (usize, usize) {
+        let n = log.0.lock().unwrap().len();
+        let journal: FxHashSet<u64> = pager.directory(T_JOURNAL).iter().map(|l| l.slot).collect();
+        let j = (from..n).filter(|&s| journal.contains(&(s as u64))).count();
+        (j, n - from - j)
+    }
+
+    #[test]
+    fn pages_changed_in_a_few_words_go_to_the_journal_and_read_back() {
+        let log = Arc::new(MemLog::default());
+        let mut pager = Pager::new(log.clone(), 64);
+        let mut gen = 0;
+        // 40 pages written whole first (no base yet), in the delta table and the other.
+        for page in 0..40u64 {
+            T1.set(&mut pager, page * 512, page).unwrap();
+            T0.set(&mut pager, page * 512, page).unwrap();
+        }
+        checkpoint(&mut pager, &log, &mut gen);
+        // One word of each changed: one journal page instead of 40 pages for T1.
+        let from = log.0.lock().unwrap().len();
+        for page in 0..40u64 {
+            T1.set(&mut pager, page * 512 + 7, 1000 + page).unwrap();
+            T0.set(&mut pager, page * 512 + 7, 1000 + page).unwrap();
+        }
+        checkpoint(&mut pager, &log, &mut gen);
+        assert_eq!(
+            written_since(&log, from, &pager),
+            (1, 40),
+            "T0 whole, T1 as words"
+        );
+        assert_eq!(pager.journal().words(), 40);
+        // The pages read back after eviction (their bases and pending words) and after a
+        // restart from the directories (the journal read back).
+        pager.set_capacity(1);
+        for page in 0..40u64 {
+            assert_eq!(T1.get(&mut pager, page * 512 + 7).unwrap(), 1000 + page);
+            assert_eq!(T1.get(&mut pager, page * 512).unwrap(), page);
+        }
+        let mut reopened = Pager::with_directories(log.clone(), directories(&pager), 4);
+        assert_eq!(reopened.journal().words(), 40);
+        for page in 0..40u64 {
+            assert_eq!(T1.get(&mut reopened, page * 512 + 7).unwrap(), 1000 + page);
+        }
+        // A page changed in many words is written whole, and its pending words go with it.
+        pager.set_capacity(64);
+        for k in 0..=MAX_DELTA_WORDS as u64 {
+            T1.set(&mut pager, 3 * 512 + 100 + k, k + 1).unwrap();
+        }
+        checkpoint(&mut pager, &log, &mut gen);
+        assert_eq!(pager.journal().words(), 39);
+        let mut reopened = Pager::with_directories(log.clone(), directories(&pager), 4);
+        assert_eq!(T1.get(&mut reopened, 3 * 512 + 7).unwrap(), 1003);
+        assert_eq!(T1.get(&mut reopened, 3 * 512 + 100).unwrap(), 1);
+        assert_eq!(T1.get(&mut reopened, 3 * 512 + 164).unwrap(), 65);
+        assert!(pager.journal().audit().is_empty());
+    }
+
+    #[test]
+    fn pending_words_past_their_budget_are_consolidated_and_the_journal_cleaned() {
+        let log = Arc::new(MemLog::default());
+        // 64 pages of cache: a journal budget of 64 KiB.
+        let mut pager = Pager::new(log.clone(), 64);
+        let mut gen = 0;
+        for page in 0..400u64 {
+            T1.set(&mut pager, page * 512, 1).unwrap();
+            if pager.over_budget() {
+                checkpoint(&mut pager, &log, &mut gen);
+            }
+        }
+        checkpoint(&mut pager, &log, &mut gen);
+        let mut model = HashMap::new();
+        let mut rng = 0x9e3779b97f4a7c15u64;
+        for round in 0..300u64 {
+            for _ in 0..20 {
+                rng ^= rng << 13;
+                rng ^= rng >> 7;
+                rng ^= rng << 17;
+                let index = rng % (400 * 512);
+                T1.set(&mut pager, index, round + 1).unwrap();
+                model.insert(index, round + 1);
+            }
+            checkpoint(&mut pager, &log, &mut gen);
+            assert!(pager.journal().audit().is_empty());
+            assert!(
+                pager.journal().ram_bytes() <= pager.journal_budget() + 64 * 64 * 16,
+                "pending words stay near their budget"
+            );
+        }
+        // Cleaning keeps the journal pages within twice what their live words need.
+        let per_page = 4080 / 20;
+        let live_pages = (pager.journal().words() as usize).div_ceil(per_page);
+        assert!(
+            pager.journal().journal_pages() <= (2 * live_pages).max(CLEAN_SLACK) + MAX_CLEANED,
+            "{} journal pages for {} words",
+            pager.journal().journal_pages(),
+            pager.journal().words()
+        );
+        let mut reopened = Pager::with_directories(log.clone(), directories(&pager), 8);
+        for (&index, &v) in &model {
+            assert_eq!(T1.get(&mut reopened, index).unwrap(), v, "entry {index}");
+        }
     }
 }

@@ -121,6 +121,7 @@ impl<T: Entry + Default + PartialEq> ResidentTable<T> {
                     table: self.table,
                     index: page,
                     body: buf,
+                    delta: None,
                 }
             })
             .collect()
@@ -167,6 +168,7 @@ mod tests {
                 let loc = PageLoc {
                     slot: s.len() as u64 - 1,
                     crc: page_crc(p.table, p.index, &p.body),
+                    gen: 1,
                 };
                 pager.written(p.table, p.index, loc);
             }

@@ -2,7 +2,7 @@
 //! position, replaced atomically by each checkpoint (`engine/root`). Layout (little-endian):
 //!
 //! ```text
-//! "SLVRROOT" u64 | version u32 (3) | crc32c u32 (of the body) | body length u32 | body
+//! "SLVRROOT" u64 | version u32 (4) | crc32c u32 (of the body) | body length u32 | body
 //! body:
 //!   geometry   chunk size u32 | segment size u32 | segment count u32 | hash key [32]
 //!   position   segment u32 | sequence u64 | offset u32       replay starts here
@@ -10,18 +10,37 @@
 //!              anchored u64 | live bytes u64
 //!   hooks      level u8 | split u64 | entries u64
 //!   tables     n u8, then n x ( table u8 | pages u64 | entries u64 | m u32 |
-//!                               m x ( slot u64 | crc u32 ) )   the table's directory pages
+//!                               m x ( slot u64 | crc u32 | gen u64 ) )
+//!                                                            the table's directory pages
+//! ```
+//!
+//! Version 3 (before the delta journal) is read too: its places have no generation
+//! (`slot u64 | crc u32`, in the root and in directory pages), and it has no journal table.
+//!
+//! ```text
 //!   volumes    n u32, then n x ( id u32 | size u64 | root node u64 | height u8 )
 //!   releasing  n u32, then n x node u64
 //! ```
 
 use super::hooks::HookShape;
 use super::map_tree::Volume;
-use super::page_store::{PageLoc, PAGE_LOC_BYTES};
+use super::page_store::{PageLoc, PAGE_LOC_BYTES, PAGE_LOC_BYTES_V3};
 
 pub const ROOT_MAGIC: u64 = u64::from_le_bytes(*b"SLVRROOT");
-/// The engine's on-disk format with a root (format 2 had a whole checkpoint instead).
-pub const ROOT_VERSION: u32 = 3;
+/// The engine's on-disk format with a root (format 2 had a whole checkpoint instead): 4 adds
+/// the delta journal and page generations.
+pub const ROOT_VERSION: u32 = 4;
+/// The first format with a root, still opened (and rewritten as 4 by its first checkpoint).
+pub const ROOT_VERSION_V3: u32 = 3;
+
+/// Bytes of a page's place in the directories of a root of `version`.
+pub fn loc_bytes(version: u32) -> usize {
+    if version == ROOT_VERSION_V3 {
+        PAGE_LOC_BYTES_V3
+    } else {
+        PAGE_LOC_BYTES
+    }
+}
 
 /// Fixed parameters of an engine, chosen at creation.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -64,6 +83,8 @@ pub struct TableRoot {
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Root {
+    /// The format the root was read in ([`ROOT_VERSION`] for every root written).
+    pub version: u32,
     pub geometry: Geometry,
     pub head: Head,
     pub counters: Counters,
@@ -190,9 +211,10 @@ impl Root {
             return Err(RootError::Magic);
         }
         let version = r.u32()?;
-        if version != ROOT_VERSION {
+        if version != ROOT_VERSION && version != ROOT_VERSION_V3 {
             return Err(RootError::Version(version));
         }
+        let loc = loc_bytes(version);
         let crc = r.u32()?;
         let len = r.u32()? as usize;
         let body = r.take(len)?;
@@ -246,11 +268,11 @@ impl Root {
             let table = r.u8()?;
             let pages = r.u64()?;
             let entries = r.u64()?;
-            let m = r.count(PAGE_LOC_BYTES)?;
+            let m = r.count(loc)?;
             let dir: Vec<PageLoc> = (0..m)
-                .map(|_| r.take(PAGE_LOC_BYTES).map(PageLoc::decode))
+                .map(|_| r.take(loc).map(PageLoc::decode))
                 .collect::<Result<_, _>>()?;
-            if pages.div_ceil(super::pager::DIR_PER_PAGE) != m as u64 {
+            if pages.div_ceil(super::pager::dir_per_page(version)) != m as u64 {
                 return Err(RootError::Malformed(
                     "directory pages do not match the table's size",
                 ));
@@ -285,6 +307,7 @@ impl Root {
             return Err(RootError::Malformed("trailing bytes in the body"));
         }
         Ok(Root {
+            version,
             geometry,
             head,
             counters,
@@ -305,6 +328,7 @@ mod tests {
 
     pub fn sample() -> Root {
         Root {
+            version: ROOT_VERSION,
             geometry: Geometry {
                 chunk_size: 4096,
                 segment_size: 4 << 20,
@@ -334,10 +358,15 @@ mod tests {
                 pages: 400,
                 entries: 0,
                 dir: vec![
-                    PageLoc { slot: 4, crc: 9 },
+                    PageLoc {
+                        slot: 4,
+                        crc: 9,
+                        gen: 3,
+                    },
                     PageLoc {
                         slot: 1 << 40,
                         crc: 1,
+                        gen: 1 << 33,
                     },
                 ],
             }],
@@ -366,8 +395,44 @@ mod tests {
         for n in 0..bytes.len() {
             assert!(Root::decode(&bytes[..n]).is_err());
         }
-        let mut v4 = bytes.clone();
-        v4[8..12].copy_from_slice(&4u32.to_le_bytes());
-        assert_eq!(Root::decode(&v4), Err(RootError::Version(4)));
+        let mut v5 = bytes.clone();
+        v5[8..12].copy_from_slice(&5u32.to_le_bytes());
+        assert_eq!(Root::decode(&v5), Err(RootError::Version(5)));
+    }
+
+    #[test]
+    fn a_format_3_root_is_read_with_generation_0() {
+        // A format 3 root: the same body with 12-byte places (no generation).
+        let mut root = sample();
+        root.tables[0].pages = 600; // two format 3 directory pages (341 places each)
+        let v4 = root.encode();
+        let body_at = 20;
+        let mut body = v4[body_at..].to_vec();
+        let dir_at = body.len() - 4 - 21 - 4 - 16 - 2 * PAGE_LOC_BYTES;
+        let mut v3_dir = Vec::new();
+        for loc in &root.tables[0].dir {
+            let mut b = [0u8; PAGE_LOC_BYTES];
+            loc.encode(&mut b);
+            v3_dir.extend_from_slice(&b[..PAGE_LOC_BYTES_V3]);
+        }
+        body.splice(dir_at..dir_at + 2 * PAGE_LOC_BYTES, v3_dir);
+        let mut v3 = Vec::new();
+        v3.extend_from_slice(&ROOT_MAGIC.to_le_bytes());
+        v3.extend_from_slice(&ROOT_VERSION_V3.to_le_bytes());
+        v3.extend_from_slice(&crc32c::crc32c(&body).to_le_bytes());
+        v3.extend_from_slice(&(body.len() as u32).to_le_bytes());
+        v3.extend_from_slice(&body);
+        let read = Root::decode(&v3).unwrap();
+        assert_eq!(read.version, ROOT_VERSION_V3);
+        assert_eq!(
+            read.tables[0].dir,
+            root.tables[0]
+                .dir
+                .iter()
+                .map(|l| PageLoc { gen: 0, ..*l })
+                .collect::<Vec<_>>()
+        );
+        // What is written is always the current version.
+        assert_eq!(read.encode()[8..12], ROOT_VERSION.to_le_bytes());
     }
 }
