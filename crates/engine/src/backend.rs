@@ -3,7 +3,7 @@
 //! replaced root blob naming the newest consistent set of metadata pages. The format 2
 //! checkpoint blob is still read, for the migration.
 //!
-//! [`FileBackend`] is what ships: a (sparse) log file, a metadata file and a root file in the
+//! [`FileBackend`] is what ships: (sparse) log files, a metadata file and a root file in the
 //! array's data directory. [`MemBackend`] is the test double that makes crash testing honest:
 //! it keeps the bytes written apart from the bytes made durable, and a simulated crash keeps an
 //! arbitrary, possibly torn, subset of what was not yet synced, in both areas.
@@ -66,11 +66,12 @@ pub trait Backend: Send + Sync {
     }
 }
 
-/// The log in `<dir>/log` (sparse, `capacity` bytes), metadata pages in `<dir>/meta`, the root
-/// in `<dir>/root` (format 2: the checkpoint in `<dir>/checkpoint`).
+/// The log in `<dir>/log`, `<dir>/log.1`, `<dir>/log.2`... (sparse, [`LOG_FILE_SPAN`] bytes
+/// each, `capacity` bytes in all), metadata pages in `<dir>/meta`, the root in `<dir>/root`
+/// (format 2: the checkpoint in `<dir>/checkpoint`).
 pub struct FileBackend {
     dir: PathBuf,
-    log: File,
+    log: LogFiles,
     meta: File,
     capacity: u64,
     /// Size of the last checkpoint loaded or stored, or the bytes a metadata flush may add:
@@ -91,6 +92,149 @@ const META_GROWTH: u64 = 4 << 20;
 const ROOM_SLACK: u64 = 1 << 20;
 
 const LOG_FILE: &str = "log";
+
+/// Bytes of log one file holds: ext4 limits a file to 16 TiB (with 4 KiB blocks), so a log
+/// larger than that is several files. A multiple of every segment size (powers of two up to
+/// 8 TiB), so no segment straddles two files.
+pub const LOG_FILE_SPAN: u64 = 8 << 40;
+
+/// The log's files: byte `o` of the log is byte `o % span` of file `o / span` (`log`, then
+/// `log.1`, `log.2`...). A log created before it was split keeps its one file, whatever its
+/// size (its span is then unbounded).
+struct LogFiles {
+    span: u64,
+    files: Vec<File>,
+    /// Files written since their last sync: a sync waits for those only.
+    written: Vec<AtomicBool>,
+    /// One sync at a time: one that found a file's flag cleared by another still syncing it
+    /// would otherwise return before that file is durable.
+    syncing: Mutex<()>,
+}
+
+impl LogFiles {
+    fn name(k: usize) -> String {
+        match k {
+            0 => LOG_FILE.to_string(),
+            k => format!("{LOG_FILE}.{k}"),
+        }
+    }
+
+    /// Open the log's files in `dir`, creating and growing them (sparse) to hold `capacity`
+    /// bytes; returns them and the log's size (at least `capacity`).
+    fn open(dir: &Path, capacity: u64, span: u64) -> io::Result<(LogFiles, u64)> {
+        let open = |k: usize, create: bool| {
+            OpenOptions::new()
+                .read(true)
+                .write(true)
+                .create(create)
+                .truncate(false)
+                .open(dir.join(Self::name(k)))
+        };
+        let first = open(0, true)?;
+        let first_len = first.metadata()?.len();
+        let mut files = vec![first];
+        // Files of a log already split, whatever the capacity asked now.
+        while let Ok(f) = open(files.len(), false) {
+            files.push(f);
+        }
+        let span = if files.len() == 1 && first_len > span {
+            u64::MAX
+        } else {
+            span
+        };
+        let mut size = 0;
+        for (k, f) in files.iter().enumerate() {
+            size = k as u64 * span + f.metadata()?.len();
+        }
+        let size = size.max(capacity);
+        let mut grown = false;
+        for k in 0..size.div_ceil(span).max(1) as usize {
+            if k == files.len() {
+                files.push(open(k, true)?);
+            }
+            let want = (size - k as u64 * span).min(span);
+            if files[k].metadata()?.len() < want {
+                files[k].set_len(want)?;
+                files[k].sync_all()?;
+                grown = true;
+            }
+        }
+        if grown {
+            sync_dir(dir)?;
+        }
+        let written = files.iter().map(|_| AtomicBool::new(false)).collect();
+        Ok((
+            LogFiles {
+                span,
+                files,
+                written,
+                syncing: Mutex::new(()),
+            },
+            size,
+        ))
+    }
+
+    /// The pieces of `len` bytes at `offset`: (file, offset in it, offset in the range, length).
+    fn pieces(
+        &self,
+        offset: u64,
+        len: u64,
+    ) -> impl Iterator<Item = (usize, u64, usize, usize)> + '_ {
+        let mut at = 0u64;
+        std::iter::from_fn(move || {
+            if at >= len {
+                return None;
+            }
+            let o = offset + at;
+            let (k, within) = ((o / self.span) as usize, o % self.span);
+            let n = (len - at).min(self.span - within);
+            let piece = (k, within, at as usize, n as usize);
+            at += n;
+            Some(piece)
+        })
+    }
+
+    fn file(&self, k: usize) -> io::Result<&File> {
+        self.files
+            .get(k)
+            .ok_or_else(|| io::Error::other("beyond the end of the log"))
+    }
+
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
+        for (k, within, at, n) in self.pieces(offset, buf.len() as u64) {
+            self.file(k)?.read_exact_at(&mut buf[at..at + n], within)?;
+        }
+        Ok(())
+    }
+
+    fn write_at(&self, data: &[u8], offset: u64) -> io::Result<()> {
+        for (k, within, at, n) in self.pieces(offset, data.len() as u64) {
+            self.file(k)?.write_all_at(&data[at..at + n], within)?;
+            self.written[k].store(true, Ordering::Release);
+        }
+        Ok(())
+    }
+
+    fn sync(&self) -> io::Result<()> {
+        let _one = self.syncing.lock().unwrap_or_else(|p| p.into_inner());
+        for (f, written) in self.files.iter().zip(&self.written) {
+            if written.swap(false, Ordering::AcqRel) {
+                if let Err(e) = f.sync_data() {
+                    written.store(true, Ordering::Release);
+                    return Err(e);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn fallocate(&self, mode: i32, offset: u64, len: u64) -> io::Result<()> {
+        for (k, within, _, n) in self.pieces(offset, len) {
+            fallocate(self.file(k)?, mode, within, n as u64)?;
+        }
+        Ok(())
+    }
+}
 const META_FILE: &str = "meta";
 const ROOT_FILE: &str = "root";
 const CHECKPOINT_FILE: &str = "checkpoint";
@@ -106,20 +250,14 @@ impl FileBackend {
     /// Open or create the backend in `dir`; a new log file gets `capacity` bytes (sparse). An
     /// existing one keeps its size unless `capacity` is larger (growing the array).
     pub fn open(dir: &Path, capacity: u64) -> io::Result<Self> {
+        Self::open_with_span(dir, capacity, LOG_FILE_SPAN)
+    }
+
+    /// [`FileBackend::open`] with log files of `span` bytes (tests split small logs).
+    #[doc(hidden)]
+    pub fn open_with_span(dir: &Path, capacity: u64, span: u64) -> io::Result<Self> {
         std::fs::create_dir_all(dir)?;
-        let path = dir.join(LOG_FILE);
-        let log = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .open(&path)?;
-        let len = log.metadata()?.len();
-        if len < capacity {
-            log.set_len(capacity)?;
-            log.sync_all()?;
-            sync_dir(dir)?;
-        }
+        let (log, capacity) = LogFiles::open(dir, capacity, span)?;
         let meta = OpenOptions::new()
             .read(true)
             .write(true)
@@ -131,12 +269,12 @@ impl FileBackend {
         // allocated (the head segment of a reopened array is written into without one). The
         // log's first 4 KiB: at most a page of a free segment's space, given back when it is.
         let no_fallocate = matches!(
-            fallocate(&log, libc::FALLOC_FL_KEEP_SIZE, 0, 4096),
+            log.fallocate(libc::FALLOC_FL_KEEP_SIZE, 0, 4096),
             Err(e) if e.raw_os_error() == Some(libc::EOPNOTSUPP)
         );
         Ok(Self {
             dir: dir.to_path_buf(),
-            capacity: capacity.max(len),
+            capacity,
             log,
             meta,
             checkpoint_len: AtomicU64::new(0),
@@ -166,7 +304,7 @@ impl FileBackend {
     }
 
     fn fallocate(&self, mode: i32, offset: u64, len: u64) -> io::Result<()> {
-        fallocate(&self.log, mode, offset, len)
+        self.log.fallocate(mode, offset, len)
     }
 
     fn load_file(&self, name: &str) -> io::Result<Option<Vec<u8>>> {
@@ -222,15 +360,15 @@ impl Backend for FileBackend {
     }
 
     fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
-        self.log.read_exact_at(buf, offset)
+        self.log.read_at(buf, offset)
     }
 
     fn write_at(&self, data: &[u8], offset: u64) -> io::Result<()> {
-        self.log.write_all_at(data, offset)
+        self.log.write_at(data, offset)
     }
 
     fn sync(&self) -> io::Result<()> {
-        self.log.sync_data()
+        self.log.sync()
     }
 
     fn allocate(&self, offset: u64, len: u64) -> io::Result<()> {
@@ -649,5 +787,80 @@ impl Backend for MemBackend {
     fn retire_checkpoint(&self) -> io::Result<()> {
         self.inner.lock().unwrap().checkpoint = None;
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pattern(len: usize, seed: u8) -> Vec<u8> {
+        (0..len)
+            .map(|i| (i as u8).wrapping_mul(31) ^ seed)
+            .collect()
+    }
+
+    #[test]
+    fn a_log_larger_than_a_file_spans_several_and_keeps_them() {
+        const MIB: u64 = 1 << 20;
+        let dir = tempfile::tempdir().unwrap();
+        let b = FileBackend::open_with_span(dir.path(), 5 * MIB, 2 * MIB).unwrap();
+        assert_eq!(b.capacity(), 5 * MIB);
+        let sizes = |n: usize| -> Vec<u64> {
+            (0..n)
+                .map(|k| {
+                    std::fs::metadata(dir.path().join(LogFiles::name(k))).map_or(0, |m| m.len())
+                })
+                .collect()
+        };
+        assert_eq!(sizes(4), [2 * MIB, 2 * MIB, MIB, 0]);
+        // A range across a file boundary is written, read and synced as one.
+        let data = pattern(3000, 7);
+        b.write_at(&data, 2 * MIB - 1000).unwrap();
+        b.sync().unwrap();
+        let mut back = vec![0; 3000];
+        b.read_at(&mut back, 2 * MIB - 1000).unwrap();
+        assert_eq!(back, data);
+        b.allocate(4 * MIB - 4096, 8192).unwrap();
+        b.discard(4 * MIB - 4096, 8192).unwrap();
+        assert!(
+            b.read_at(&mut back, 5 * MIB - 100).is_err(),
+            "beyond the log"
+        );
+        drop(b);
+        // Reopened with no capacity asked: the files say how large the log is; then grown.
+        let b = FileBackend::open_with_span(dir.path(), 0, 2 * MIB).unwrap();
+        assert_eq!(b.capacity(), 5 * MIB);
+        let mut back = vec![0; 1000];
+        b.read_at(&mut back, 2 * MIB).unwrap();
+        assert_eq!(back, data[1000..2000]);
+        drop(b);
+        let b = FileBackend::open_with_span(dir.path(), 7 * MIB, 2 * MIB).unwrap();
+        assert_eq!(b.capacity(), 7 * MIB);
+        assert_eq!(sizes(5), [2 * MIB, 2 * MIB, 2 * MIB, MIB, 0]);
+        b.write_at(&data, 7 * MIB - 3000).unwrap();
+        b.sync().unwrap();
+        let mut back = vec![0; 3000];
+        b.read_at(&mut back, 7 * MIB - 3000).unwrap();
+        assert_eq!(back, data);
+    }
+
+    #[test]
+    fn a_log_made_as_one_file_larger_than_the_span_stays_one_file() {
+        const MIB: u64 = 1 << 20;
+        let dir = tempfile::tempdir().unwrap();
+        drop(FileBackend::open_with_span(dir.path(), 5 * MIB, u64::MAX).unwrap());
+        let b = FileBackend::open_with_span(dir.path(), 0, 2 * MIB).unwrap();
+        assert_eq!(b.capacity(), 5 * MIB);
+        let data = pattern(8192, 3);
+        b.write_at(&data, 3 * MIB).unwrap();
+        let mut back = vec![0; 8192];
+        b.read_at(&mut back, 3 * MIB).unwrap();
+        assert_eq!(back, data);
+        assert!(!dir.path().join(LogFiles::name(1)).exists());
+        assert_eq!(
+            std::fs::metadata(dir.path().join("log")).unwrap().len(),
+            5 * MIB
+        );
     }
 }

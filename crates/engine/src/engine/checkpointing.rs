@@ -23,6 +23,10 @@ use crate::meta::pager::{journal_writer, FrozenPage, DIR_BASE};
 use crate::meta::root::{Root, TableRoot};
 use crate::meta::T_SEGMENTS;
 
+/// Groups of journal words, or frozen pages, a checkpoint installs per hold of the metadata
+/// lock (a few milliseconds each).
+const INSTALL_RUN: usize = 4096;
+
 /// Every table a root names, paged or kept whole in RAM.
 pub(super) const TABLES: [u8; 7] = [
     CHUNK_TABLE,
@@ -185,10 +189,26 @@ impl Engine {
         let placed = writer.into_placed();
         // The directories move to the new places, the words written become pending; the
         // directory pages that changed follow.
+        let mut retired = self
+            .lock_meta()
+            .state
+            .pager
+            .install_pages(&frozen, &locs, &journal_locs);
+        // Words and releases in runs, each its own hold of the lock (see `Pager::install`).
+        for run in placed.chunks(INSTALL_RUN) {
+            self.lock_meta()
+                .state
+                .pager
+                .install_words(run, &journal_locs);
+        }
+        for run in frozen.chunks(INSTALL_RUN) {
+            self.lock_meta().state.pager.release_deltas(run);
+        }
         let (dirs, changed) = {
             let mut m = self.lock_meta();
             let mut slots = self.slots.lock().unwrap();
-            for old in m.state.pager.install(&frozen, &locs, placed, &journal_locs) {
+            retired.extend(m.state.pager.drop_dead_journal_pages());
+            for old in retired {
                 slots.retire(old.slot);
             }
             m.state.pager.settle();

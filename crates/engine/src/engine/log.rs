@@ -12,6 +12,14 @@ impl Engine {
             )));
         }
         if m.head.offset as usize + len + SEAL_LEN > seg {
+            if m.switches - self.synced_switches.load(Ordering::Acquire) >= MAX_UNSYNCED_SEGMENTS {
+                // The backstop of the bound a crash's sequence skip relies on (nothing has
+                // synced the log for this many segments: checkpoints and hosts normally do).
+                if let Err(e) = self.backend.sync() {
+                    return Err(self.poison(format!("fsync of the log failed: {e}")));
+                }
+                self.synced_switches.store(m.switches, Ordering::Release);
+            }
             let keep = match class {
                 Space::Data => {
                     gc_reserve(self.geometry.segment_count) as usize
@@ -116,6 +124,7 @@ impl Engine {
                 offset: SEGMENT_START_LEN as u32,
             };
             m.appended += (SEAL_LEN + SEGMENT_START_LEN) as u64;
+            m.switches += 1;
             m.check_segment_lists();
         }
         Ok(m.head)
@@ -319,17 +328,22 @@ impl Engine {
                 drop(f);
                 // Durable after the sync: the log up to the first range still in flight
                 // (ranges register under `meta`, so none can start below `appended` later).
-                let upto = {
+                let (upto, switches) = {
                     let m = self.lock_meta();
-                    self.inflight
+                    let upto = self
+                        .inflight
                         .first()
-                        .map_or(m.appended, |p| p.min(m.appended))
+                        .map_or(m.appended, |p| p.min(m.appended));
+                    (upto, m.switches)
                 };
                 let result = self.backend.sync();
                 f = self.flush.lock().unwrap();
                 f.syncing = false;
                 match result {
-                    Ok(()) => f.durable = f.durable.max(upto),
+                    Ok(()) => {
+                        f.durable = f.durable.max(upto);
+                        self.synced_switches.fetch_max(switches, Ordering::AcqRel);
+                    }
                     Err(e) => {
                         drop(f);
                         let err = self.poison(format!("fsync of the log failed: {e}"));

@@ -42,10 +42,9 @@ impl Engine {
     pub(super) fn checkpoint_due(&self, tuning: &Tuning) -> bool {
         let m = self.lock_meta();
         let written = m.appended - m.appended_at_checkpoint;
-        let dirty = m.state.pager.dirty_pages() as f64;
         written >= tuning.checkpoint_bytes
             || m.records_since_checkpoint >= CHECKPOINT_RECORDS
-            || dirty >= DIRTY_SHARE * m.state.pager.page_capacity() as f64
+            || m.state.pager.checkpoint_wanted()
     }
 
     /// Called by writers after a change: when the dirty pages have outgrown the cache, the
@@ -56,8 +55,13 @@ impl Engine {
     /// writer read under its own lock hold, so a writer that finds the cache within budget
     /// (nearly always) takes the metadata lock once per command, not twice; it is read again
     /// under the maintenance lock before any page is written.
-    pub(super) fn relieve_cache(&self, over_budget: bool) -> Result<()> {
-        if !over_budget {
+    pub(super) fn relieve_cache(&self, pressure: CachePressure) -> Result<()> {
+        if pressure.checkpoint_wanted && !pressure.over_budget {
+            // The background thread checkpoints while the dirty pages are few enough to
+            // freeze in a short hold of the lock; a writer only wakes it.
+            self.wake_gc();
+        }
+        if !pressure.over_budget {
             return Ok(());
         }
         let _maintenance = self.maintenance.lock().unwrap_or_else(|p| p.into_inner());

@@ -89,6 +89,8 @@ impl Engine {
             end,
             slots,
             0,
+            // Written by format 2, which did not bound the segments it opened between syncs.
+            u64::MAX,
             tuning,
             read_only,
             recovery,

@@ -280,6 +280,8 @@ struct Meta {
     /// Free segments whose file space has not been given back yet (see
     /// [`Engine::discard_freed`]). Always a subset of `free`.
     undiscarded: std::collections::BTreeSet<u32>,
+    /// Segments the head has moved to since open (see [`MAX_UNSYNCED_SEGMENTS`]).
+    switches: u64,
     /// Free segments whose file space was allocated ahead of need, outside the lock (see
     /// [`Engine::prepare_segments`]); the head moves to these first. A subset of `free`,
     /// disjoint from `undiscarded`.
@@ -384,6 +386,13 @@ impl Wakeup {
     }
 }
 
+/// Segments a writer opens at most after the start of its last completed log sync: the
+/// sequence numbers a crash can lose, which the head skips after one (see
+/// [`open::repair_tail`]). Checkpoints sync every 256 MiB of log and hosts flush, so the
+/// writer's own sync at this bound (4 GiB of 4 MiB segments) is a backstop that is rarely
+/// reached.
+const MAX_UNSYNCED_SEGMENTS: u64 = if cfg!(test) { 8 } else { 1024 };
+
 /// Free segments kept allocated in the log file ahead of the head (256 MiB with 4 MiB
 /// segments: about a second of a fast sequential write, the longest allocation stall seen).
 const READY_SEGMENTS: usize = 64;
@@ -397,11 +406,23 @@ const CHECKPOINT_RECORDS: u64 = 2 << 20;
 /// background rounds release the rest.
 const INLINE_RELEASE: u64 = 4096;
 
-/// Share of the metadata cache dirty pages may fill before a background checkpoint writes
-/// them. The larger, the fewer times a page changed again and again (random overwrites) is
-/// written; it stays below the writers' back-pressure point (9/10), so a checkpoint in
-/// progress has room for the pages hosts dirty meanwhile.
-const DIRTY_SHARE: f64 = 0.6;
+/// What a writer read of the metadata cache in its own lock hold: whether the dirty pages
+/// call for a background checkpoint, and whether they are past the point where the writer
+/// must write them itself.
+#[derive(Clone, Copy)]
+struct CachePressure {
+    checkpoint_wanted: bool,
+    over_budget: bool,
+}
+
+impl CachePressure {
+    fn of(pager: &crate::meta::pager::Pager) -> Self {
+        CachePressure {
+            checkpoint_wanted: pager.checkpoint_wanted(),
+            over_budget: pager.over_budget(),
+        }
+    }
+}
 
 /// Chunk pages the locality cache holds (128 fingerprints each).
 const LOCALITY_PAGES: usize = 2048;
@@ -454,6 +475,9 @@ pub struct Engine {
     read_pins: read_pins::ReadPins,
     flush: Mutex<FlushState>,
     flushed: Condvar,
+    /// `Meta::switches` when the last completed log sync started: every segment opened before
+    /// it is durable.
+    synced_switches: AtomicU64,
     /// Log ranges applied but still being written (host writes write outside `meta`).
     inflight: inflight::InFlight,
     poison: Mutex<Option<String>>,
@@ -1076,6 +1100,60 @@ mod tests {
         reopened.flush().unwrap();
         reopened.read(v, 0, &mut back).unwrap();
         assert!(back[4096..] == fresh[..]);
+    }
+
+    /// A writer that opens segment after segment with nothing syncing the log syncs it
+    /// itself every [`MAX_UNSYNCED_SEGMENTS`] (8 in tests) segments: what it wrote before then
+    /// survives a power loss, and the head after the crash skips at most that many sequence
+    /// numbers, not the whole segment count (here 512).
+    #[test]
+    fn a_writer_syncs_every_few_segments_so_a_crash_skips_few_sequences() {
+        let tuning = Tuning {
+            checkpoint_bytes: u64::MAX,
+            ..gc_off()
+        };
+        let (backend, engine) = mem_engine(64 << 20, 128 << 10, tuning);
+        let v = engine.create_volume(8 << 20).unwrap();
+        engine.flush().unwrap();
+        let chunk = 128 << 10;
+        for k in 0..60u64 {
+            engine
+                .write(v, k * chunk, &noise(100 + k, chunk as usize))
+                .unwrap();
+        }
+        let (switches, seq) = {
+            let m = engine.lock_meta();
+            (m.switches, m.head.seq)
+        };
+        let synced = engine.synced_switches.load(Ordering::Acquire);
+        assert!(switches >= 20, "{switches} segments opened");
+        assert!(
+            synced >= MAX_UNSYNCED_SEGMENTS,
+            "the writer synced by itself"
+        );
+        assert!(switches - synced <= MAX_UNSYNCED_SEGMENTS);
+        // The power fails: no write since the last sync survives.
+        let crashed = Arc::new(backend.crash(|_, n| vec![false; n]));
+        drop(engine);
+        let reopened = Engine::open(crashed, tuning, false).unwrap();
+        let head = reopened.lock_meta().head.seq;
+        assert!(
+            head <= seq + MAX_UNSYNCED_SEGMENTS + 1,
+            "head {head} after a crash at sequence {seq}"
+        );
+        let mut back = vec![0u8; chunk as usize];
+        reopened.read(v, 0, &mut back).unwrap();
+        assert!(
+            back == noise(100, chunk as usize),
+            "the first write was synced"
+        );
+        let problems = reopened.check(&mut |_, _| {});
+        assert!(problems.is_empty(), "{problems:?}");
+        // Writes after the crash land, and survive a clean restart.
+        reopened.write(v, 0, &noise(1, chunk as usize)).unwrap();
+        reopened.flush().unwrap();
+        reopened.read(v, 0, &mut back).unwrap();
+        assert!(back == noise(1, chunk as usize));
     }
 
     /// Background collection waits while hosts are busy and space is plentiful, runs once

@@ -174,6 +174,14 @@ impl Engine {
             end,
             slots,
             root.generation,
+            // Format 4 writers sync at least every MAX_UNSYNCED_SEGMENTS segment switches
+            // (and every open writes a format 4 root before it takes writes); earlier ones
+            // did not.
+            if root.version >= crate::meta::root::ROOT_VERSION {
+                MAX_UNSYNCED_SEGMENTS
+            } else {
+                u64::MAX
+            },
             tuning,
             read_only,
             recovery,
@@ -193,6 +201,7 @@ impl Engine {
         end: LogEnd,
         slots: Slots,
         generation: u64,
+        unsynced_bound: u64,
         tuning: Tuning,
         read_only: bool,
         mut recovery: Recovery,
@@ -206,7 +215,7 @@ impl Engine {
             LogEnd::AfterSeal(h) => h,
         };
         if !read_only {
-            head = repair_tail(&*backend, &geometry, &mut state, end, from)?;
+            head = repair_tail(&*backend, &geometry, &mut state, end, from, unsynced_bound)?;
         }
         let engine = Self::assemble(
             backend,
@@ -276,6 +285,7 @@ impl Engine {
                 undiscarded,
                 ready: Default::default(),
                 preparing: Default::default(),
+                switches: 0,
             }),
             slots: Mutex::new(slots),
             usage: Mutex::new(HashMap::new()),
@@ -290,6 +300,7 @@ impl Engine {
             }),
             flushed: Condvar::new(),
             inflight: Default::default(),
+            synced_switches: AtomicU64::new(0),
             poison: Mutex::new(None),
             poisoned: AtomicBool::new(false),
             maintenance: Mutex::new(()),
@@ -524,8 +535,13 @@ pub(super) fn replay(
 /// numbers that come next) can hold complete, checksummed records. Were the new head to reuse
 /// those sequence numbers, replay would one day run from the new records into the lost ones.
 /// Between two syncs each segment is opened at most once (a segment only becomes free again
-/// after the collector synced), so the lost history used at most `segment_count` sequence
-/// numbers after the last one replay saw: the new head skips all of them.
+/// after the collector synced), and a writer of format 4 opens at most `unsynced_bound`
+/// segments after the start of its last sync ([`MAX_UNSYNCED_SEGMENTS`]), so the lost history
+/// used at most that many sequence numbers after the last one replay saw (at most
+/// `segment_count` for older writers): the new head skips all of them. Records carry the low
+/// 32 bits of their segment's sequence, so the skip also bounds how many crashes can pass
+/// before a sequence comes round again; a skip that grew with the array (the segment count,
+/// 4 Mi at 16 TiB) would let it come round after a thousand crashes.
 ///
 /// The new head is a free segment or, when there is none, a segment holding neither live
 /// chunks nor records the current checkpoint's replay needs: an old one, or the torn head
@@ -537,6 +553,7 @@ pub(super) fn repair_tail(
     state: &mut State,
     end: LogEnd,
     checkpoint: Head,
+    unsynced_bound: u64,
 ) -> Result<Head> {
     let seg = geometry.segment_size as u64;
     let (last_seq, torn) = match end {
@@ -552,7 +569,7 @@ pub(super) fn repair_tail(
             (h.seq, Some(h))
         }
     };
-    let seq = last_seq + geometry.segment_count as u64 + 1;
+    let seq = last_seq + unsynced_bound.min(geometry.segment_count as u64) + 1;
     let segments = state.segments.as_slice();
     let garbage = |i: u32| {
         let s = &segments[i as usize];

@@ -178,9 +178,9 @@ impl Engine {
                     let mut buf = Vec::with_capacity(probe.len());
                     build(&mut Encoder::new(&mut buf, at.seq));
                     self.append_at(&mut m, at, &buf)?;
-                    let over_budget = m.state.pager.over_budget();
+                    let pressure = CachePressure::of(&m.state.pager);
                     drop(m);
-                    return self.relieve_cache(over_budget);
+                    return self.relieve_cache(pressure);
                 }
                 // Short of space: what the collector can return may be enough.
                 Err(EngineError::NoSpace) => {

@@ -226,11 +226,11 @@ impl Engine {
                     return Err(EngineError::NoSpace);
                 }
                 Ok(unwritten) => {
-                    let over_budget = m.state.pager.over_budget();
+                    let pressure = CachePressure::of(&m.state.pager);
                     // The log write happens without the lock: other commands go on meanwhile.
                     drop(m);
                     self.write_unwritten(unwritten)?;
-                    return self.relieve_cache(over_budget);
+                    return self.relieve_cache(pressure);
                 }
                 Err(e) => return Err(e),
             }

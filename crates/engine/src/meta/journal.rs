@@ -358,6 +358,7 @@ impl Journal {
     pub fn add(&mut self, table: u8, index: u64, words: &[(u16, u64)], jpage: u64) {
         let key = (table, index);
         let mut list = self.pending.remove(&key).unwrap_or_default();
+        list.reserve_exact(words.len());
         let before = list.len();
         for &(word, value) in words {
             self.live[jpage as usize] += 1;
@@ -485,23 +486,20 @@ impl Journal {
                 break;
             }
         }
-        let mut out: Vec<(u8, u64, usize)> = self
-            .pending
-            .iter()
-            .filter(|(_, l)| l.len() >= least)
-            .map(|(&(t, i), l)| (t, i, l.len()))
-            .collect();
-        out.sort_unstable_by(|a, b| b.2.cmp(&a.2).then((a.0, a.1).cmp(&(b.0, b.1))));
+        // Pages with at least that many words, in whatever order the map holds them, until they
+        // free enough: no sort, and the pass stops early (it runs under the engine's lock).
         let mut left = excess;
-        out.into_iter()
-            .take_while(|&(_, _, n)| {
-                let more = left > 0;
-                left = left.saturating_sub(freed(n));
-                more
-            })
-            .take(max)
-            .map(|(t, i, _)| (t, i))
-            .collect()
+        let mut out = Vec::new();
+        for (&key, list) in &self.pending {
+            if left == 0 || out.len() >= max {
+                break;
+            }
+            if list.len() >= least {
+                out.push(key);
+                left = left.saturating_sub(freed(list.len()));
+            }
+        }
+        out
     }
 
     /// Journal pages worth cleaning: when the pages in use could hold more than twice the live
@@ -808,7 +806,10 @@ mod tests {
         j.add(CHUNK_TABLE, 1, &[(0, 1)], idx);
         j.add(CHUNK_TABLE, 2, &[(0, 1), (1, 1), (2, 1)], idx);
         j.add(T_NODES, 3, &[(0, 1), (1, 1)], idx);
-        assert_eq!(j.victims(0, 2), vec![(CHUNK_TABLE, 2), (T_NODES, 3)]);
+        let mut two = j.victims(0, 2);
+        two.sort_unstable();
+        assert_eq!(two, vec![(CHUNK_TABLE, 2), (T_NODES, 3)]);
+        assert_eq!(j.victims(j.ram_bytes() - 1, 10), vec![(CHUNK_TABLE, 2)]);
         assert!(j.victims(j.ram_bytes(), 10).is_empty());
         j.drop_page(CHUNK_TABLE, 2);
         j.drop_page(CHUNK_TABLE, 1);

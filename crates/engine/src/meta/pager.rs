@@ -186,6 +186,19 @@ const JOURNAL_SHARE: u64 = 4;
 /// The most RAM pending words take, whatever the cache: open reads the journal whole, and
 /// this bounds it (with cleaning, to twice the live entries: about 0.5 GiB at most).
 const JOURNAL_MAX_BYTES: u64 = 256 << 20;
+/// Share of the cache's pages dirty pages may fill before a background checkpoint writes
+/// them. The larger, the fewer times a page changed again and again is written; it stays below
+/// the writers' back-pressure point (9/10), so a checkpoint in progress has room for the pages
+/// hosts dirty meanwhile.
+pub const DIRTY_SHARE: f64 = 0.6;
+
+/// Dirty pages at which a background checkpoint is due, whatever the cache: a checkpoint
+/// freezes its dirty pages in one hold of the engine's lock (about 0.3 us each here), so this
+/// bounds that hold to about 10 ms. A page changed in a few words costs the checkpoint ten
+/// bytes a word (the journal), so checkpoints more frequent than the cache would call for
+/// write little more.
+pub const MAX_FROZEN_PAGES: usize = 32 << 10;
+
 /// Pages one checkpoint writes whole to consolidate pending words at most.
 const MAX_VICTIMS: usize = 4096;
 /// Journal pages one checkpoint cleans at most, and the pages in use below which it does not.
@@ -379,11 +392,6 @@ impl Pager {
         }
     }
 
-    /// Dirty pages, and whether they have reached `share` of the capacity.
-    pub fn dirty_pages(&self) -> usize {
-        self.dirty
-    }
-
     /// Dirty pages (and frozen versions held beside their copies) past 9/10 of the
     /// capacity: the engine must checkpoint before it adds more (this is the writers'
     /// back-pressure; background checkpoints start earlier).
@@ -391,9 +399,12 @@ impl Pager {
         (self.dirty + self.copies) * 10 >= self.page_room() * 9
     }
 
-    /// Pages the cache holds for pages (its capacity less the pending words' budget).
-    pub fn page_capacity(&self) -> usize {
-        self.page_room()
+    /// Whether the dirty pages (and the frozen versions held beside them) call for a
+    /// background checkpoint: [`DIRTY_SHARE`] of the pages' room, at most
+    /// [`MAX_FROZEN_PAGES`].
+    pub fn checkpoint_wanted(&self) -> bool {
+        let limit = ((self.page_room() as f64 * DIRTY_SHARE) as usize).min(MAX_FROZEN_PAGES);
+        self.dirty + self.copies >= limit.max(1)
     }
 
     /// Page `index` of `table` if it is cached, without marking it used (a scan that must
@@ -579,9 +590,11 @@ impl Pager {
     pub fn freeze(&mut self) -> Vec<FrozenPage> {
         let mut out = Vec::with_capacity(self.dirty);
         let deltas_allowed = self.journal.ram_bytes() < self.journal_budget();
-        for (table, index) in std::mem::take(&mut self.dirty_keys) {
-            let has_base = !self.loc(table, index).is_none();
-            let pending = self.journal.count(table, index);
+        // In (table, index) order, so pages written together sit together; the keys are
+        // sorted, not the frozen pages (five times larger, and this runs under the lock).
+        let mut keys = std::mem::take(&mut self.dirty_keys);
+        keys.sort_unstable();
+        for (table, index) in keys {
             let Some(r) = self.resident.get_mut(&(table, index)) else {
                 continue;
             };
@@ -589,24 +602,25 @@ impl Pager {
                 r.dirty = false;
                 r.frozen = true;
                 let changed = std::mem::take(&mut r.changed);
+                let whole = std::mem::take(&mut r.whole);
+                let body = r.body.clone();
+                // The cheap tests first: most pages of a sequential fill fail them.
                 let delta = (deltas_allowed
                     && delta_table(table)
-                    && has_base
-                    && !std::mem::take(&mut r.whole)
+                    && !whole
                     && changed.len() <= MAX_DELTA_WORDS
-                    && pending + changed.len() <= MAX_PENDING_WORDS)
+                    && !self.loc(table, index).is_none()
+                    && self.journal.count(table, index) + changed.len() <= MAX_PENDING_WORDS)
                     .then_some(changed);
-                r.whole = false;
                 out.push(FrozenPage {
                     table,
                     index,
-                    body: r.body.clone(),
+                    body,
                     delta,
                 });
             }
         }
         self.dirty = 0;
-        out.sort_by_key(|p| (p.table, p.index));
         out
     }
 
@@ -659,6 +673,9 @@ impl Pager {
         cleaned: &[(u64, Vec<Group>)],
         frozen: &[FrozenPage],
     ) -> Vec<CleanedWords> {
+        if cleaned.is_empty() {
+            return Vec::new();
+        }
         let whole: FxHashSet<(u8, u64)> = frozen
             .iter()
             .filter(|p| p.delta.is_none())
@@ -686,11 +703,32 @@ impl Pager {
     /// Directories move, the written words become pending, cleaned words move, delta pages
     /// are released and journal pages with nothing live left are dropped. Returns the places
     /// pages moved away from, free once the next root is durable.
+    ///
+    /// The engine takes the steps one by one ([`Pager::install_pages`],
+    /// [`Pager::install_words`], [`Pager::release_deltas`], [`Pager::drop_dead_journal_pages`]),
+    /// in several holds of its lock: between them, a page not yet released is still frozen
+    /// (cached, so its pending words are not read), and the words of every other page keep
+    /// their values (cleaning only moves them between journal pages).
     pub fn install(
         &mut self,
         frozen: &[FrozenPage],
         whole_locs: &[PageLoc],
         placed: Vec<(usize, Option<u64>, Group)>,
+        journal: &[(u64, PageLoc)],
+    ) -> Vec<PageLoc> {
+        let mut retired = self.install_pages(frozen, whole_locs, journal);
+        self.install_words(&placed, journal);
+        self.release_deltas(frozen);
+        retired.extend(self.drop_dead_journal_pages());
+        retired
+    }
+
+    /// The first step of [`Pager::install`]: the directories name the pages written whole and
+    /// the new journal pages. Returns the places pages moved away from.
+    pub fn install_pages(
+        &mut self,
+        frozen: &[FrozenPage],
+        whole_locs: &[PageLoc],
         journal: &[(u64, PageLoc)],
     ) -> Vec<PageLoc> {
         let mut retired = Vec::new();
@@ -701,19 +739,32 @@ impl Pager {
         for &(j, loc) in journal {
             retired.push(self.written(T_JOURNAL, j, loc));
         }
+        retired.retain(|l| !l.is_none());
+        retired
+    }
+
+    /// The second step: the words of (a run of) the groups written become pending, or move
+    /// to the journal page they were cleaned into. Groups go in the order written.
+    pub fn install_words(
+        &mut self,
+        placed: &[(usize, Option<u64>, Group)],
+        journal: &[(u64, PageLoc)],
+    ) {
         for (ordinal, from, g) in placed {
-            let to = journal[ordinal].0;
+            let to = journal[*ordinal].0;
             match from {
-                Some(from) => self.journal_moved(g.table, g.index, &g.words, from, to),
+                Some(from) => self.journal_moved(g.table, g.index, &g.words, *from, to),
                 None => self.journal.add(g.table, g.index, &g.words, to),
             }
         }
+    }
+
+    /// The third step, once every group is installed: the pages of (a run of) `frozen` that
+    /// went as deltas are released (their base and pending words give their content now).
+    pub fn release_deltas(&mut self, frozen: &[FrozenPage]) {
         for p in frozen.iter().filter(|p| p.delta.is_some()) {
             self.unfreeze(p.table, p.index);
         }
-        retired.extend(self.drop_dead_journal_pages());
-        retired.retain(|l| !l.is_none());
-        retired
     }
 
     /// Journal page indexes for a checkpoint's new journal pages (see [`Journal::allocate`]).
@@ -876,8 +927,10 @@ impl<T: Entry> Table<T> {
     }
 
     pub fn set(&self, pager: &mut Pager, index: u64, value: T) -> Result<(), PageError> {
+        const MAX_ENTRY: usize = 64;
+        debug_assert!(T::SIZE <= MAX_ENTRY);
         let (page, at) = Self::place(index);
-        let mut bytes = [0u8; PAGE_BYTES];
+        let mut bytes = [0u8; MAX_ENTRY];
         value.write(&mut bytes[..T::SIZE]);
         pager.page_mut(self.id, page)?.set(at, &bytes[..T::SIZE]);
         Ok(())
