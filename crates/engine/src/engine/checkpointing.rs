@@ -25,7 +25,7 @@ use crate::meta::T_SEGMENTS;
 
 /// Groups of journal words, or frozen pages, a checkpoint installs per hold of the metadata
 /// lock (a few milliseconds each).
-const INSTALL_RUN: usize = 4096;
+const INSTALL_RUN: usize = 1024;
 
 /// Every table a root names, paged or kept whole in RAM.
 pub(super) const TABLES: [u8; 7] = [

@@ -124,7 +124,8 @@ const WORD_BYTES: u64 = 18;
 /// The pending words of every page, and the accounting of the journal pages holding them.
 #[derive(Default)]
 pub struct Journal {
-    pending: FxHashMap<(u8, u64), Vec<Pending>>,
+    /// Each page's words, sorted, exactly sized (RAM is what bounds the journal).
+    pending: FxHashMap<(u8, u64), Box<[Pending]>>,
     /// How many pages have each count of pending words (index: the count, the last counting
     /// all with more), for consolidation.
     by_count: Vec<u64>,
@@ -310,7 +311,7 @@ impl Journal {
 
     /// Words pending for page `index` of `table`.
     pub fn count(&self, table: u8, index: u64) -> usize {
-        self.pending.get(&(table, index)).map_or(0, Vec::len)
+        self.pending.get(&(table, index)).map_or(0, |p| p.len())
     }
 
     /// Whether page `index` of `table` has words pending.
@@ -357,41 +358,46 @@ impl Journal {
     /// word's older pending value.
     pub fn add(&mut self, table: u8, index: u64, words: &[(u16, u64)], jpage: u64) {
         let key = (table, index);
-        let mut list = self.pending.remove(&key).unwrap_or_default();
-        list.reserve_exact(words.len());
-        let before = list.len();
-        for &(word, value) in words {
-            self.live[jpage as usize] += 1;
-            match list.binary_search_by_key(&word, |e| e.word) {
-                Ok(k) => {
-                    let old = std::mem::replace(
-                        &mut list[k],
-                        Pending {
-                            word,
-                            jpage: jpage as u32,
-                            value,
-                        },
-                    );
-                    self.unlive(old.jpage);
+        let mut new: Vec<Pending> = words
+            .iter()
+            .map(|&(word, value)| Pending {
+                word,
+                jpage: jpage as u32,
+                value,
+            })
+            .collect();
+        // Sorted and distinct (as checkpoints and cleaning write them; a damaged journal read
+        // at open may not be): the last of equal words wins.
+        if !new.windows(2).all(|w| w[0].word < w[1].word) {
+            new.reverse();
+            new.sort_by_key(|e| e.word);
+            new.dedup_by_key(|e| e.word);
+        }
+        self.live[jpage as usize] += new.len() as u32;
+        let old = self.pending.remove(&key).unwrap_or_default();
+        // One allocation: the old words merged with the new, which replace equal ones.
+        let mut merged = Vec::with_capacity(old.len() + new.len());
+        let mut superseded = Vec::new();
+        let (mut a, mut b) = (old.iter().peekable(), new.into_iter().peekable());
+        loop {
+            match (a.peek(), b.peek()) {
+                (Some(x), Some(y)) if x.word < y.word => merged.push(*a.next().unwrap()),
+                (Some(x), Some(y)) if x.word == y.word => {
+                    superseded.push(x.jpage);
+                    a.next();
+                    merged.push(b.next().unwrap());
                 }
-                Err(k) => {
-                    list.insert(
-                        k,
-                        Pending {
-                            word,
-                            jpage: jpage as u32,
-                            value,
-                        },
-                    );
-                    self.words += 1;
-                }
+                (_, Some(_)) => merged.push(b.next().unwrap()),
+                (Some(_), None) => merged.push(*a.next().unwrap()),
+                (None, None) => break,
             }
         }
-        self.rebucket(before, list.len());
-        // Exactly sized: a page's words change once a checkpoint at most, and RAM is what
-        // bounds the journal.
-        list.shrink_to_fit();
-        self.pending.insert(key, list);
+        for j in superseded {
+            self.unlive(j);
+        }
+        self.words += (merged.len() - old.len()) as u64;
+        self.rebucket(old.len(), merged.len());
+        self.pending.insert(key, merged.into_boxed_slice());
     }
 
     /// Words of page `index` of `table` that journal page `from` held, written again in
@@ -420,7 +426,7 @@ impl Journal {
         if let Some(list) = self.pending.remove(&(table, index)) {
             self.rebucket(list.len(), 0);
             self.words -= list.len() as u64;
-            for e in list {
+            for e in list.iter() {
                 self.unlive(e.jpage);
             }
         }
