@@ -292,11 +292,6 @@ impl Journal {
         self.words
     }
 
-    /// Pages with words pending.
-    pub fn pages(&self) -> usize {
-        self.pending.len()
-    }
-
     /// Journal pages in use.
     pub fn journal_pages(&self) -> usize {
         self.in_use.len()

@@ -137,10 +137,9 @@ pub struct PagerStats {
     pub evictions: u64,
     pub resident: usize,
     pub dirty: usize,
-    /// Words of pages written as deltas and not yet part of their pages' bases, and the pages
-    /// they belong to, the journal pages holding them and their RAM.
+    /// Words of pages written as deltas and not yet part of their pages' bases, the journal
+    /// pages holding them and their RAM.
     pub journal_words: u64,
-    pub journal_word_pages: usize,
     pub journal_pages: usize,
     pub journal_bytes: u64,
 }
@@ -323,11 +322,6 @@ impl Pager {
         }
     }
 
-    /// Apply the pending words of page `index` of `table` to its base, read outside the pager.
-    pub fn patch(&self, table: u8, index: u64, body: &mut PageBody) {
-        self.journal.apply(table, index, body);
-    }
-
     /// Forbid reads until [`Pager::allow_reads`]: lookups of pages that are not cached fail.
     pub fn forbid_reads(&mut self) {
         self.no_reads = true;
@@ -385,7 +379,6 @@ impl Pager {
             resident: self.resident.len(),
             dirty: self.dirty,
             journal_words: self.journal.words(),
-            journal_word_pages: self.journal.pages(),
             journal_pages: self.journal.journal_pages(),
             journal_bytes: self.journal.ram_bytes(),
             ..self.stats
