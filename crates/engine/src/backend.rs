@@ -94,8 +94,8 @@ const ROOM_SLACK: u64 = 1 << 20;
 const LOG_FILE: &str = "log";
 
 /// Bytes of log one file holds: ext4 limits a file to 16 TiB (with 4 KiB blocks), so a log
-/// larger than that is several files. A multiple of every segment size (powers of two up to
-/// 8 TiB), so no segment straddles two files.
+/// larger than that is several files. A segment of a size that does not divide it straddles
+/// two files; reads and writes are split where they cross.
 pub const LOG_FILE_SPAN: u64 = 8 << 40;
 
 /// The log's files: byte `o` of the log is byte `o % span` of file `o / span` (`log`, then
@@ -136,6 +136,21 @@ impl LogFiles {
         // Files of a log already split, whatever the capacity asked now.
         while let Ok(f) = open(files.len(), false) {
             files.push(f);
+        }
+        // A file missing in the middle would silently shift the log: refuse.
+        for entry in std::fs::read_dir(dir)? {
+            let name = entry?.file_name();
+            let k = name
+                .to_str()
+                .and_then(|n| n.strip_prefix(&format!("{LOG_FILE}.")))
+                .and_then(|k| k.parse::<usize>().ok());
+            if let Some(k) = k.filter(|&k| k > files.len()) {
+                return Err(io::Error::other(format!(
+                    "log file {} exists but {} is missing",
+                    Self::name(k),
+                    Self::name(files.len())
+                )));
+            }
         }
         let span = if files.len() == 1 && first_len > span {
             u64::MAX
@@ -231,6 +246,8 @@ impl LogFiles {
     fn fallocate(&self, mode: i32, offset: u64, len: u64) -> io::Result<()> {
         for (k, within, _, n) in self.pieces(offset, len) {
             fallocate(self.file(k)?, mode, within, n as u64)?;
+            // A sync makes allocations and holes durable too.
+            self.written[k].store(true, Ordering::Release);
         }
         Ok(())
     }
@@ -514,6 +531,7 @@ struct MemInner {
     /// Bytes the metadata area may grow to (simulates a full file system for it).
     meta_limit: u64,
     fail_next_sync: bool,
+    fail_next_root: bool,
     fail_reads_at: Option<(u64, u64)>,
 }
 
@@ -534,9 +552,15 @@ impl MemBackend {
                 allocation_unit: 4096,
                 meta_limit: u64::MAX,
                 fail_next_sync: false,
+                fail_next_root: false,
                 fail_reads_at: None,
             }),
         }
+    }
+
+    /// Let the next root store fail with ENOSPC (a full file system), leaving the old root.
+    pub fn fail_next_root(&self) {
+        self.inner.lock().unwrap().fail_next_root = true;
     }
 
     /// Let the next sync (of either area) fail with EIO (an fsync error).
@@ -627,6 +651,7 @@ impl MemBackend {
                 allocation_unit: m.allocation_unit,
                 meta_limit: m.meta_limit,
                 fail_next_sync: false,
+                fail_next_root: false,
                 fail_reads_at: None,
             }),
         }
@@ -771,7 +796,11 @@ impl Backend for MemBackend {
     }
 
     fn store_root(&self, bytes: &[u8]) -> io::Result<()> {
-        self.inner.lock().unwrap().root = Some(bytes.to_vec());
+        let mut m = self.inner.lock().unwrap();
+        if std::mem::take(&mut m.fail_next_root) {
+            return Err(io::Error::from_raw_os_error(libc::ENOSPC));
+        }
+        m.root = Some(bytes.to_vec());
         Ok(())
     }
 
@@ -862,5 +891,17 @@ mod tests {
             std::fs::metadata(dir.path().join("log")).unwrap().len(),
             5 * MIB
         );
+    }
+
+    #[test]
+    fn a_log_file_missing_in_the_middle_is_refused() {
+        const MIB: u64 = 1 << 20;
+        let dir = tempfile::tempdir().unwrap();
+        drop(FileBackend::open_with_span(dir.path(), 5 * MIB, 2 * MIB).unwrap());
+        std::fs::remove_file(dir.path().join(LogFiles::name(1))).unwrap();
+        let e = FileBackend::open_with_span(dir.path(), 0, 2 * MIB)
+            .err()
+            .expect("refused");
+        assert!(e.to_string().contains("log.1 is missing"), "{e}");
     }
 }

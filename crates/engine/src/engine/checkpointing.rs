@@ -189,11 +189,15 @@ impl Engine {
         let placed = writer.into_placed();
         // The directories move to the new places, the words written become pending; the
         // directory pages that changed follow.
-        let mut retired = self
-            .lock_meta()
-            .state
-            .pager
-            .install_pages(&frozen, &locs, &journal_locs);
+        let mut retired = {
+            let mut m = self.lock_meta();
+            // From here the state in RAM names pages of this generation, whether or not its
+            // root is stored: a retry after a failure below must write under the next one, or
+            // a base and a word written by the two attempts would carry the same generation
+            // and open could not order them.
+            m.generation = root.generation;
+            m.state.pager.install_pages(&frozen, &locs, &journal_locs)
+        };
         // Words and releases in runs, each its own hold of the lock (see `Pager::install`).
         for run in placed.chunks(INSTALL_RUN) {
             self.lock_meta()
@@ -207,7 +211,7 @@ impl Engine {
         let (dirs, changed) = {
             let mut m = self.lock_meta();
             let mut slots = self.slots.lock().unwrap();
-            retired.extend(m.state.pager.drop_dead_journal_pages());
+            retired.extend(m.state.pager.drop_dead_journal_pages(&journal_locs));
             for old in retired {
                 slots.retire(old.slot);
             }

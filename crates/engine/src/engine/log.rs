@@ -12,13 +12,16 @@ impl Engine {
             )));
         }
         if m.head.offset as usize + len + SEAL_LEN > seg {
-            if m.switches - self.synced_switches.load(Ordering::Acquire) >= MAX_UNSYNCED_SEGMENTS {
+            if m.unsynced_switches.len() as u64 >= MAX_UNSYNCED_SEGMENTS {
                 // The backstop of the bound a crash's sequence skip relies on (nothing has
-                // synced the log for this many segments: checkpoints and hosts normally do).
+                // made this many segment switches durable: checkpoints and hosts normally do).
+                // The writes in flight below the head complete without `meta`, so waiting for
+                // them here is safe; then the whole log up to the head is durable.
+                self.wait_written(m.appended)?;
                 if let Err(e) = self.backend.sync() {
                     return Err(self.poison(format!("fsync of the log failed: {e}")));
                 }
-                self.synced_switches.store(m.switches, Ordering::Release);
+                m.unsynced_switches.clear();
             }
             let keep = match class {
                 Space::Data => {
@@ -124,7 +127,8 @@ impl Engine {
                 offset: SEGMENT_START_LEN as u32,
             };
             m.appended += (SEAL_LEN + SEGMENT_START_LEN) as u64;
-            m.switches += 1;
+            let switched_at = m.appended;
+            m.unsynced_switches.push_back(switched_at);
             m.check_segment_lists();
         }
         Ok(m.head)
@@ -328,22 +332,25 @@ impl Engine {
                 drop(f);
                 // Durable after the sync: the log up to the first range still in flight
                 // (ranges register under `meta`, so none can start below `appended` later).
-                let (upto, switches) = {
+                let upto = {
                     let m = self.lock_meta();
-                    let upto = self
-                        .inflight
+                    self.inflight
                         .first()
-                        .map_or(m.appended, |p| p.min(m.appended));
-                    (upto, m.switches)
+                        .map_or(m.appended, |p| p.min(m.appended))
                 };
                 let result = self.backend.sync();
+                if result.is_ok() {
+                    // The segments opened before `upto` are durable with all the log before
+                    // them: replay reaches them.
+                    let mut m = self.lock_meta();
+                    while m.unsynced_switches.front().is_some_and(|&p| p <= upto) {
+                        m.unsynced_switches.pop_front();
+                    }
+                }
                 f = self.flush.lock().unwrap();
                 f.syncing = false;
                 match result {
-                    Ok(()) => {
-                        f.durable = f.durable.max(upto);
-                        self.synced_switches.fetch_max(switches, Ordering::AcqRel);
-                    }
+                    Ok(()) => f.durable = f.durable.max(upto),
                     Err(e) => {
                         drop(f);
                         let err = self.poison(format!("fsync of the log failed: {e}"));

@@ -280,8 +280,10 @@ struct Meta {
     /// Free segments whose file space has not been given back yet (see
     /// [`Engine::discard_freed`]). Always a subset of `free`.
     undiscarded: std::collections::BTreeSet<u32>,
-    /// Segments the head has moved to since open (see [`MAX_UNSYNCED_SEGMENTS`]).
-    switches: u64,
+    /// Where the head moved to a new segment (the log position right after its start
+    /// record), for each move the log's durable prefix does not cover yet (see
+    /// [`MAX_UNSYNCED_SEGMENTS`]); oldest first.
+    unsynced_switches: std::collections::VecDeque<u64>,
     /// Free segments whose file space was allocated ahead of need, outside the lock (see
     /// [`Engine::prepare_segments`]); the head moves to these first. A subset of `free`,
     /// disjoint from `undiscarded`.
@@ -386,11 +388,11 @@ impl Wakeup {
     }
 }
 
-/// Segments a writer opens at most after the start of its last completed log sync: the
-/// sequence numbers a crash can lose, which the head skips after one (see
-/// [`open::repair_tail`]). Checkpoints sync every 256 MiB of log and hosts flush, so the
-/// writer's own sync at this bound (4 GiB of 4 MiB segments) is a backstop that is rarely
-/// reached.
+/// Segments a writer opens at most beyond the log's durable prefix (what a sync made durable
+/// with no write in flight below it, so replay reaches it): the sequence numbers a crash can
+/// lose, which the head skips after one (see [`open::repair_tail`]). Checkpoints sync every
+/// 256 MiB of log and hosts flush, so the writer's own sync at this bound (4 GiB of 4 MiB
+/// segments) is a backstop that is rarely reached.
 const MAX_UNSYNCED_SEGMENTS: u64 = if cfg!(test) { 8 } else { 1024 };
 
 /// Free segments kept allocated in the log file ahead of the head (256 MiB with 4 MiB
@@ -475,9 +477,6 @@ pub struct Engine {
     read_pins: read_pins::ReadPins,
     flush: Mutex<FlushState>,
     flushed: Condvar,
-    /// `Meta::switches` when the last completed log sync started: every segment opened before
-    /// it is durable.
-    synced_switches: AtomicU64,
     /// Log ranges applied but still being written (host writes write outside `meta`).
     inflight: inflight::InFlight,
     poison: Mutex<Option<String>>,
@@ -1121,17 +1120,15 @@ mod tests {
                 .write(v, k * chunk, &noise(100 + k, chunk as usize))
                 .unwrap();
         }
-        let (switches, seq) = {
+        let (unsynced, seq) = {
             let m = engine.lock_meta();
-            (m.switches, m.head.seq)
+            (m.unsynced_switches.len() as u64, m.head.seq)
         };
-        let synced = engine.synced_switches.load(Ordering::Acquire);
-        assert!(switches >= 20, "{switches} segments opened");
+        assert!(seq >= 20, "{seq}: too few segments opened");
         assert!(
-            synced >= MAX_UNSYNCED_SEGMENTS,
-            "the writer synced by itself"
+            unsynced <= MAX_UNSYNCED_SEGMENTS,
+            "{unsynced} switches not durable"
         );
-        assert!(switches - synced <= MAX_UNSYNCED_SEGMENTS);
         // The power fails: no write since the last sync survives.
         let crashed = Arc::new(backend.crash(|_, n| vec![false; n]));
         drop(engine);
@@ -1154,6 +1151,39 @@ mod tests {
         reopened.flush().unwrap();
         reopened.read(v, 0, &mut back).unwrap();
         assert!(back == noise(1, chunk as usize));
+    }
+
+    /// A checkpoint whose root could not be stored (a full file system) after its pages were
+    /// written and installed: the retry writes under the next generation, so a leaf the failed
+    /// attempt wrote whole and the retry wrote as a delta reads back its last word after a
+    /// restart (with one generation for both, open took the word for older than the base).
+    #[test]
+    fn a_checkpoint_retried_after_its_root_failed_keeps_every_word() {
+        let tuning = Tuning {
+            checkpoint_bytes: u64::MAX,
+            ..gc_off()
+        };
+        let (backend, engine) = mem_engine(64 << 20, 1 << 20, tuning);
+        let v = engine.create_volume(8 << 20).unwrap();
+        // A leaf of 256 new chunks: written whole.
+        engine.write(v, 0, &noise(1, 1 << 20)).unwrap();
+        backend.fail_next_root();
+        assert!(matches!(engine.checkpoint(), Err(EngineError::NoSpace)));
+        // One word of that leaf changes: the retry writes it as a delta on the new base.
+        let fresh = noise(2, 4096);
+        engine.write(v, 0, &fresh).unwrap();
+        engine.checkpoint().unwrap();
+        let crashed = Arc::new(backend.crash(|_, n| vec![true; n]));
+        drop(engine);
+        let reopened = Engine::open(crashed, tuning, false).unwrap();
+        let mut back = vec![0u8; 4096];
+        reopened.read(v, 0, &mut back).unwrap();
+        assert!(
+            back == fresh,
+            "the word written after the failed root was lost"
+        );
+        let problems = reopened.check(&mut |_, _| {});
+        assert!(problems.is_empty(), "{problems:?}");
     }
 
     /// Background collection waits while hosts are busy and space is plentiful, runs once

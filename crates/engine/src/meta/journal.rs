@@ -455,6 +455,16 @@ impl Journal {
         }
     }
 
+    /// Journal pages just written whose groups all came to nothing (cleaned words that had
+    /// died meanwhile): dead like any page with no live word.
+    pub fn settle_new(&mut self, indexes: &[u64]) {
+        for &j in indexes {
+            if self.live[j as usize] == 0 && !self.dead.contains(&j) {
+                self.dead.push(j);
+            }
+        }
+    }
+
     /// Journal pages with no live entry left: the caller drops them from the directory (their
     /// indexes are free from now on).
     pub fn take_dead(&mut self) -> Vec<u64> {
@@ -627,6 +637,11 @@ impl Journal {
                 "journal: {} words counted, {words} pending",
                 self.words
             ));
+        }
+        for &j in &self.in_use {
+            if self.live[j as usize] == 0 && !self.dead.contains(&j) {
+                problems.push(format!("journal page {j}: no live entry, yet not dropped"));
+            }
         }
         for (p, (&a, &b)) in self.live.iter().zip(&live).enumerate() {
             if a != b {

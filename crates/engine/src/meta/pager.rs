@@ -712,7 +712,7 @@ impl Pager {
         let mut retired = self.install_pages(frozen, whole_locs, journal);
         self.install_words(&placed, journal);
         self.release_deltas(frozen);
-        retired.extend(self.drop_dead_journal_pages());
+        retired.extend(self.drop_dead_journal_pages(journal));
         retired
     }
 
@@ -770,9 +770,12 @@ impl Pager {
         self.journal.cancel(indexes);
     }
 
-    /// Drop the journal pages none of whose words are pending any more from the directory;
-    /// returns the places they held, free once the next root is durable.
-    pub fn drop_dead_journal_pages(&mut self) -> Vec<PageLoc> {
+    /// Drop the journal pages none of whose words are pending any more from the directory
+    /// (`written`: the journal pages this checkpoint wrote, index and place); returns the places
+    /// they held, free once the next root is durable.
+    pub fn drop_dead_journal_pages(&mut self, written: &[(u64, PageLoc)]) -> Vec<PageLoc> {
+        let indexes: Vec<u64> = written.iter().map(|&(j, _)| j).collect();
+        self.journal.settle_new(&indexes);
         let dead = self.journal.take_dead();
         dead.into_iter()
             .map(|j| self.written(T_JOURNAL, j, PageLoc::NONE))
