@@ -14,6 +14,9 @@
 //! by the same generator run at that commit with the fixture's name changed. Its `engine`
 //! directory holds the log, the metadata file and the root.
 //!
+//! `tests/fixtures/engine-v3-c923906-pages.tar.gz` is that history again at c923906 on a log
+//! of 76,500 segments: its segment table needs more than one directory page in either format.
+//!
 //! The expected content is not stored: [`history`] is replayed on a plain in-memory model.
 
 use sliver_engine::{Backend, Engine, EngineConfig, FileBackend, MemBackend, Tuning};
