@@ -6,7 +6,7 @@ use super::*;
 use crate::meta::chunk_table::{ChunkTable, CHUNK_LIVE};
 use crate::meta::hooks::Hooks;
 use crate::meta::map_tree::{Trees, T_NODE_META};
-use crate::meta::page_store::read_page;
+use crate::meta::page_store::{read_pages, PageLoc};
 use crate::meta::pager::{decode_directory, Pager, DIR_BASE};
 use crate::meta::resident::ResidentTable;
 use crate::meta::root::{Root, ROOT_VERSION_V3};
@@ -324,12 +324,13 @@ fn load_state(backend: &Arc<dyn Backend>, root: &Root, tuning: &Tuning) -> Resul
     let mut pager = new_pager(backend, tuning);
     for t in &root.tables {
         let dir_table = DIR_BASE + t.table;
-        let bodies = t
+        let named: Vec<(u64, PageLoc)> = t
             .dir
             .iter()
             .enumerate()
-            .map(|(p, &loc)| read_page(&**pager.source(), dir_table, p as u64, loc))
-            .collect::<std::result::Result<Vec<_>, _>>()
+            .map(|(p, &loc)| (p as u64, loc))
+            .collect();
+        let bodies = read_pages(&**pager.source(), dir_table, &named)
             .map_err(|e| EngineError::Metadata(e.to_string()))?;
         pager.set_directory(t.table, decode_directory(t.pages, &bodies, root.version));
         pager.set_directory(dir_table, t.dir.clone());

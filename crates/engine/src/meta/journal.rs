@@ -154,8 +154,13 @@ pub struct Group {
 #[error("journal page: {0}")]
 pub struct JournalError(pub String);
 
-/// Decode a journal page: its generation and groups.
-pub fn decode(body: &PageBody) -> Result<(u64, Vec<Group>), JournalError> {
+/// Check a journal page and visit its groups in order: `group(table, page index, words)`,
+/// the words as their encoded bytes (10 each: word u16, value u64), each word checked to lie
+/// in the page. Returns the page's generation. No allocation: open visits every journal page.
+pub fn parse(
+    body: &PageBody,
+    mut group: impl FnMut(u8, u64, &[u8]) -> Result<(), JournalError>,
+) -> Result<u64, JournalError> {
     let bad = |why: &str| JournalError(why.to_string());
     let gen = u64::from_le_bytes(body[..8].try_into().unwrap());
     let used = u16::from_le_bytes(body[8..10].try_into().unwrap()) as usize;
@@ -165,7 +170,6 @@ pub fn decode(body: &PageBody) -> Result<(u64, Vec<Group>), JournalError> {
     if used > PAGE_BYTES - HEADER {
         return Err(bad("group bytes beyond the page"));
     }
-    let mut groups = Vec::new();
     let mut at = HEADER;
     let end = HEADER + used;
     while at < end {
@@ -182,28 +186,43 @@ pub fn decode(body: &PageBody) -> Result<(u64, Vec<Group>), JournalError> {
         if n == 0 || end - at < n * ENTRY {
             return Err(bad("a group with no words or beyond the used bytes"));
         }
-        let mut words = Vec::with_capacity(n);
-        for k in 0..n {
-            let e = at + k * ENTRY;
-            let w = u16::from_le_bytes(body[e..e + 2].try_into().unwrap());
-            if w as usize >= WORDS {
-                return Err(bad("a word beyond the page"));
-            }
-            words.push((
-                w,
-                u64::from_le_bytes(body[e + 2..e + 10].try_into().unwrap()),
-            ));
+        let entries = &body[at..at + n * ENTRY];
+        if entries
+            .chunks_exact(ENTRY)
+            .any(|e| u16::from_le_bytes([e[0], e[1]]) as usize >= WORDS)
+        {
+            return Err(bad("a word beyond the page"));
         }
+        group(table, index, entries)?;
         at += n * ENTRY;
-        groups.push(Group {
-            table,
-            index,
-            words,
-        });
     }
     if body[end..].iter().any(|&b| b != 0) {
         return Err(bad("bytes after the groups"));
     }
+    Ok(gen)
+}
+
+/// The words of a group as [`parse`] hands them over.
+fn entries(bytes: &[u8]) -> impl Iterator<Item = (u16, u64)> + '_ {
+    bytes.chunks_exact(ENTRY).map(|e| {
+        (
+            u16::from_le_bytes([e[0], e[1]]),
+            u64::from_le_bytes(e[2..10].try_into().unwrap()),
+        )
+    })
+}
+
+/// Decode a journal page: its generation and groups.
+pub fn decode(body: &PageBody) -> Result<(u64, Vec<Group>), JournalError> {
+    let mut groups = Vec::new();
+    let gen = parse(body, |table, index, words| {
+        groups.push(Group {
+            table,
+            index,
+            words: entries(words).collect(),
+        });
+        Ok(())
+    })?;
     Ok((gen, groups))
 }
 
@@ -546,21 +565,40 @@ impl Journal {
             })
     }
 
-    /// Rebuild the pending words from the journal pages a root names (open). `pages` holds
-    /// each page's index, its directory entry and its decoded content; `base` gives the
-    /// directory entry of a page of a delta table (`None` beyond the table). A word applies if
-    /// it is younger than its page's base; later journal pages override earlier ones.
-    pub fn load(
-        mut pages: Vec<(u64, PageLoc, u64, Vec<Group>)>,
+    /// Rebuild the pending words from the journal pages a root names (open), given in the
+    /// order they were written: by generation, then index (their directory entries give the
+    /// generation without reading them). Each item is the page's index, directory entry and
+    /// body; `base` gives the directory entry of a page of a delta table (`None` beyond the
+    /// table). A word applies if it is younger than its page's base; later pages override
+    /// earlier ones.
+    ///
+    /// The words are gathered per page as they come and settled once at the end (sorted, the
+    /// newest of each word kept): a merge per group would allocate for each of millions.
+    pub fn load<B: std::borrow::Borrow<PageBody>>(
+        pages: impl IntoIterator<Item = (u64, PageLoc, B)>,
         base: impl Fn(u8, u64) -> Option<PageLoc>,
     ) -> Result<Journal, JournalError> {
         let mut j = Journal::new();
-        pages.sort_by_key(|p| (p.2, p.0));
-        for (index, loc, gen, groups) in pages {
+        let mut gathered: FxHashMap<(u8, u64), Vec<Pending>> = FxHashMap::default();
+        let mut last = (0u64, 0u64);
+        for (index, loc, body) in pages {
+            if (loc.gen, index) < last {
+                return Err(JournalError(
+                    "journal pages not in the order written".into(),
+                ));
+            }
+            last = (loc.gen, index);
+            let body: &PageBody = body.borrow();
+            let gen = u64::from_le_bytes(body[..8].try_into().unwrap());
             if gen != loc.gen {
                 return Err(JournalError(format!(
                     "journal page {index} says generation {gen}, its directory {}",
                     loc.gen
+                )));
+            }
+            if index >= u32::MAX as u64 {
+                return Err(JournalError(format!(
+                    "journal page index {index} too large"
                 )));
             }
             while j.live.len() as u64 <= index {
@@ -569,24 +607,40 @@ impl Journal {
             }
             j.free.remove(&index);
             j.in_use.insert(index);
-            for g in groups {
-                let Some(b) = base(g.table, g.index) else {
+            parse(body, |table, page, words| {
+                let Some(b) = base(table, page) else {
                     return Err(JournalError(format!(
-                        "journal page {index} names page {} of table {}, beyond the table",
-                        g.index, g.table
+                        "journal page {index} names page {page} of table {table}, beyond the table"
                     )));
                 };
                 if b.is_none() {
                     return Err(JournalError(format!(
-                        "journal page {index} names page {} of table {}, which was never written",
-                        g.index, g.table
+                        "journal page {index} names page {page} of table {table}, which was never written"
                     )));
                 }
-                if gen <= b.gen {
-                    continue;
+                if gen > b.gen {
+                    let list = gathered.entry((table, page)).or_default();
+                    list.extend(entries(words).map(|(word, value)| Pending {
+                        word,
+                        jpage: index as u32,
+                        value,
+                    }));
                 }
-                j.add(g.table, g.index, &g.words, index);
+                Ok(())
+            })?;
+        }
+        j.pending.reserve(gathered.len());
+        for (key, mut list) in gathered {
+            // Newest first among equal words (a stable sort keeps that), then one of each.
+            list.reverse();
+            list.sort_by_key(|e| e.word);
+            list.dedup_by_key(|e| e.word);
+            for e in &list {
+                j.live[e.jpage as usize] += 1;
             }
+            j.words += list.len() as u64;
+            j.rebucket(0, list.len());
+            j.pending.insert(key, list.into_boxed_slice());
         }
         // Pages none of whose entries survived: dead, dropped by the next checkpoint.
         let dead: Vec<u64> = j
@@ -785,14 +839,12 @@ mod tests {
                     named.remove(&d);
                 }
                 prop_assert!(j.audit().is_empty(), "{:?}", j.audit());
-                // Open: rebuild from the named pages.
-                let pages = named
+                // Open: rebuild from the named pages, in the order written.
+                let mut pages: Vec<(u64, PageLoc, &PageBody)> = named
                     .iter()
-                    .map(|(&i, (g, body))| {
-                        let (gg, groups) = decode(body).unwrap();
-                        (i, PageLoc { slot: i, crc: 0, gen: *g }, gg, groups)
-                    })
+                    .map(|(&i, (g, body))| (i, PageLoc { slot: i, crc: 0, gen: *g }, &**body))
                     .collect();
+                pages.sort_by_key(|p| (p.1.gen, p.0));
                 let loaded = Journal::load(pages, |_, i| {
                     Some(PageLoc { slot: 0, crc: 0, gen: base_gen[i as usize] })
                 })

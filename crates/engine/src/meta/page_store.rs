@@ -79,6 +79,14 @@ pub fn page_crc(table: u8, index: u64, body: &PageBody) -> u32 {
 /// Reads slots of the metadata area (the engine's backend; a buffer in tests).
 pub trait PageSource: Send + Sync {
     fn read_slot(&self, slot: u64, buf: &mut PageBody) -> io::Result<()>;
+
+    /// Read the adjacent slots from `first` into `bufs` (one read where the source can).
+    fn read_slots(&self, first: u64, bufs: &mut [PageBody]) -> io::Result<()> {
+        for (k, buf) in bufs.iter_mut().enumerate() {
+            self.read_slot(first + k as u64, buf)?;
+        }
+        Ok(())
+    }
 }
 
 /// The metadata area of a [`crate::Backend`].
@@ -90,6 +98,13 @@ impl PageSource for MetaArea {
             .checked_mul(PAGE_BYTES as u64)
             .ok_or_else(|| io::Error::other("slot beyond any file"))?;
         self.0.meta_read(buf, offset)
+    }
+
+    fn read_slots(&self, first: u64, bufs: &mut [PageBody]) -> io::Result<()> {
+        let offset = first
+            .checked_mul(PAGE_BYTES as u64)
+            .ok_or_else(|| io::Error::other("slot beyond any file"))?;
+        self.0.meta_read(bufs.as_flattened_mut(), offset)
     }
 }
 
@@ -136,14 +151,62 @@ pub fn read_page(
     source
         .read_slot(loc.slot, &mut body)
         .map_err(|e| fail(format!("read failed: {e}")))?;
-    let crc = page_crc(table, index, &body);
-    if crc != loc.crc {
-        return Err(fail(format!(
-            "checksum {crc:#010x} where {:#010x} is expected (damaged, or not this page)",
-            loc.crc
-        )));
-    }
+    check_page(table, index, loc, &body)?;
     Ok(body)
+}
+
+/// Whether `body`, read from `loc`, is page `index` of `table`.
+fn check_page(table: u8, index: u64, loc: PageLoc, body: &PageBody) -> Result<(), PageError> {
+    let crc = page_crc(table, index, body);
+    if crc != loc.crc {
+        return Err(PageError {
+            table,
+            index,
+            loc,
+            reason: format!(
+                "checksum {crc:#010x} where {:#010x} is expected (damaged, or not this page)",
+                loc.crc
+            ),
+        });
+    }
+    Ok(())
+}
+
+/// Read pages `items` (index, place) of `table`, each checked as [`read_page`] checks it, in
+/// the order given; runs of adjacent slots are read in one call each (at most 256 pages).
+pub fn read_pages(
+    source: &dyn PageSource,
+    table: u8,
+    items: &[(u64, PageLoc)],
+) -> Result<Vec<Box<PageBody>>, PageError> {
+    let mut out: Vec<Box<PageBody>> = Vec::with_capacity(items.len());
+    let mut run: Vec<PageBody> = Vec::new();
+    let mut k = 0;
+    while k < items.len() {
+        let first = items[k].1.slot;
+        let mut n = 1;
+        while k + n < items.len() && n < 256 && items[k + n].1.slot == first.wrapping_add(n as u64)
+        {
+            n += 1;
+        }
+        run.clear();
+        run.resize(n, [0u8; PAGE_BYTES]);
+        if let Err(e) = source.read_slots(first, &mut run) {
+            let (index, loc) = items[k];
+            return Err(PageError {
+                table,
+                index,
+                loc,
+                reason: format!("read failed: {e}"),
+            });
+        }
+        for (body, &(index, loc)) in run.iter().zip(&items[k..k + n]) {
+            check_page(table, index, loc, body)?;
+            out.push(Box::new(*body));
+        }
+        k += n;
+    }
+    Ok(out)
 }
 
 /// Which slots are free. Slots in use are those the current directories name; a slot a page

@@ -25,7 +25,9 @@ use super::journal::{
 };
 use super::page_buf::{PageBuf, PagePool};
 use super::page_store::PAGE_LOC_BYTES;
-use super::page_store::{read_page, PageBody, PageError, PageLoc, PageSource, PAGE_BYTES};
+use super::page_store::{
+    read_page, read_pages, PageBody, PageError, PageLoc, PageSource, PAGE_BYTES,
+};
 use rustc_hash::{FxHashMap, FxHashSet};
 use std::collections::{BTreeSet, VecDeque};
 use std::marker::PhantomData;
@@ -239,27 +241,40 @@ impl Pager {
     }
 
     /// Read the journal pages the directories name and rebuild the pending words from them
-    /// (open: the directories are those of the root).
+    /// (open: the directories are those of the root). The pages are read in the order they
+    /// were written (generation, then index), which is also nearly the order of their slots,
+    /// runs of adjacent slots in one read each.
     pub fn load_journal(&mut self) -> Result<(), PageError> {
-        let mut pages = Vec::new();
-        for (j, &loc) in self.directory(T_JOURNAL).iter().enumerate() {
-            if loc.is_none() {
-                continue;
-            }
-            let body = read_page(&*self.source, T_JOURNAL, j as u64, loc)?;
-            let (gen, groups) = super::journal::decode(&body).map_err(|e| PageError {
-                table: T_JOURNAL,
-                index: j as u64,
-                loc,
-                reason: e.to_string(),
-            })?;
-            pages.push((j as u64, loc, gen, groups));
-        }
+        let mut named: Vec<(u64, PageLoc)> = self
+            .directory(T_JOURNAL)
+            .iter()
+            .enumerate()
+            .filter(|(_, l)| !l.is_none())
+            .map(|(j, &l)| (j as u64, l))
+            .collect();
+        named.sort_by_key(|&(j, l)| (l.gen, j));
+        let source = self.source.clone();
         let directories = &self.directories;
-        self.journal = Journal::load(pages, |table, index| {
+        let mut failed = None;
+        // Read 1,024 pages at a time, as the load takes them.
+        let pages = named
+            .chunks(1024)
+            .map_while(|batch| match read_pages(&*source, T_JOURNAL, batch) {
+                Ok(bodies) => Some(batch.iter().copied().zip(bodies)),
+                Err(e) => {
+                    failed = Some(e);
+                    None
+                }
+            })
+            .flatten()
+            .map(|((j, l), body)| (j, l, body));
+        let loaded = Journal::load(pages, |table, index| {
             directories[table as usize].get(index as usize).copied()
-        })
-        .map_err(|e| PageError {
+        });
+        if let Some(e) = failed {
+            return Err(e);
+        }
+        self.journal = loaded.map_err(|e| PageError {
             table: T_JOURNAL,
             index: 0,
             loc: PageLoc::NONE,
