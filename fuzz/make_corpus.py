@@ -208,27 +208,30 @@ def page_loc4(slot, table, index, body, gen):
 
 
 def root_with_a_journal():
-    """engine_page input: a format 4 root naming one chunk table page (written by checkpoint
-    1: directory in slot 0, page in slot 1) and one journal page (checkpoint 2: directory in
-    slot 2, page in slot 3) that sets word 2 of that chunk page to 0x5555."""
+    """engine_page input: a format 4 root naming, through a top directory page and a
+    directory page each, one chunk table page (written by checkpoint 1: slots 0-2) and one
+    journal page (checkpoint 2: slots 3-5) that sets word 2 of that chunk page to 0x5555."""
     data = b"".join(
         b"\x22" * 16 + struct.pack("<IIII", 0, 36 + 40 * i, 40, 1) for i in range(128)
     )
     groups = struct.pack("<BQB", 1, 0, 1) + struct.pack("<HQ", 2, 0x5555)
     journal = (struct.pack("<QH", 2, len(groups)) + b"\0" * 6 + groups).ljust(4096, b"\0")
-    chunk_dir = page_loc4(1, 1, 0, data, 1).ljust(4096, b"\0")
-    journal_dir = page_loc4(3, 7, 0, journal, 2).ljust(4096, b"\0")
+    chunk_dir = page_loc4(2, 1, 0, data, 1).ljust(4096, b"\0")
+    chunk_top = page_loc4(1, 129, 0, chunk_dir, 1).ljust(4096, b"\0")
+    journal_dir = page_loc4(5, 7, 0, journal, 2).ljust(4096, b"\0")
+    journal_top = page_loc4(4, 135, 0, journal_dir, 2).ljust(4096, b"\0")
     body = struct.pack("<III", 4096, 4 << 20, 16) + b"\x07" * 32
     body += struct.pack("<IQI", 0, 1, 36)  # replay position
     body += struct.pack("<QQIQQQ", 0, 0, 2, 2, 0, 0)  # counters (generation 2)
     body += struct.pack("<BQQ", 4, 0, 0)  # hook table shape
     body += struct.pack("<B", 2)
-    body += struct.pack("<BQQI", 1, 1, 0, 1) + page_loc4(0, 129, 0, chunk_dir, 1)
-    body += struct.pack("<BQQI", 7, 1, 0, 1) + page_loc4(2, 135, 0, journal_dir, 2)
+    body += struct.pack("<BQQI", 1, 1, 0, 1) + page_loc4(0, 65, 0, chunk_top, 1)
+    body += struct.pack("<BQQI", 7, 1, 0, 1) + page_loc4(3, 71, 0, journal_top, 2)
     body += struct.pack("<I", 1) + struct.pack("<IQQB", 1, 64 << 20, 0, 2)
     body += struct.pack("<I", 0)  # nothing awaiting release
     root = b"SLVRROOT" + struct.pack("<III", 4, crc32c(body), len(body)) + body
-    return struct.pack("<H", len(root)) + root + chunk_dir + data + journal_dir + journal
+    return (struct.pack("<H", len(root)) + root + chunk_top + chunk_dir + data
+            + journal_top + journal_dir + journal)
 
 
 corpus["engine_page"] = {

@@ -41,8 +41,8 @@ fn the_page_fuzz_seed_is_a_valid_root_and_page() {
 fn the_format_4_page_seed_has_a_journal_that_applies() {
     use sliver_engine::meta::chunk_table::CHUNK_TABLE;
     use sliver_engine::meta::journal::T_JOURNAL;
-    use sliver_engine::meta::page_store::{read_page, PageBody, PageSource, PAGE_BYTES};
-    use sliver_engine::meta::pager::{decode_directory, Pager, DIR_BASE};
+    use sliver_engine::meta::page_store::{PageBody, PageSource, PAGE_BYTES};
+    use sliver_engine::meta::pager::Pager;
     use sliver_engine::meta::root::{Root, ROOT_VERSION};
     let seed = include_bytes!("../../../fuzz/corpus/engine_page/format4_root_with_a_journal");
     let len = u16::from_le_bytes([seed[0], seed[1]]) as usize;
@@ -58,13 +58,9 @@ fn the_format_4_page_seed_has_a_journal_that_applies() {
     }
     let area = std::sync::Arc::new(Area(seed[2 + len..].to_vec()));
     let mut pager = Pager::new(area.clone(), 4);
-    for t in &root.tables {
-        let dir_page = read_page(&*area, DIR_BASE + t.table, 0, t.dir[0]).expect("directory");
-        pager.set_directory(
-            t.table,
-            decode_directory(t.pages, &[dir_page], root.version),
-        );
-    }
+    pager
+        .load_directories(&root.tables, root.version)
+        .expect("the directories load through their top pages");
     pager.load_journal().expect("the journal loads");
     assert_eq!(pager.journal().words(), 1);
     assert!(!pager.directory(T_JOURNAL).is_empty());

@@ -19,9 +19,10 @@ use crate::meta::hooks::T_HOOKS;
 use crate::meta::journal::{self, T_JOURNAL};
 use crate::meta::map_tree::{T_NODES, T_NODE_META};
 use crate::meta::page_store::{page_crc, read_page, write_pages, PageBody, PageLoc, PAGE_BYTES};
-use crate::meta::pager::{journal_writer, FrozenPage, DIR_BASE};
+use crate::meta::pager::{directory_table, journal_writer, FrozenPage, Pager, TOP_BASE};
 use crate::meta::root::{Root, TableRoot};
 use crate::meta::T_SEGMENTS;
+use std::collections::BTreeSet;
 
 /// Groups of journal words, or frozen pages, a checkpoint installs per hold of the metadata
 /// lock (a few milliseconds each).
@@ -95,6 +96,23 @@ impl Engine {
                 gen,
             })
             .collect())
+    }
+
+    /// Write directory pages (as [`dir_pages`] made them) to free slots and name them in the
+    /// directories above; the places they moved from retire.
+    fn write_directory_pages(&self, dirs: &[(u8, u64, Box<PageBody>)], gen: u64) -> Result<()> {
+        let pages: Vec<(u8, u64, &PageBody)> =
+            dirs.iter().map(|(t, p, b)| (*t, *p, &**b)).collect();
+        let locs = self.write_to_slots(&pages, gen)?;
+        let mut m = self.lock_meta();
+        let mut slots = self.slots.lock().unwrap();
+        for ((t, p, _), loc) in dirs.iter().zip(&locs) {
+            let old = m.state.pager.written(*t, *p, *loc);
+            if !old.is_none() {
+                slots.retire(old.slot);
+            }
+        }
+        Ok(())
     }
 
     /// Freeze, write and name the changed metadata; caller holds `maintenance`.
@@ -219,31 +237,26 @@ impl Engine {
             // The frozen buffers return to the pool here, under the lock (those the cache
             // still holds stay with it).
             drop(frozen);
-            let changed = m.state.pager.take_changed_dirs();
-            let dirs: Vec<(u8, u64, Box<PageBody>)> = changed
-                .iter()
-                .map(|&(t, p)| (DIR_BASE + t, p, m.state.pager.dir_page(t, p)))
-                .collect();
+            let changed = m.state.pager.take_changed_dirs(false);
+            let dirs = dir_pages(&m.state.pager, &changed);
             (dirs, changed)
         };
-        let dir_pages: Vec<(u8, u64, &PageBody)> =
-            dirs.iter().map(|(t, p, b)| (*t, *p, &**b)).collect();
-        let dir_locs = match self.write_to_slots(&dir_pages, root.generation) {
-            Ok(locs) => locs,
-            Err(e) => {
-                self.lock_meta().state.pager.keep_changed_dirs(changed);
-                return Err(e);
-            }
-        };
-        {
+        // The directory pages, then the top directory pages that name them.
+        if let Err(e) = self.write_directory_pages(&dirs, root.generation) {
+            self.lock_meta().state.pager.keep_changed_dirs(changed);
+            return Err(e);
+        }
+        let (tops, changed_tops) = {
             let mut m = self.lock_meta();
-            let mut slots = self.slots.lock().unwrap();
-            for ((t, p, _), loc) in dirs.iter().zip(&dir_locs) {
-                let old = m.state.pager.written(*t, *p, *loc);
-                if !old.is_none() {
-                    slots.retire(old.slot);
-                }
-            }
+            let changed = m.state.pager.take_changed_dirs(true);
+            (dir_pages(&m.state.pager, &changed), changed)
+        };
+        if let Err(e) = self.write_directory_pages(&tops, root.generation) {
+            self.lock_meta().state.pager.keep_changed_dirs(changed_tops);
+            return Err(e);
+        }
+        {
+            let m = self.lock_meta();
             let state = &m.state;
             root.tables = TABLES
                 .iter()
@@ -256,7 +269,7 @@ impl Engine {
                         CHUNK_LIVE => state.chunks.pages(),
                         _ => 0,
                     },
-                    dir: state.pager.directory(DIR_BASE + t).to_vec(),
+                    dir: state.pager.directory(TOP_BASE + t).to_vec(),
                 })
                 .collect();
         }
@@ -269,7 +282,10 @@ impl Engine {
         if let Err(e) = self.backend.store_root(&root.encode()) {
             // The pages stay where the directories now say; the next root names them. The
             // previous root and the slots it names are untouched.
-            self.lock_meta().state.pager.keep_changed_dirs(changed);
+            let mut m = self.lock_meta();
+            m.state.pager.keep_changed_dirs(changed);
+            m.state.pager.keep_changed_dirs(changed_tops);
+            drop(m);
             return Err(if out_of_space(&e) {
                 EngineError::NoSpace
             } else {
@@ -287,7 +303,7 @@ impl Engine {
         drop(m);
         tracing::debug!(
             pages = written,
-            directory_pages = dirs.len(),
+            directory_pages = dirs.len() + tops.len(),
             lock_held_us = froze.as_micros() as u64,
             total_ms = started.elapsed().as_millis() as u64,
             "checkpoint written"
@@ -306,4 +322,13 @@ pub(super) fn meta_reserve(state: &State, cache: u64) -> u64 {
         .sum();
     let dirty_limit = cache;
     dirty_limit.min(2 * pages * PAGE_BYTES as u64 + (4 << 20))
+}
+
+/// The directory pages `changed` names ((table described, page of its directory)), encoded,
+/// each as the page of the table that holds it.
+fn dir_pages(pager: &Pager, changed: &BTreeSet<(u8, u64)>) -> Vec<(u8, u64, Box<PageBody>)> {
+    changed
+        .iter()
+        .filter_map(|&(t, p)| Some((directory_table(t)?, p, pager.dir_page(t, p))))
+        .collect()
 }

@@ -6,8 +6,8 @@ use super::*;
 use crate::meta::chunk_table::{ChunkTable, CHUNK_LIVE};
 use crate::meta::hooks::Hooks;
 use crate::meta::map_tree::{Trees, T_NODE_META};
-use crate::meta::page_store::{read_pages, PageLoc};
-use crate::meta::pager::{decode_directory, Pager, DIR_BASE};
+
+use crate::meta::pager::Pager;
 use crate::meta::resident::ResidentTable;
 use crate::meta::root::{Root, ROOT_VERSION_V3};
 use crate::meta::segment_table::SegmentTable;
@@ -322,19 +322,9 @@ impl Engine {
 fn load_state(backend: &Arc<dyn Backend>, root: &Root, tuning: &Tuning) -> Result<State> {
     let g = &root.geometry;
     let mut pager = new_pager(backend, tuning);
-    for t in &root.tables {
-        let dir_table = DIR_BASE + t.table;
-        let named: Vec<(u64, PageLoc)> = t
-            .dir
-            .iter()
-            .enumerate()
-            .map(|(p, &loc)| (p as u64, loc))
-            .collect();
-        let bodies = read_pages(&**pager.source(), dir_table, &named)
-            .map_err(|e| EngineError::Metadata(e.to_string()))?;
-        pager.set_directory(t.table, decode_directory(t.pages, &bodies, root.version));
-        pager.set_directory(dir_table, t.dir.clone());
-    }
+    pager
+        .load_directories(&root.tables, root.version)
+        .map_err(|e| EngineError::Metadata(e.to_string()))?;
     if root.version == ROOT_VERSION_V3 {
         // Format 3's directory pages hold places without generations: the first checkpoint
         // writes every directory page in format 4 with the root that names them.

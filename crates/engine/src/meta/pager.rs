@@ -10,9 +10,12 @@
 //! engine takes that moment under its metadata lock at a log position, which makes the pages
 //! written a consistent image of the metadata at that position: replay continues from it.
 //!
-//! Directories are themselves stored in pages (341 entries each, table `DIR_BASE + t` for
-//! table `t`), written by the same checkpoint after the pages they name; the root names the
-//! directory pages. The pager does no writes; reads go through a [`PageSource`].
+//! Directories are themselves stored in pages (204 entries each, table `DIR_BASE + t` for
+//! table `t`), and so are the directories of those (table `TOP_BASE + t`: 204 directory pages,
+//! 835 Mi pages of table `t`, each), written by the same checkpoint after the pages they name;
+//! the root names the top pages only, so it stays a few KiB at any size (format 3 had one
+//! level, and its root named every directory page: 92 KiB at 1 TiB, 23 MiB at 256 TiB, written
+//! by every checkpoint). The pager does no writes; reads go through a [`PageSource`].
 //!
 //! A changed page also records *which* 8-byte words changed since it was last frozen: a
 //! checkpoint writes a page changed in a few words as a delta in the journal instead of
@@ -28,6 +31,7 @@ use super::page_store::PAGE_LOC_BYTES;
 use super::page_store::{
     read_page, read_pages, PageBody, PageError, PageLoc, PageSource, PAGE_BYTES,
 };
+use super::root::TableRoot;
 use rustc_hash::{FxHashMap, FxHashSet};
 use std::collections::{BTreeSet, VecDeque};
 use std::marker::PhantomData;
@@ -35,6 +39,20 @@ use std::sync::Arc;
 
 /// Table numbers at or above this hold the directory pages of table `t - DIR_BASE`.
 pub const DIR_BASE: u8 = 128;
+
+/// Table numbers from this to [`DIR_BASE`] hold the top directory pages of table
+/// `t - TOP_BASE`: pages naming its directory pages (format 4; the root names these).
+pub const TOP_BASE: u8 = 64;
+
+/// The table whose pages name the pages of `table`: its directory, the top directory of a
+/// directory, none for a top directory (the root names those).
+pub fn directory_table(table: u8) -> Option<u8> {
+    match table {
+        t if t >= DIR_BASE => Some(t - DIR_BASE + TOP_BASE),
+        t if t >= TOP_BASE => None,
+        t => Some(t + DIR_BASE),
+    }
+}
 
 /// Directory entries per directory page.
 pub const DIR_PER_PAGE: u64 = (PAGE_BYTES / PAGE_LOC_BYTES) as u64;
@@ -163,8 +181,9 @@ pub struct Pager {
     copies: usize,
     source: Arc<dyn PageSource>,
     stats: PagerStats,
-    /// Directory pages (table, directory page index) whose entries changed since the last
-    /// root was made durable: the next checkpoint writes them.
+    /// Directory pages whose entries changed since the last root was made durable, as (the
+    /// table they describe, page of its directory): the next checkpoint writes them, the
+    /// directories of data tables first, then the top directories naming those.
     changed_dirs: BTreeSet<(u8, u64)>,
     /// Where page buffers come from: blocks of their own, so the cache's churn does not
     /// fragment the heap (see [`super::page_buf`]).
@@ -647,7 +666,7 @@ impl Pager {
             index
         };
         let old = std::mem::replace(&mut dir[index as usize], loc);
-        if table < DIR_BASE {
+        if directory_table(table).is_some() {
             for page in from / DIR_PER_PAGE..=index / DIR_PER_PAGE {
                 self.changed_dirs.insert((table, page));
             }
@@ -825,10 +844,53 @@ impl Pager {
         }
     }
 
+    /// Install the directories a root names (open): for each table, its top directory pages
+    /// (format 4) or its directory pages (format 3) from the root, read and decoded down to
+    /// the table's own directory. Pages never written read as zeros (none are, below a root).
+    pub fn load_directories(
+        &mut self,
+        tables: &[TableRoot],
+        version: u32,
+    ) -> Result<(), PageError> {
+        let per = dir_per_page(version);
+        for t in tables {
+            let levels: &[u8] = if version == super::root::ROOT_VERSION_V3 {
+                &[DIR_BASE + t.table]
+            } else {
+                &[TOP_BASE + t.table, DIR_BASE + t.table]
+            };
+            let mut locs = t.dir.clone();
+            for (k, &holder) in levels.iter().enumerate() {
+                let below = if k + 1 < levels.len() {
+                    t.pages.div_ceil(per)
+                } else {
+                    t.pages
+                };
+                let named: Vec<(u64, PageLoc)> = locs
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, l)| !l.is_none())
+                    .map(|(p, &l)| (p as u64, l))
+                    .collect();
+                let mut bodies: Vec<Box<PageBody>> =
+                    locs.iter().map(|_| Box::new([0u8; PAGE_BYTES])).collect();
+                for (&(p, _), body) in named.iter().zip(read_pages(&*self.source, holder, &named)?)
+                {
+                    bodies[p as usize] = body;
+                }
+                self.set_directory(holder, std::mem::take(&mut locs));
+                locs = decode_directory(below, &bodies, version);
+            }
+            self.set_directory(t.table, locs);
+        }
+        Ok(())
+    }
+
     /// Every directory page is to be written with the next root (a format 3 array, whose
     /// directory pages have another layout).
     pub fn rewrite_all_directories(&mut self) {
-        for table in 0..DIR_BASE {
+        // The top directories follow, as each directory page is written.
+        for table in 0..TOP_BASE {
             let pages = self.directories[table as usize].len() as u64;
             for page in 0..pages.div_ceil(DIR_PER_PAGE) {
                 self.changed_dirs.insert((table, page));
@@ -836,10 +898,16 @@ impl Pager {
         }
     }
 
-    /// The directory pages to write with the next root (see [`Pager::dir_page`]); a
-    /// checkpoint that fails gives them back with [`Pager::keep_changed_dirs`].
-    pub fn take_changed_dirs(&mut self) -> BTreeSet<(u8, u64)> {
-        std::mem::take(&mut self.changed_dirs)
+    /// The directory pages to write with the next root (see [`Pager::dir_page`]): those of
+    /// data tables (`top` false), or the top directory pages (`top` true: taken after the
+    /// directory pages were written, which changes them); a checkpoint that fails gives them
+    /// back with [`Pager::keep_changed_dirs`].
+    pub fn take_changed_dirs(&mut self, top: bool) -> BTreeSet<(u8, u64)> {
+        let (taken, kept) = std::mem::take(&mut self.changed_dirs)
+            .into_iter()
+            .partition(|&(t, _)| (t >= DIR_BASE) == top);
+        self.changed_dirs = kept;
+        taken
     }
 
     pub fn keep_changed_dirs(&mut self, dirs: BTreeSet<(u8, u64)>) {
@@ -1212,6 +1280,53 @@ mod tests {
                 super::super::root::ROOT_VERSION
             ),
             dirs[1]
+        );
+    }
+
+    /// A table of 41,700 pages has 205 directory pages, named by two top directory pages:
+    /// written as checkpoints write them (directory pages first, then the top pages they
+    /// changed) and read back as open reads them, the directories are the same.
+    #[test]
+    fn directories_of_two_levels_round_trip() {
+        let log = Arc::new(MemLog::default());
+        let mut pager = Pager::new(log.clone(), 4);
+        let pages = 41_700u64;
+        let dir: Vec<PageLoc> = (0..pages)
+            .map(|i| PageLoc {
+                slot: i * 3,
+                crc: i as u32 ^ 0x5a5a,
+                gen: i / 7,
+            })
+            .collect();
+        pager.set_directory(1, dir.clone());
+        pager.rewrite_all_directories();
+        for top in [false, true] {
+            let changed = pager.take_changed_dirs(top);
+            assert_eq!(changed.len(), if top { 2 } else { 205 });
+            for (t, p) in changed {
+                let holder = directory_table(t).unwrap();
+                let loc = log.append(holder, p, &pager.dir_page(t, p), 1);
+                pager.written(holder, p, loc);
+            }
+        }
+        assert!(
+            pager.take_changed_dirs(false).is_empty() && pager.take_changed_dirs(true).is_empty()
+        );
+        let root = TableRoot {
+            table: 1,
+            pages,
+            entries: 0,
+            dir: pager.directory(TOP_BASE + 1).to_vec(),
+        };
+        assert_eq!(root.dir.len(), 2);
+        let mut reader = Pager::new(log.clone(), 4);
+        reader
+            .load_directories(&[root], super::super::root::ROOT_VERSION)
+            .unwrap();
+        assert_eq!(reader.directory(1), &dir[..]);
+        assert_eq!(
+            reader.directory(DIR_BASE + 1),
+            pager.directory(DIR_BASE + 1)
         );
     }
 

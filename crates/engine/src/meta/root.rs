@@ -11,11 +11,13 @@
 //!   hooks      level u8 | split u64 | entries u64
 //!   tables     n u8, then n x ( table u8 | pages u64 | entries u64 | m u32 |
 //!                               m x ( slot u64 | crc u32 | gen u64 ) )
-//!                                                            the table's directory pages
+//!                                   the table's top directory pages (each names 204
+//!                                   directory pages, each naming 204 of the table's pages)
 //! ```
 //!
 //! Version 3 (before the delta journal) is read too: its places have no generation
-//! (`slot u64 | crc u32`, in the root and in directory pages), and it has no journal table.
+//! (`slot u64 | crc u32`, in the root and in directory pages), it has no journal table, and
+//! the root names the directory pages themselves (341 places a page), not top pages.
 //!
 //! ```text
 //!   volumes    n u32, then n x ( id u32 | size u64 | root node u64 | height u8 )
@@ -272,7 +274,13 @@ impl Root {
             let dir: Vec<PageLoc> = (0..m)
                 .map(|_| r.take(loc).map(PageLoc::decode))
                 .collect::<Result<_, _>>()?;
-            if pages.div_ceil(super::pager::dir_per_page(version)) != m as u64 {
+            let per = super::pager::dir_per_page(version);
+            let named = if version == ROOT_VERSION_V3 {
+                pages.div_ceil(per)
+            } else {
+                pages.div_ceil(per).div_ceil(per)
+            };
+            if named != m as u64 {
                 return Err(RootError::Malformed(
                     "directory pages do not match the table's size",
                 ));
@@ -355,7 +363,8 @@ mod tests {
             },
             tables: vec![TableRoot {
                 table: 1,
-                pages: 400,
+                // Two top directory pages: more than 204 x 204 pages.
+                pages: 50_000,
                 entries: 0,
                 dir: vec![
                     PageLoc {
