@@ -160,7 +160,11 @@ impl Engine {
         let batch_bytes = self.geometry.segment_size as usize / 16;
         // Start only a relocation that can be finished: a half-relocated victim frees nothing,
         // and the segments it took are gone (down to the last free one, which a restart or
-        // an unmap on a full array needs).
+        // an unmap on a full array needs). Hosts go on appending to the same head between the
+        // relocation's batches, so the room left in the head is not counted on: the free
+        // segments the whole relocation needs are claimed, and every other appender leaves
+        // them (the claim shrinks as the relocation takes them, and ends with it).
+        let _claim = ClaimEnd(self);
         {
             let mut m = self.lock_meta();
             let mut needed = 0usize;
@@ -176,11 +180,12 @@ impl Engine {
                 let max_batch =
                     batch_bytes + RECORD_HEADER + CHUNK_PREFIX + self.geometry.chunk_size as usize;
                 let total = needed + (needed / batch_bytes + 1) * RECORD_HEADER;
-                let in_head = seg.saturating_sub(m.head.offset as usize + SEAL_LEN + max_batch);
                 let per_segment = seg - SEGMENT_START_LEN - SEAL_LEN - max_batch;
-                if total > in_head + m.free.len() * per_segment {
+                let fresh = total.div_ceil(per_segment);
+                if fresh > m.free.len() {
                     return Ok(None);
                 }
+                m.collector_claim = fresh;
             }
         }
         let mut i = 0;
@@ -311,6 +316,16 @@ impl Engine {
             }
         }
         Ok(total)
+    }
+}
+
+/// Ends the collector's claim on free segments (see `Meta::collector_claim`) when a
+/// relocation ends, however it ends.
+struct ClaimEnd<'a>(&'a Engine);
+
+impl Drop for ClaimEnd<'_> {
+    fn drop(&mut self) {
+        self.0.lock_meta().collector_claim = 0;
     }
 }
 

@@ -27,13 +27,19 @@ impl Engine {
                 Space::Data => {
                     gc_reserve(self.geometry.segment_count) as usize
                         + self.anchor_reserve(m.state.anchored)
+                        + m.collector_claim
                 }
-                Space::AnchoredData => gc_reserve(self.geometry.segment_count) as usize,
-                Space::Metadata => 1,
+                Space::AnchoredData => {
+                    gc_reserve(self.geometry.segment_count) as usize + m.collector_claim
+                }
+                Space::Metadata => 1 + m.collector_claim,
                 Space::Collector => 0,
             };
             if m.free.len() <= keep {
                 return Err(EngineError::NoSpace);
+            }
+            if matches!(class, Space::Collector) {
+                m.collector_claim = m.collector_claim.saturating_sub(1);
             }
             // New data stops while the file system still holds what frees space.
             if matches!(class, Space::Data | Space::AnchoredData) && !self.room_for_data(m) {

@@ -291,6 +291,12 @@ struct Meta {
     /// Free segments the preparer is allocating right now (still in `free`, so space figures
     /// and the reserve checks do not move; the head takes them last).
     preparing: std::collections::BTreeSet<u32>,
+    /// Free segments the relocation in progress may still need (see
+    /// [`Engine::collect_one`]): every other appender leaves them. Hosts append to the same
+    /// head while a victim is relocated batch by batch; without the claim they took the
+    /// segments the collector had counted on, the relocation stopped half-way (freeing
+    /// nothing) and the full array refused every write from then on.
+    collector_claim: usize,
 }
 
 impl Meta {
@@ -961,6 +967,52 @@ mod tests {
         assert!(engine.poisoned().is_none());
         let w = engine.create_volume(8 << 20).unwrap();
         engine.write(w, 0, &noise(4, 4096)).unwrap();
+    }
+
+    /// Segments claimed by a relocation in progress are left to it: host data and metadata
+    /// records are refused the last free segments the collector counts on (hosts append to
+    /// the same head between its batches), the collector takes them, and the claim ends with
+    /// the relocation.
+    #[test]
+    fn a_relocation_keeps_the_segments_it_claimed() {
+        let (_, engine) = mem_engine(64 << 20, 1 << 20, gc_off());
+        let v = engine.create_volume(16 << 20).unwrap();
+        engine.write(v, 0, &noise(7, 64 << 10)).unwrap();
+        let largest = (1 << 20) - SEGMENT_START_LEN - SEAL_LEN;
+        {
+            let mut m = engine.lock_meta();
+            assert!(
+                m.head.offset as usize > SEGMENT_START_LEN,
+                "the next record switches"
+            );
+            let free = m.free.len();
+            m.collector_claim = free - 1;
+            for class in [Space::Data, Space::AnchoredData, Space::Metadata] {
+                let r = engine.reserve(&mut m, largest, class);
+                assert!(matches!(r, Err(EngineError::NoSpace)), "{r:?}");
+            }
+            assert_eq!(m.free.len(), free, "nothing taken");
+            let at = engine.reserve(&mut m, largest, Space::Collector).unwrap();
+            assert_eq!(at.offset as usize, SEGMENT_START_LEN);
+            assert_eq!(m.free.len(), free - 1);
+            assert_eq!(
+                m.collector_claim,
+                free - 2,
+                "the claim shrinks as it is used"
+            );
+            m.collector_claim = 0;
+        }
+        // A real relocation: garbage made, collected, and no claim left behind.
+        engine.write(v, 0, &noise(8, 4 << 20)).unwrap();
+        engine.write(v, 0, &noise(9, 4 << 20)).unwrap();
+        assert!(
+            engine.collect_garbage(1.0).unwrap() > 0,
+            "something relocated"
+        );
+        assert_eq!(engine.lock_meta().collector_claim, 0);
+        let mut back = vec![0u8; 4 << 20];
+        engine.read(v, 0, &mut back).unwrap();
+        assert!(back == noise(9, 4 << 20), "the relocated data reads back");
     }
 
     /// A host write's batch, applied under the lock but not yet written to the log (what a

@@ -286,6 +286,7 @@ impl Engine {
                 ready: Default::default(),
                 preparing: Default::default(),
                 unsynced_switches: Default::default(),
+                collector_claim: 0,
             }),
             slots: Mutex::new(slots),
             usage: Mutex::new(HashMap::new()),
