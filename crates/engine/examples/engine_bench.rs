@@ -120,7 +120,7 @@ fn main() {
         let grown = rss_bytes().saturating_sub(rss0);
         let per_tib = grown as f64 * ((1u64 << 40) as f64 / size as f64);
         println!(
-            "RSS grew {:.1} MiB while mapping {} MiB of unique 4 KiB chunks (format 3: mostly metadata pages cached, bounded by the metadata cache; RAM per TiB of unique data at scale is bench/scale's figure).\n",
+            "RSS grew {:.1} MiB while mapping {} MiB of unique 4 KiB chunks (mostly metadata pages cached, bounded by the metadata cache; RAM per TiB of unique data at scale is bench/scale's figure).\n",
             grown as f64 / MIB as f64, size / MIB
         );
         results.insert(
