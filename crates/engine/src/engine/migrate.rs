@@ -47,7 +47,8 @@ impl Engine {
         let bytes = backend
             .load_checkpoint()?
             .ok_or_else(|| EngineError::Metadata("no format 2 checkpoint".into()))?;
-        let loaded = v2::decode(&bytes).map_err(|e| EngineError::Metadata(e.to_string()))?;
+        let loaded = v2::decode(&bytes, backend.capacity())
+            .map_err(|e| EngineError::Metadata(e.to_string()))?;
         drop(bytes);
         let geometry = loaded.geometry;
         if geometry.segment_count as u64 * geometry.segment_size as u64 > backend.capacity() {

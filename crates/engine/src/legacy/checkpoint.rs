@@ -14,6 +14,7 @@
 
 use super::cow_vec::CowVec;
 use super::state::{Chunk, Loc, Page, SegState, Segment, State, VolumeMap, ANCHORED, PAGE_ENTRIES};
+use crate::format::{CHUNK_PREFIX, RECORD_HEADER};
 pub use crate::meta::root::{Counters, Geometry, Head};
 
 pub const CHECKPOINT_MAGIC: u64 = u64::from_le_bytes(*b"SLVRCKP1");
@@ -193,7 +194,10 @@ fn bad(what: &str) -> CheckpointError {
     CheckpointError::Malformed(what.to_string())
 }
 
-pub fn decode(bytes: &[u8]) -> Result<Loaded, CheckpointError> {
+/// Decode a format 2 checkpoint of a log of `log_capacity` bytes. The capacity bounds what the
+/// tables may declare before anything is allocated for them: a damaged count or id is an
+/// error, not an allocation of gigabytes.
+pub fn decode(bytes: &[u8], log_capacity: u64) -> Result<Loaded, CheckpointError> {
     if bytes.len() < 16 || u64::from_le_bytes(bytes[0..8].try_into().unwrap()) != CHECKPOINT_MAGIC {
         return Err(CheckpointError::Magic);
     }
@@ -229,9 +233,20 @@ pub fn decode(bytes: &[u8]) -> Result<Loaded, CheckpointError> {
         segment_count: r.u32()?,
         key: r.take(32)?.try_into().unwrap(),
     };
-    if !geometry.chunk_size.is_power_of_two() || geometry.segment_size < geometry.chunk_size * 4 {
+    // What format 2's create accepted.
+    if !geometry.chunk_size.is_power_of_two()
+        || !(4096..=65536).contains(&geometry.chunk_size)
+        || geometry.segment_size < geometry.chunk_size * 16
+        || geometry.segment_size > 1 << 30
+    {
         return Err(bad("impossible geometry"));
     }
+    if geometry.segment_count as u64 * geometry.segment_size as u64 > log_capacity {
+        return Err(bad("more segments than the log holds"));
+    }
+    // A new id was taken only when every smaller id was live, each live chunk holding at least
+    // a record header and its prefix in the log: no id can exceed what the log could hold.
+    let max_id = log_capacity / (RECORD_HEADER + CHUNK_PREFIX) as u64;
     let head = Head {
         segment: r.u32()?,
         seq: r.u64()?,
@@ -275,7 +290,7 @@ pub fn decode(bytes: &[u8]) -> Result<Loaded, CheckpointError> {
             offset: r.u32()?,
         };
         let len = r.u32()?;
-        if id == 0 || loc.segment >= geometry.segment_count || len == 0 {
+        if id == 0 || id as u64 > max_id || loc.segment >= geometry.segment_count || len == 0 {
             return Err(bad("chunk entry"));
         }
         let store = &mut state.store;
@@ -389,7 +404,7 @@ mod tests {
         v1.extend_from_slice(&1u32.to_le_bytes());
         v1.extend_from_slice(&crc32c::crc32c(&body).to_le_bytes());
         v1.extend_from_slice(&body);
-        let loaded = decode(&v1).unwrap();
+        let loaded = decode(&v1, 8 << 20).unwrap();
         assert_eq!(loaded.state.volumes[&1].size, 1 << 20);
         assert!(
             encode(
@@ -401,6 +416,9 @@ mod tests {
         );
         let mut v3 = v2.clone();
         v3[8..12].copy_from_slice(&3u32.to_le_bytes());
-        assert!(matches!(decode(&v3), Err(CheckpointError::Version(3))));
+        assert!(matches!(
+            decode(&v3, 8 << 20),
+            Err(CheckpointError::Version(3))
+        ));
     }
 }
