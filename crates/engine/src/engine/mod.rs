@@ -159,6 +159,26 @@ pub struct EngineConfig {
     pub segment_size: u32,
 }
 
+impl EngineConfig {
+    /// Why these sizes cannot make an engine, or None: what `create` refuses, so also what no
+    /// checkpoint of a created engine can hold.
+    pub(crate) fn size_problem(&self) -> Option<String> {
+        if !self.chunk_size.is_power_of_two() || !(4096..=65536).contains(&self.chunk_size) {
+            return Some(format!(
+                "chunk size {} is not a power of two from 4 KiB to 64 KiB",
+                self.chunk_size
+            ));
+        }
+        if self.segment_size < self.chunk_size * 16 || self.segment_size > 1 << 30 {
+            return Some(format!(
+                "segment size {} must be 16 chunks to 1 GiB",
+                self.segment_size
+            ));
+        }
+        None
+    }
+}
+
 impl Default for EngineConfig {
     fn default() -> Self {
         Self {
@@ -819,6 +839,14 @@ mod tests {
         (backend, engine)
     }
 
+    /// No collector and no checkpoint by volume of log: the test decides when they happen.
+    fn no_checkpoints() -> Tuning {
+        Tuning {
+            checkpoint_bytes: u64::MAX,
+            ..gc_off()
+        }
+    }
+
     fn gc_off() -> Tuning {
         Tuning {
             gc: GcPriority::Off,
@@ -1159,10 +1187,7 @@ mod tests {
     /// numbers, not the whole segment count (here 512).
     #[test]
     fn a_writer_syncs_every_few_segments_so_a_crash_skips_few_sequences() {
-        let tuning = Tuning {
-            checkpoint_bytes: u64::MAX,
-            ..gc_off()
-        };
+        let tuning = no_checkpoints();
         let (backend, engine) = mem_engine(64 << 20, 128 << 10, tuning);
         let v = engine.create_volume(8 << 20).unwrap();
         engine.flush().unwrap();
@@ -1211,10 +1236,7 @@ mod tests {
     /// restart (with one generation for both, open took the word for older than the base).
     #[test]
     fn a_checkpoint_retried_after_its_root_failed_keeps_every_word() {
-        let tuning = Tuning {
-            checkpoint_bytes: u64::MAX,
-            ..gc_off()
-        };
+        let tuning = no_checkpoints();
         let (backend, engine) = mem_engine(64 << 20, 1 << 20, tuning);
         let v = engine.create_volume(8 << 20).unwrap();
         // A leaf of 256 new chunks: written whole.

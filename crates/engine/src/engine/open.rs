@@ -45,17 +45,8 @@ impl ReplayTarget for State {
 impl Engine {
     /// Format a new engine on an empty backend.
     pub fn create(backend: Arc<dyn Backend>, config: EngineConfig, tuning: Tuning) -> Result<Self> {
-        if !config.chunk_size.is_power_of_two() || !(4096..=65536).contains(&config.chunk_size) {
-            return Err(EngineError::Invalid(format!(
-                "chunk size {} is not a power of two from 4 KiB to 64 KiB",
-                config.chunk_size
-            )));
-        }
-        if config.segment_size < config.chunk_size * 16 || config.segment_size > 1 << 30 {
-            return Err(EngineError::Invalid(format!(
-                "segment size {} must be 16 chunks to 1 GiB",
-                config.segment_size
-            )));
+        if let Some(problem) = config.size_problem() {
+            return Err(EngineError::Invalid(problem));
         }
         let segment_count =
             (backend.capacity() / config.segment_size as u64).min(u32::MAX as u64) as u32;

@@ -233,12 +233,12 @@ pub fn decode(bytes: &[u8], log_capacity: u64) -> Result<Loaded, CheckpointError
         segment_count: r.u32()?,
         key: r.take(32)?.try_into().unwrap(),
     };
-    // What format 2's create accepted.
-    if !geometry.chunk_size.is_power_of_two()
-        || !(4096..=65536).contains(&geometry.chunk_size)
-        || geometry.segment_size < geometry.chunk_size * 16
-        || geometry.segment_size > 1 << 30
-    {
+    // Format 2's create accepted the same sizes as today's.
+    let sizes = crate::engine::EngineConfig {
+        chunk_size: geometry.chunk_size,
+        segment_size: geometry.segment_size,
+    };
+    if sizes.size_problem().is_some() {
         return Err(bad("impossible geometry"));
     }
     if geometry.segment_count as u64 * geometry.segment_size as u64 > log_capacity {
