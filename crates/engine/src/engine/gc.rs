@@ -158,14 +158,18 @@ impl Engine {
         )?;
         let mut relocated = 0u64;
         let batch_bytes = self.geometry.segment_size as usize / 16;
+        // A batch may end one chunk record past `batch_bytes`; a segment switch can leave up
+        // to one batch unused.
+        let max_batch =
+            batch_bytes + RECORD_HEADER + CHUNK_PREFIX + self.geometry.chunk_size as usize;
+        let per_segment = seg as usize - SEGMENT_START_LEN - SEAL_LEN - max_batch;
         // Start only a relocation that can be finished: a half-relocated victim frees nothing,
         // and the segments it took are gone (down to the last free one, which a restart or
-        // an unmap on a full array needs). Hosts go on appending to the same head between the
-        // relocation's batches, so the room left in the head is not counted on: the free
-        // segments the whole relocation needs are claimed, and every other appender leaves
-        // them (the claim shrinks as the relocation takes them, and ends with it).
+        // an unmap on a full array needs). The free segments the rest of the relocation needs
+        // stay claimed (`Meta::collector_claim`: every other appender leaves them), and the
+        // claim is recomputed from the bytes left after every batch.
         let _claim = ClaimEnd(self);
-        {
+        let mut remaining = {
             let mut m = self.lock_meta();
             let mut needed = 0usize;
             for (id, offset, _, _, data) in &candidates {
@@ -173,53 +177,80 @@ impl Engine {
                     needed += RECORD_HEADER + CHUNK_PREFIX + data.len();
                 }
             }
-            if needed > 0 {
-                let seg = seg as usize;
-                // A batch may end one chunk record past `batch_bytes`; a segment switch can
-                // leave up to one batch unused.
-                let max_batch =
-                    batch_bytes + RECORD_HEADER + CHUNK_PREFIX + self.geometry.chunk_size as usize;
-                let total = needed + (needed / batch_bytes + 1) * RECORD_HEADER;
-                let per_segment = seg - SEGMENT_START_LEN - SEAL_LEN - max_batch;
-                let fresh = total.div_ceil(per_segment);
-                if fresh > m.free.len() {
-                    return Ok(None);
-                }
-                m.collector_claim = fresh;
+            let total = if needed == 0 {
+                0
+            } else {
+                needed + (needed / batch_bytes + 1) * RECORD_HEADER
+            };
+            let fresh = total.div_ceil(per_segment);
+            if fresh > m.free.len() {
+                return Ok(None);
             }
-        }
+            m.collector_claim = fresh;
+            total
+        };
         let mut i = 0;
         while i < candidates.len() {
             let mut m = self.lock_meta();
-            let mut take = Vec::new();
-            let mut size = RECORD_HEADER;
-            while i < candidates.len() && size < batch_bytes {
-                let (id, offset, ..) = &candidates[i];
-                if live_at(&mut m, *id, victim, *offset)? {
-                    size += RECORD_HEADER + CHUNK_PREFIX + candidates[i].4.len();
-                    take.push(i);
+            let mut unwritten = Vec::new();
+            // Hosts append to the same head between the relocation's batches, so a segment
+            // the collector takes can be filled by them before its next batch. While free
+            // segments are plentiful that costs nothing; once they are down to the claim
+            // (and one), a segment the collector takes is filled with its batches in this one
+            // lock hold, so every segment taken shrinks the claim by one and the claim never
+            // exceeds the free list.
+            let mut filling = false;
+            while i < candidates.len() {
+                let start = i;
+                let mut take = Vec::new();
+                let mut size = RECORD_HEADER;
+                while i < candidates.len() && size < batch_bytes {
+                    let (id, offset, ..) = &candidates[i];
+                    if live_at(&mut m, *id, victim, *offset)? {
+                        size += RECORD_HEADER + CHUNK_PREFIX + candidates[i].4.len();
+                        take.push(i);
+                    }
+                    i += 1;
                 }
-                i += 1;
+                if take.is_empty() {
+                    continue;
+                }
+                let switches = m.head.offset as usize + size + SEAL_LEN > seg as usize;
+                if switches && filling {
+                    // The segment this hold took is full: the rest in later holds, with
+                    // liveness checked again then.
+                    i = start;
+                    break;
+                }
+                filling |= switches && m.free.len() <= m.collector_claim + 1;
+                let at = self.reserve(&mut m, size, Space::Collector)?;
+                let mut buf = Vec::with_capacity(size);
+                let mut e = Encoder::new(&mut buf, at.seq);
+                for &k in &take {
+                    let (id, _, codec, hash, data) = &candidates[k];
+                    e.chunk(*id, *codec, hash, data);
+                }
+                e.wrap_batch(0);
+                unwritten.push(self.append_unwritten(&mut m, at, buf)?);
+                let moved = (size - RECORD_HEADER) as u64;
+                m.counters.gc_bytes += moved;
+                relocated += moved;
+                remaining = remaining.saturating_sub(size);
+                m.collector_claim = remaining.div_ceil(per_segment);
+                if !filling {
+                    break;
+                }
             }
-            if take.is_empty() {
-                continue;
-            }
-            let at = self.reserve(&mut m, size, Space::Collector)?;
-            let mut buf = Vec::with_capacity(size);
-            let mut e = Encoder::new(&mut buf, at.seq);
-            for &k in &take {
-                let (id, _, codec, hash, data) = &candidates[k];
-                e.chunk(*id, *codec, hash, data);
-            }
-            e.wrap_batch(0);
-            let unwritten = self.append_unwritten(&mut m, at, buf)?;
-            let moved = (size - RECORD_HEADER) as u64;
-            m.counters.gc_bytes += moved;
-            relocated += moved;
             // Hosts' commands go on while the relocation reaches the log (readers of the
             // chunks it moved wait for it).
             drop(m);
-            self.write_unwritten(unwritten)?;
+            for u in unwritten {
+                self.write_unwritten(u)?;
+            }
+            #[cfg(test)]
+            if let Some(hook) = self.between_relocation_holds.lock().unwrap().as_mut() {
+                hook(self);
+            }
         }
         // Relocations durable before the old copies can disappear; and the records that made
         // the victim's chunks dead (UNMAP, overwrites) durable before their data can be

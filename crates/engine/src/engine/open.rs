@@ -305,6 +305,8 @@ impl Engine {
             unreadable: Mutex::new(Default::default()),
             read_only,
             recovery,
+            #[cfg(test)]
+            between_relocation_holds: Mutex::new(None),
         }
     }
 }
