@@ -9,6 +9,7 @@ import { promisify } from "node:util";
 import { mkdtempSync, rmSync, mkdirSync, readFileSync } from "node:fs";
 import { createInterface } from "node:readline";
 import { chromium } from "playwright-core";
+import * as fmt from "../../crates/server/console/format.js";
 
 const ROOT = new URL("../..", import.meta.url).pathname;
 const SLIVER = process.env.SLIVER_BIN || `${ROOT}target/debug/sliver`;
@@ -143,6 +144,12 @@ test("a clean load: no console error, nothing leaves the origin, the dashboard e
   for (const key of ["capacity_bytes", "physical_used_bytes", "provisioned_bytes", "reclaimable_bytes", "data_reduction", "total_reduction", "volumes", "hosts"]) {
     await waitFor(`${key} = ${a[key]}`, async () => Number(await figureValue(page, key)) === a[key]);
   }
+  // Each ratio says what it divides, in the API's figures.
+  const hint = async (key) => (await page.textContent(`[data-figure="${key}"] .hint`)).trim();
+  assert.ok((await hint("data_reduction")).startsWith(`${fmt.bytes(a.mapped_bytes)} mapped / ${fmt.bytes(a.live_bytes)} stored`),
+    await hint("data_reduction"));
+  assert.ok((await hint("total_reduction")).startsWith(`${fmt.bytes(a.provisioned_bytes)} provisioned / ${fmt.bytes(a.physical_used_bytes)} used`),
+    await hint("total_reduction"));
   await page.waitForTimeout(3 * POLL);
   assert.deepEqual(record.errors, [], "console errors");
   const origin = new URL(server.console).origin;
@@ -267,6 +274,14 @@ test("volumes: create, resize, rename, snapshot, clone, connect, disconnect, del
   await submit(page, "Resize", { size: "128M" });
   await waitFor("ui1 grown", async () => (await volume("ui1")).provisioned_bytes === 128 << 20);
 
+  // Each action shows the API's own sentence when refused: a name taken, a host connected.
+  form = await submit(page, "Rename", { name: "demo" });
+  assert.equal(await formError(form), (await apiCall(server, "PATCH", "/api/v1/volumes/ui1", { name: "demo" })).body.error.message);
+  form = await submit(page, "Snapshot", { snapshot: "demo" });
+  assert.equal(await formError(form), (await apiCall(server, "POST", "/api/v1/volumes/ui1/snapshots", { name: "demo" })).body.error.message);
+  form = await submit(page, "Clone", { clone: "demo" });
+  assert.equal(await formError(form), (await apiCall(server, "POST", "/api/v1/volumes/ui1/clones", { name: "demo" })).body.error.message);
+
   await submit(page, "Rename", { name: "ui2" });
   await waitFor("renamed", async () => (await volume("ui2")) && !(await volume("ui1")));
   await waitFor("the panel follows the new name", async () => (await page.locator('h2:text("Volume ui2")').count()) === 1);
@@ -283,6 +298,9 @@ test("volumes: create, resize, rename, snapshot, clone, connect, disconnect, del
   });
   await submit(page, "Connect", { host: "h1" });
   await waitFor("connected", async () => (await volume("ui2")).connections.some((c) => c.host === "h1"));
+  await waitFor("the panel rebuilt", async () => (await page.locator('form[data-action="Disconnect"]').count()) === 1);
+  form = await submit(page, "Connect", { host: "h1" });
+  assert.equal(await formError(form), (await apiCall(server, "POST", "/api/v1/volumes/ui2/connections", { host: "h1" })).body.error.message);
 
   // Delete while connected: the API refuses, the console shows why.
   await waitFor("the disconnect form", async () => (await page.locator('form[data-action="Disconnect"]').count()) === 1);
@@ -387,15 +405,45 @@ test("a token: login shown, the API's sentence for a wrong one, the dashboard fo
   await server.stop();
 });
 
+/** qemu-io as the initiator `iqn` (the server's LUN 0); `signal` ends it early. */
+function qemuIoAs(server, iqn, commands, signal) {
+  const target = new URL(server.lun.replace("iscsi://", "http://"));
+  const [, name] = target.pathname.split("/");
+  const args = ["--image-opts", `driver=iscsi,transport=tcp,portal=${target.host},target=${decodeURIComponent(name)},lun=0,initiator-name=${iqn}`];
+  for (const c of commands) args.push("-c", c);
+  return promisify(execFile)("qemu-io", args, { encoding: "utf8", timeout: 180000, signal });
+}
+
 test("every screen renders at 1280x900 and phone size without errors (screenshots in target/console-screenshots)", async () => {
+  // An array as an admin would see it: a host whose initiator is the only one let in, data
+  // that reduces as real data does (incompressible, the same again, log text, zeros), a
+  // snapshot, a live session and I/O while the screens are taken, and a refused initiator.
+  // docs/console.png is this test's dashboard-1280x900.png.
   const server = await startSliver();
-  await apiCall(server, "POST", "/api/v1/hosts", { name: "esx01", iqns: ["iqn.1998-01.com.vmware:esx01"] });
-  await apiCall(server, "POST", "/api/v1/volumes/demo/connections", { host: "esx01" });
-  await apiCall(server, "POST", "/api/v1/volumes/demo/snapshots", { name: "demo-snap" });
-  await qemuIo(server, ["write -P 0x11 0 32M", "write -z 32M 16M"]);
-  // Charts need two samples of the server's 5 s sampler to draw a rate.
+  const esx = "iqn.1998-01.com.vmware:esx01-5f3c2a1b";
+  assert.equal((await apiCall(server, "POST", "/api/v1/hosts", { name: "esx01", iqns: [esx] })).status, 201);
+  assert.equal((await apiCall(server, "POST", "/api/v1/volumes/demo/connections", { host: "esx01" })).status, 201);
+  assert.equal((await apiCall(server, "DELETE", "/api/v1/volumes/demo/connections/%2A")).status, 204);
+  execFileSync("sh", ["-c", `head -c 16777216 /dev/urandom > ${server.dir}/random && ` +
+    `awk 'BEGIN { for (i = 1; i <= 260000; i++) printf "2026-11-26T10:%02d:%02d sliver[4711]: volume demo wrote block %d and flushed it\\n", i / 60 % 60, i % 60, i }' | ` +
+    `head -c 16777216 > ${server.dir}/text`]);
+  await qemuIoAs(server, esx, [`write -s ${server.dir}/random 0 16M`, `write -s ${server.dir}/random 16M 16M`,
+    `write -s ${server.dir}/text 32M 16M`, "write -z 48M 16M"]);
+  assert.equal((await apiCall(server, "POST", "/api/v1/volumes/demo/snapshots", { name: "demo-snap" })).status, 201);
+  await assert.rejects(qemuIoAs(server, "iqn.2026-11.test.console:stranger", ["read 0 4k"]), "an unknown initiator logged in");
+  const stop = new AbortController();
+  // One session stays logged in; another keeps I/O going.
+  const session = qemuIoAs(server, esx, ["sleep 170000"], stop.signal).catch(() => {});
+  const io = (async () => {
+    let i = 0;
+    while (!stop.signal.aborted) {
+      await qemuIoAs(server, esx, ["read 0 32M", `write -P ${i++ % 200} 64M 8M`], stop.signal).catch(() => {});
+    }
+  })();
+  await waitFor("the session listed", async () => (await apiCall(server, "GET", "/api/v1/sessions")).body.some((x) => x.initiator === esx), 20000);
+  // Charts need samples of the server's 5 s sampler to draw rates over time.
   await waitFor("history points", async () =>
-    (await apiCall(server, "GET", "/api/v1/stats/history")).body.points.length >= 2, 20000);
+    (await apiCall(server, "GET", "/api/v1/stats/history")).body.points.length >= 5, 40000);
   for (const [w, h] of [[1280, 900], [390, 844]]) {
     const { page, context, record } = await openConsole(server, "#/", { width: w, height: h });
     for (const [name, hash] of [["dashboard", "#/"], ["volumes", "#/volumes"], ["volume", "#/volumes/demo"], ["hosts", "#/hosts"],
@@ -403,12 +451,36 @@ test("every screen renders at 1280x900 and phone size without errors (screenshot
       await page.evaluate((x) => { location.hash = x; }, hash);
       await waitFor(`${name} live`, async () => (await statusText(page)) === "live");
       await page.waitForTimeout(2 * POLL);
+      if (name === "hosts") {
+        await waitFor("the session and the refused initiator shown", async () =>
+          (await page.locator("table.sessions tbody tr").count()) >= 1 && (await page.locator("table.refused tbody tr").count()) === 1);
+      }
+      if (name === "space") {
+        await waitFor("the last hour's points", async () =>
+          Number(await page.getAttribute('[data-chart="Space (last hour)"]', "data-points")) >= 2);
+      }
+      // Every action in a table is on screen, phones included (rows become cards there).
+      for (const button of await page.locator("table.stack button").all()) {
+        const box = await button.boundingBox();
+        assert.ok(box && box.x >= 0 && box.x + box.width <= w, `a ${name} table button is off-screen at ${w}px: ${JSON.stringify(box)}`);
+      }
       await page.screenshot({ path: `${SHOTS}/${name}-${w}x${h}.png`, fullPage: true });
     }
+    // The space screen's day range: its own charts, from the minute ring.
+    await page.evaluate(() => { location.hash = "#/space"; });
+    await page.click('button[data-range="day"]');
+    await waitFor("the day's charts", async () => (await page.locator('[data-chart="Space (last 24 h)"]').count()) === 1);
+    assert.equal(await page.getAttribute('button[data-range="day"]', "aria-pressed"), "true");
+    assert.equal(await page.locator('[data-chart="Space (last hour)"]').count(), 0);
+    await page.click('button[data-range="hour"]');
+    await waitFor("the hour again", async () =>
+      Number(await page.getAttribute('[data-chart="Space (last hour)"]', "data-points")) >= 2);
     assert.deepEqual(record.errors, [], `console errors at ${w}x${h}`);
     assert.equal(record.maxInflight, 1);
     await context.close();
   }
+  stop.abort();
+  await Promise.all([session, io]);
   await server.stop();
 });
 

@@ -7,18 +7,32 @@ import { h } from "./dom.js";
 
 const COLORS = ["#2f6fdf", "#e0742b", "#2a9d6f", "#9b59b6", "#c0392b", "#7f8c8d"];
 
+/** Width of the value axis from its widest label (a fixed width clipped "10.0 MB/s"). */
+function axisWidth(u, values, axisIdx, cycleNum) {
+  const axis = u.axes[axisIdx];
+  // uPlot calls this again while the layout converges; the first answers stand.
+  if (cycleNum > 1) return axis._size;
+  let widest = 0;
+  if (values && values.length) {
+    u.ctx.font = axis.font[0];
+    for (const v of values) widest = Math.max(widest, u.ctx.measureText(v).width);
+  }
+  return Math.ceil(axis.ticks.size + axis.gap + widest / devicePixelRatio) + 4;
+}
+
 export class TimeChart {
   /**
    * `series`: [{label, value: point => number|null, unit: "iops"|"bytes"|"us"|"bytes/s"}];
-   * `limit`: most points kept.
+   * `limit`: most points kept; `every`: how often the ring gains a point, for the text shown
+   * until the first one.
    */
-  constructor(title, series, format, limit) {
+  constructor(title, series, format, limit, every = "every 5 s") {
     this.series = series;
     this.limit = limit;
     this.format = format;
     this.times = [];
     this.values = series.map(() => []);
-    this.empty = h("p", { class: "empty", text: "Waiting for the first samples (one every 5 s)." });
+    this.empty = h("p", { class: "empty", text: `Waiting for the first samples (one ${every}).` });
     this.el = h("figure", { class: "chart", data: { points: 0, chart: title } },
       h("figcaption", { text: title }), this.empty);
     this.plot = null;
@@ -69,7 +83,7 @@ export class TimeChart {
         legend: { live: true },
         cursor: { drag: { x: false, y: false } },
         scales: { x: { time: true } },
-        axes: [{}, { values: (u, ticks) => ticks.map((v) => fmt(v)), size: 84 }],
+        axes: [{}, { values: (u, ticks) => ticks.map((v) => fmt(v)), size: axisWidth }],
         series: [{}, ...this.series.map((s, i) => ({
           label: s.label,
           stroke: COLORS[i % COLORS.length],

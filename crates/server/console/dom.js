@@ -63,12 +63,25 @@ export function syncRows(tbody, items, key, build, update) {
     else {
       row = build(item);
       row.dataset.key = k;
+      labelCells(tbody, row);
     }
     update(row, item);
     if (tbody.children[at] !== row) tbody.insertBefore(row, tbody.children[at] || null);
     at++;
   }
   for (const row of old.values()) row.remove();
+}
+
+/** Each cell of a new row carries its column's header as `data-label`: on a phone-sized
+ * screen a table marked `stack` shows each row as a card of "label value" lines, so no
+ * column (the actions last of all) ends up off-screen. */
+function labelCells(tbody, row) {
+  const head = tbody.parentElement && tbody.parentElement.tHead;
+  if (!head || !head.rows.length) return;
+  const names = [...head.rows[0].cells].map((c) => c.textContent);
+  [...row.cells].forEach((cell, i) => {
+    if (names[i]) cell.dataset.label = names[i];
+  });
 }
 
 /** A labelled form field. */

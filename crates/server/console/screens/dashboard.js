@@ -18,12 +18,15 @@ export function figure(label, key, hint) {
     hint ? h("div", { class: "hint", text: hint }) : null);
 }
 
-/** Show `text` in the figure named `key` under `root`, its raw value in `data-value`. */
-export function setFigure(root, key, raw, text) {
+/** Show `text` in the figure named `key` under `root`, its raw value in `data-value`, and
+ * `hint` (when given) under its label. */
+export function setFigure(root, key, raw, text, hint) {
   const el = root.querySelector(`[data-figure="${key}"]`);
   if (!el) return;
   el.dataset.value = String(raw);
   setText(el.querySelector(".value"), text);
+  const hintEl = el.querySelector(".hint");
+  if (hint !== undefined && hintEl) setText(hintEl, hint);
 }
 
 /** IOPS, bandwidth and latency charts over history points, keeping at most `limit`. */
@@ -77,13 +80,13 @@ export function dashboard(root, ctx) {
   const poisoned = h("div", { class: "banner error", role: "alert", hidden: true });
   const capacityBar = h("div", { class: "capacity" });
   const figures = h("div", { class: "figures" },
-    figure("data reduction", "data_reduction", "logical data mapped / unique data stored"),
+    figure("data reduction", "data_reduction", "data mapped / unique data stored (dedup × compression)"),
     figure("used", "physical_used_bytes"),
     figure("capacity", "capacity_bytes"),
     figure("reclaimable", "reclaimable_bytes", "freed by garbage collection"),
     figure("provisioned", "provisioned_bytes"),
     figure("oversubscription", "oversubscription", "provisioned / capacity"),
-    figure("total reduction", "total_reduction", "includes thin provisioning and zeros"),
+    figure("total reduction", "total_reduction", "provisioned / used (thin provisioning included)"),
     figure("GC write amplification", "write_amplification"),
     figure("volumes", "volumes"),
     figure("hosts", "hosts"));
@@ -117,14 +120,18 @@ export function dashboard(root, ctx) {
       { label: `reclaimable ${fmt.bytes(a.reclaimable_bytes)}`, value: a.reclaimable_bytes, class: "reclaimable" },
     ], a.capacity_bytes, a.soft_threshold < 1 ? a.soft_threshold : null),
     h("div", { class: "caption", text: `${fmt.bytes(used)} of ${fmt.bytes(a.capacity_bytes)} used (${fmt.percent(used / a.capacity_bytes)}); soft threshold ${fmt.percent(a.soft_threshold)}` }));
-    setFigure(root, "data_reduction", a.data_reduction, fmt.ratio(a.data_reduction));
+    // The two ratios with the figures they divide: admins compare them with other arrays'
+    // dashboards, which define them differently.
+    setFigure(root, "data_reduction", a.data_reduction, fmt.ratio(a.data_reduction),
+      `${fmt.bytes(a.mapped_bytes)} mapped / ${fmt.bytes(a.live_bytes)} stored (dedup × compression)`);
     setFigure(root, "physical_used_bytes", used, fmt.bytes(used));
     setFigure(root, "capacity_bytes", a.capacity_bytes, fmt.bytes(a.capacity_bytes));
     setFigure(root, "reclaimable_bytes", a.reclaimable_bytes, fmt.bytes(a.reclaimable_bytes));
     setFigure(root, "provisioned_bytes", a.provisioned_bytes, fmt.bytes(a.provisioned_bytes));
     const over = a.capacity_bytes > 0 ? a.provisioned_bytes / a.capacity_bytes : 0;
     setFigure(root, "oversubscription", over, `${over.toFixed(2)}x`);
-    setFigure(root, "total_reduction", a.total_reduction, fmt.ratio(a.total_reduction));
+    setFigure(root, "total_reduction", a.total_reduction, fmt.ratio(a.total_reduction),
+      `${fmt.bytes(a.provisioned_bytes)} provisioned / ${fmt.bytes(used)} used (thin provisioning included)`);
     setFigure(root, "write_amplification", a.gc.write_amplification, a.gc.write_amplification.toFixed(2));
     setFigure(root, "volumes", a.volumes, a.volumes);
     setFigure(root, "hosts", a.hosts, a.hosts);

@@ -1,6 +1,7 @@
-// Space and reclaim: physical, live and reclaimable space over the last day, the collector's
-// relocation rate beside the hosts' write rate, write amplification, what each volume gave
-// back (UNMAP) and zeroed (WRITE SAME), and the collector's priority.
+// Space and reclaim: physical, live and reclaimable space over the last hour (a point every
+// 5 s) or the last day (a point a minute), the collector's relocation rate beside the hosts'
+// write rate, write amplification, what each volume gave back (UNMAP) and zeroed (WRITE
+// SAME), and the collector's priority.
 
 import { h, replace, setText, syncRows, field, errorSlot, showError } from "../dom.js";
 import * as api from "../api.js";
@@ -8,8 +9,12 @@ import * as fmt from "../format.js";
 import { TimeChart } from "../charts.js";
 import { figure, setFigure } from "./dashboard.js";
 
-/** A point a minute, 24 hours. */
-const DAY_POINTS = 1440;
+/** The server's two rings: a point every 5 s for an hour, a point a minute for a day. A new
+ * array has no minute points yet, so the hour is shown first. */
+const RANGES = [
+  { key: "hour", label: "last hour", step: 5, points: 720, every: "every 5 s" },
+  { key: "day", label: "last 24 h", step: 60, points: 1440, every: "a minute" },
+];
 
 export const GC_PRIORITIES = ["off", "low", "medium", "high"];
 
@@ -45,28 +50,47 @@ export function space(root, ctx) {
     figure("write amplification", "write_amplification", "(host + relocated) / host bytes"),
     figure("relocated by GC", "relocated_bytes"),
     figure("written by hosts", "host_written_bytes"));
-  const spaceChart = new TimeChart("Space (24 h)", [
-    { label: "used", value: (p) => p.space && p.space.physical_used_bytes },
-    { label: "live", value: (p) => p.space && p.space.live_bytes },
-    { label: "reclaimable", value: (p) => p.space && p.space.reclaimable_bytes },
-  ], fmt.bytes, DAY_POINTS);
-  const gcChart = new TimeChart("Host writes and GC relocation (24 h)", [
-    { label: "host writes", value: (p) => p.host_written_bytes_per_s },
-    { label: "GC relocation", value: (p) => p.gc_relocated_bytes_per_s },
-  ], fmt.rate, DAY_POINTS);
-  const charts = [spaceChart, gcChart];
+  const chartBox = h("div", { class: "grid charts" });
+  let range = RANGES[0];
+  let charts = [];
+  let since = 0;
+  /** Charts for `range`, empty: the next poll fills them from its ring. */
+  function showRange(r) {
+    for (const c of charts) c.destroy();
+    range = r;
+    since = 0;
+    charts = [
+      new TimeChart(`Space (${r.label})`, [
+        { label: "used", value: (p) => p.space && p.space.physical_used_bytes },
+        { label: "live", value: (p) => p.space && p.space.live_bytes },
+        { label: "reclaimable", value: (p) => p.space && p.space.reclaimable_bytes },
+      ], fmt.bytes, r.points, r.every),
+      new TimeChart(`Host writes and GC relocation (${r.label})`, [
+        { label: "host writes", value: (p) => p.host_written_bytes_per_s },
+        { label: "GC relocation", value: (p) => p.gc_relocated_bytes_per_s },
+      ], fmt.rate, r.points, r.every),
+    ];
+    replace(chartBox, charts.map((c) => c.el));
+    for (const b of rangeButtons.children) b.setAttribute("aria-pressed", String(b.dataset.range === r.key));
+  }
+  const rangeButtons = h("div", { class: "buttons range", role: "group", "aria-label": "time range" },
+    RANGES.map((r) => h("button", {
+      type: "button", class: "small", text: r.label, data: { range: r.key },
+      on: { click: () => { if (r !== range) { showRange(r); ctx.refresh(); } } },
+    })));
+  showRange(range);
   const body = h("tbody");
   const gc = h("div", { class: "panel" });
   replace(root,
     h("h1", { text: "Space and reclaim" }),
     h("div", { class: "panel" }, figures),
-    h("div", { class: "grid charts" }, charts.map((c) => c.el)),
+    rangeButtons,
+    chartBox,
     h("div", { class: "panel" }, h("h2", { text: "Reclaim by volume (since start)" }),
-      h("table", { class: "list reclaim" },
+      h("table", { class: "list stack reclaim" },
         h("thead", null, h("tr", null, ["volume", "UNMAP", "unmapped", "WRITE SAME", "zeroed", "physical"].map((t) => h("th", { text: t })))),
         body)),
     gc);
-  let since = 0;
   let gcShown = null;
 
   async function tick(signal) {
@@ -83,8 +107,10 @@ export function space(root, ctx) {
         h("p", { class: "hint", text: `Now: ${a.gc.priority}. Higher priority returns space sooner and takes more of the disk from hosts.` }),
         gcForm(a.gc.priority, ctx));
     }
-    const hist = await api.get(`/api/v1/stats/history?step=60&since=${since}`, signal);
-    if (hist.points.length) {
+    const asked = range;
+    const hist = await api.get(`/api/v1/stats/history?step=${asked.step}&since=${since}`, signal);
+    // A range switched while the request was out: its charts wait for their own points.
+    if (asked === range && hist.points.length) {
       since = hist.points[hist.points.length - 1].time_ms;
       for (const c of charts) c.add(hist.points);
     }

@@ -83,7 +83,7 @@ export function volume(root, ctx, name) {
     h("div", { class: "panel" }, h("h2", { text: "Space" }), figures),
     h("div", { class: "grid charts" }, charts.map((c) => c.el)),
     h("div", { class: "panel" }, h("h2", { text: "Commands by class (since start)" }),
-      h("table", { class: "list classes" },
+      h("table", { class: "list stack classes" },
         h("thead", null, h("tr", null, ["class", "commands", "errors", "bytes", "avg latency", "latency histogram"].map((t) => h("th", { text: t })))),
         classes)),
     h("div", { class: "grid" },

@@ -114,7 +114,7 @@ export function volumes(root, ctx) {
   replace(root,
     h("h1", { text: "Volumes" }),
     h("div", { class: "panel" },
-      h("table", { class: "list volumes" },
+      h("table", { class: "list stack volumes" },
         h("thead", null, h("tr", null, ["name", "kind", "size", "mapped", "physical", "reduction", "connected to", ""].map((t) => h("th", { text: t })))),
         body),
       none),
