@@ -413,6 +413,10 @@ test("a token: login shown, the API's sentence for a wrong one, the dashboard fo
   await page.reload();
   await waitFor("the login again after a reload", async () => page.locator("form.login").isVisible());
   await page.screenshot({ path: `${SHOTS}/login-1280x900.png` });
+  await page.setViewportSize({ width: 390, height: 844 });
+  await page.screenshot({ path: `${SHOTS}/login-390x844.png` });
+  const box = await page.locator('form.login button[type="submit"]').boundingBox();
+  assert.ok(box && box.x >= 0 && box.x + box.width <= 390, `the login button is off-screen on a phone: ${JSON.stringify(box)}`);
   await context.close();
   await server.stop();
 });
