@@ -265,6 +265,22 @@ corpus["replica_object"] = {
     "name_manifest": b"manifest/00000000000000000007",
 }
 
+def stream_record(area, offset, payload=b"", length=None):
+    """A record of a stream object's body: area, three zero bytes, length, offset, payload."""
+    n = len(payload) if length is None else length
+    return bytes([area, 0, 0, 0]) + struct.pack("<IQ", n, offset) + payload
+
+
+corpus["replica_stream"] = {
+    "base_then_writes": stream_record(5, 1 << 30)
+    + stream_record(0x11, 0, b"\x5a" * 64)
+    + stream_record(1, 4096, b"log")
+    + stream_record(2, 8192, b"\x07" * 32)
+    + stream_record(4, 1 << 20, length=4 << 20)
+    + stream_record(3, 0, b"root")
+    + stream_record(6, 0),
+}
+
 for target, files in corpus.items():
     os.makedirs(os.path.join("corpus", target), exist_ok=True)
     for name, data in files.items():

@@ -371,6 +371,64 @@ fn sync_dir(dir: &Path) -> io::Result<()> {
     File::open(dir)?.sync_all()
 }
 
+/// The ranges of `file` that hold data (`SEEK_DATA` / `SEEK_HOLE`): holes of a sparse file
+/// cost nothing to skip. A file system without them reports the whole file as data.
+fn data_extents(file: &File) -> io::Result<Vec<(u64, u64)>> {
+    let len = file.metadata()?.len();
+    let fd = file.as_raw_fd();
+    let mut extents = Vec::new();
+    let mut at = 0u64;
+    while at < len {
+        // SAFETY: lseek on a descriptor this function borrows; it only moves the offset,
+        // which no other code of the backend uses (all I/O is positioned).
+        let start = unsafe { libc::lseek(fd, at as libc::off_t, libc::SEEK_DATA) };
+        if start < 0 {
+            let e = io::Error::last_os_error();
+            return match e.raw_os_error() {
+                // No data after `at`.
+                Some(libc::ENXIO) => Ok(extents),
+                Some(libc::EINVAL) | Some(libc::EOPNOTSUPP) => Ok(vec![(0, len)]),
+                _ => Err(e),
+            };
+        }
+        // SAFETY: as above.
+        let end = unsafe { libc::lseek(fd, start, libc::SEEK_HOLE) };
+        if end < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        let (start, end) = (start as u64, (end as u64).min(len));
+        if end > start {
+            extents.push((start, end - start));
+        }
+        at = end.max(start + 1);
+    }
+    Ok(extents)
+}
+
+impl FileBackend {
+    /// The log ranges that hold data, as (log offset, length): what a full copy of the array
+    /// must read (a sparse log of terabytes holds only what was written and not discarded).
+    pub fn log_data_extents(&self) -> io::Result<Vec<(u64, u64)>> {
+        let mut all = Vec::new();
+        for (k, f) in self.log.files.iter().enumerate() {
+            let base = (k as u64).saturating_mul(self.log.span);
+            for (o, n) in data_extents(f)? {
+                // The log's own capacity bounds what belongs to it.
+                let o = base.saturating_add(o);
+                if o < self.capacity {
+                    all.push((o, n.min(self.capacity - o)));
+                }
+            }
+        }
+        Ok(all)
+    }
+
+    /// The metadata file's ranges that hold data, as (offset, length).
+    pub fn meta_data_extents(&self) -> io::Result<Vec<(u64, u64)>> {
+        data_extents(&self.meta)
+    }
+}
+
 impl Backend for FileBackend {
     fn capacity(&self) -> u64 {
         self.capacity

@@ -9,4 +9,7 @@
 
 pub mod object;
 pub mod probe;
+pub mod restore;
+pub mod ship;
 pub mod store;
+pub mod stream;

@@ -41,6 +41,9 @@ pub enum Kind {
     Config = 7,
     /// The conditional-write probe.
     Probe = 8,
+    /// A batch of the writes the engine made through its backend, in order (RFC 0003,
+    /// "Revision: shipping the backend's writes"); numbered consecutively from 1.
+    Stream = 9,
 }
 
 impl Kind {
@@ -54,6 +57,7 @@ impl Kind {
             6 => Kind::Root,
             7 => Kind::Config,
             8 => Kind::Probe,
+            9 => Kind::Stream,
             _ => return None,
         })
     }
@@ -69,6 +73,7 @@ impl Kind {
             Kind::Root => "root",
             Kind::Config => "config",
             Kind::Probe => "probe",
+            Kind::Stream => "stream",
         }
     }
 }
@@ -113,6 +118,7 @@ impl ObjectName {
             Kind::Root,
             Kind::Config,
             Kind::Probe,
+            Kind::Stream,
         ]
         .into_iter()
         .find(|k| k.folder() == folder)?;

@@ -1,0 +1,346 @@
+//! Shipping and restore with a real engine on real files. The store here is a map in memory
+//! standing in for the S3 server so that these run in every `cargo test`; the same scenario
+//! runs against a real SeaweedFS in `seaweedfs.rs` (`scripts/object-store-test.sh`).
+
+use sliver_engine::{Backend, Engine, EngineConfig, FileBackend, Tuning};
+use sliver_replica::restore::restore;
+use sliver_replica::ship::{ShipConfig, ShipState, Shipper, ShippingBackend};
+use sliver_replica::store::{ObjectStore, StoreError};
+use std::collections::BTreeMap;
+use std::ops::Range;
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+#[derive(Default)]
+struct MemStore(Mutex<BTreeMap<String, Vec<u8>>>);
+
+impl ObjectStore for MemStore {
+    fn put_if_absent(&self, name: &str, bytes: Vec<u8>) -> Result<bool, StoreError> {
+        let mut m = self.0.lock().unwrap();
+        if m.contains_key(name) {
+            return Ok(false);
+        }
+        m.insert(name.to_string(), bytes);
+        Ok(true)
+    }
+    fn put(&self, name: &str, bytes: Vec<u8>) -> Result<(), StoreError> {
+        self.0.lock().unwrap().insert(name.to_string(), bytes);
+        Ok(())
+    }
+    fn get(&self, name: &str) -> Result<Vec<u8>, StoreError> {
+        self.0
+            .lock()
+            .unwrap()
+            .get(name)
+            .cloned()
+            .ok_or_else(|| StoreError::NotFound {
+                store: "memory".into(),
+                name: name.to_string(),
+            })
+    }
+    fn get_range(&self, name: &str, range: Range<u64>) -> Result<Vec<u8>, StoreError> {
+        let all = self.get(name)?;
+        let end = (range.end as usize).min(all.len());
+        Ok(all[(range.start as usize).min(end)..end].to_vec())
+    }
+    fn list(&self, folder: &str) -> Result<Vec<String>, StoreError> {
+        let prefix = format!("{folder}/");
+        Ok(self
+            .0
+            .lock()
+            .unwrap()
+            .keys()
+            .filter(|k| k.starts_with(&prefix))
+            .cloned()
+            .collect())
+    }
+    fn delete(&self, name: &str) -> Result<(), StoreError> {
+        self.0.lock().unwrap().remove(name);
+        Ok(())
+    }
+    fn describe(&self) -> String {
+        "memory".into()
+    }
+}
+
+pub fn noise(seed: u64, len: usize) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
+}
+
+const CAPACITY: u64 = 64 << 20;
+const VOLUME: u64 = 16 << 20;
+
+fn config() -> EngineConfig {
+    EngineConfig {
+        chunk_size: 4096,
+        segment_size: 1 << 20,
+    }
+}
+
+fn fast() -> ShipConfig {
+    ShipConfig {
+        cut_interval: Duration::from_millis(50),
+        max_backlog: 256 << 20,
+    }
+}
+
+fn start(dir: &Path, store: &Arc<MemStore>) -> (Arc<ShippingBackend>, Shipper) {
+    let fb = FileBackend::open(dir, CAPACITY).unwrap();
+    let (b, s) = ShippingBackend::start(dir, fb, store.clone(), fast()).unwrap();
+    (Arc::new(b), s)
+}
+
+fn drained(shipper: &Shipper) {
+    let end = Instant::now() + Duration::from_secs(60);
+    loop {
+        let s = shipper.status();
+        if s.backlog_bytes == 0 && s.state == ShipState::Streaming {
+            return;
+        }
+        assert!(Instant::now() < end, "not drained: {s:?}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Overwrite `n` random 64 KiB pieces of the volume, keeping `model` in step.
+fn overwrite(engine: &Engine, v: u32, model: &mut [u8], seed: u64, n: u64) {
+    for i in 0..n {
+        let at = (seed.wrapping_mul(31).wrapping_add(i * 7919) % (VOLUME / 65536)) * 65536;
+        let data = noise(seed * 1000 + i, 65536);
+        engine.write(v, at, &data).unwrap();
+        model[at as usize..at as usize + 65536].copy_from_slice(&data);
+    }
+}
+
+fn read_back(dir: &Path) -> Vec<u8> {
+    let fb = FileBackend::open(dir, CAPACITY).unwrap();
+    let engine = Engine::open(Arc::new(fb), Tuning::default(), false).unwrap();
+    let (v, size) = engine.volumes()[0];
+    assert_eq!(size, VOLUME);
+    let mut back = vec![0u8; VOLUME as usize];
+    engine.read(v, 0, &mut back).unwrap();
+    engine.shutdown().unwrap();
+    back
+}
+
+/// An array that held data before it shipped: the base is read while hosts overwrite it, the
+/// array "crashes" (the engine is abandoned without a shutdown), and the restore reads back
+/// every write made before the stream drained.
+#[test]
+fn a_base_taken_under_writes_and_the_stream_after_it_restore_exactly() {
+    let a = tempfile::tempdir().unwrap();
+    let store = Arc::new(MemStore::default());
+    let mut model = vec![0u8; VOLUME as usize];
+    {
+        let fb = Arc::new(FileBackend::open(a.path(), CAPACITY).unwrap());
+        let engine = Engine::create(fb, config(), Tuning::default()).unwrap();
+        let v = engine.create_volume(VOLUME).unwrap();
+        let first = noise(1, VOLUME as usize);
+        engine.write(v, 0, &first).unwrap();
+        model.copy_from_slice(&first);
+        overwrite(&engine, v, &mut model, 2, 64);
+        engine.shutdown().unwrap();
+    }
+    let (backend, shipper) = start(a.path(), &store);
+    assert_eq!(shipper.status().state, ShipState::Base);
+    let engine = Engine::open(backend, Tuning::default(), false).unwrap();
+    let v = engine.volumes()[0].0;
+    // Hosts write while the base is read.
+    for round in 0..6 {
+        overwrite(&engine, v, &mut model, 10 + round, 24);
+        if round == 3 {
+            engine.checkpoint().unwrap();
+        }
+    }
+    engine.flush().unwrap();
+    drained(&shipper);
+    let shipped = shipper.status();
+    assert!(shipped.objects > 2, "{shipped:?}");
+    // The crash: nothing more reaches the store, nothing is shut down.
+    std::mem::forget(engine);
+    std::mem::forget(shipper);
+
+    let b = tempfile::tempdir().unwrap();
+    let target = b.path().join("restored");
+    let report = restore(store.as_ref(), &target).unwrap();
+    assert_eq!(report.last, shipped.shipped_through);
+    assert_eq!(report.left_out, 0);
+    assert!(read_back(&target) == model, "the restored volume differs");
+}
+
+/// A clean stop lets the next start continue the stream; an unclean one takes a base; a
+/// second array on the same prefix is refused.
+#[test]
+fn a_clean_stop_continues_the_stream_a_crash_takes_a_base_and_a_stranger_is_refused() {
+    let a = tempfile::tempdir().unwrap();
+    let store = Arc::new(MemStore::default());
+    let mut model = vec![0u8; VOLUME as usize];
+    let (backend, shipper) = start(a.path(), &store);
+    let engine = Engine::create(backend, config(), Tuning::default()).unwrap();
+    let v = engine.create_volume(VOLUME).unwrap();
+    overwrite(&engine, v, &mut model, 1, 40);
+    engine.shutdown().unwrap();
+    drop(engine);
+    let stopped = shipper.stop(Duration::from_secs(30));
+    assert!(stopped.shipped_through > 0);
+
+    // Clean: the stream goes on from the next number, no base.
+    let (backend, shipper) = start(a.path(), &store);
+    let s = shipper.status();
+    assert_eq!(s.state, ShipState::Streaming);
+    assert_eq!(s.shipped_through, stopped.shipped_through);
+    let engine = Engine::open(backend, Tuning::default(), false).unwrap();
+    overwrite(&engine, v, &mut model, 2, 40);
+    engine.flush().unwrap();
+    drained(&shipper);
+    let restored = a.path().join("../restore-1");
+    let r = restore(store.as_ref(), &restored).unwrap();
+    assert_eq!(r.first, 1, "one base, at the start");
+    assert!(read_back(&restored) == model);
+    std::fs::remove_dir_all(&restored).unwrap();
+    // Crash: the next start must copy the array again.
+    std::mem::forget(engine);
+    std::mem::forget(shipper);
+    let (backend, shipper) = start(a.path(), &store);
+    assert_eq!(shipper.status().state, ShipState::Base);
+    let engine = Engine::open(backend, Tuning::default(), false).unwrap();
+    overwrite(&engine, v, &mut model, 3, 10);
+    engine.flush().unwrap();
+    drained(&shipper);
+    let r = restore(store.as_ref(), &restored).unwrap();
+    assert!(r.first > 1, "the restore starts at the new base: {r:?}");
+    assert!(read_back(&restored) == model);
+    std::fs::remove_dir_all(&restored).unwrap();
+    engine.shutdown().unwrap();
+    drop(engine);
+    shipper.stop(Duration::from_secs(30));
+
+    // Another array on the same prefix.
+    let other = tempfile::tempdir().unwrap();
+    let fb = FileBackend::open(other.path(), CAPACITY).unwrap();
+    let refused = ShippingBackend::start(other.path(), fb, store.clone(), fast())
+        .err()
+        .expect("a second array on the prefix");
+    assert!(
+        refused
+            .to_string()
+            .contains("already holds the copy of array"),
+        "{refused}"
+    );
+}
+
+/// A backend's writes reach the batch only once they completed, and a restore into a directory
+/// that holds an array is refused.
+#[test]
+fn a_restore_never_overwrites_an_array() {
+    let a = tempfile::tempdir().unwrap();
+    let store = Arc::new(MemStore::default());
+    let (backend, shipper) = start(a.path(), &store);
+    let engine = Engine::create(backend.clone(), config(), Tuning::default()).unwrap();
+    engine.create_volume(VOLUME).unwrap();
+    engine.shutdown().unwrap();
+    drop(engine);
+    shipper.stop(Duration::from_secs(30));
+    let err = restore(store.as_ref(), a.path()).unwrap_err();
+    assert!(err.to_string().contains("already holds an array"), "{err}");
+    assert!(backend.capacity() >= CAPACITY);
+}
+
+/// The rule that makes a base taken under writes exact: a base's bytes never cover a write
+/// made since the base started, whatever their order in the stream (the base read the range
+/// before the write, or while it was under way, and recorded it after). A newer base that
+/// never completed is left out with everything after it.
+#[test]
+fn base_bytes_go_only_where_no_write_since_the_base_start_went() {
+    use sliver_replica::object::{encode, Kind, ObjectName};
+    use sliver_replica::stream::Record;
+    let store = MemStore::default();
+    let pool = [7u8; 16];
+    let put = |n: u64, records: &[Record]| {
+        let mut body = Vec::new();
+        for r in records {
+            r.encode(&mut body);
+        }
+        let name = ObjectName::new(Kind::Stream, n).to_string();
+        assert!(store
+            .put_if_absent(&name, encode(Kind::Stream, pool, 0, n, &body))
+            .unwrap());
+    };
+    let new = [b'n'; 8192];
+    let old = [b'o'; 16384];
+    put(
+        1,
+        &[
+            Record::BaseStart { capacity: 1 << 20 },
+            Record::Log {
+                offset: 4096,
+                bytes: &new,
+                base: false,
+            },
+            Record::Root {
+                bytes: b"new root",
+                base: false,
+            },
+        ],
+    );
+    put(
+        2,
+        &[
+            Record::Log {
+                offset: 0,
+                bytes: &old,
+                base: true,
+            },
+            Record::Root {
+                bytes: b"old root",
+                base: true,
+            },
+            Record::BaseEnd,
+            Record::Discard {
+                offset: 65536,
+                len: 4096,
+            },
+        ],
+    );
+    // A base that never completed, and a write after it that must not be applied.
+    put(
+        3,
+        &[
+            Record::BaseStart { capacity: 1 << 20 },
+            Record::Log {
+                offset: 0,
+                bytes: &[b'x'; 4096],
+                base: false,
+            },
+        ],
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let target = dir.path().join("r");
+    let report = restore(&store, &target).unwrap();
+    assert_eq!((report.first, report.last, report.left_out), (1, 2, 1));
+    let fb = FileBackend::open(&target, 1 << 20).unwrap();
+    let mut back = vec![0u8; 16384];
+    fb.read_at(&mut back, 0).unwrap();
+    assert!(
+        back[..4096].iter().all(|&b| b == b'o'),
+        "base bytes before the write"
+    );
+    assert!(
+        back[4096..12288].iter().all(|&b| b == b'n'),
+        "the write kept"
+    );
+    assert!(
+        back[12288..].iter().all(|&b| b == b'o'),
+        "base bytes after it"
+    );
+    assert_eq!(fb.load_root().unwrap().as_deref(), Some(&b"new root"[..]));
+}
