@@ -39,6 +39,8 @@ pub struct RestoreReport {
     /// Objects after `last` not used: a gap, or a base that did not complete.
     pub left_out: u64,
     pub bytes_applied: u64,
+    /// Whether the copy held the array's configuration (written to the path given).
+    pub config: bool,
 }
 
 /// Ranges written since the base started: a base's bytes go only where none of them did.
@@ -117,8 +119,13 @@ fn layer(
     Ok(())
 }
 
-/// Restore the copy in `store` into `dir` (which must not hold an array).
-pub fn restore(store: &dyn ObjectStore, dir: &Path) -> Result<RestoreReport, RestoreError> {
+/// Restore the copy in `store` into `dir` (which must not hold an array), and the array's
+/// configuration, if the copy holds one, into `config_path`.
+pub fn restore(
+    store: &dyn ObjectStore,
+    dir: &Path,
+    config_path: Option<&Path>,
+) -> Result<RestoreReport, RestoreError> {
     let local = |source: io::Error| RestoreError::Local {
         dir: dir.display().to_string(),
         source,
@@ -199,6 +206,7 @@ pub fn restore(store: &dyn ObjectStore, dir: &Path) -> Result<RestoreReport, Res
     let mut log_written = Written::default();
     let mut meta_written = Written::default();
     let mut root_written = false;
+    let mut config: Option<(Vec<u8>, bool)> = None;
     let mut applied = 0u64;
     let mut last = from.0;
     'objects: for n in from.0..first + run {
@@ -250,6 +258,11 @@ pub fn restore(store: &dyn ObjectStore, dir: &Path) -> Result<RestoreReport, Res
                     }
                     root_written |= !base;
                 }
+                Record::Config { bytes, base } => {
+                    if !(base && config.as_ref().is_some_and(|c| !c.1)) {
+                        config = Some((bytes.to_vec(), base));
+                    }
+                }
                 Record::Discard { offset, len } => {
                     b.discard(offset, len).map_err(local)?;
                     log_written.add(offset, len);
@@ -261,12 +274,20 @@ pub fn restore(store: &dyn ObjectStore, dir: &Path) -> Result<RestoreReport, Res
     let b = backend.expect("a complete base was applied");
     b.sync().map_err(local)?;
     b.meta_sync().map_err(local)?;
+    if let (Some(path), Some((bytes, _))) = (config_path, &config) {
+        let tmp = path.with_extension("restoring");
+        std::fs::write(&tmp, bytes)
+            .and_then(|()| std::fs::File::open(&tmp)?.sync_all())
+            .and_then(|()| std::fs::rename(&tmp, path))
+            .map_err(local)?;
+    }
     Ok(RestoreReport {
         pool,
         first: from.0,
         last,
         left_out: first + run - 1 - last,
         bytes_applied: applied,
+        config: config.is_some(),
     })
 }
 

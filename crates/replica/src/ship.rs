@@ -242,11 +242,14 @@ impl ShippingBackend {
     /// Start shipping the array in `dir` (its `FileBackend` opened, the engine not yet) to
     /// `store`: continue the stream after a clean stop, take a base otherwise. Refuses a prefix
     /// that holds another array's pool.
+    /// `array_config` is the server's configuration as saved now, for the base (later saves
+    /// go through [`ShippingBackend::record_config`]).
     pub fn start(
         dir: &Path,
         inner: FileBackend,
         store: Arc<dyn ObjectStore>,
         config: ShipConfig,
+        array_config: Option<Vec<u8>>,
     ) -> Result<(ShippingBackend, Shipper), ShipError> {
         let err = local(dir);
         let pool_path = dir.join(POOL_FILE);
@@ -348,7 +351,7 @@ impl ShippingBackend {
                 std::thread::Builder::new()
                     .name("replica-base".into())
                     .spawn(move || {
-                        if let Err(e) = read_base(&shared, &inner) {
+                        if let Err(e) = read_base(&shared, &inner, array_config.as_deref()) {
                             tracing::error!("replication base failed: {e}");
                             shared.off.store(true, Ordering::Release);
                             shared.status.lock().unwrap().state =
@@ -391,7 +394,7 @@ fn parse_state(text: &str) -> Option<([u8; 16], u64, u64)> {
 /// Every extent of the files that holds data, as base records, then the base's end. Read from
 /// the live files while hosts write (see `stream`: a restore puts the writes made meanwhile
 /// over it).
-fn read_base(shared: &Shared, inner: &FileBackend) -> io::Result<()> {
+fn read_base(shared: &Shared, inner: &FileBackend, array_config: Option<&[u8]>) -> io::Result<()> {
     const PIECE: u64 = 4 << 20;
     let mut buf = Vec::new();
     for (start, len) in inner.log_data_extents()? {
@@ -432,6 +435,9 @@ fn read_base(shared: &Shared, inner: &FileBackend) -> io::Result<()> {
             bytes: &root,
             base: true,
         });
+    }
+    if let Some(bytes) = array_config {
+        shared.record(Record::Config { bytes, base: true });
     }
     shared.record(Record::BaseEnd);
     shared.cut();
@@ -569,6 +575,15 @@ impl Shipper {
         }
         status.state = ShipState::Stopped;
         status
+    }
+}
+
+impl ShippingBackend {
+    /// The server saved its configuration (after the engine change it names): into the
+    /// stream, as a cut of its own.
+    pub fn record_config(&self, bytes: &[u8]) {
+        self.shared.record(Record::Config { bytes, base: false });
+        self.shared.cut();
     }
 }
 

@@ -6,6 +6,8 @@
 //! ```text
 //! area u8 | pad [3] | len u32 | offset u64 | bytes [len]   (no bytes for discard, base start
 //!                                                            and base end)
+//! areas: 1 log write, 2 metadata write, 3 root, 4 log discard, 5 base start, 6 base end,
+//!        7 array configuration; +0x10 on 1, 2, 3 and 7 for a base's records
 //! ```
 //!
 //! A base (a full copy, taken while hosts keep writing) is read from the live files, so a
@@ -39,6 +41,10 @@ pub enum Record<'a> {
     },
     /// The root, replaced whole.
     Root { bytes: &'a [u8], base: bool },
+    /// The array's configuration (volumes' names, hosts, connections, settings: the server's
+    /// `array.json`), replaced whole. Saved after the engine change it names, so a prefix
+    /// holding it holds that change.
+    Config { bytes: &'a [u8], base: bool },
     /// A log range given back (its contents undefined from then on).
     Discard { offset: u64, len: u64 },
     /// A full copy of the array starts: what came before is no longer needed. `capacity` is the
@@ -54,6 +60,7 @@ const ROOT: u8 = 3;
 const DISCARD: u8 = 4;
 const BASE_START: u8 = 5;
 const BASE_END: u8 = 6;
+const CONFIG: u8 = 7;
 /// Added to the log, metadata and root areas for a base's records.
 const BASE_FLAG: u8 = 0x10;
 
@@ -64,7 +71,8 @@ impl Record<'_> {
             + match self {
                 Record::Log { bytes, .. }
                 | Record::Meta { bytes, .. }
-                | Record::Root { bytes, .. } => bytes.len(),
+                | Record::Root { bytes, .. }
+                | Record::Config { bytes, .. } => bytes.len(),
                 _ => 0,
             }
     }
@@ -84,6 +92,7 @@ impl Record<'_> {
                 base,
             } => (META | flag(base), bytes.len() as u64, offset, bytes),
             Record::Root { bytes, base } => (ROOT | flag(base), bytes.len() as u64, 0, bytes),
+            Record::Config { bytes, base } => (CONFIG | flag(base), bytes.len() as u64, 0, bytes),
             Record::Discard { offset, len } => (DISCARD, len, offset, &[]),
             Record::BaseStart { capacity } => (BASE_START, 0, capacity, &[]),
             Record::BaseEnd => (BASE_END, 0, 0, &[]),
@@ -184,6 +193,13 @@ fn decode_one(body: &[u8], at: usize) -> Result<(Record<'_>, usize), StreamError
             }
             Ok((Record::Root { bytes, base }, start + len))
         }
+        CONFIG => {
+            let bytes = payload(len)?;
+            if offset != 0 {
+                return Err(err("a configuration record with an offset"));
+            }
+            Ok((Record::Config { bytes, base }, start + len))
+        }
         _ if base => Err(err("a base flag on a record that has none")),
         DISCARD => none(
             Record::Discard {
@@ -227,6 +243,10 @@ mod tests {
             Record::Root {
                 bytes: b"old root",
                 base: true,
+            },
+            Record::Config {
+                bytes: b"{}",
+                base: false,
             },
             Record::Discard {
                 offset: 1 << 20,

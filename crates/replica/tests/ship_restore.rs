@@ -95,7 +95,7 @@ fn fast() -> ShipConfig {
 
 fn start(dir: &Path, store: &Arc<MemStore>) -> (Arc<ShippingBackend>, Shipper) {
     let fb = FileBackend::open(dir, CAPACITY).unwrap();
-    let (b, s) = ShippingBackend::start(dir, fb, store.clone(), fast()).unwrap();
+    let (b, s) = ShippingBackend::start(dir, fb, store.clone(), fast(), None).unwrap();
     (Arc::new(b), s)
 }
 
@@ -171,7 +171,7 @@ fn a_base_taken_under_writes_and_the_stream_after_it_restore_exactly() {
 
     let b = tempfile::tempdir().unwrap();
     let target = b.path().join("restored");
-    let report = restore(store.as_ref(), &target).unwrap();
+    let report = restore(store.as_ref(), &target, None).unwrap();
     assert_eq!(report.last, shipped.shipped_through);
     assert_eq!(report.left_out, 0);
     assert!(read_back(&target) == model, "the restored volume differs");
@@ -203,7 +203,7 @@ fn a_clean_stop_continues_the_stream_a_crash_takes_a_base_and_a_stranger_is_refu
     engine.flush().unwrap();
     drained(&shipper);
     let restored = a.path().join("../restore-1");
-    let r = restore(store.as_ref(), &restored).unwrap();
+    let r = restore(store.as_ref(), &restored, None).unwrap();
     assert_eq!(r.first, 1, "one base, at the start");
     assert!(read_back(&restored) == model);
     std::fs::remove_dir_all(&restored).unwrap();
@@ -216,7 +216,7 @@ fn a_clean_stop_continues_the_stream_a_crash_takes_a_base_and_a_stranger_is_refu
     overwrite(&engine, v, &mut model, 3, 10);
     engine.flush().unwrap();
     drained(&shipper);
-    let r = restore(store.as_ref(), &restored).unwrap();
+    let r = restore(store.as_ref(), &restored, None).unwrap();
     assert!(r.first > 1, "the restore starts at the new base: {r:?}");
     assert!(read_back(&restored) == model);
     std::fs::remove_dir_all(&restored).unwrap();
@@ -227,7 +227,7 @@ fn a_clean_stop_continues_the_stream_a_crash_takes_a_base_and_a_stranger_is_refu
     // Another array on the same prefix.
     let other = tempfile::tempdir().unwrap();
     let fb = FileBackend::open(other.path(), CAPACITY).unwrap();
-    let refused = ShippingBackend::start(other.path(), fb, store.clone(), fast())
+    let refused = ShippingBackend::start(other.path(), fb, store.clone(), fast(), None)
         .err()
         .expect("a second array on the prefix");
     assert!(
@@ -250,7 +250,7 @@ fn a_restore_never_overwrites_an_array() {
     engine.shutdown().unwrap();
     drop(engine);
     shipper.stop(Duration::from_secs(30));
-    let err = restore(store.as_ref(), a.path()).unwrap_err();
+    let err = restore(store.as_ref(), a.path(), None).unwrap_err();
     assert!(err.to_string().contains("already holds an array"), "{err}");
     assert!(backend.capacity() >= CAPACITY);
 }
@@ -290,6 +290,10 @@ fn base_bytes_go_only_where_no_write_since_the_base_start_went() {
                 bytes: b"new root",
                 base: false,
             },
+            Record::Config {
+                bytes: b"config 2",
+                base: false,
+            },
         ],
     );
     put(
@@ -302,6 +306,10 @@ fn base_bytes_go_only_where_no_write_since_the_base_start_went() {
             },
             Record::Root {
                 bytes: b"old root",
+                base: true,
+            },
+            Record::Config {
+                bytes: b"config 1",
                 base: true,
             },
             Record::BaseEnd,
@@ -325,7 +333,7 @@ fn base_bytes_go_only_where_no_write_since_the_base_start_went() {
     );
     let dir = tempfile::tempdir().unwrap();
     let target = dir.path().join("r");
-    let report = restore(&store, &target).unwrap();
+    let report = restore(&store, &target, Some(&dir.path().join("array.json"))).unwrap();
     assert_eq!((report.first, report.last, report.left_out), (1, 2, 1));
     let fb = FileBackend::open(&target, 1 << 20).unwrap();
     let mut back = vec![0u8; 16384];
@@ -343,4 +351,9 @@ fn base_bytes_go_only_where_no_write_since_the_base_start_went() {
         "base bytes after it"
     );
     assert_eq!(fb.load_root().unwrap().as_deref(), Some(&b"new root"[..]));
+    assert!(report.config);
+    assert_eq!(
+        std::fs::read(dir.path().join("array.json")).unwrap(),
+        b"config 2"
+    );
 }
