@@ -19,3 +19,9 @@ fi
 "$venv/bin/weed" version
 
 SLIVER_WEED="$venv/bin/weed" cargo test -p sliver-replica --test seaweedfs -- --ignored --test-threads 1
+
+# The product end to end: `sliver serve --replicate-to` under qemu-io writes, SIGKILL,
+# `sliver restore` into another directory, and every written block reads back from the
+# restored array (qemu-io's pattern check).
+cargo build --quiet --bin sliver
+"$(dirname "$0")/replication-e2e.sh" "$venv/bin/weed" "$PWD/target/debug/sliver"

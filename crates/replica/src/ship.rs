@@ -331,6 +331,19 @@ impl ShippingBackend {
             off: AtomicBool::new(false),
             stop: AtomicBool::new(false),
         });
+        if continues {
+            tracing::info!(
+                "replicating to {}: continuing the copy at object {}",
+                shared.store.describe(),
+                last + 1
+            );
+        } else {
+            tracing::info!(
+                "replicating to {}: copying the whole array (a base) from object {}, following its writes meanwhile",
+                shared.store.describe(),
+                last + 1
+            );
+        }
         let inner = Arc::new(inner);
         // A base starts in the stream before any write the engine makes from now on.
         if !continues {

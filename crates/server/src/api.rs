@@ -53,6 +53,7 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("get", "/api/v1/events"),
     ("get", "/api/v1/initiators/refused"),
     ("get", "/api/v1/sessions"),
+    ("get", "/api/v1/replication"),
     ("get", "/api/v1/volumes/{name}/history"),
     ("get", "/metrics"),
 ];
@@ -114,6 +115,7 @@ fn router_shared(ctx: Ctx) -> Router {
         .route("/api/v1/events", get(events_list))
         .route("/api/v1/initiators/refused", get(refused_initiators))
         .route("/api/v1/sessions", get(sessions_list))
+        .route("/api/v1/replication", get(replication_show))
         .route("/api/v1/volumes/{name}/history", get(volume_history))
         .route("/metrics", get(metrics_text))
         // The console (RFC 0002): not API routes, so not in ROUTES or the OpenAPI document.
@@ -1124,6 +1126,65 @@ async fn events_list(
 /// offers to add to a host with one click.
 async fn refused_initiators(State(ctx): State<Ctx>) -> Json<Vec<crate::events::RefusedInitiator>> {
     Json(ctx.array.events().refused())
+}
+
+/// The off-site copy (RFC 0003).
+#[derive(Debug, Serialize)]
+pub struct ReplicationInfo {
+    pub configured: bool,
+    /// `s3://BUCKET/PREFIX`.
+    pub target: Option<String>,
+    /// `base` (copying the whole array while following it), `streaming`, `fenced`, `broken`,
+    /// `stopped`.
+    pub state: Option<&'static str>,
+    /// Why it is fenced or broken, or the store's last error while it retries.
+    pub error: Option<String>,
+    pub pool: Option<String>,
+    /// Number of the newest object in the store.
+    pub shipped_through: u64,
+    pub shipped_objects: u64,
+    pub shipped_bytes: u64,
+    pub backlog_bytes: u64,
+    /// Age of the newest write the store holds, when it was shipped; null before the first.
+    pub lag_seconds: Option<f64>,
+}
+
+async fn replication_show(State(ctx): State<Ctx>) -> Json<ReplicationInfo> {
+    use sliver_replica::ship::ShipState;
+    let Some(r) = ctx.array.replication() else {
+        return Json(ReplicationInfo {
+            configured: false,
+            target: None,
+            state: None,
+            error: None,
+            pool: None,
+            shipped_through: 0,
+            shipped_objects: 0,
+            shipped_bytes: 0,
+            backlog_bytes: 0,
+            lag_seconds: None,
+        });
+    };
+    let s = r.status;
+    let (state, why) = match &s.state {
+        ShipState::Base => ("base", None),
+        ShipState::Streaming => ("streaming", None),
+        ShipState::Fenced(w) => ("fenced", Some(w.clone())),
+        ShipState::Broken(w) => ("broken", Some(w.clone())),
+        ShipState::Stopped => ("stopped", None),
+    };
+    Json(ReplicationInfo {
+        configured: true,
+        target: Some(r.target),
+        state: Some(state),
+        error: why.or(s.last_error),
+        pool: Some(sliver_replica::object::hex(&s.pool)),
+        shipped_through: s.shipped_through,
+        shipped_objects: s.objects,
+        shipped_bytes: s.bytes,
+        backlog_bytes: s.backlog_bytes,
+        lag_seconds: s.shipped_write_at.map(|t| t.elapsed().as_secs_f64()),
+    })
 }
 
 /// Logged-in iSCSI sessions (normal and discovery), by initiator name.

@@ -214,14 +214,38 @@ pub fn parse_gc_priority(s: &str) -> std::result::Result<GcPriority, String> {
     Ok(GcPriority::Rate(rate as u64))
 }
 
-/// How a new array's engine is laid out.
-#[derive(Debug, Clone, Copy, Default)]
+/// How a new array's engine is laid out, and where its off-site copy goes.
+#[derive(Debug, Clone, Default)]
 pub struct ArrayOptions {
     /// Log capacity in bytes; `None`: 90% of the free space of the data directory's file
     /// system at creation (the log file is sparse and grows segment by segment).
     pub capacity_bytes: Option<u64>,
     pub engine: EngineConfig,
     pub tuning: Tuning,
+    /// Ship every write to an object store (RFC 0003); `None`: no off-site copy.
+    pub replication: Option<ReplicationOptions>,
+}
+
+/// The off-site copy: the store and the shipper's settings.
+#[derive(Debug, Clone)]
+pub struct ReplicationOptions {
+    pub s3: sliver_replica::store::S3Config,
+    pub ship: sliver_replica::ship::ShipConfig,
+}
+
+/// A running off-site copy.
+struct Replication {
+    backend: Arc<sliver_replica::ship::ShippingBackend>,
+    shipper: Mutex<Option<sliver_replica::ship::Shipper>>,
+    target: String,
+}
+
+/// What the API reports of the off-site copy.
+#[derive(Debug, Clone)]
+pub struct ReplicationReport {
+    /// `s3://BUCKET/PREFIX`.
+    pub target: String,
+    pub status: sliver_replica::ship::ShipStatus,
 }
 
 const ENGINE_DIR: &str = "engine";
@@ -253,6 +277,7 @@ pub struct Array {
     events: Mutex<EventLog>,
     /// When this process opened the array (ms since the Unix epoch).
     opened_ms: u64,
+    replication: Option<Replication>,
 }
 
 impl Array {
@@ -310,7 +335,9 @@ impl Array {
                 message,
             })?;
         }
-        let engine = Arc::new(open_engine(&dir.join(ENGINE_DIR), &options)?);
+        let config_bytes = serde_json::to_vec_pretty(&config).expect("config serialises");
+        let (engine, replication) = open_engine(&dir.join(ENGINE_DIR), &options, config_bytes)?;
+        let engine = Arc::new(engine);
         // Volumes the configuration does not know were created or half-deleted when a crash
         // interrupted an operation (the engine commits first on create, last on delete).
         let known: Vec<u32> = config
@@ -358,6 +385,7 @@ impl Array {
             units: RwLock::new(BTreeMap::new()),
             events: Mutex::new(events),
             opened_ms: now_ms(),
+            replication,
         };
         let (volumes, target) = {
             let config = array.config.read().unwrap();
@@ -1004,9 +1032,32 @@ impl Array {
         self.engine.space()
     }
 
-    /// Flush and checkpoint the engine (clean shutdown makes the next start fast).
+    /// Flush and checkpoint the engine (clean shutdown makes the next start fast), then ship
+    /// what is left to the off-site copy (up to 30 s), so that the next start continues it.
     pub fn shutdown(&self) -> Result<()> {
-        self.engine.shutdown().map_err(engine_error)
+        let result = self.engine.shutdown().map_err(engine_error);
+        if let Some(r) = &self.replication {
+            if let Some(shipper) = r.shipper.lock().unwrap().take() {
+                let s = shipper.stop(std::time::Duration::from_secs(30));
+                tracing::info!(
+                    "replication stopped: {} objects shipped through number {}, {} bytes left",
+                    s.objects,
+                    s.shipped_through,
+                    s.backlog_bytes
+                );
+            }
+        }
+        result
+    }
+
+    /// The off-site copy's target and progress, when one is configured.
+    pub fn replication(&self) -> Option<ReplicationReport> {
+        let r = self.replication.as_ref()?;
+        let shipper = r.shipper.lock().unwrap();
+        Some(ReplicationReport {
+            target: r.target.clone(),
+            status: shipper.as_ref()?.status(),
+        })
     }
 
     pub fn create_host(
@@ -1194,8 +1245,30 @@ impl Array {
 
     fn save_locked(&self, config: &ArrayConfig) -> Result<()> {
         let bytes = serde_json::to_vec_pretty(config).expect("config serialises");
-        write_atomically(&self.dir, CONFIG_FILE, &bytes)
+        write_atomically(&self.dir, CONFIG_FILE, &bytes)?;
+        if let Some(r) = &self.replication {
+            r.backend.record_config(&bytes);
+        }
+        Ok(())
     }
+}
+
+/// Restore an array from its off-site copy into `dir`, a new data directory: the engine's
+/// files and the configuration (RFC 0003). The copy's pool stays with the source: the restored
+/// array ships nowhere until it is given a prefix of its own.
+pub fn restore(
+    store: &dyn sliver_replica::store::ObjectStore,
+    dir: &Path,
+) -> std::result::Result<sliver_replica::restore::RestoreReport, String> {
+    if dir.join(CONFIG_FILE).exists() || sliver_engine::holds_engine(&dir.join(ENGINE_DIR)) {
+        return Err(format!(
+            "{} already holds an array: restore into a new directory",
+            dir.display()
+        ));
+    }
+    fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    sliver_replica::restore::restore(store, &dir.join(ENGINE_DIR), Some(&dir.join(CONFIG_FILE)))
+        .map_err(|e| e.to_string())
 }
 
 /// Milliseconds since the Unix epoch.
@@ -1219,8 +1292,14 @@ fn engine_error(e: sliver_engine::EngineError) -> ArrayError {
     ArrayError::Engine(e.to_string())
 }
 
-/// Open the engine in `dir`, creating it when the directory holds none.
-fn open_engine(dir: &Path, options: &ArrayOptions) -> Result<Engine> {
+/// Open the engine in `dir`, creating it when the directory holds none; with replication
+/// configured, under a backend that ships every write (the store probed first).
+/// `array_config` is the configuration as saved now, for the copy's base.
+fn open_engine(
+    dir: &Path,
+    options: &ArrayOptions,
+    array_config: Vec<u8>,
+) -> Result<(Engine, Option<Replication>)> {
     let io = |source| ArrayError::Io {
         path: dir.to_path_buf(),
         source,
@@ -1232,7 +1311,32 @@ fn open_engine(dir: &Path, options: &ArrayOptions) -> Result<Engine> {
         (false, Some(c)) => c,
         (false, None) => free_space(dir).map_err(io)? / 10 * 9,
     };
-    let backend = Arc::new(FileBackend::open(dir, capacity).map_err(io)?);
+    let files = FileBackend::open(dir, capacity).map_err(io)?;
+    let (backend, replication): (Arc<dyn sliver_engine::Backend>, _) = match &options.replication {
+        None => (Arc::new(files), None),
+        Some(r) => {
+            use sliver_replica::{probe, ship, store};
+            let replication = |m: String| ArrayError::Config {
+                path: dir.to_path_buf(),
+                message: format!("replication to {}: {m}", r.s3.url),
+            };
+            let s3 = store::S3Store::connect(&r.s3).map_err(|e| replication(e.to_string()))?;
+            let s3: Arc<dyn store::ObjectStore> = Arc::new(s3);
+            probe::probe(s3.clone()).map_err(|e| replication(e.to_string()))?;
+            let (b, shipper) =
+                ship::ShippingBackend::start(dir, files, s3, r.ship.clone(), Some(array_config))
+                    .map_err(|e| replication(e.to_string()))?;
+            let b = Arc::new(b);
+            (
+                b.clone() as Arc<dyn sliver_engine::Backend>,
+                Some(Replication {
+                    backend: b,
+                    shipper: Mutex::new(Some(shipper)),
+                    target: r.s3.url.clone(),
+                }),
+            )
+        }
+    };
     let engine = if exists {
         Engine::open(backend, options.tuning, false)
     } else {
@@ -1253,7 +1357,7 @@ fn open_engine(dir: &Path, options: &ArrayOptions) -> Result<Engine> {
             }
         );
     }
-    Ok(engine)
+    Ok((engine, replication))
 }
 
 /// Bytes available to unprivileged users on the file system holding `dir`.

@@ -329,6 +329,50 @@ pub fn render(ctx: &ApiContext) -> Result<String, ArrayError> {
         out.help(metric, kind, help);
         out.sample(metric, &[], value);
     }
+    if let Some(r) = ctx.array.replication() {
+        let s = &r.status;
+        let lag = s.shipped_write_at.map(|t| t.elapsed().as_secs_f64());
+        for (metric, kind, help, value) in [
+            (
+                "sliver_replication_shipped_objects_total",
+                "counter",
+                "Stream objects created in the object store since the process started.",
+                Some(s.objects as f64),
+            ),
+            (
+                "sliver_replication_shipped_bytes_total",
+                "counter",
+                "Bytes of writes shipped to the object store since the process started.",
+                Some(s.bytes as f64),
+            ),
+            (
+                "sliver_replication_backlog_bytes",
+                "gauge",
+                "Bytes of writes waiting for the object store.",
+                Some(s.backlog_bytes as f64),
+            ),
+            (
+                "sliver_replication_lag_seconds",
+                "gauge",
+                "Age of the newest write the object store holds when it was shipped.",
+                lag,
+            ),
+            (
+                "sliver_replication_healthy",
+                "gauge",
+                "1 while the copy follows the array (a base or the stream), 0 when fenced or broken.",
+                Some(f64::from(u8::from(matches!(
+                    s.state,
+                    sliver_replica::ship::ShipState::Base | sliver_replica::ship::ShipState::Streaming
+                )))),
+            ),
+        ] {
+            if let Some(v) = value {
+                out.help(metric, kind, help);
+                out.sample(metric, &[], v);
+            }
+        }
+    }
     Ok(out.0)
 }
 

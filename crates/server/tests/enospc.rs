@@ -163,8 +163,9 @@ fn a_full_file_system_gives_27_07_and_recovers_after_unmap() {
         capacity_bytes: Some(1 << 30),
         engine: EngineConfig::default(),
         tuning: Tuning::default(),
+        replication: None,
     };
-    let run = serve(&dir, options);
+    let run = serve(&dir, options.clone());
     run.array.create_volume("big", 2 << 30, 512).unwrap();
     run.array.connect("big", ANY_HOST, Some(0)).unwrap();
     let mut s = Session::connect(&run.url, SessionOptions::default()).unwrap();
@@ -207,7 +208,7 @@ fn a_full_file_system_gives_27_07_and_recovers_after_unmap() {
 
     // A restart on the full file system: recovery, a checkpoint, a new log segment.
     run.stop();
-    let run = serve(&dir, options);
+    let run = serve(&dir, options.clone());
     let mut s = Session::connect(&run.url, SessionOptions::default()).unwrap();
     assert!(s.read16(0, 2048).unwrap() == unique(0, MIB as usize));
     assert!(s.read16(written / 512, 2048).unwrap() == unique(0, MIB as usize));

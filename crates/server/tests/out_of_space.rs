@@ -72,6 +72,7 @@ fn start() -> Running {
             segment_size: MIB as u32,
         },
         tuning: Tuning::default(),
+        replication: None,
     };
     let array = Arc::new(Array::open_with(dir.path(), TARGET, options).unwrap());
     array.create_volume("big", 256 * MIB, 512).unwrap();

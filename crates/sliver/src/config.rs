@@ -26,6 +26,8 @@ pub struct Config {
     pub gc: GcSection,
     #[serde(default)]
     pub engine: EngineSection,
+    /// The off-site copy on an S3-compatible object store (RFC 0003).
+    pub replication: Option<ReplicationSection>,
     /// The target's own CHAP credentials, for mutual CHAP.
     pub chap: Option<Chap>,
     /// Hosts: created or updated at start to match this list.
@@ -86,6 +88,29 @@ pub struct EngineSection {
     /// RAM for cached metadata pages, e.g. "512M" (default: an eighth of the machine's memory).
     #[serde(default, deserialize_with = "size")]
     pub metadata_cache: Option<u64>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ReplicationSection {
+    /// `s3://BUCKET/PREFIX`: one array per prefix.
+    pub to: Option<String>,
+    /// Another endpoint than AWS's, e.g. `http://127.0.0.1:8333`.
+    pub endpoint: Option<String>,
+    /// Region (default: the standard AWS variables, then us-east-1).
+    pub region: Option<String>,
+    /// Access key id (default: the standard AWS variables).
+    pub access_key_id: Option<String>,
+    /// A file holding the secret access key (first line), kept out of the configuration.
+    pub secret_access_key_file: Option<PathBuf>,
+    /// Longest wait of a completed write before it is shipped, e.g. "5s" (the copy's RPO
+    /// beside the store's own time).
+    #[serde(default, deserialize_with = "duration")]
+    pub interval: Option<std::time::Duration>,
+    /// Writes waiting for the store before the copy is given up and taken again from the
+    /// start, e.g. "1G".
+    #[serde(default, deserialize_with = "size")]
+    pub max_backlog: Option<u64>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -184,6 +209,33 @@ impl Config {
                 Ok(Some(token))
             }
         }
+    }
+}
+
+impl Config {
+    /// The secret access key from `[replication] secret_access_key_file`, if named.
+    pub fn s3_secret(&self) -> Result<Option<String>, String> {
+        let Some(path) = self
+            .replication
+            .as_ref()
+            .and_then(|r| r.secret_access_key_file.as_ref())
+        else {
+            return Ok(None);
+        };
+        let text = std::fs::read_to_string(path).map_err(|e| {
+            format!(
+                "cannot read the secret access key file {}: {e}",
+                path.display()
+            )
+        })?;
+        let secret = text.lines().next().unwrap_or("").trim().to_string();
+        if secret.is_empty() {
+            return Err(format!(
+                "the secret access key file {} is empty",
+                path.display()
+            ));
+        }
+        Ok(Some(secret))
     }
 }
 
