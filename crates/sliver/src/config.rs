@@ -198,16 +198,7 @@ impl Config {
         }
         match &self.api.token_file {
             None => Ok(None),
-            Some(path) => {
-                let text = std::fs::read_to_string(path).map_err(|e| {
-                    format!("cannot read the API token file {}: {e}", path.display())
-                })?;
-                let token = text.lines().next().unwrap_or("").trim().to_string();
-                if token.is_empty() {
-                    return Err(format!("the API token file {} is empty", path.display()));
-                }
-                Ok(Some(token))
-            }
+            Some(path) => first_line(path, "API token").map(Some),
         }
     }
 }
@@ -222,21 +213,19 @@ impl Config {
         else {
             return Ok(None);
         };
-        let text = std::fs::read_to_string(path).map_err(|e| {
-            format!(
-                "cannot read the secret access key file {}: {e}",
-                path.display()
-            )
-        })?;
-        let secret = text.lines().next().unwrap_or("").trim().to_string();
-        if secret.is_empty() {
-            return Err(format!(
-                "the secret access key file {} is empty",
-                path.display()
-            ));
-        }
-        Ok(Some(secret))
+        first_line(path, "secret access key").map(Some)
     }
+}
+
+/// The first line of a file holding a secret (`what`), trimmed; an empty one is an error.
+fn first_line(path: &Path, what: &str) -> Result<String, String> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| format!("cannot read the {what} file {}: {e}", path.display()))?;
+    let line = text.lines().next().unwrap_or("").trim().to_string();
+    if line.is_empty() {
+        return Err(format!("the {what} file {} is empty", path.display()));
+    }
+    Ok(line)
 }
 
 fn api_message(e: sliver_server::api::ApiError) -> String {
@@ -414,6 +403,28 @@ chap_secret = "host-secret-1234"
             assert!(e.contains(word), "{text:?}: {e}");
             assert!(!e.contains('\n'), "one line: {e}");
         }
+    }
+
+    #[test]
+    fn the_replication_section_parses_and_its_secret_comes_from_a_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let secret = dir.path().join("s3-secret");
+        std::fs::write(&secret, "s3cr3t\n").unwrap();
+        let text = format!(
+            "[replication]\nto = \"s3://bucket/array1\"\nendpoint = \"http://127.0.0.1:8333\"\n\
+             access_key_id = \"sliver\"\nsecret_access_key_file = \"{}\"\n\
+             interval = \"2s\"\nmax_backlog = \"512M\"\n",
+            secret.display()
+        );
+        let c = Config::parse(&text).unwrap();
+        let r = c.replication.as_ref().unwrap();
+        assert_eq!(r.to.as_deref(), Some("s3://bucket/array1"));
+        assert_eq!(r.interval, Some(std::time::Duration::from_secs(2)));
+        assert_eq!(r.max_backlog, Some(512 << 20));
+        assert_eq!(c.s3_secret().unwrap().as_deref(), Some("s3cr3t"));
+        std::fs::write(&secret, "\n").unwrap();
+        assert!(c.s3_secret().unwrap_err().contains("is empty"));
+        assert!(Config::parse("[replication]\nbucket = \"x\"\n").is_err());
     }
 
     #[test]
