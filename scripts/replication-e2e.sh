@@ -12,7 +12,7 @@ sliver=$2
 work=$(mktemp -d /tmp/sliver-repl-e2e.XXXXXX)
 pids=()
 cleanup() {
-  for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null || true; done
+  for p in "${pids[@]}"; do kill -CONT "$p" 2>/dev/null || true; kill -9 "$p" 2>/dev/null || true; done
   wait 2>/dev/null || true
   rm -rf "$work"
 }
@@ -30,7 +30,8 @@ for flag in master.port master.port.grpc volume.port volume.port.grpc filer.port
 done
 mkdir -p "$work/weed"
 AWS_ACCESS_KEY_ID=sliver AWS_SECRET_ACCESS_KEY=sliver-e2e "$weed" "${args[@]}" >"$work/weed.log" 2>&1 &
-pids+=($!)
+weed_pid=$!
+pids+=($weed_pid)
 endpoint="http://127.0.0.1:$s3"
 for _ in $(seq 1 240); do
   curl -s -o /dev/null "$endpoint" && break
@@ -76,26 +77,93 @@ for i in $(seq 0 15); do
 done
 # Overwrites and a zeroed range: the restore must show the newest.
 cmds+=(-c "write -P 251 3M 1M" -c "write -s $work/random 70M 4M" -c "write -z 40M 1M")
-qemu-io -f raw "${cmds[@]}" "$lun" >/dev/null
-qemu-io -f raw "${cmds[@]}" "$work/expected.img" >/dev/null
 status() { curl -sf "$api/api/v1/replication"; }
-for _ in $(seq 1 600); do
-  s=$(status)
-  if echo "$s" | python3 -c 'import json,sys; r=json.load(sys.stdin); sys.exit(0 if r["state"]=="streaming" and r["backlog_bytes"]==0 and r["shipped_objects"]>0 else 1)'; then
-    break
-  fi
-  sleep 0.2
-done
+field() { status | python3 -c "import json,sys; print(json.load(sys.stdin)[\"$1\"])"; }
+# Wait until the copy holds every write (streaming, nothing left to ship).
+drained() {
+  for _ in $(seq 1 600); do
+    if [ "$(field state)" = streaming ] && [ "$(field backlog_bytes)" = 0 ]; then return 0; fi
+    sleep 0.2
+  done
+  echo "the copy did not drain: $(status)" >&2
+  exit 1
+}
+# write CMDS...: the same writes to the LUN and to the expected image.
+write() {
+  qemu-io -f raw "$@" "$lun" >/dev/null
+  qemu-io -f raw "$@" "$work/expected.img" >/dev/null
+}
+# restore_and_compare PREFIX DIR: the copy alone, served, equals the expected image.
+restore_and_compare() {
+  "$sliver" restore --from "$1" --s3-endpoint "$endpoint" --data-dir "$2"
+  serve "$2"
+  qemu-img compare -f raw -F raw "$work/expected.img" "$lun"
+  kill "$server"
+  wait "$server" 2>/dev/null || true
+}
+
+write "${cmds[@]}"
+drained
 echo "replication: $(status)"
-echo "$s" | python3 -c 'import json,sys; r=json.load(sys.stdin); assert r["state"]=="streaming" and r["backlog_bytes"]==0, r'
 curl -sf "$api/metrics" | grep -q '^sliver_replication_shipped_bytes_total' || { echo "no replication metrics" >&2; exit 1; }
+
+# The store hangs (SIGSTOP): hosts keep writing, the copy's backlog shows; then it drains.
+head -c $((16 << 20)) /dev/urandom >"$work/random2"
+kill -STOP "$weed_pid"
+t0=$(date +%s%N)
+write -c "write -s $work/random2 80M 16M" -c "write -P 77 96M 4M"
+echo "20 MiB (16 MiB unique) written while the store hung, in $(( ($(date +%s%N) - t0) / 1000000 )) ms"
+backlog=$(field backlog_bytes)
+[ "$backlog" -gt 0 ] || { echo "no backlog while the store hung: $(status)" >&2; exit 1; }
+echo "while the store hung: $(status)"
+kill -CONT "$weed_pid"
+drained
+echo "after it came back: $(status)"
+
+# SIGKILL of the array; restore from the bucket alone.
 kill -9 "$server"
 wait "$server" 2>/dev/null || true
-
-"$sliver" restore --from "$url" --s3-endpoint "$endpoint" --data-dir "$work/b"
-serve "$work/b"
-qemu-img compare -f raw -F raw "$work/expected.img" "$lun"
+restore_and_compare "$url" "$work/b"
 echo "restored array: equal to every write made before the kill"
-# The restored array is a fork: it ships nowhere and the source's prefix is not its own.
+# The restored array is a fork: it ships nowhere until given a prefix of its own.
 ! grep -q "replicating" "$work/b.out"
+
+# A backlog past its bound while the store hangs: the copy is given up (hosts unaffected),
+# and the next start copies the array again (a base) while hosts write.
+cat >"$work/b.toml" <<TOML
+[replication]
+to = "s3://sliver-e2e/array2"
+max_backlog = "32M"
+interval = "1s"
+# The collector's relocations would take part of the small bound this test sets.
+[gc]
+priority = "off"
+TOML
+serve "$work/b" --config "$work/b.toml" --s3-endpoint "$endpoint"
+drained
+kill -STOP "$weed_pid"
+head -c $((40 << 20)) /dev/urandom >"$work/random3"
+write -c "write -s $work/random3 120M 40M"
+[ "$(field state)" = broken ] || { echo "not broken past the backlog bound: $(status)" >&2; exit 1; }
+echo "past the backlog bound: $(status)"
+kill -CONT "$weed_pid"
+kill "$server"
+wait "$server" 2>/dev/null || true
+serve "$work/b" --config "$work/b.toml" --s3-endpoint "$endpoint"
+grep -q "copying the whole array" "$work/b.out" || { echo "no base after a broken copy" >&2; exit 1; }
+write -c "write -P 99 170M 2M"
+drained
+kill -9 "$server"
+wait "$server" 2>/dev/null || true
+restore_and_compare s3://sliver-e2e/array2 "$work/c"
+echo "copied again after the backlog bound: restore equal"
+
+# A second array on a prefix that holds another's copy is refused at start.
+if "$sliver" serve --data-dir "$work/d" --capacity 1G --iscsi-listen 127.0.0.1:0 \
+  --api-listen 127.0.0.1:0 --replicate-to "$url" --s3-endpoint "$endpoint" >"$work/d.out" 2>&1; then
+  echo "a second array started on $url" >&2
+  exit 1
+fi
+grep -q "already holds the copy of array" "$work/d.out" || { cat "$work/d.out" >&2; exit 1; }
+echo "a second array on the same prefix: refused"
 echo "replication end to end: passed"

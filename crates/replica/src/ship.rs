@@ -21,8 +21,12 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
-/// A batch is cut once it holds this much.
+/// A batch is cut once it holds this much (a quarter of the backlog bound if that is less).
 pub const BATCH_BYTES: usize = 8 << 20;
+
+/// The smallest backlog bound: below it one burst of the engine's own writes (a segment's
+/// relocation, a checkpoint's pages) could break the copy with the store well.
+pub const MIN_BACKLOG: u64 = 16 << 20;
 
 const POOL_FILE: &str = "replication-pool";
 const STATE_FILE: &str = "replication-state";
@@ -33,7 +37,8 @@ pub struct ShipConfig {
     /// Longest time a completed write waits in the batch before it is cut (the copy's RPO,
     /// with the time the store takes).
     pub cut_interval: Duration,
-    /// Bytes of cut batches waiting for the store before the copy is given up as broken.
+    /// Bytes of cut batches waiting for the store before the copy is given up as broken (at
+    /// least [`MIN_BACKLOG`]).
     pub max_backlog: u64,
 }
 
@@ -75,8 +80,9 @@ pub struct ShipStatus {
     pub bytes: u64,
     /// The last error the store returned (retried), if any since the last success.
     pub last_error: Option<String>,
-    /// When the newest write the store holds was made: lag is now minus this.
-    pub shipped_write_at: Option<Instant>,
+    /// When the oldest write the store does not hold yet was made (`None`: it holds every
+    /// write): the copy's lag is the time since.
+    pub oldest_unshipped: Option<Instant>,
 }
 
 struct Batch {
@@ -112,9 +118,15 @@ impl Shared {
         let mut b = self.batch.lock().unwrap();
         b.since.get_or_insert_with(Instant::now);
         rec.encode(&mut b.body);
-        if b.body.len() >= BATCH_BYTES {
+        if b.body.len() >= self.batch_limit() {
             self.cut_locked(&mut b);
         }
+    }
+
+    /// Bytes a batch may take: [`BATCH_BYTES`], or less under a small backlog bound so that
+    /// one batch never fills it alone.
+    fn batch_limit(&self) -> usize {
+        BATCH_BYTES.min((self.config.max_backlog / 4).max(64 << 10) as usize)
     }
 
     /// Cut the current batch (a sync point, a root, or the timer).
@@ -150,11 +162,11 @@ impl Shared {
         self.wake.notify_all();
     }
 
-    /// Block while more than half the backlog bound waits (the base's reader only: hosts'
-    /// writes never wait).
+    /// Block while more than a quarter of the backlog bound waits (the base's reader only:
+    /// hosts' writes never wait, and the rest of the bound is theirs, with the collector's).
     fn throttle(&self) {
         let mut q = self.queue.lock().unwrap();
-        while q.bytes > self.config.max_backlog / 2
+        while q.bytes > self.config.max_backlog / 4
             && !self.off.load(Ordering::Acquire)
             && !self.stop.load(Ordering::Acquire)
         {
@@ -326,7 +338,7 @@ impl ShippingBackend {
                 objects: 0,
                 bytes: 0,
                 last_error: None,
-                shipped_write_at: None,
+                oldest_unshipped: None,
             }),
             off: AtomicBool::new(false),
             stop: AtomicBool::new(false),
@@ -408,7 +420,8 @@ fn parse_state(text: &str) -> Option<([u8; 16], u64, u64)> {
 /// the live files while hosts write (see `stream`: a restore puts the writes made meanwhile
 /// over it).
 fn read_base(shared: &Shared, inner: &FileBackend, array_config: Option<&[u8]>) -> io::Result<()> {
-    const PIECE: u64 = 4 << 20;
+    // A piece never fills a batch alone (see `Shared::batch_limit`).
+    let piece = (4u64 << 20).min(shared.batch_limit() as u64);
     let mut buf = Vec::new();
     for (start, len) in inner.log_data_extents()? {
         let mut at = start;
@@ -416,7 +429,7 @@ fn read_base(shared: &Shared, inner: &FileBackend, array_config: Option<&[u8]>) 
             if shared.stop.load(Ordering::Acquire) || shared.off.load(Ordering::Acquire) {
                 return Ok(());
             }
-            let n = PIECE.min(start + len - at) as usize;
+            let n = piece.min(start + len - at) as usize;
             buf.resize(n, 0);
             inner.read_at(&mut buf, at)?;
             shared.record(Record::Log {
@@ -431,7 +444,7 @@ fn read_base(shared: &Shared, inner: &FileBackend, array_config: Option<&[u8]>) 
     for (start, len) in inner.meta_data_extents()? {
         let mut at = start;
         while at < start + len {
-            let n = PIECE.min(start + len - at) as usize;
+            let n = piece.min(start + len - at) as usize;
             buf.resize(n, 0);
             inner.meta_read(&mut buf, at)?;
             shared.record(Record::Meta {
@@ -493,7 +506,7 @@ fn ship_loop(shared: &Shared, mut next: u64) {
                 }
             }
         };
-        let Some((body, since)) = item else {
+        let Some((body, _since)) = item else {
             return;
         };
         let name = ObjectName::new(Kind::Stream, next).to_string();
@@ -537,7 +550,6 @@ fn ship_loop(shared: &Shared, mut next: u64) {
         s.objects += 1;
         s.bytes += body.len() as u64;
         s.last_error = None;
-        s.shipped_write_at = Some(since);
         next += 1;
     }
 }
@@ -545,8 +557,16 @@ fn ship_loop(shared: &Shared, mut next: u64) {
 impl Shipper {
     pub fn status(&self) -> ShipStatus {
         let mut s = self.shared.status.lock().unwrap().clone();
-        s.backlog_bytes = self.shared.queue.lock().unwrap().bytes
-            + self.shared.batch.lock().unwrap().body.len() as u64;
+        let (queued, queued_since) = {
+            let q = self.shared.queue.lock().unwrap();
+            (q.bytes, q.bodies.front().map(|b| b.1))
+        };
+        let (batched, batched_since) = {
+            let b = self.shared.batch.lock().unwrap();
+            (b.body.len() as u64, b.since)
+        };
+        s.backlog_bytes = queued + batched;
+        s.oldest_unshipped = queued_since.or(batched_since);
         s
     }
 

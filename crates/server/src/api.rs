@@ -1145,8 +1145,8 @@ pub struct ReplicationInfo {
     pub shipped_objects: u64,
     pub shipped_bytes: u64,
     pub backlog_bytes: u64,
-    /// Age of the newest write the store holds, when it was shipped; null before the first.
-    pub lag_seconds: Option<f64>,
+    /// Age of the oldest write the store does not hold yet; 0 when it holds every write.
+    pub lag_seconds: f64,
 }
 
 async fn replication_show(State(ctx): State<Ctx>) -> Json<ReplicationInfo> {
@@ -1162,7 +1162,7 @@ async fn replication_show(State(ctx): State<Ctx>) -> Json<ReplicationInfo> {
             shipped_objects: 0,
             shipped_bytes: 0,
             backlog_bytes: 0,
-            lag_seconds: None,
+            lag_seconds: 0.0,
         });
     };
     let s = r.status;
@@ -1183,7 +1183,9 @@ async fn replication_show(State(ctx): State<Ctx>) -> Json<ReplicationInfo> {
         shipped_objects: s.objects,
         shipped_bytes: s.bytes,
         backlog_bytes: s.backlog_bytes,
-        lag_seconds: s.shipped_write_at.map(|t| t.elapsed().as_secs_f64()),
+        lag_seconds: s
+            .oldest_unshipped
+            .map_or(0.0, |t| t.elapsed().as_secs_f64()),
     })
 }
 

@@ -331,7 +331,10 @@ pub fn render(ctx: &ApiContext) -> Result<String, ArrayError> {
     }
     if let Some(r) = ctx.array.replication() {
         let s = &r.status;
-        let lag = s.shipped_write_at.map(|t| t.elapsed().as_secs_f64());
+        let lag = Some(
+            s.oldest_unshipped
+                .map_or(0.0, |t| t.elapsed().as_secs_f64()),
+        );
         for (metric, kind, help, value) in [
             (
                 "sliver_replication_shipped_objects_total",
@@ -354,7 +357,7 @@ pub fn render(ctx: &ApiContext) -> Result<String, ArrayError> {
             (
                 "sliver_replication_lag_seconds",
                 "gauge",
-                "Age of the newest write the object store holds when it was shipped.",
+                "Age of the oldest write the object store does not hold yet (0 when it holds all).",
                 lag,
             ),
             (

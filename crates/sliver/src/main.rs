@@ -247,6 +247,12 @@ fn settings(args: ServeArgs) -> Result<Settings, String> {
             ship.cut_interval = i;
         }
         if let Some(b) = section.and_then(|r| r.max_backlog) {
+            if b < sliver_replica::ship::MIN_BACKLOG {
+                return Err(format!(
+                    "[replication] max_backlog: at least {} MiB",
+                    sliver_replica::ship::MIN_BACKLOG >> 20
+                ));
+            }
             ship.max_backlog = b;
         }
         options.replication = Some(sliver_server::array::ReplicationOptions {
