@@ -2,8 +2,8 @@
 //! [`ShippingBackend`] wraps the array's `FileBackend`, copies every write the engine completes
 //! into the current batch, cuts batches at syncs, roots, 8 MiB and a timer, and a shipper
 //! thread creates them in the store as `stream/<n>`, consecutively and one at a time, with
-//! put-if-absent. Hosts never wait for the store: past the backlog bound the copy is marked
-//! broken and the next start takes a base.
+//! put-if-absent. Hosts never wait for the store: past the backlog bound the writes waiting are
+//! dropped and the copy starts over online with a base.
 //!
 //! Whether a start continues the stream or takes a base is decided from two small files in the
 //! data directory: `replication-pool` (the pool's identity, kept for good) and
@@ -60,7 +60,7 @@ pub enum ShipState {
     Streaming,
     /// Another writer created the next object: this array stopped shipping to the prefix.
     Fenced(String),
-    /// Batches were dropped (backlog bound): the next start takes a base.
+    /// A base could not be read (a local I/O error): nothing more is shipped until a restart.
     Broken(String),
     /// Stopped (the array shut down).
     Stopped,
@@ -78,8 +78,10 @@ pub struct ShipStatus {
     /// Object bodies created since start, and their bytes.
     pub objects: u64,
     pub bytes: u64,
-    /// The last error the store returned (retried), if any since the last success.
+    /// The last error the store returned (retried), or why the copy started over.
     pub last_error: Option<String>,
+    /// Times the copy started over (a base) because the backlog bound was passed.
+    pub resyncs: u64,
     /// When the oldest write the store does not hold yet was made (`None`: it holds every
     /// write): the copy's lag is the time since.
     pub oldest_unshipped: Option<Instant>,
@@ -92,7 +94,11 @@ struct Batch {
 }
 
 struct Queue {
-    bodies: VecDeque<(Vec<u8>, Instant)>,
+    /// (id, body, when its first write was made), oldest first.
+    bodies: VecDeque<(u64, Vec<u8>, Instant)>,
+    /// Id of the next body queued: the shipper removes the body it shipped by id, since the
+    /// queue may have been emptied and refilled (a resync) while it was being created.
+    next_id: u64,
     bytes: u64,
 }
 
@@ -105,9 +111,18 @@ struct Shared {
     queue: Mutex<Queue>,
     wake: Condvar,
     status: Mutex<ShipStatus>,
-    /// Set once batches were dropped or the shipper was fenced: nothing more is recorded.
+    /// Set once the shipper was fenced or a base could not be read: nothing more is recorded.
     off: AtomicBool,
     stop: AtomicBool,
+    /// The array's files, which a base reads.
+    inner: Arc<FileBackend>,
+    /// The array configuration as last saved, for a base.
+    array_config: Mutex<Option<Vec<u8>>>,
+    /// Bumped by every base start: an older base's reader stops, and its records are dropped.
+    generation: std::sync::atomic::AtomicU64,
+    /// The base reader running, if any.
+    base: Mutex<Option<std::thread::JoinHandle<()>>>,
+    me: std::sync::Weak<Shared>,
 }
 
 impl Shared {
@@ -143,23 +158,83 @@ impl Shared {
         let since = b.since.take().unwrap_or_else(Instant::now);
         let mut q = self.queue.lock().unwrap();
         if q.bytes + body.len() as u64 > self.config.max_backlog {
-            // Hosts never wait for the store: give the copy up instead. The batch lock is
-            // held, so no later write slips into the stream after the dropped ones.
+            // Hosts never wait for the store: the writes waiting are dropped, and the copy
+            // starts over with a base, online. The batch lock is held, so the base's start is
+            // the first record after the objects already numbered: a restore never applies a
+            // write that followed a dropped one without the base under it.
             q.bodies.clear();
             q.bytes = 0;
-            self.off.store(true, Ordering::Release);
+            drop(q);
             let why = format!(
-                "more than {} bytes waited for the store; the next start copies the array again",
+                "more than {} bytes waited for the store: copying the whole array again",
                 self.config.max_backlog
             );
-            tracing::error!("replication broken: {why}");
-            self.status.lock().unwrap().state = ShipState::Broken(why);
+            tracing::warn!("replication: {why}");
+            {
+                let mut s = self.status.lock().unwrap();
+                s.resyncs += 1;
+                s.last_error = Some(why);
+            }
+            self.begin_base_locked(b);
             self.wake.notify_all();
             return;
         }
         q.bytes += body.len() as u64;
-        q.bodies.push_back((body, since));
+        let id = q.next_id;
+        q.next_id += 1;
+        q.bodies.push_back((id, body, since));
         self.wake.notify_all();
+    }
+
+    /// Start a base: its start record first in the (empty) batch `b`, then a reader thread.
+    /// Caller holds the batch lock.
+    fn begin_base_locked(&self, b: &mut Batch) {
+        let generation = self.generation.fetch_add(1, Ordering::AcqRel) + 1;
+        Record::BaseStart {
+            capacity: self.capacity,
+        }
+        .encode(&mut b.body);
+        b.since.get_or_insert_with(Instant::now);
+        self.status.lock().unwrap().state = ShipState::Base;
+        let Some(me) = self.me.upgrade() else {
+            return;
+        };
+        let reader = std::thread::Builder::new()
+            .name("replica-base".into())
+            .spawn(move || {
+                if let Err(e) = read_base(&me, generation) {
+                    tracing::error!("replication base failed: {e}");
+                    me.off.store(true, Ordering::Release);
+                    me.status.lock().unwrap().state =
+                        ShipState::Broken(format!("reading the base: {e}"));
+                }
+            });
+        match reader {
+            Ok(h) => *self.base.lock().unwrap() = Some(h),
+            Err(e) => {
+                self.off.store(true, Ordering::Release);
+                self.status.lock().unwrap().state =
+                    ShipState::Broken(format!("starting the base reader: {e}"));
+            }
+        }
+    }
+
+    /// Record a base's record unless a newer base started meanwhile. Returns false then.
+    fn record_base(&self, rec: Record<'_>, generation: u64) -> bool {
+        if self.off.load(Ordering::Acquire) {
+            return false;
+        }
+        let mut b = self.batch.lock().unwrap();
+        if self.generation.load(Ordering::Acquire) != generation {
+            return false;
+        }
+        b.since.get_or_insert_with(Instant::now);
+        rec.encode(&mut b.body);
+        if b.body.len() >= self.batch_limit() {
+            self.cut_locked(&mut b);
+        }
+        // The cut may have started a newer base.
+        self.generation.load(Ordering::Acquire) == generation
     }
 
     /// Block while more than a quarter of the backlog bound waits (the base's reader only:
@@ -190,7 +265,6 @@ pub struct Shipper {
     shared: Arc<Shared>,
     dir: PathBuf,
     thread: Option<std::thread::JoinHandle<()>>,
-    base: Option<std::thread::JoinHandle<()>>,
 }
 
 /// Why shipping cannot start.
@@ -313,7 +387,8 @@ impl ShippingBackend {
         let last = newest.map(|(n, _)| n).unwrap_or(0);
         let capacity = inner.capacity();
         let continues = clean == Some((pool, last, capacity)) && last > 0;
-        let shared = Arc::new(Shared {
+        let inner = Arc::new(inner);
+        let shared = Arc::new_cyclic(|me| Shared {
             store,
             config,
             capacity,
@@ -323,6 +398,7 @@ impl ShippingBackend {
             }),
             queue: Mutex::new(Queue {
                 bodies: VecDeque::new(),
+                next_id: 0,
                 bytes: 0,
             }),
             wake: Condvar::new(),
@@ -338,10 +414,16 @@ impl ShippingBackend {
                 objects: 0,
                 bytes: 0,
                 last_error: None,
+                resyncs: 0,
                 oldest_unshipped: None,
             }),
             off: AtomicBool::new(false),
             stop: AtomicBool::new(false),
+            inner: inner.clone(),
+            array_config: Mutex::new(array_config),
+            generation: std::sync::atomic::AtomicU64::new(0),
+            base: Mutex::new(None),
+            me: me.clone(),
         });
         if continues {
             tracing::info!(
@@ -356,10 +438,10 @@ impl ShippingBackend {
                 last + 1
             );
         }
-        let inner = Arc::new(inner);
         // A base starts in the stream before any write the engine makes from now on.
         if !continues {
-            shared.record(Record::BaseStart { capacity });
+            let mut b = shared.batch.lock().unwrap();
+            shared.begin_base_locked(&mut b);
         }
         let thread = {
             let shared = shared.clone();
@@ -367,24 +449,6 @@ impl ShippingBackend {
                 .name("replica-ship".into())
                 .spawn(move || ship_loop(&shared, last + 1))
                 .map_err(&err)?
-        };
-        let base = if continues {
-            None
-        } else {
-            let (shared, inner) = (shared.clone(), inner.clone());
-            Some(
-                std::thread::Builder::new()
-                    .name("replica-base".into())
-                    .spawn(move || {
-                        if let Err(e) = read_base(&shared, &inner, array_config.as_deref()) {
-                            tracing::error!("replication base failed: {e}");
-                            shared.off.store(true, Ordering::Release);
-                            shared.status.lock().unwrap().state =
-                                ShipState::Broken(format!("reading the base: {e}"));
-                        }
-                    })
-                    .map_err(&err)?,
-            )
         };
         Ok((
             ShippingBackend {
@@ -395,7 +459,6 @@ impl ShippingBackend {
                 shared,
                 dir: dir.to_path_buf(),
                 thread: Some(thread),
-                base,
             },
         ))
     }
@@ -418,58 +481,76 @@ fn parse_state(text: &str) -> Option<([u8; 16], u64, u64)> {
 
 /// Every extent of the files that holds data, as base records, then the base's end. Read from
 /// the live files while hosts write (see `stream`: a restore puts the writes made meanwhile
-/// over it).
-fn read_base(shared: &Shared, inner: &FileBackend, array_config: Option<&[u8]>) -> io::Result<()> {
+/// over it). Stops when a newer base starts (`generation`) or the shipper stops.
+fn read_base(shared: &Shared, generation: u64) -> io::Result<()> {
+    let inner = &shared.inner;
     // A piece never fills a batch alone (see `Shared::batch_limit`).
     let piece = (4u64 << 20).min(shared.batch_limit() as u64);
     let mut buf = Vec::new();
-    for (start, len) in inner.log_data_extents()? {
-        let mut at = start;
-        while at < start + len {
-            if shared.stop.load(Ordering::Acquire) || shared.off.load(Ordering::Acquire) {
-                return Ok(());
+    let current = || {
+        !shared.stop.load(Ordering::Acquire)
+            && shared.generation.load(Ordering::Acquire) == generation
+    };
+    for (meta, extents) in [
+        (false, inner.log_data_extents()?),
+        (true, inner.meta_data_extents()?),
+    ] {
+        for (start, len) in extents {
+            let mut at = start;
+            while at < start + len {
+                if !current() {
+                    return Ok(());
+                }
+                let n = piece.min(start + len - at) as usize;
+                buf.resize(n, 0);
+                let rec = if meta {
+                    inner.meta_read(&mut buf, at)?;
+                    Record::Meta {
+                        offset: at,
+                        bytes: &buf,
+                        base: true,
+                    }
+                } else {
+                    inner.read_at(&mut buf, at)?;
+                    Record::Log {
+                        offset: at,
+                        bytes: &buf,
+                        base: true,
+                    }
+                };
+                if !shared.record_base(rec, generation) {
+                    return Ok(());
+                }
+                shared.throttle();
+                at += n as u64;
             }
-            let n = piece.min(start + len - at) as usize;
-            buf.resize(n, 0);
-            inner.read_at(&mut buf, at)?;
-            shared.record(Record::Log {
-                offset: at,
-                bytes: &buf,
-                base: true,
-            });
-            shared.throttle();
-            at += n as u64;
-        }
-    }
-    for (start, len) in inner.meta_data_extents()? {
-        let mut at = start;
-        while at < start + len {
-            let n = piece.min(start + len - at) as usize;
-            buf.resize(n, 0);
-            inner.meta_read(&mut buf, at)?;
-            shared.record(Record::Meta {
-                offset: at,
-                bytes: &buf,
-                base: true,
-            });
-            shared.throttle();
-            at += n as u64;
         }
     }
     if let Some(root) = inner.load_root()? {
-        shared.record(Record::Root {
+        let rec = Record::Root {
             bytes: &root,
             base: true,
-        });
+        };
+        if !shared.record_base(rec, generation) {
+            return Ok(());
+        }
     }
-    if let Some(bytes) = array_config {
-        shared.record(Record::Config { bytes, base: true });
+    let config = shared.array_config.lock().unwrap().clone();
+    if let Some(bytes) = config {
+        let rec = Record::Config {
+            bytes: &bytes,
+            base: true,
+        };
+        if !shared.record_base(rec, generation) {
+            return Ok(());
+        }
     }
-    shared.record(Record::BaseEnd);
-    shared.cut();
-    let mut s = shared.status.lock().unwrap();
-    if s.state == ShipState::Base {
-        s.state = ShipState::Streaming;
+    if shared.record_base(Record::BaseEnd, generation) {
+        shared.cut();
+        let mut s = shared.status.lock().unwrap();
+        if s.state == ShipState::Base && shared.generation.load(Ordering::Acquire) == generation {
+            s.state = ShipState::Streaming;
+        }
     }
     Ok(())
 }
@@ -482,7 +563,7 @@ fn ship_loop(shared: &Shared, mut next: u64) {
             let mut q = shared.queue.lock().unwrap();
             loop {
                 if let Some(front) = q.bodies.front() {
-                    break Some((front.0.clone(), front.1));
+                    break Some((front.0, front.1.clone()));
                 }
                 if shared.stop.load(Ordering::Acquire) || shared.off.load(Ordering::Acquire) {
                     break None;
@@ -506,7 +587,7 @@ fn ship_loop(shared: &Shared, mut next: u64) {
                 }
             }
         };
-        let Some((body, _since)) = item else {
+        let Some((id, body)) = item else {
             return;
         };
         let name = ObjectName::new(Kind::Stream, next).to_string();
@@ -540,7 +621,8 @@ fn ship_loop(shared: &Shared, mut next: u64) {
         }
         {
             let mut q = shared.queue.lock().unwrap();
-            if let Some((done, _)) = q.bodies.pop_front() {
+            if q.bodies.front().is_some_and(|f| f.0 == id) {
+                let (_, done, _) = q.bodies.pop_front().expect("the front");
                 q.bytes -= done.len() as u64;
             }
             shared.wake.notify_all();
@@ -559,7 +641,7 @@ impl Shipper {
         let mut s = self.shared.status.lock().unwrap().clone();
         let (queued, queued_since) = {
             let q = self.shared.queue.lock().unwrap();
-            (q.bytes, q.bodies.front().map(|b| b.1))
+            (q.bytes, q.bodies.front().map(|b| b.2))
         };
         let (batched, batched_since) = {
             let b = self.shared.batch.lock().unwrap();
@@ -583,13 +665,20 @@ impl Shipper {
             }
             std::thread::sleep(Duration::from_millis(20));
         }
-        let base_done = self.base.as_ref().is_none_or(|b| b.is_finished());
+        let base_done = self
+            .shared
+            .base
+            .lock()
+            .unwrap()
+            .as_ref()
+            .is_none_or(|b| b.is_finished());
         self.shared.stop.store(true, Ordering::Release);
         self.shared.wake.notify_all();
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
-        if let Some(b) = self.base.take() {
+        let base = self.shared.base.lock().unwrap().take();
+        if let Some(b) = base {
             let _ = b.join();
         }
         let mut status = self.status();
@@ -615,6 +704,7 @@ impl ShippingBackend {
     /// The server saved its configuration (after the engine change it names): into the
     /// stream, as a cut of its own.
     pub fn record_config(&self, bytes: &[u8]) {
+        *self.shared.array_config.lock().unwrap() = Some(bytes.to_vec());
         self.shared.record(Record::Config { bytes, base: false });
         self.shared.cut();
     }

@@ -1134,8 +1134,8 @@ pub struct ReplicationInfo {
     pub configured: bool,
     /// `s3://BUCKET/PREFIX`.
     pub target: Option<String>,
-    /// `base` (copying the whole array while following it), `streaming`, `fenced`, `broken`,
-    /// `stopped`.
+    /// `base` (copying the whole array while following it), `streaming`, `fenced`, `broken`
+    /// (a base could not be read), `stopped`.
     pub state: Option<&'static str>,
     /// Why it is fenced or broken, or the store's last error while it retries.
     pub error: Option<String>,
@@ -1147,6 +1147,8 @@ pub struct ReplicationInfo {
     pub backlog_bytes: u64,
     /// Age of the oldest write the store does not hold yet; 0 when it holds every write.
     pub lag_seconds: f64,
+    /// Times the copy started over (a base) because the backlog bound was passed.
+    pub resyncs: u64,
 }
 
 async fn replication_show(State(ctx): State<Ctx>) -> Json<ReplicationInfo> {
@@ -1163,6 +1165,7 @@ async fn replication_show(State(ctx): State<Ctx>) -> Json<ReplicationInfo> {
             shipped_bytes: 0,
             backlog_bytes: 0,
             lag_seconds: 0.0,
+            resyncs: 0,
         });
     };
     let s = r.status;
@@ -1186,6 +1189,7 @@ async fn replication_show(State(ctx): State<Ctx>) -> Json<ReplicationInfo> {
         lag_seconds: s
             .oldest_unshipped
             .map_or(0.0, |t| t.elapsed().as_secs_f64()),
+        resyncs: s.resyncs,
     })
 }
 
