@@ -95,7 +95,7 @@ struct Batch {
 
 struct Queue {
     /// (id, body, when its first write was made), oldest first.
-    bodies: VecDeque<(u64, Vec<u8>, Instant)>,
+    bodies: VecDeque<(u64, Arc<Vec<u8>>, Instant)>,
     /// Id of the next body queued: the shipper removes the body it shipped by id, since the
     /// queue may have been emptied and refilled (a resync) while it was being created.
     next_id: u64,
@@ -131,10 +131,15 @@ impl Shared {
             return;
         }
         let mut b = self.batch.lock().unwrap();
+        self.append_locked(&mut b, rec);
+    }
+
+    /// Add `rec` to the batch `b`, cutting it once full. Caller holds the batch lock.
+    fn append_locked(&self, b: &mut Batch, rec: Record<'_>) {
         b.since.get_or_insert_with(Instant::now);
         rec.encode(&mut b.body);
         if b.body.len() >= self.batch_limit() {
-            self.cut_locked(&mut b);
+            self.cut_locked(b);
         }
     }
 
@@ -182,7 +187,7 @@ impl Shared {
         q.bytes += body.len() as u64;
         let id = q.next_id;
         q.next_id += 1;
-        q.bodies.push_back((id, body, since));
+        q.bodies.push_back((id, Arc::new(body), since));
         self.wake.notify_all();
     }
 
@@ -228,11 +233,7 @@ impl Shared {
         if self.generation.load(Ordering::Acquire) != generation {
             return false;
         }
-        b.since.get_or_insert_with(Instant::now);
-        rec.encode(&mut b.body);
-        if b.body.len() >= self.batch_limit() {
-            self.cut_locked(&mut b);
-        }
+        self.append_locked(&mut b, rec);
         // The cut may have started a newer base.
         self.generation.load(Ordering::Acquire) == generation
     }
@@ -563,7 +564,7 @@ fn ship_loop(shared: &Shared, mut next: u64) {
             let mut q = shared.queue.lock().unwrap();
             loop {
                 if let Some(front) = q.bodies.front() {
-                    break Some((front.0, front.1.clone()));
+                    break Some((front.0, Arc::clone(&front.1)));
                 }
                 if shared.stop.load(Ordering::Acquire) || shared.off.load(Ordering::Acquire) {
                     break None;
