@@ -263,10 +263,17 @@ corpus["replica_object"] = {
     "manifest_empty_body": replica_object(1, b"pool-a-uuid-0001", 7, 1, b""),
     "name_head": b"head/0000000000000009-00001000",
     "name_manifest": b"manifest/00000000000000000007",
+    # catalog.rs: a named restore point (version 1, through 33, base 1) and a base index entry.
+    "point_named": replica_object(10, b"pool-a-uuid-0001", 0, 1,
+        bytes([1, 0]) + struct.pack("<HIQQQ", 11, 0, 1795742638738, 33, 1) + b"before-hang"),
+    "base_index": replica_object(11, b"pool-a-uuid-0001", 0, 1,
+        bytes([1, 0, 0, 0]) + struct.pack("<IQQQ", 0, 1, 3, 20 << 20)),
+    "name_point": b"points/0000000000000001",
 }
 
 def stream_record(area, offset, payload=b"", length=None):
-    """A record of a stream object's body: area, three zero bytes, length, offset, payload."""
+    """A record of a stream object's body: area, flags, two zero bytes, length, offset,
+    payload."""
     n = len(payload) if length is None else length
     return bytes([area, 0, 0, 0]) + struct.pack("<IQ", n, offset) + payload
 

@@ -4,7 +4,9 @@
 #   2. once the API reports nothing left to ship, the array is killed with SIGKILL;
 #   3. `sliver restore` builds a new data directory from the bucket alone;
 #   4. `sliver serve` on it, and `qemu-img compare` finds its LUN equal to a local image that
-#      took the same writes (incompressible data, duplicates, patterns, overwrites, zeros).
+#      took the same writes (incompressible data, duplicates, patterns, overwrites, zeros);
+#   5. a named restore point restores its own state (by name and by time), scheduled points
+#      are kept to their count and retention deletes the objects no point needs.
 # Usage: replication-e2e.sh WEED SLIVER. Ends only the processes it started, by PID.
 set -euo pipefail
 weed=$1
@@ -105,6 +107,13 @@ restore_and_compare() {
 write "${cmds[@]}"
 drained
 echo "replication: $(status)"
+# A named restore point of this state; the writes after it must not be in it.
+"$sliver" replication --api "$api" point before-hang
+cp --sparse=always "$work/expected.img" "$work/point.img"
+sleep 1.1
+point_time=$(date -u +%Y-%m-%dT%H:%M:%SZ)
+sleep 1.1
+"$sliver" replication --api "$api" points | grep -q '^before-hang ' || { echo "the point is not listed" >&2; exit 1; }
 curl -sf "$api/metrics" | grep -q '^sliver_replication_shipped_bytes_total' || { echo "no replication metrics" >&2; exit 1; }
 
 # The store hangs (SIGSTOP): hosts keep writing, the copy's backlog shows; then it drains.
@@ -125,6 +134,26 @@ kill -9 "$server"
 wait "$server" 2>/dev/null || true
 restore_and_compare "$url" "$work/b"
 echo "restored array: equal to every write made before the kill"
+# The point restores its own state, by name and by time.
+"$sliver" restore --from "$url" --s3-endpoint "$endpoint" --list | tee "$work/list.txt"
+grep -q '^before-hang ' "$work/list.txt"
+"$sliver" restore --from "$url" --s3-endpoint "$endpoint" --point before-hang --data-dir "$work/p1"
+serve "$work/p1"
+qemu-img compare -f raw -F raw "$work/point.img" "$lun"
+! qemu-img compare -q -f raw -F raw "$work/expected.img" "$lun" || { echo "the point holds later writes" >&2; exit 1; }
+kill "$server"
+wait "$server" 2>/dev/null || true
+"$sliver" restore --from "$url" --s3-endpoint "$endpoint" --at "$point_time" --data-dir "$work/p2"
+serve "$work/p2"
+qemu-img compare -f raw -F raw "$work/point.img" "$lun"
+kill "$server"
+wait "$server" 2>/dev/null || true
+if "$sliver" restore --from "$url" --s3-endpoint "$endpoint" --point nonesuch --data-dir "$work/p3" 2>"$work/p3.err"; then
+  echo "a restore to a missing point succeeded" >&2
+  exit 1
+fi
+grep -q 'no restore point named "nonesuch": it holds' "$work/p3.err" || { cat "$work/p3.err" >&2; exit 1; }
+echo "restore points: by name and by time, each equal to its own state"
 # The restored array is a fork: it ships nowhere until given a prefix of its own.
 ! grep -q "replicating" "$work/b.out"
 
@@ -135,6 +164,8 @@ cat >"$work/b.toml" <<TOML
 to = "s3://sliver-e2e/array2"
 max_backlog = "32M"
 interval = "1s"
+points_every = "2s"
+keep_points = 2
 # The collector's relocations would take part of the small bound this test sets.
 [gc]
 priority = "off"
@@ -150,6 +181,21 @@ echo "past the backlog bound: $(status)"
 kill -CONT "$weed_pid"
 write -c "write -P 99 170M 2M"
 drained
+# Scheduled points while writes go on; the copy that started over made the first base's
+# objects unneeded once the two points kept build on the new one: retention deletes them.
+for i in 1 2 3; do
+  write -c "write -P $((100 + i)) $((180 + i))M 1M"
+  sleep 2.5
+done
+drained
+for _ in $(seq 1 100); do
+  [ "$(field deleted_objects)" -gt 0 ] && break
+  sleep 0.2
+done
+[ "$(field deleted_objects)" -gt 0 ] || { echo "retention deleted nothing: $(status)" >&2; exit 1; }
+scheduled=$("$sliver" replication --api "$api" points | grep -c ' scheduled ' || true)
+[ "$scheduled" -le 2 ] || { echo "$scheduled scheduled points kept, not 2" >&2; exit 1; }
+echo "retention: $(field deleted_objects) objects deleted, $scheduled scheduled points kept"
 kill -9 "$server"
 wait "$server" 2>/dev/null || true
 restore_and_compare s3://sliver-e2e/array2 "$work/c"

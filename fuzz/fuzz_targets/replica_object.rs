@@ -1,8 +1,10 @@
 //! Arbitrary bytes as an object fetched from the store, and as an object's name: the header
 //! and body are refused with a clear error or decoded, never a panic; whatever decodes encodes
-//! back to the same bytes, and whatever name parses prints back to the same name.
+//! back to the same bytes, and whatever name parses prints back to the same name. The body is
+//! also tried as the catalog's restore point and base index entry (the same rules).
 #![no_main]
 use libfuzzer_sys::fuzz_target;
+use sliver_replica::catalog::{BaseEntry, Point};
 use sliver_replica::object::{decode, decode_header, encode, Expected, ObjectName};
 
 fuzz_target!(|data: &[u8]| {
@@ -14,6 +16,12 @@ fuzz_target!(|data: &[u8]| {
         };
         if let Ok((h, body)) = decode("fuzz", data, &expected) {
             assert_eq!(encode(h.kind, h.array, h.epoch, h.number, body), data);
+            if let Ok(p) = Point::decode(h.number, body) {
+                assert_eq!(p.encode(), body);
+            }
+            if let Ok(b) = BaseEntry::decode(body) {
+                assert_eq!(b.encode(), body);
+            }
         }
     }
     if let Ok(s) = std::str::from_utf8(data) {

@@ -5,8 +5,13 @@
 //! - [`object`]: the objects' names and the checksummed header every one starts with (sans-I/O);
 //! - [`store`]: the narrow [`store::ObjectStore`] trait the rest of sliver uses, and its S3
 //!   implementation;
-//! - [`probe`]: a store is trusted only after it has shown that conditional creates fence.
+//! - [`probe`]: a store is trusted only after it has shown that conditional creates fence;
+//! - [`stream`]: the records of a `stream/<n>` object (the engine's writes, in order);
+//! - [`ship`]: the backend that copies those writes and the thread that creates the objects;
+//! - [`catalog`]: restore points, the index of complete bases, and what retention deletes;
+//! - [`restore`]: a new array from a point or the newest state.
 
+pub mod catalog;
 pub mod object;
 pub mod probe;
 pub mod restore;

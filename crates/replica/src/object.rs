@@ -44,6 +44,12 @@ pub enum Kind {
     /// A batch of the writes the engine made through its backend, in order (RFC 0003,
     /// "Revision: shipping the backend's writes"); numbered consecutively from 1.
     Stream = 9,
+    /// A restore point: a name and a time for a prefix of the stream, and the base it builds
+    /// on (see `catalog`).
+    Point = 10,
+    /// A complete base: where in the stream it starts and ends (see `catalog`); numbered by
+    /// the stream object it starts in.
+    BaseIndex = 11,
 }
 
 impl Kind {
@@ -58,6 +64,8 @@ impl Kind {
             7 => Kind::Config,
             8 => Kind::Probe,
             9 => Kind::Stream,
+            10 => Kind::Point,
+            11 => Kind::BaseIndex,
             _ => return None,
         })
     }
@@ -74,6 +82,8 @@ impl Kind {
             Kind::Config => "config",
             Kind::Probe => "probe",
             Kind::Stream => "stream",
+            Kind::Point => "points",
+            Kind::BaseIndex => "bases",
         }
     }
 }
@@ -119,6 +129,8 @@ impl ObjectName {
             Kind::Config,
             Kind::Probe,
             Kind::Stream,
+            Kind::Point,
+            Kind::BaseIndex,
         ]
         .into_iter()
         .find(|k| k.folder() == folder)?;
@@ -334,6 +346,8 @@ mod tests {
             ObjectName::new(Kind::Root, 3),
             ObjectName::new(Kind::Config, 4),
             ObjectName::new(Kind::Probe, u64::MAX),
+            ObjectName::new(Kind::Point, 12),
+            ObjectName::new(Kind::BaseIndex, 0x30),
         ] {
             let s = name.to_string();
             assert_eq!(ObjectName::parse(&s), Some(name), "{s}");

@@ -1,8 +1,11 @@
-//! Restore a whole copy (RFC 0003, "Revision: shipping the backend's writes"): the stream's
-//! consecutive objects, from the start of the last complete base to the end (or to the start of
-//! a base that never completed, whose records follow a local state the stream does not hold),
+//! Restore a whole copy (RFC 0003, "Revision: shipping the backend's writes" and "Restore
+//! points and retention"): the stream's consecutive objects from the start of a complete base
+//! (the newest, or the one a restore point builds on) to the end (or through the point, or to
+//! the start of a restart base, whose records follow a local state the stream does not hold),
 //! applied to new files in a data directory. The engine then opens them as after a crash.
+//! Each object is read once; the catalog says where to start.
 
+use crate::catalog::{self, Catalog, Point};
 use crate::object::{self, Expected, Kind, ObjectName};
 use crate::store::{ObjectStore, StoreError};
 use crate::stream::{self, Record};
@@ -41,6 +44,8 @@ pub struct RestoreReport {
     pub bytes_applied: u64,
     /// Whether the copy held the array's configuration (written to the path given).
     pub config: bool,
+    /// The restore point restored (`None`: the newest state).
+    pub point: Option<Point>,
 }
 
 /// Ranges written since the base started: a base's bytes go only where none of them did.
@@ -119,12 +124,150 @@ fn layer(
     Ok(())
 }
 
-/// Restore the copy in `store` into `dir` (which must not hold an array), and the array's
-/// configuration, if the copy holds one, into `config_path`.
+/// Which state of the array a restore rebuilds.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Target {
+    /// The newest state the store holds.
+    Newest,
+    /// The restore point of this name.
+    Point(String),
+    /// The newest point taken at or before this time (milliseconds since 1970).
+    At(u64),
+}
+
+/// Where a restore starts and ends.
+struct Span {
+    /// The chosen base's start: stream object and record.
+    from: (u64, usize),
+    /// The last object applied (`None`: to the end of the consecutive run).
+    through: Option<u64>,
+    point: Option<Point>,
+}
+
+fn choose(
+    store: &dyn ObjectStore,
+    cat: &Catalog,
+    pool: [u8; 16],
+    target: &Target,
+) -> Result<Span, RestoreError> {
+    let of_point = |p: &Point| Span {
+        from: (p.base, p.base_record as usize),
+        through: Some(p.through),
+        point: Some(p.clone()),
+    };
+    let names = || {
+        let mut n: Vec<&str> = cat.points.iter().map(|p| p.name.as_str()).collect();
+        if n.len() > 12 {
+            n.drain(..n.len() - 12);
+        }
+        if n.is_empty() {
+            "it holds none".to_string()
+        } else {
+            format!("it holds {}", n.join(", "))
+        }
+    };
+    match target {
+        Target::Point(name) => cat
+            .points
+            .iter()
+            .find(|p| &p.name == name)
+            .map(of_point)
+            .ok_or_else(|| {
+                RestoreError::Nothing(format!(
+                    "{} holds no restore point named {name:?}: {}",
+                    store.describe(),
+                    names()
+                ))
+            }),
+        Target::At(t) => cat
+            .points
+            .iter()
+            .filter(|p| p.time_ms <= *t)
+            .max_by_key(|p| (p.time_ms, p.number))
+            .map(of_point)
+            .ok_or_else(|| {
+                RestoreError::Nothing(format!(
+                    "{} holds no restore point taken at or before {}: {}",
+                    store.describe(),
+                    catalog::utc(*t),
+                    names()
+                ))
+            }),
+        Target::Newest => {
+            let from = match catalog::newest_base(&cat.bases) {
+                Some(b) => (b.start, b.record as usize),
+                // A copy shipped before the base index existed: find its bases by reading it.
+                None => scan_for_base(store, cat, pool)?,
+            };
+            Ok(Span {
+                from,
+                through: None,
+                point: None,
+            })
+        }
+    }
+}
+
+/// The start of the last complete base in the consecutive run from the first stream object,
+/// found by reading every object (copies without a base index only).
+fn scan_for_base(
+    store: &dyn ObjectStore,
+    cat: &Catalog,
+    pool: [u8; 16],
+) -> Result<(u64, usize), RestoreError> {
+    let run = cat.stream.first().cloned().unwrap_or(0..0);
+    let mut starts = Vec::new();
+    let mut complete = None;
+    for n in run {
+        let bytes = fetch(store, n, pool)?;
+        for (i, r) in stream::records(&bytes[object::HEADER_BYTES..]).enumerate() {
+            match r.map_err(|source| stream_error(n, source))? {
+                Record::BaseStart { .. } => starts.push((n, i)),
+                Record::BaseEnd => complete = starts.last().copied().or(complete),
+                _ => {}
+            }
+        }
+    }
+    complete.ok_or_else(|| {
+        RestoreError::Nothing(format!(
+            "{} holds no complete copy yet (its first base is still being shipped)",
+            store.describe()
+        ))
+    })
+}
+
+fn stream_error(n: u64, source: stream::StreamError) -> RestoreError {
+    RestoreError::Stream {
+        name: ObjectName::new(Kind::Stream, n).to_string(),
+        source,
+    }
+}
+
+/// Stream object `n`, checked against its name and the pool.
+fn fetch(store: &dyn ObjectStore, n: u64, pool: [u8; 16]) -> Result<Vec<u8>, RestoreError> {
+    let name = ObjectName::new(Kind::Stream, n).to_string();
+    let bytes = store.get(&name)?;
+    let expected = Expected {
+        array: pool,
+        kind: Kind::Stream,
+        number: n,
+    };
+    object::decode(&name, &bytes, &expected)?;
+    Ok(bytes)
+}
+
+/// The restore points and bases a store holds (`sliver restore --list`).
+pub fn list(store: &dyn ObjectStore) -> Result<Catalog, RestoreError> {
+    Ok(catalog::load(store)?)
+}
+
+/// Restore the copy in `store` into `dir` (which must not hold an array), as `target` names it,
+/// and the array's configuration, if the copy holds one, into `config_path`.
 pub fn restore(
     store: &dyn ObjectStore,
     dir: &Path,
     config_path: Option<&Path>,
+    target: &Target,
 ) -> Result<RestoreReport, RestoreError> {
     let local = |source: io::Error| RestoreError::Local {
         dir: dir.display().to_string(),
@@ -136,105 +279,83 @@ pub fn restore(
             dir.display()
         )));
     }
-    let mut numbers: Vec<u64> = store
-        .list(Kind::Stream.folder())?
-        .iter()
-        .filter_map(|n| ObjectName::parse(n))
-        .filter(|n| n.kind == Kind::Stream)
-        .map(|n| n.number)
-        .collect();
-    numbers.sort_unstable();
-    let Some(&first) = numbers.first() else {
-        return Err(RestoreError::Nothing(format!(
-            "{} holds no copy of an array",
-            store.describe()
-        )));
+    let cat = catalog::load(store)?;
+    let Some(pool) = cat.pool else {
+        return Err(RestoreError::Nothing(match cat.damaged.first() {
+            Some(d) => d.clone(),
+            None => format!("{} holds no copy of an array", store.describe()),
+        }));
     };
-    // The consecutive run from the first object: a gap ends what a restore may use.
-    let run = numbers
+    let span = choose(store, &cat, pool, target)?;
+    // The objects from the base's start must all be there, consecutively, through the point
+    // (or to the first gap, for the newest state).
+    let held = cat
+        .stream
         .iter()
-        .enumerate()
-        .take_while(|&(i, &n)| n == first + i as u64)
-        .count() as u64;
-    let fetch = |n: u64, pool: Option<[u8; 16]>| -> Result<(Vec<u8>, [u8; 16]), RestoreError> {
-        let name = ObjectName::new(Kind::Stream, n).to_string();
-        let bytes = store.get(&name)?;
-        let header = object::decode_header(&name, &bytes)?;
-        let expected = Expected {
-            array: pool.unwrap_or(header.array),
-            kind: Kind::Stream,
-            number: n,
-        };
-        object::decode(&name, &bytes, &expected)?;
-        Ok((bytes, header.array))
-    };
-    // Pass 1: where bases start and end.
-    let mut pool = None;
-    let mut starts = Vec::new();
-    let mut complete = Vec::new();
-    for n in first..first + run {
-        let (bytes, p) = fetch(n, pool)?;
-        pool = Some(p);
-        for (i, r) in stream::records(&bytes[object::HEADER_BYTES..]).enumerate() {
-            let r = r.map_err(|source| RestoreError::Stream {
-                name: ObjectName::new(Kind::Stream, n).to_string(),
-                source,
-            })?;
-            match r {
-                Record::BaseStart { .. } => starts.push((n, i)),
-                Record::BaseEnd => {
-                    if let Some(&s) = starts.last() {
-                        complete.push(s);
-                    }
-                }
-                _ => {}
-            }
+        .find(|r| r.contains(&span.from.0))
+        .cloned()
+        .unwrap_or(span.from.0..span.from.0);
+    let end = match span.through {
+        Some(t) if t >= held.end => {
+            return Err(RestoreError::Nothing(format!(
+                "{} is missing stream object {} that the restore point needs (deleted, or never shipped)",
+                store.describe(),
+                held.end.max(span.from.0)
+            )))
         }
-    }
-    let pool = pool.expect("at least one object");
-    let Some(&from) = complete.last() else {
-        return Err(RestoreError::Nothing(format!(
-            "{} holds no complete copy yet (its first base is still being shipped)",
-            store.describe()
-        )));
+        Some(t) => t + 1,
+        None => held.end,
     };
-    // A newer base that never completed: what follows it belongs to a local state the stream
-    // does not hold.
-    let until = starts.iter().copied().find(|&s| s > from);
-    // Pass 2: apply.
     let mut backend: Option<FileBackend> = None;
     let mut log_written = Written::default();
     let mut meta_written = Written::default();
     let mut root_written = false;
     let mut config: Option<(Vec<u8>, bool)> = None;
+    // A newer base (a scheduled one: the stream before it is whole) started: its base records
+    // repeat what the chosen base and the writes since hold, and are skipped.
+    let mut newer_base = false;
     let mut applied = 0u64;
-    let mut last = from.0;
-    'objects: for n in from.0..first + run {
-        let (bytes, _) = fetch(n, Some(pool))?;
+    let mut last = span.from.0;
+    'objects: for n in span.from.0..end {
+        let bytes = fetch(store, n, pool)?;
         for (i, r) in stream::records(&bytes[object::HEADER_BYTES..]).enumerate() {
-            if (n, i) < from {
+            if (n, i) < span.from {
                 continue;
             }
-            if Some((n, i)) == until {
-                break 'objects;
+            let r = r.map_err(|source| stream_error(n, source))?;
+            if let Record::BaseStart {
+                capacity,
+                continues,
+            } = r
+            {
+                if backend.is_none() {
+                    std::fs::create_dir_all(dir).map_err(local)?;
+                    backend = Some(FileBackend::open(dir, capacity).map_err(local)?);
+                } else if continues {
+                    newer_base = true;
+                } else {
+                    // A restart: what follows builds on a state the stream does not hold.
+                    break 'objects;
+                }
+                last = n;
+                continue;
             }
-            let r = r.map_err(|source| RestoreError::Stream {
-                name: ObjectName::new(Kind::Stream, n).to_string(),
-                source,
-            })?;
+            let Some(b) = backend.as_ref() else {
+                return Err(RestoreError::Nothing(format!(
+                    "{}: the base index names a record that is not a base's start",
+                    ObjectName::new(Kind::Stream, n)
+                )));
+            };
             last = n;
-            if let Record::BaseStart { capacity } = r {
-                std::fs::create_dir_all(dir).map_err(local)?;
-                backend = Some(FileBackend::open(dir, capacity).map_err(local)?);
-                continue;
-            }
-            let b = backend.as_ref().expect("the base starts first");
             match r {
                 Record::Log {
                     offset,
                     bytes,
                     base,
                 } => {
+                    if base && newer_base {
+                        continue;
+                    }
                     applied += bytes.len() as u64;
                     layer(&mut log_written, offset, bytes, base, |d, o| {
                         b.write_at(d, o)
@@ -246,6 +367,9 @@ pub fn restore(
                     bytes,
                     base,
                 } => {
+                    if base && newer_base {
+                        continue;
+                    }
                     applied += bytes.len() as u64;
                     layer(&mut meta_written, offset, bytes, base, |d, o| {
                         b.meta_write(d, o)
@@ -253,13 +377,14 @@ pub fn restore(
                     .map_err(local)?;
                 }
                 Record::Root { bytes, base } => {
-                    if !(base && root_written) {
+                    if !(base && (root_written || newer_base)) {
                         b.store_root(bytes).map_err(local)?;
                     }
                     root_written |= !base;
                 }
                 Record::Config { bytes, base } => {
-                    if !(base && config.as_ref().is_some_and(|c| !c.1)) {
+                    let newer_held = config.as_ref().is_some_and(|c| !c.1);
+                    if !(base && (newer_held || newer_base)) {
                         config = Some((bytes.to_vec(), base));
                     }
                 }
@@ -271,7 +396,12 @@ pub fn restore(
             }
         }
     }
-    let b = backend.expect("a complete base was applied");
+    let b = backend.ok_or_else(|| {
+        RestoreError::Nothing(format!(
+            "{}: no base starts where the catalog says",
+            store.describe()
+        ))
+    })?;
     b.sync().map_err(local)?;
     b.meta_sync().map_err(local)?;
     if let (Some(path), Some((bytes, _))) = (config_path, &config) {
@@ -283,11 +413,16 @@ pub fn restore(
     }
     Ok(RestoreReport {
         pool,
-        first: from.0,
+        first: span.from.0,
         last,
-        left_out: first + run - 1 - last,
+        left_out: if span.through.is_none() {
+            held.end - 1 - last
+        } else {
+            0
+        },
         bytes_applied: applied,
         config: config.is_some(),
+        point: span.point,
     })
 }
 

@@ -10,16 +10,18 @@
 //! `replication-state` (written by a clean stop that shipped everything, removed at start: a
 //! crash leaves none, and the local disk may then hold writes the stream never got).
 
-use crate::object::{self, Kind, ObjectName, HEADER_BYTES};
+use crate::catalog::{self, BaseEntry, Point};
+use crate::object::{self, Kind, ObjectName};
 use crate::store::{ObjectStore, StoreError};
 use crate::stream::Record;
 use sliver_engine::{Backend, FileBackend};
 use std::collections::VecDeque;
 use std::io;
+use std::ops::Range;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Condvar, Mutex};
-use std::time::{Duration, Instant};
+use std::sync::{mpsc, Arc, Condvar, Mutex};
+use std::time::{Duration, Instant, SystemTime};
 
 /// A batch is cut once it holds this much (a quarter of the backlog bound if that is less).
 pub const BATCH_BYTES: usize = 8 << 20;
@@ -40,6 +42,18 @@ pub struct ShipConfig {
     /// Bytes of cut batches waiting for the store before the copy is given up as broken (at
     /// least [`MIN_BACKLOG`]).
     pub max_backlog: u64,
+    /// How often a scheduled restore point is taken (zero: never). None is taken while
+    /// nothing new was shipped since the last one.
+    pub points_every: Duration,
+    /// Scheduled points kept; older ones are deleted, with the objects no kept point needs.
+    /// Points a user named are kept until a user deletes them.
+    pub keep_points: usize,
+    /// A scheduled base is taken once the stream shipped since the newest base's start holds
+    /// this many times that base's bytes (and at least `rebase_min_bytes`): the store then holds
+    /// at most about twice the array, beside what kept points need, and each byte of a
+    /// scheduled base is paid for by a byte written.
+    pub rebase_ratio: f64,
+    pub rebase_min_bytes: u64,
 }
 
 impl Default for ShipConfig {
@@ -47,6 +61,10 @@ impl Default for ShipConfig {
         ShipConfig {
             cut_interval: Duration::from_secs(5),
             max_backlog: 1 << 30,
+            points_every: Duration::from_secs(3600),
+            keep_points: 24,
+            rebase_ratio: 1.0,
+            rebase_min_bytes: 1 << 30,
         }
     }
 }
@@ -85,21 +103,78 @@ pub struct ShipStatus {
     /// When the oldest write the store does not hold yet was made (`None`: it holds every
     /// write): the copy's lag is the time since.
     pub oldest_unshipped: Option<Instant>,
+    /// The newest restore point.
+    pub newest_point: Option<Point>,
+    /// Objects and base index entries retention deleted since start.
+    pub deleted_objects: u64,
+}
+
+/// Something to do once the object holding a batch is in the store.
+enum Mark {
+    /// A base's start record is record `record` of the batch.
+    BaseStart {
+        record: u32,
+        generation: u64,
+        continues: bool,
+    },
+    /// A base's end record is in the batch; its base records held `bytes`.
+    BaseEnd { generation: u64, bytes: u64 },
+    /// A restore point was asked for: every write completed before is in the batch or earlier.
+    Point(PointRequest),
+}
+
+struct PointRequest {
+    /// `None`: a scheduled point.
+    name: Option<String>,
+    time_ms: u64,
+    reply: Option<mpsc::SyncSender<Result<Point, String>>>,
+}
+
+impl PointRequest {
+    fn answer(self, r: Result<Point, String>) {
+        if let Some(tx) = self.reply {
+            let _ = tx.send(r);
+        }
+    }
 }
 
 struct Batch {
     body: Vec<u8>,
+    /// Records in `body`.
+    records: u32,
+    marks: Vec<Mark>,
     /// When its first record was added.
     since: Option<Instant>,
 }
 
+/// A batch cut and waiting for the store.
+struct Cut {
+    /// The shipper removes the body it shipped by id, since the queue may have been emptied
+    /// and refilled (a resync) while it was being created.
+    id: u64,
+    body: Arc<Vec<u8>>,
+    /// When its first write was made.
+    since: Instant,
+    marks: Vec<Mark>,
+}
+
 struct Queue {
-    /// (id, body, when its first write was made), oldest first.
-    bodies: VecDeque<(u64, Arc<Vec<u8>>, Instant)>,
-    /// Id of the next body queued: the shipper removes the body it shipped by id, since the
-    /// queue may have been emptied and refilled (a resync) while it was being created.
+    bodies: VecDeque<Cut>,
     next_id: u64,
     bytes: u64,
+    /// Marks asked for while nothing was waiting: due at the newest object shipped.
+    immediate: Vec<Mark>,
+}
+
+/// What the store holds besides the stream's newest objects, as this array knows it: kept up
+/// to date by the shipper, read at start.
+struct CatalogState {
+    stream: Vec<Range<u64>>,
+    bases: Vec<BaseEntry>,
+    points: Vec<Point>,
+    next_point: u64,
+    /// Set when a pass of retention may delete something.
+    retain_due: bool,
 }
 
 struct Shared {
@@ -113,6 +188,12 @@ struct Shared {
     status: Mutex<ShipStatus>,
     /// Set once the shipper was fenced or a base could not be read: nothing more is recorded.
     off: AtomicBool,
+    /// A restart base (the first, or one after a crash or a dropped backlog) has begun and not
+    /// reached the store whole: no point can be taken until it has.
+    restarting: AtomicBool,
+    catalog: Mutex<CatalogState>,
+    /// Wakes the retention thread.
+    retain_wake: Condvar,
     stop: AtomicBool,
     /// The array's files, which a base reads.
     inner: Arc<FileBackend>,
@@ -138,6 +219,7 @@ impl Shared {
     fn append_locked(&self, b: &mut Batch, rec: Record<'_>) {
         b.since.get_or_insert_with(Instant::now);
         rec.encode(&mut b.body);
+        b.records += 1;
         if b.body.len() >= self.batch_limit() {
             self.cut_locked(b);
         }
@@ -161,13 +243,23 @@ impl Shared {
         }
         let body = std::mem::take(&mut b.body);
         let since = b.since.take().unwrap_or_else(Instant::now);
+        let mut marks = std::mem::take(&mut b.marks);
+        b.records = 0;
         let mut q = self.queue.lock().unwrap();
         if q.bytes + body.len() as u64 > self.config.max_backlog {
             // Hosts never wait for the store: the writes waiting are dropped, and the copy
             // starts over with a base, online. The batch lock is held, so the base's start is
             // the first record after the objects already numbered: a restore never applies a
-            // write that followed a dropped one without the base under it.
-            q.bodies.clear();
+            // write that followed a dropped one without the base under it. Points asked for
+            // wait for that base.
+            let dropped = std::mem::take(&mut q.bodies);
+            let mut points: Vec<Mark> = dropped
+                .into_iter()
+                .flat_map(|c| c.marks)
+                .chain(marks.drain(..))
+                .filter(|m| matches!(m, Mark::Point(_)))
+                .collect();
+            q.immediate.append(&mut points);
             q.bytes = 0;
             drop(q);
             let why = format!(
@@ -180,26 +272,42 @@ impl Shared {
                 s.resyncs += 1;
                 s.last_error = Some(why);
             }
-            self.begin_base_locked(b);
+            self.begin_base_locked(b, false);
             self.wake.notify_all();
             return;
         }
         q.bytes += body.len() as u64;
         let id = q.next_id;
         q.next_id += 1;
-        q.bodies.push_back((id, Arc::new(body), since));
+        q.bodies.push_back(Cut {
+            id,
+            body: Arc::new(body),
+            since,
+            marks,
+        });
         self.wake.notify_all();
     }
 
-    /// Start a base: its start record first in the (empty) batch `b`, then a reader thread.
-    /// Caller holds the batch lock.
-    fn begin_base_locked(&self, b: &mut Batch) {
+    /// Start a base: its start record in the batch `b`, then a reader thread. `continues`: the
+    /// stream before it is whole (a scheduled base); otherwise the batch is empty (a restart:
+    /// nothing before it applies after it). Caller holds the batch lock.
+    fn begin_base_locked(&self, b: &mut Batch, continues: bool) {
         let generation = self.generation.fetch_add(1, Ordering::AcqRel) + 1;
-        Record::BaseStart {
-            capacity: self.capacity,
+        if !continues {
+            self.restarting.store(true, Ordering::Release);
         }
-        .encode(&mut b.body);
-        b.since.get_or_insert_with(Instant::now);
+        b.marks.push(Mark::BaseStart {
+            record: b.records,
+            generation,
+            continues,
+        });
+        self.append_locked(
+            b,
+            Record::BaseStart {
+                capacity: self.capacity,
+                continues,
+            },
+        );
         self.status.lock().unwrap().state = ShipState::Base;
         let Some(me) = self.me.upgrade() else {
             return;
@@ -226,6 +334,10 @@ impl Shared {
 
     /// Record a base's record unless a newer base started meanwhile. Returns false then.
     fn record_base(&self, rec: Record<'_>, generation: u64) -> bool {
+        self.record_base_marked(rec, generation, None)
+    }
+
+    fn record_base_marked(&self, rec: Record<'_>, generation: u64, mark: Option<Mark>) -> bool {
         if self.off.load(Ordering::Acquire) {
             return false;
         }
@@ -233,6 +345,7 @@ impl Shared {
         if self.generation.load(Ordering::Acquire) != generation {
             return false;
         }
+        b.marks.extend(mark);
         self.append_locked(&mut b, rec);
         // The cut may have started a newer base.
         self.generation.load(Ordering::Acquire) == generation
@@ -266,6 +379,7 @@ pub struct Shipper {
     shared: Arc<Shared>,
     dir: PathBuf,
     thread: Option<std::thread::JoinHandle<()>>,
+    retainer: Option<std::thread::JoinHandle<()>>,
 }
 
 /// Why shipping cannot start.
@@ -284,25 +398,6 @@ fn local(dir: &Path) -> impl Fn(io::Error) -> ShipError + '_ {
         dir: dir.display().to_string(),
         source,
     }
-}
-
-/// The newest stream object in the store and the pool it belongs to.
-fn newest(store: &dyn ObjectStore) -> Result<Option<(u64, [u8; 16])>, ShipError> {
-    let names = store.list(Kind::Stream.folder())?;
-    let Some(last) = names
-        .iter()
-        .filter_map(|n| ObjectName::parse(n))
-        .filter(|n| n.kind == Kind::Stream)
-        .map(|n| n.number)
-        .max()
-    else {
-        return Ok(None);
-    };
-    let name = ObjectName::new(Kind::Stream, last).to_string();
-    let head = store.get_range(&name, 0..HEADER_BYTES as u64)?;
-    let header =
-        object::decode_header(&name, &head).map_err(|e| ShipError::Refused(e.to_string()))?;
-    Ok(Some((last, header.array)))
 }
 
 fn write_synced(dir: &Path, name: &str, text: &str) -> io::Result<()> {
@@ -361,7 +456,17 @@ impl ShippingBackend {
             Err(e) if e.kind() == io::ErrorKind::NotFound => None,
             Err(e) => return Err(err(e)),
         };
-        let newest = newest(store.as_ref())?;
+        let cat = catalog::load(store.as_ref())?;
+        if let Some(d) = cat.damaged.first() {
+            if cat.pool.is_none() {
+                return Err(ShipError::Refused(d.clone()));
+            }
+            tracing::warn!(
+                "replication: {} catalog object(s) damaged, not used: {d}",
+                cat.damaged.len()
+            );
+        }
+        let newest = cat.stream.last().map(|r| r.end - 1).zip(cat.pool);
         let pool = match (ours, newest) {
             (Some(p), Some((_, theirs))) if p != theirs => {
                 return Err(ShipError::Refused(format!(
@@ -388,6 +493,10 @@ impl ShippingBackend {
         let last = newest.map(|(n, _)| n).unwrap_or(0);
         let capacity = inner.capacity();
         let continues = clean == Some((pool, last, capacity)) && last > 0;
+        let next_point = cat.points.iter().map(|p| p.number + 1).max().unwrap_or(1);
+        let newest_point = cat.points.iter().max_by_key(|p| p.number).cloned();
+        // A stream shipped before the base index existed: a scheduled base gives it one.
+        let needs_index = continues && cat.bases.is_empty();
         let inner = Arc::new(inner);
         let shared = Arc::new_cyclic(|me| Shared {
             store,
@@ -395,12 +504,15 @@ impl ShippingBackend {
             capacity,
             batch: Mutex::new(Batch {
                 body: Vec::new(),
+                records: 0,
+                marks: Vec::new(),
                 since: None,
             }),
             queue: Mutex::new(Queue {
                 bodies: VecDeque::new(),
                 next_id: 0,
                 bytes: 0,
+                immediate: Vec::new(),
             }),
             wake: Condvar::new(),
             status: Mutex::new(ShipStatus {
@@ -417,8 +529,19 @@ impl ShippingBackend {
                 last_error: None,
                 resyncs: 0,
                 oldest_unshipped: None,
+                newest_point,
+                deleted_objects: 0,
             }),
             off: AtomicBool::new(false),
+            restarting: AtomicBool::new(false),
+            catalog: Mutex::new(CatalogState {
+                stream: cat.stream,
+                bases: cat.bases,
+                points: cat.points,
+                next_point,
+                retain_due: true,
+            }),
+            retain_wake: Condvar::new(),
             stop: AtomicBool::new(false),
             inner: inner.clone(),
             array_config: Mutex::new(array_config),
@@ -440,15 +563,22 @@ impl ShippingBackend {
             );
         }
         // A base starts in the stream before any write the engine makes from now on.
-        if !continues {
+        if !continues || needs_index {
             let mut b = shared.batch.lock().unwrap();
-            shared.begin_base_locked(&mut b);
+            shared.begin_base_locked(&mut b, continues);
         }
         let thread = {
             let shared = shared.clone();
             std::thread::Builder::new()
                 .name("replica-ship".into())
                 .spawn(move || ship_loop(&shared, last + 1))
+                .map_err(&err)?
+        };
+        let retainer = {
+            let shared = shared.clone();
+            std::thread::Builder::new()
+                .name("replica-retain".into())
+                .spawn(move || retain_loop(&shared))
                 .map_err(&err)?
         };
         Ok((
@@ -460,6 +590,7 @@ impl ShippingBackend {
                 shared,
                 dir: dir.to_path_buf(),
                 thread: Some(thread),
+                retainer: Some(retainer),
             },
         ))
     }
@@ -488,6 +619,7 @@ fn read_base(shared: &Shared, generation: u64) -> io::Result<()> {
     // A piece never fills a batch alone (see `Shared::batch_limit`).
     let piece = (4u64 << 20).min(shared.batch_limit() as u64);
     let mut buf = Vec::new();
+    let mut bytes = 0u64;
     let current = || {
         !shared.stop.load(Ordering::Acquire)
             && shared.generation.load(Ordering::Acquire) == generation
@@ -524,6 +656,7 @@ fn read_base(shared: &Shared, generation: u64) -> io::Result<()> {
                 }
                 shared.throttle();
                 at += n as u64;
+                bytes += n as u64;
             }
         }
     }
@@ -546,7 +679,8 @@ fn read_base(shared: &Shared, generation: u64) -> io::Result<()> {
             return Ok(());
         }
     }
-    if shared.record_base(Record::BaseEnd, generation) {
+    let end = Mark::BaseEnd { generation, bytes };
+    if shared.record_base_marked(Record::BaseEnd, generation, Some(end)) {
         shared.cut();
         let mut s = shared.status.lock().unwrap();
         if s.state == ShipState::Base && shared.generation.load(Ordering::Acquire) == generation {
@@ -556,15 +690,85 @@ fn read_base(shared: &Shared, generation: u64) -> io::Result<()> {
     Ok(())
 }
 
-/// Create the cut batches in the store, in order, one at a time; cut the batch on the timer.
-fn ship_loop(shared: &Shared, mut next: u64) {
-    let pool = shared.status.lock().unwrap().pool;
+/// What the shipper thread keeps between objects.
+struct Local {
+    pool: [u8; 16],
+    /// The number the next stream object gets.
+    next: u64,
+    /// The base whose start is in the store and whose end is not yet: (start object, record,
+    /// generation, continues).
+    open_base: Option<(u64, u32, u64, bool)>,
+    /// Points asked for while a restart base was on its way: taken once it is whole.
+    waiting: Vec<PointRequest>,
+    /// Stream bytes shipped since the newest base started (since this start, at first).
+    since_base: u64,
+    /// A scheduled base was begun and has not completed (or been replaced by a restart).
+    rebasing: bool,
+    /// When the last scheduled point was due, and the newest object it covered.
+    last_point: (Instant, u64),
+}
+
+fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+/// Create `name` with `bytes` unless it exists, retrying store errors with backoff until it
+/// answers or the shipper stops (`None`). `Some(false)`: another writer created it first.
+fn create_retrying(shared: &Shared, name: &str, bytes: &[u8]) -> Option<bool> {
+    let mut delay = Duration::from_millis(100);
     loop {
+        match shared.store.put_if_absent(name, bytes.to_vec()) {
+            Ok(true) => return Some(true),
+            // A create whose answer was lost and that the client sent again: ours if the
+            // object holds exactly these bytes.
+            Ok(false) => return Some(shared.store.get(name).ok().as_deref() == Some(bytes)),
+            Err(e) => {
+                shared.status.lock().unwrap().last_error = Some(e.to_string());
+                if shared.stop.load(Ordering::Acquire) {
+                    return None;
+                }
+                std::thread::sleep(delay);
+                delay = (delay * 2).min(Duration::from_secs(30));
+            }
+        }
+    }
+}
+
+fn fenced(shared: &Shared, name: &str) {
+    let why = format!(
+        "{name} in {} was created by another writer: this array no longer ships there",
+        shared.store.describe()
+    );
+    tracing::error!("replication fenced: {why}");
+    shared.off.store(true, Ordering::Release);
+    shared.status.lock().unwrap().state = ShipState::Fenced(why);
+}
+
+/// Create the cut batches in the store, in order, one at a time; cut the batch on the timer;
+/// take scheduled points and bases.
+fn ship_loop(shared: &Shared, next: u64) {
+    let mut local = Local {
+        pool: shared.status.lock().unwrap().pool,
+        next,
+        open_base: None,
+        waiting: Vec::new(),
+        since_base: 0,
+        rebasing: false,
+        last_point: (Instant::now(), next - 1),
+    };
+    loop {
+        schedule(shared, &mut local);
         let item = {
             let mut q = shared.queue.lock().unwrap();
             loop {
+                if !q.immediate.is_empty() {
+                    break Some(Err(std::mem::take(&mut q.immediate)));
+                }
                 if let Some(front) = q.bodies.front() {
-                    break Some((front.0, Arc::clone(&front.1)));
+                    break Some(Ok((front.id, Arc::clone(&front.body))));
                 }
                 if shared.stop.load(Ordering::Acquire) || shared.off.load(Ordering::Acquire) {
                     break None;
@@ -584,65 +788,420 @@ fn ship_loop(shared: &Shared, mut next: u64) {
                     if due {
                         shared.cut();
                     }
+                    schedule(shared, &mut local);
                     q = shared.queue.lock().unwrap();
                 }
             }
         };
-        let Some((id, body)) = item else {
-            return;
-        };
-        let name = ObjectName::new(Kind::Stream, next).to_string();
-        let bytes = object::encode(Kind::Stream, pool, 0, next, &body);
-        let mut delay = Duration::from_millis(100);
-        let created = loop {
-            match shared.store.put_if_absent(&name, bytes.clone()) {
-                Ok(true) => break true,
-                // A create whose answer was lost and that the client sent again: ours if the
-                // object holds exactly these bytes.
-                Ok(false) => break shared.store.get(&name).ok().as_deref() == Some(&bytes[..]),
-                Err(e) => {
-                    shared.status.lock().unwrap().last_error = Some(e.to_string());
-                    if shared.stop.load(Ordering::Acquire) {
-                        return;
-                    }
-                    std::thread::sleep(delay);
-                    delay = (delay * 2).min(Duration::from_secs(30));
+        let (id, body) = match item {
+            None => return,
+            // Marks due at the newest object already in the store.
+            Some(Err(marks)) => {
+                let newest = local.next - 1;
+                if !shipped(shared, &mut local, newest, marks) {
+                    return;
                 }
+                continue;
             }
+            Some(Ok(item)) => item,
         };
-        if !created {
-            let why = format!(
-                "{name} in {} was created by another writer: this array no longer ships there",
-                shared.store.describe()
-            );
-            tracing::error!("replication fenced: {why}");
-            shared.off.store(true, Ordering::Release);
-            shared.status.lock().unwrap().state = ShipState::Fenced(why);
-            return;
+        let n = local.next;
+        let name = ObjectName::new(Kind::Stream, n).to_string();
+        let bytes = object::encode(Kind::Stream, local.pool, 0, n, &body);
+        match create_retrying(shared, &name, &bytes) {
+            None => return,
+            Some(false) => return fenced(shared, &name),
+            Some(true) => {}
+        }
+        local.next += 1;
+        local.since_base += body.len() as u64;
+        {
+            let mut s = shared.status.lock().unwrap();
+            s.shipped_through = n;
+            s.objects += 1;
+            s.bytes += body.len() as u64;
+            s.last_error = None;
         }
         {
-            let mut q = shared.queue.lock().unwrap();
-            if q.bodies.front().is_some_and(|f| f.0 == id) {
-                let (_, done, _) = q.bodies.pop_front().expect("the front");
-                q.bytes -= done.len() as u64;
+            let mut c = shared.catalog.lock().unwrap();
+            match c.stream.last_mut() {
+                Some(r) if r.end == n => r.end = n + 1,
+                _ => c.stream.push(n..n + 1),
             }
-            shared.wake.notify_all();
         }
-        let mut s = shared.status.lock().unwrap();
-        s.shipped_through = next;
-        s.objects += 1;
-        s.bytes += body.len() as u64;
-        s.last_error = None;
-        next += 1;
+        let marks = {
+            let mut q = shared.queue.lock().unwrap();
+            let marks = match q.bodies.front_mut() {
+                Some(f) if f.id == id => std::mem::take(&mut f.marks),
+                _ => Vec::new(),
+            };
+            marks
+        };
+        if !shipped(shared, &mut local, n, marks) {
+            return;
+        }
+        let mut q = shared.queue.lock().unwrap();
+        if q.bodies.front().is_some_and(|f| f.id == id) {
+            let done = q.bodies.pop_front().expect("the front");
+            q.bytes -= done.body.len() as u64;
+        }
+        shared.wake.notify_all();
     }
 }
 
+/// Ask for a scheduled point when one is due, and begin a scheduled base when the stream since
+/// the newest base has grown past the bound.
+fn schedule(shared: &Shared, local: &mut Local) {
+    if shared.off.load(Ordering::Acquire) || shared.stop.load(Ordering::Acquire) {
+        return;
+    }
+    let every = shared.config.points_every;
+    let newest = local.next - 1;
+    if !every.is_zero() && local.last_point.0.elapsed() >= every && newest > local.last_point.1 {
+        local.last_point = (Instant::now(), newest);
+        shared.request_point(PointRequest {
+            name: None,
+            time_ms: now_ms(),
+            reply: None,
+        });
+    }
+    let newest_base = {
+        let c = shared.catalog.lock().unwrap();
+        catalog::newest_base(&c.bases).copied()
+    };
+    if let Some(base) = newest_base {
+        let bound = (base.bytes as f64 * shared.config.rebase_ratio)
+            .max(shared.config.rebase_min_bytes as f64);
+        if !local.rebasing
+            && !shared.restarting.load(Ordering::Acquire)
+            && local.since_base as f64 >= bound
+        {
+            tracing::info!(
+                "replication: {} bytes shipped since the newest base; copying the whole array again so that older objects can go",
+                local.since_base
+            );
+            local.rebasing = true;
+            let mut b = shared.batch.lock().unwrap();
+            shared.begin_base_locked(&mut b, true);
+        }
+    }
+}
+
+/// Object `n` (holding the batch the marks came with) is in the store: record bases, take
+/// points. Returns false when the shipper must end (fenced or stopped).
+fn shipped(shared: &Shared, local: &mut Local, n: u64, marks: Vec<Mark>) -> bool {
+    for mark in marks {
+        match mark {
+            Mark::BaseStart {
+                record,
+                generation,
+                continues,
+            } => {
+                local.open_base = Some((n, record, generation, continues));
+                local.since_base = 0;
+            }
+            Mark::BaseEnd { generation, bytes } => {
+                let Some((start, record, g, continues)) = local.open_base else {
+                    continue;
+                };
+                if g != generation {
+                    continue;
+                }
+                local.open_base = None;
+                let entry = BaseEntry {
+                    start,
+                    record,
+                    end: n,
+                    continues,
+                    bytes,
+                };
+                let name = ObjectName::new(Kind::BaseIndex, start).to_string();
+                let obj = object::encode(Kind::BaseIndex, local.pool, 0, start, &entry.encode());
+                match create_retrying(shared, &name, &obj) {
+                    None => return false,
+                    Some(false) => {
+                        fenced(shared, &name);
+                        return false;
+                    }
+                    Some(true) => {}
+                }
+                // Only the newest generation's end clears a restart: an older base's end
+                // (one a restart replaced) never reaches here, its mark being dropped.
+                if generation == shared.generation.load(Ordering::Acquire) {
+                    shared.restarting.store(false, Ordering::Release);
+                }
+                local.rebasing = false;
+                {
+                    let mut c = shared.catalog.lock().unwrap();
+                    c.bases.push(entry);
+                    c.retain_due = true;
+                }
+                shared.retain_wake.notify_all();
+                for req in std::mem::take(&mut local.waiting) {
+                    if !take_point(shared, local, n, req) {
+                        return false;
+                    }
+                }
+            }
+            Mark::Point(req) => {
+                let has_base = !shared.catalog.lock().unwrap().bases.is_empty();
+                if shared.restarting.load(Ordering::Acquire) || !has_base || n == 0 {
+                    local.waiting.push(req);
+                } else if !take_point(shared, local, n, req) {
+                    return false;
+                }
+            }
+        }
+    }
+    true
+}
+
+/// Create the point `req` through object `n`, on the newest complete base.
+fn take_point(shared: &Shared, local: &mut Local, n: u64, req: PointRequest) -> bool {
+    let (number, base) = {
+        let mut c = shared.catalog.lock().unwrap();
+        let Some(base) = catalog::newest_base(&c.bases).copied() else {
+            drop(c);
+            req.answer(Err(
+                "no complete copy of the array is in the store yet".into()
+            ));
+            return true;
+        };
+        if let Some(name) = &req.name {
+            if c.points.iter().any(|p| &p.name == name) {
+                drop(c);
+                let msg = format!("a restore point named {name:?} exists");
+                req.answer(Err(msg));
+                return true;
+            }
+        }
+        let number = c.next_point;
+        c.next_point += 1;
+        (number, base)
+    };
+    let name = match &req.name {
+        Some(n) => n.clone(),
+        None => {
+            // Two scheduled points in one second (a short schedule) get their numbers too.
+            let n = catalog::scheduled_name(req.time_ms);
+            let taken = shared
+                .catalog
+                .lock()
+                .unwrap()
+                .points
+                .iter()
+                .any(|p| p.name == n);
+            if taken {
+                format!("{n}-{number}")
+            } else {
+                n
+            }
+        }
+    };
+    let point = Point {
+        number,
+        name,
+        scheduled: req.name.is_none(),
+        time_ms: req.time_ms,
+        through: n,
+        base: base.start,
+        base_record: base.record,
+    };
+    let name = ObjectName::new(Kind::Point, number).to_string();
+    let obj = object::encode(Kind::Point, local.pool, 0, number, &point.encode());
+    match create_retrying(shared, &name, &obj) {
+        None => {
+            req.answer(Err("the array is stopping".into()));
+            return false;
+        }
+        Some(false) => {
+            req.answer(Err("another writer took the point's number".into()));
+            fenced(shared, &name);
+            return false;
+        }
+        Some(true) => {}
+    }
+    tracing::info!(
+        "replication: restore point {} through object {n}",
+        point.name
+    );
+    {
+        let mut c = shared.catalog.lock().unwrap();
+        c.points.push(point.clone());
+        c.retain_due |= point.scheduled;
+    }
+    shared.retain_wake.notify_all();
+    shared.status.lock().unwrap().newest_point = Some(point.clone());
+    req.answer(Ok(point));
+    true
+}
+
+impl Shared {
+    /// Ask for a point covering every write completed before now: marked in the batch and cut,
+    /// or, with nothing waiting, due at the newest object in the store.
+    fn request_point(&self, req: PointRequest) {
+        let mut b = self.batch.lock().unwrap();
+        if !b.body.is_empty() {
+            b.marks.push(Mark::Point(req));
+            self.cut_locked(&mut b);
+            return;
+        }
+        let mut q = self.queue.lock().unwrap();
+        match q.bodies.back_mut() {
+            Some(last) => last.marks.push(Mark::Point(req)),
+            None => q.immediate.push(Mark::Point(req)),
+        }
+        self.wake.notify_all();
+    }
+}
+
+/// Delete what no restore needs whenever a point or a base was added or a point deleted.
+fn retain_loop(shared: &Shared) {
+    loop {
+        {
+            let mut c = shared.catalog.lock().unwrap();
+            while !c.retain_due {
+                if shared.stop.load(Ordering::Acquire) {
+                    return;
+                }
+                c = shared
+                    .retain_wake
+                    .wait_timeout(c, Duration::from_millis(200))
+                    .unwrap()
+                    .0;
+            }
+            c.retain_due = false;
+        }
+        if shared.off.load(Ordering::Acquire) {
+            return;
+        }
+        if let Err(e) = retain_once(shared) {
+            tracing::warn!("replication retention: {e} (tried again at the next point)");
+            shared.status.lock().unwrap().last_error = Some(format!("retention: {e}"));
+        }
+    }
+}
+
+/// One pass of retention: expired points first (so no point ever names deleted objects), then
+/// the stream objects nothing needs, then index entries of bases nothing builds on.
+fn retain_once(shared: &Shared) -> Result<(), StoreError> {
+    let plan = {
+        let c = shared.catalog.lock().unwrap();
+        catalog::plan(&c.stream, &c.bases, &c.points, shared.config.keep_points)
+    };
+    let mut deleted = 0u64;
+    let count = |deleted: u64| shared.status.lock().unwrap().deleted_objects += deleted;
+    for &n in &plan.points {
+        shared
+            .store
+            .delete(&ObjectName::new(Kind::Point, n).to_string())?;
+        shared
+            .catalog
+            .lock()
+            .unwrap()
+            .points
+            .retain(|p| p.number != n);
+        deleted += 1;
+    }
+    for r in &plan.stream {
+        for n in r.clone() {
+            if shared.stop.load(Ordering::Acquire) {
+                count(deleted);
+                return Ok(());
+            }
+            shared
+                .store
+                .delete(&ObjectName::new(Kind::Stream, n).to_string())?;
+            let mut c = shared.catalog.lock().unwrap();
+            let held = std::mem::take(&mut c.stream);
+            let gone = n..n + 1;
+            c.stream = catalog::subtract(&held, std::slice::from_ref(&gone));
+            deleted += 1;
+        }
+    }
+    for &start in &plan.bases {
+        shared
+            .store
+            .delete(&ObjectName::new(Kind::BaseIndex, start).to_string())?;
+        shared
+            .catalog
+            .lock()
+            .unwrap()
+            .bases
+            .retain(|b| b.start != start);
+        deleted += 1;
+    }
+    if deleted > 0 {
+        tracing::info!("replication retention: deleted {deleted} objects no restore needs");
+    }
+    count(deleted);
+    Ok(())
+}
+
 impl Shipper {
+    /// The restore points in the store, oldest first.
+    pub fn points(&self) -> Vec<Point> {
+        self.shared.catalog.lock().unwrap().points.clone()
+    }
+
+    /// Take a restore point named `name` holding every write completed before this call. The
+    /// answer comes once the point is in the store (after the writes before it, and after a
+    /// whole base if a restart is on its way).
+    pub fn take_point(&self, name: &str) -> Result<mpsc::Receiver<Result<Point, String>>, String> {
+        catalog::check_name(name)?;
+        if self.shared.off.load(Ordering::Acquire) {
+            return Err("replication is not running".into());
+        }
+        if self.points().iter().any(|p| p.name == name) {
+            return Err(format!("a restore point named {name:?} exists"));
+        }
+        let (tx, rx) = mpsc::sync_channel(1);
+        self.shared.request_point(PointRequest {
+            name: Some(name.to_string()),
+            time_ms: now_ms(),
+            reply: Some(tx),
+        });
+        Ok(rx)
+    }
+
+    /// Delete the point `name` from the store; retention then deletes the objects only it
+    /// needed. Scheduled points may be deleted too.
+    pub fn delete_point(&self, name: &str) -> Result<Option<Point>, StoreError> {
+        let Some(p) = self.points().into_iter().find(|p| p.name == name) else {
+            return Ok(None);
+        };
+        self.shared
+            .store
+            .delete(&ObjectName::new(Kind::Point, p.number).to_string())?;
+        {
+            let mut c = self.shared.catalog.lock().unwrap();
+            c.points.retain(|q| q.number != p.number);
+            c.retain_due = true;
+        }
+        self.shared.retain_wake.notify_all();
+        let mut s = self.shared.status.lock().unwrap();
+        if s.newest_point
+            .as_ref()
+            .is_some_and(|n| n.number == p.number)
+        {
+            s.newest_point = self
+                .shared
+                .catalog
+                .lock()
+                .unwrap()
+                .points
+                .iter()
+                .max_by_key(|p| p.number)
+                .cloned();
+        }
+        Ok(Some(p))
+    }
+
     pub fn status(&self) -> ShipStatus {
         let mut s = self.shared.status.lock().unwrap().clone();
         let (queued, queued_since) = {
             let q = self.shared.queue.lock().unwrap();
-            (q.bytes, q.bodies.front().map(|b| b.2))
+            (q.bytes, q.bodies.front().map(|c| c.since))
         };
         let (batched, batched_since) = {
             let b = self.shared.batch.lock().unwrap();
@@ -675,7 +1234,11 @@ impl Shipper {
             .is_none_or(|b| b.is_finished());
         self.shared.stop.store(true, Ordering::Release);
         self.shared.wake.notify_all();
+        self.shared.retain_wake.notify_all();
         if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+        if let Some(t) = self.retainer.take() {
             let _ = t.join();
         }
         let base = self.shared.base.lock().unwrap().take();

@@ -4,11 +4,17 @@
 //! the local disk, which the engine's open recovers.
 //!
 //! ```text
-//! area u8 | pad [3] | len u32 | offset u64 | bytes [len]   (no bytes for discard, base start
-//!                                                            and base end)
+//! area u8 | flags u8 | pad [2] | len u32 | offset u64 | bytes [len]   (no bytes for discard,
+//!                                                                      base start and end)
 //! areas: 1 log write, 2 metadata write, 3 root, 4 log discard, 5 base start, 6 base end,
 //!        7 array configuration; +0x10 on 1, 2, 3 and 7 for a base's records
+//! flags: on a base start only, 1 = the stream before it is whole (a scheduled base), 0 = it
+//!        is not (the first base, a restart after a crash or a dropped backlog)
 //! ```
+//!
+//! A scheduled base is taken only so that older objects can be deleted: the stream before it
+//! is whole, so a restore that started from an older base goes on through it and skips its
+//! base records. A restart base is where a restore from an older base must stop.
 //!
 //! A base (a full copy, taken while hosts keep writing) is read from the live files, so a
 //! range read while a write to it was under way can be torn. Its records are marked as base
@@ -48,8 +54,9 @@ pub enum Record<'a> {
     /// A log range given back (its contents undefined from then on).
     Discard { offset: u64, len: u64 },
     /// A full copy of the array starts: what came before is no longer needed. `capacity` is the
-    /// log's size.
-    BaseStart { capacity: u64 },
+    /// log's size; `continues`: the stream before it is whole (a scheduled base), so the
+    /// ordinary records after it also apply over an older base.
+    BaseStart { capacity: u64, continues: bool },
     /// The full copy that the last `BaseStart` began is complete.
     BaseEnd,
 }
@@ -80,6 +87,7 @@ impl Record<'_> {
     /// Append the record to `out`. Payloads are at most `u32::MAX` bytes (callers split).
     pub fn encode(&self, out: &mut Vec<u8>) {
         let flag = |base: bool| if base { BASE_FLAG } else { 0 };
+        let mut flags = 0u8;
         let (area, len, offset, bytes): (u8, u64, u64, &[u8]) = match *self {
             Record::Log {
                 offset,
@@ -94,12 +102,19 @@ impl Record<'_> {
             Record::Root { bytes, base } => (ROOT | flag(base), bytes.len() as u64, 0, bytes),
             Record::Config { bytes, base } => (CONFIG | flag(base), bytes.len() as u64, 0, bytes),
             Record::Discard { offset, len } => (DISCARD, len, offset, &[]),
-            Record::BaseStart { capacity } => (BASE_START, 0, capacity, &[]),
+            Record::BaseStart {
+                capacity,
+                continues,
+            } => {
+                flags = u8::from(continues);
+                (BASE_START, 0, capacity, &[])
+            }
             Record::BaseEnd => (BASE_END, 0, 0, &[]),
         };
         let len = u32::try_from(len).expect("records are split below 4 GiB");
         out.push(area);
-        out.extend_from_slice(&[0; 3]);
+        out.push(flags);
+        out.extend_from_slice(&[0; 2]);
         out.extend_from_slice(&len.to_le_bytes());
         out.extend_from_slice(&offset.to_le_bytes());
         out.extend_from_slice(bytes);
@@ -143,8 +158,12 @@ fn decode_one(body: &[u8], at: usize) -> Result<(Record<'_>, usize), StreamError
     let head = body
         .get(at..at + RECORD_HEADER)
         .ok_or(err("truncated record header"))?;
-    if head[1..4] != [0; 3] {
+    if head[2..4] != [0; 2] {
         return Err(err("padding is not zero"));
+    }
+    let flags = head[1];
+    if flags != 0 && head[0] != BASE_START {
+        return Err(err("flags on a record that has none"));
     }
     let len = u32::from_le_bytes(head[4..8].try_into().unwrap()) as usize;
     let offset = u64::from_le_bytes(head[8..16].try_into().unwrap());
@@ -210,9 +229,12 @@ fn decode_one(body: &[u8], at: usize) -> Result<(Record<'_>, usize), StreamError
             "a discard past the end of the address space",
         ),
         BASE_START => none(
-            Record::BaseStart { capacity: offset },
-            len == 0,
-            "a base start with a length",
+            Record::BaseStart {
+                capacity: offset,
+                continues: flags == 1,
+            },
+            len == 0 && flags <= 1,
+            "a base start with a length or unknown flags",
         ),
         BASE_END => none(
             Record::BaseEnd,
@@ -229,7 +251,10 @@ mod tests {
 
     fn sample() -> Vec<Record<'static>> {
         vec![
-            Record::BaseStart { capacity: 1 << 30 },
+            Record::BaseStart {
+                capacity: 1 << 30,
+                continues: false,
+            },
             Record::Log {
                 offset: 4096,
                 bytes: b"log bytes",
@@ -257,6 +282,10 @@ mod tests {
                 base: false,
             },
             Record::BaseEnd,
+            Record::BaseStart {
+                capacity: 1 << 30,
+                continues: true,
+            },
         ]
     }
 
@@ -297,7 +326,18 @@ mod tests {
             "unknown record area"
         );
         let mut bad = body.clone();
-        bad[1] = 1;
+        bad[1] = 2;
+        assert!(records(&bad).next().unwrap().is_err());
+        // A flag on a record other than a base start.
+        let log_at = sample()[0].encoded_len();
+        let mut bad = body.clone();
+        bad[log_at + 1] = 1;
+        assert_eq!(
+            records(&bad).nth(1).unwrap().unwrap_err().what,
+            "flags on a record that has none"
+        );
+        let mut bad = body.clone();
+        bad[2] = 1;
         assert!(records(&bad).next().unwrap().is_err());
         // A length far beyond the body.
         let mut bad = Vec::new();

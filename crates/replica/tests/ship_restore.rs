@@ -3,7 +3,7 @@
 //! runs against a real SeaweedFS in `seaweedfs.rs` (`scripts/object-store-test.sh`).
 
 use sliver_engine::{Backend, Engine, EngineConfig, FileBackend, Tuning};
-use sliver_replica::restore::restore;
+use sliver_replica::restore::{restore, Target};
 use sliver_replica::ship::{ShipConfig, ShipState, Shipper, ShippingBackend};
 use sliver_replica::store::{ObjectStore, StoreError};
 use std::collections::BTreeMap;
@@ -90,13 +90,41 @@ fn fast() -> ShipConfig {
     ShipConfig {
         cut_interval: Duration::from_millis(50),
         max_backlog: 256 << 20,
+        points_every: Duration::ZERO,
+        ..ShipConfig::default()
     }
 }
 
 fn start(dir: &Path, store: &Arc<MemStore>) -> (Arc<ShippingBackend>, Shipper) {
+    start_with(dir, store, fast())
+}
+
+fn start_with(
+    dir: &Path,
+    store: &Arc<MemStore>,
+    config: ShipConfig,
+) -> (Arc<ShippingBackend>, Shipper) {
     let fb = FileBackend::open(dir, CAPACITY).unwrap();
-    let (b, s) = ShippingBackend::start(dir, fb, store.clone(), fast(), None).unwrap();
+    let (b, s) = ShippingBackend::start(dir, fb, store.clone(), config, None).unwrap();
     (Arc::new(b), s)
+}
+
+/// Wait for `what` (polled), failing after a minute with `show`'s description.
+fn wait_for(what: impl Fn() -> bool, show: impl Fn() -> String) {
+    let end = Instant::now() + Duration::from_secs(60);
+    while !what() {
+        assert!(Instant::now() < end, "timed out: {}", show());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn numbers(store: &MemStore, folder: &str) -> Vec<u64> {
+    store
+        .list(folder)
+        .unwrap()
+        .iter()
+        .map(|n| u64::from_str_radix(n.rsplit('/').next().unwrap(), 16).unwrap())
+        .collect()
 }
 
 fn drained(shipper: &Shipper) {
@@ -171,7 +199,7 @@ fn a_base_taken_under_writes_and_the_stream_after_it_restore_exactly() {
 
     let b = tempfile::tempdir().unwrap();
     let target = b.path().join("restored");
-    let report = restore(store.as_ref(), &target, None).unwrap();
+    let report = restore(store.as_ref(), &target, None, &Target::Newest).unwrap();
     assert_eq!(report.last, shipped.shipped_through);
     assert_eq!(report.left_out, 0);
     assert!(read_back(&target) == model, "the restored volume differs");
@@ -203,7 +231,7 @@ fn a_clean_stop_continues_the_stream_a_crash_takes_a_base_and_a_stranger_is_refu
     engine.flush().unwrap();
     drained(&shipper);
     let restored = a.path().join("../restore-1");
-    let r = restore(store.as_ref(), &restored, None).unwrap();
+    let r = restore(store.as_ref(), &restored, None, &Target::Newest).unwrap();
     assert_eq!(r.first, 1, "one base, at the start");
     assert!(read_back(&restored) == model);
     std::fs::remove_dir_all(&restored).unwrap();
@@ -216,7 +244,7 @@ fn a_clean_stop_continues_the_stream_a_crash_takes_a_base_and_a_stranger_is_refu
     overwrite(&engine, v, &mut model, 3, 10);
     engine.flush().unwrap();
     drained(&shipper);
-    let r = restore(store.as_ref(), &restored, None).unwrap();
+    let r = restore(store.as_ref(), &restored, None, &Target::Newest).unwrap();
     assert!(r.first > 1, "the restore starts at the new base: {r:?}");
     assert!(read_back(&restored) == model);
     std::fs::remove_dir_all(&restored).unwrap();
@@ -250,7 +278,7 @@ fn a_restore_never_overwrites_an_array() {
     engine.shutdown().unwrap();
     drop(engine);
     shipper.stop(Duration::from_secs(30));
-    let err = restore(store.as_ref(), a.path(), None).unwrap_err();
+    let err = restore(store.as_ref(), a.path(), None, &Target::Newest).unwrap_err();
     assert!(err.to_string().contains("already holds an array"), "{err}");
     assert!(backend.capacity() >= CAPACITY);
 }
@@ -280,7 +308,10 @@ fn base_bytes_go_only_where_no_write_since_the_base_start_went() {
     put(
         1,
         &[
-            Record::BaseStart { capacity: 1 << 20 },
+            Record::BaseStart {
+                capacity: 1 << 20,
+                continues: false,
+            },
             Record::Log {
                 offset: 4096,
                 bytes: &new,
@@ -323,7 +354,10 @@ fn base_bytes_go_only_where_no_write_since_the_base_start_went() {
     put(
         3,
         &[
-            Record::BaseStart { capacity: 1 << 20 },
+            Record::BaseStart {
+                capacity: 1 << 20,
+                continues: false,
+            },
             Record::Log {
                 offset: 0,
                 bytes: &[b'x'; 4096],
@@ -333,7 +367,13 @@ fn base_bytes_go_only_where_no_write_since_the_base_start_went() {
     );
     let dir = tempfile::tempdir().unwrap();
     let target = dir.path().join("r");
-    let report = restore(&store, &target, Some(&dir.path().join("array.json"))).unwrap();
+    let report = restore(
+        &store,
+        &target,
+        Some(&dir.path().join("array.json")),
+        &Target::Newest,
+    )
+    .unwrap();
     assert_eq!((report.first, report.last, report.left_out), (1, 2, 1));
     let fb = FileBackend::open(&target, 1 << 20).unwrap();
     let mut back = vec![0u8; 16384];
@@ -356,4 +396,177 @@ fn base_bytes_go_only_where_no_write_since_the_base_start_went() {
         std::fs::read(dir.path().join("array.json")).unwrap(),
         b"config 2"
     );
+}
+
+/// Named points restore exactly the state they were taken in; a scheduled base lets retention
+/// delete the older objects once no point needs them, and nothing a point or the newest state
+/// needs; a restore to a deleted point is refused with a clear message.
+#[test]
+fn points_restore_their_state_and_retention_deletes_only_what_nothing_needs() {
+    let a = tempfile::tempdir().unwrap();
+    let store = Arc::new(MemStore::default());
+    let ship = ShipConfig {
+        keep_points: 0,
+        rebase_ratio: 1.0,
+        rebase_min_bytes: 4 << 20,
+        ..fast()
+    };
+    let (backend, shipper) = start_with(a.path(), &store, ship);
+    let engine = Engine::create(backend, config(), Tuning::default()).unwrap();
+    let v = engine.create_volume(VOLUME).unwrap();
+    let mut model = vec![0u8; VOLUME as usize];
+    overwrite(&engine, v, &mut model, 1, 64);
+    engine.flush().unwrap();
+    let take = |name: &str| {
+        shipper
+            .take_point(name)
+            .unwrap()
+            .recv_timeout(Duration::from_secs(60))
+            .unwrap()
+            .unwrap()
+    };
+    let one = take("one");
+    let model_one = model.clone();
+    assert_eq!(one.base, 1, "built on the first base");
+    assert!(shipper.take_point("one").unwrap_err().contains("exists"));
+    assert!(shipper.take_point("auto-x").is_err());
+    // Enough writes for a scheduled base (the stream since the first base passes 4 MiB and
+    // the base's own bytes).
+    for round in 0..8 {
+        overwrite(&engine, v, &mut model, 10 + round, 64);
+        engine.flush().unwrap();
+    }
+    wait_for(
+        || numbers(&store, "bases").len() >= 2,
+        || format!("{:?}", shipper.status()),
+    );
+    overwrite(&engine, v, &mut model, 30, 16);
+    engine.flush().unwrap();
+    let two = take("two");
+    let model_two = model.clone();
+    assert!(two.base > 1, "built on the scheduled base: {two:?}");
+    overwrite(&engine, v, &mut model, 40, 16);
+    engine.flush().unwrap();
+    drained(&shipper);
+
+    // Both points restore their own state, the newest state its own.
+    let r = tempfile::tempdir().unwrap();
+    let at = |name: &str| r.path().join(name);
+    let rep = restore(
+        store.as_ref(),
+        &at("one"),
+        None,
+        &Target::Point("one".into()),
+    )
+    .unwrap();
+    assert_eq!(rep.point.as_ref().map(|p| p.name.as_str()), Some("one"));
+    assert!(read_back(&at("one")) == model_one, "point one differs");
+    let t = two.time_ms;
+    restore(store.as_ref(), &at("two"), None, &Target::At(t)).unwrap();
+    assert!(read_back(&at("two")) == model_two, "point two differs");
+    restore(store.as_ref(), &at("newest"), None, &Target::Newest).unwrap();
+    assert!(
+        read_back(&at("newest")) == model,
+        "the newest state differs"
+    );
+    let before = numbers(&store, "stream");
+    assert_eq!(
+        before.iter().min(),
+        Some(&1),
+        "point one keeps the first base"
+    );
+
+    // Point one goes: everything before the base point two builds on goes with it, and
+    // nothing else (point two and the newest state need the rest).
+    assert!(shipper.delete_point("one").unwrap().is_some());
+    wait_for(
+        || {
+            numbers(&store, "stream").iter().min() == Some(&two.base)
+                && numbers(&store, "bases").len() <= 2
+        },
+        || format!("{:?} {:?}", numbers(&store, "stream"), shipper.status()),
+    );
+    let through = shipper.status().shipped_through;
+    assert_eq!(
+        numbers(&store, "stream"),
+        (two.base..=through).collect::<Vec<_>>()
+    );
+    let bases = numbers(&store, "bases");
+    assert_eq!(bases.iter().min(), Some(&two.base), "{bases:?}");
+    assert!(
+        bases.len() <= 2,
+        "only point two's base and the newest: {bases:?}"
+    );
+    let err = restore(
+        store.as_ref(),
+        &at("one-again"),
+        None,
+        &Target::Point("one".into()),
+    )
+    .unwrap_err();
+    assert!(err.to_string().contains("no restore point named"), "{err}");
+    let err = restore(store.as_ref(), &at("early"), None, &Target::At(one.time_ms)).unwrap_err();
+    assert!(err.to_string().contains("at or before"), "{err}");
+    restore(
+        store.as_ref(),
+        &at("two-again"),
+        None,
+        &Target::Point("two".into()),
+    )
+    .unwrap();
+    assert!(read_back(&at("two-again")) == model_two);
+    restore(store.as_ref(), &at("newest-again"), None, &Target::Newest).unwrap();
+    assert!(read_back(&at("newest-again")) == model);
+    engine.shutdown().unwrap();
+    drop(engine);
+    shipper.stop(Duration::from_secs(30));
+}
+
+/// Scheduled points are taken while writes reach the store and none while nothing new does;
+/// retention keeps the newest `keep_points` of them, and each one kept restores.
+#[test]
+fn scheduled_points_are_kept_to_their_count_and_each_restores() {
+    let a = tempfile::tempdir().unwrap();
+    let store = Arc::new(MemStore::default());
+    let ship = ShipConfig {
+        points_every: Duration::from_millis(100),
+        keep_points: 2,
+        ..fast()
+    };
+    let (backend, shipper) = start_with(a.path(), &store, ship);
+    let engine = Engine::create(backend, config(), Tuning::default()).unwrap();
+    let v = engine.create_volume(VOLUME).unwrap();
+    let mut model = vec![0u8; VOLUME as usize];
+    for round in 0..5 {
+        overwrite(&engine, v, &mut model, 100 + round, 8);
+        engine.flush().unwrap();
+        let before = shipper.status().newest_point.map(|p| p.number);
+        wait_for(
+            || shipper.status().newest_point.map(|p| p.number) != before,
+            || format!("{:?}", shipper.status()),
+        );
+    }
+    let taken = shipper.status().newest_point.unwrap();
+    assert!(taken.number >= 5 && taken.scheduled, "{taken:?}");
+    wait_for(
+        || numbers(&store, "points").len() == 2,
+        || format!("{:?}", numbers(&store, "points")),
+    );
+    // Idle: no new point.
+    std::thread::sleep(Duration::from_millis(400));
+    assert_eq!(shipper.status().newest_point.unwrap().number, taken.number);
+    let kept = shipper.points();
+    assert_eq!(kept.len(), 2);
+    let r = tempfile::tempdir().unwrap();
+    for p in &kept {
+        let at = r.path().join(&p.name);
+        restore(store.as_ref(), &at, None, &Target::Point(p.name.clone())).unwrap();
+        assert_eq!(read_back(&at).len(), VOLUME as usize);
+    }
+    // The newest point was taken after the last writes reached the store: it is the model.
+    let newest = kept.iter().max_by_key(|p| p.number).unwrap();
+    assert!(read_back(&r.path().join(&newest.name)) == model);
+    engine.shutdown().unwrap();
+    drop(engine);
+    shipper.stop(Duration::from_secs(30));
 }

@@ -54,6 +54,9 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("get", "/api/v1/initiators/refused"),
     ("get", "/api/v1/sessions"),
     ("get", "/api/v1/replication"),
+    ("get", "/api/v1/replication/points"),
+    ("post", "/api/v1/replication/points"),
+    ("delete", "/api/v1/replication/points/{name}"),
     ("get", "/api/v1/volumes/{name}/history"),
     ("get", "/metrics"),
 ];
@@ -116,6 +119,14 @@ fn router_shared(ctx: Ctx) -> Router {
         .route("/api/v1/initiators/refused", get(refused_initiators))
         .route("/api/v1/sessions", get(sessions_list))
         .route("/api/v1/replication", get(replication_show))
+        .route(
+            "/api/v1/replication/points",
+            get(points_list).post(point_take),
+        )
+        .route(
+            "/api/v1/replication/points/{name}",
+            axum::routing::delete(point_delete),
+        )
         .route("/api/v1/volumes/{name}/history", get(volume_history))
         .route("/metrics", get(metrics_text))
         // The console (RFC 0002): not API routes, so not in ROUTES or the OpenAPI document.
@@ -293,16 +304,18 @@ type ApiResult<T> = Result<T, ApiError>;
 async fn blocking<T: Send + 'static>(
     f: impl FnOnce() -> Result<T, ArrayError> + Send + 'static,
 ) -> ApiResult<T> {
-    tokio::task::spawn_blocking(f)
-        .await
-        .map_err(|e| {
-            ApiError::new(
-                StatusCode::INTERNAL_SERVER_ERROR,
-                "internal_error",
-                e.to_string(),
-            )
-        })?
-        .map_err(ApiError::from)
+    off_workers(f).await?.map_err(ApiError::from)
+}
+
+/// Run `f` on the blocking pool (it waits for the disk or the object store).
+async fn off_workers<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> ApiResult<T> {
+    tokio::task::spawn_blocking(f).await.map_err(|e| {
+        ApiError::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "internal_error",
+            e.to_string(),
+        )
+    })
 }
 
 async fn authorize(State(ctx): State<Ctx>, request: Request, next: Next) -> Response {
@@ -1149,6 +1162,110 @@ pub struct ReplicationInfo {
     pub lag_seconds: f64,
     /// Times the copy started over (a base) because the backlog bound was passed.
     pub resyncs: u64,
+    /// The newest restore point.
+    pub newest_point: Option<PointInfo>,
+    /// Objects retention deleted since the array started (no restore point needed them).
+    pub deleted_objects: u64,
+}
+
+/// A restore point of the off-site copy.
+#[derive(Debug, Serialize)]
+pub struct PointInfo {
+    pub name: String,
+    /// Taken on the schedule (and deleted by retention), not by a user.
+    pub scheduled: bool,
+    /// UTC, RFC 3339: every write acknowledged before it is in the point.
+    pub time: String,
+    pub time_ms: u64,
+    /// The last stream object it needs, and the first (its base's start).
+    pub through: u64,
+    pub base: u64,
+}
+
+impl From<&sliver_replica::catalog::Point> for PointInfo {
+    fn from(p: &sliver_replica::catalog::Point) -> Self {
+        PointInfo {
+            name: p.name.clone(),
+            scheduled: p.scheduled,
+            time: sliver_replica::catalog::utc(p.time_ms),
+            time_ms: p.time_ms,
+            through: p.through,
+            base: p.base,
+        }
+    }
+}
+
+fn no_replication() -> ApiError {
+    ApiError::new(
+        StatusCode::CONFLICT,
+        "replication_not_configured",
+        "this array ships no off-site copy: start it with --replicate-to or [replication]",
+    )
+}
+
+async fn points_list(State(ctx): State<Ctx>) -> ApiResult<Json<Vec<PointInfo>>> {
+    let points = ctx.array.replication_points().ok_or_else(no_replication)?;
+    Ok(Json(points.iter().map(PointInfo::from).collect()))
+}
+
+/// How long `POST /api/v1/replication/points` waits for the store before it answers that the
+/// point is still on its way.
+const POINT_WAIT: std::time::Duration = std::time::Duration::from_secs(60);
+
+async fn point_take(
+    State(ctx): State<Ctx>,
+    body: Result<Json<NewName>, JsonRejection>,
+) -> ApiResult<(StatusCode, Json<PointInfo>)> {
+    let Json(req) = body?;
+    if ctx.array.replication().is_none() {
+        return Err(no_replication());
+    }
+    let rx = ctx.array.take_replication_point(&req.name).map_err(|m| {
+        let code = if m.contains("exists") {
+            (StatusCode::CONFLICT, "point_exists")
+        } else if m.contains("name") {
+            (StatusCode::BAD_REQUEST, "invalid_name")
+        } else {
+            (StatusCode::CONFLICT, "replication_stopped")
+        };
+        ApiError::new(code.0, code.1, m)
+    })?;
+    let answer = off_workers(move || rx.recv_timeout(POINT_WAIT)).await?;
+    match answer {
+        Ok(Ok(p)) => Ok((StatusCode::CREATED, Json(PointInfo::from(&p)))),
+        Ok(Err(m)) => Err(ApiError::new(StatusCode::CONFLICT, "point_refused", m)),
+        Err(std::sync::mpsc::RecvTimeoutError::Timeout) => Err(ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "point_pending",
+            format!(
+                "the store has not taken point {:?} within {} s (see GET /api/v1/replication): it is created once the store holds the writes before it",
+                req.name,
+                POINT_WAIT.as_secs()
+            ),
+        )),
+        Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => Err(ApiError::new(
+            StatusCode::CONFLICT,
+            "replication_stopped",
+            "replication stopped before the point reached the store",
+        )),
+    }
+}
+
+async fn point_delete(State(ctx): State<Ctx>, Path(name): Path<String>) -> ApiResult<StatusCode> {
+    if ctx.array.replication().is_none() {
+        return Err(no_replication());
+    }
+    let deleted =
+        off_workers(move || ctx.array.delete_replication_point(&name).map(|p| (p, name))).await?;
+    match deleted {
+        Ok((Some(_), _)) => Ok(StatusCode::NO_CONTENT),
+        Ok((None, name)) => Err(ApiError::new(
+            StatusCode::NOT_FOUND,
+            "point_not_found",
+            format!("no restore point named {name:?}"),
+        )),
+        Err(m) => Err(ApiError::new(StatusCode::BAD_GATEWAY, "store_error", m)),
+    }
 }
 
 async fn replication_show(State(ctx): State<Ctx>) -> Json<ReplicationInfo> {
@@ -1166,6 +1283,8 @@ async fn replication_show(State(ctx): State<Ctx>) -> Json<ReplicationInfo> {
             backlog_bytes: 0,
             lag_seconds: 0.0,
             resyncs: 0,
+            newest_point: None,
+            deleted_objects: 0,
         });
     };
     let s = r.status;
@@ -1190,6 +1309,8 @@ async fn replication_show(State(ctx): State<Ctx>) -> Json<ReplicationInfo> {
             .oldest_unshipped
             .map_or(0.0, |t| t.elapsed().as_secs_f64()),
         resyncs: s.resyncs,
+        newest_point: s.newest_point.as_ref().map(PointInfo::from),
+        deleted_objects: s.deleted_objects,
     })
 }
 

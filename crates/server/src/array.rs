@@ -1060,6 +1060,45 @@ impl Array {
         })
     }
 
+    /// The off-site copy's restore points, oldest first (`None`: no copy configured).
+    pub fn replication_points(&self) -> Option<Vec<sliver_replica::catalog::Point>> {
+        let r = self.replication.as_ref()?;
+        let shipper = r.shipper.lock().unwrap();
+        Some(shipper.as_ref()?.points())
+    }
+
+    /// Run `f` on the running shipper (an error when no copy is configured or it stopped).
+    fn with_shipper<T>(
+        &self,
+        f: impl FnOnce(&sliver_replica::ship::Shipper) -> std::result::Result<T, String>,
+    ) -> std::result::Result<T, String> {
+        let r = self
+            .replication
+            .as_ref()
+            .ok_or("replication is not configured")?;
+        let shipper = r.shipper.lock().unwrap();
+        f(shipper.as_ref().ok_or("replication has stopped")?)
+    }
+
+    /// Ask for a restore point named `name`; the receiver answers once the store holds it.
+    pub fn take_replication_point(
+        &self,
+        name: &str,
+    ) -> std::result::Result<
+        std::sync::mpsc::Receiver<std::result::Result<sliver_replica::catalog::Point, String>>,
+        String,
+    > {
+        self.with_shipper(|s| s.take_point(name))
+    }
+
+    /// Delete the restore point `name` (`Ok(None)`: there is none).
+    pub fn delete_replication_point(
+        &self,
+        name: &str,
+    ) -> std::result::Result<Option<sliver_replica::catalog::Point>, String> {
+        self.with_shipper(|s| s.delete_point(name).map_err(|e| e.to_string()))
+    }
+
     pub fn create_host(
         &self,
         name: &str,
@@ -1259,6 +1298,7 @@ impl Array {
 pub fn restore(
     store: &dyn sliver_replica::store::ObjectStore,
     dir: &Path,
+    target: &sliver_replica::restore::Target,
 ) -> std::result::Result<sliver_replica::restore::RestoreReport, String> {
     if dir.join(CONFIG_FILE).exists() || sliver_engine::holds_engine(&dir.join(ENGINE_DIR)) {
         return Err(format!(
@@ -1267,8 +1307,13 @@ pub fn restore(
         ));
     }
     fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
-    sliver_replica::restore::restore(store, &dir.join(ENGINE_DIR), Some(&dir.join(CONFIG_FILE)))
-        .map_err(|e| e.to_string())
+    sliver_replica::restore::restore(
+        store,
+        &dir.join(ENGINE_DIR),
+        Some(&dir.join(CONFIG_FILE)),
+        target,
+    )
+    .map_err(|e| e.to_string())
 }
 
 /// Milliseconds since the Unix epoch.

@@ -946,3 +946,33 @@ fn changes_from_other_origins_are_refused() {
     assert_eq!(s, 200);
     assert!(header(&head, "access-control-allow-origin").is_none());
 }
+
+/// Without an off-site copy the restore-point routes answer with a stable code and a sentence
+/// saying how to configure one; the replication report says it is not configured.
+#[test]
+fn restore_points_need_a_configured_copy() {
+    let api = start(None);
+    let (s, v, _) = call(&api, "GET", "/api/v1/replication", None);
+    assert_eq!((s, v["configured"].as_bool()), (200, Some(false)));
+    assert!(v["newest_point"].is_null());
+    for (method, path, body) in [
+        ("GET", "/api/v1/replication/points", None),
+        (
+            "POST",
+            "/api/v1/replication/points",
+            Some(json!({"name": "before-upgrade"})),
+        ),
+        ("DELETE", "/api/v1/replication/points/before-upgrade", None),
+    ] {
+        let (s, v, _) = call(&api, method, path, body);
+        assert_eq!(
+            (s, v["error"]["code"].as_str()),
+            (409, Some("replication_not_configured")),
+            "{method} {path}"
+        );
+        assert!(v["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("--replicate-to"));
+    }
+}

@@ -419,3 +419,110 @@ pub fn array(api: &ApiArgs, cmd: ArrayCommand) -> Result<(), String> {
     }
     Ok(())
 }
+
+/// `sliver replication ...`: the off-site copy and its restore points.
+#[derive(Subcommand, Debug)]
+pub enum ReplicationCommand {
+    /// The copy's state, backlog, lag and newest restore point.
+    Show {
+        #[arg(long)]
+        json: bool,
+    },
+    /// The restore points in the store, oldest first.
+    Points {
+        #[arg(long)]
+        json: bool,
+    },
+    /// Take a named restore point holding every write acknowledged before now (kept until
+    /// deleted; waits until the store holds it).
+    Point { name: String },
+    /// Delete a restore point; the objects only it needed are deleted after it.
+    DeletePoint { name: String },
+}
+
+fn point_line(p: &Value) -> String {
+    format!(
+        "{:<32} {:<21} {:<9} objects {}..{}",
+        p["name"].as_str().unwrap_or("?"),
+        p["time"].as_str().unwrap_or("?"),
+        if p["scheduled"].as_bool() == Some(true) {
+            "scheduled"
+        } else {
+            "named"
+        },
+        p["base"],
+        p["through"]
+    )
+}
+
+pub fn replication(api: &ApiArgs, cmd: ReplicationCommand) -> Result<(), String> {
+    let c = Client::new(api);
+    match cmd {
+        ReplicationCommand::Show { json } => {
+            let r: Value = c.get("/api/v1/replication")?;
+            if json {
+                return print_json(&r);
+            }
+            if r["configured"].as_bool() != Some(true) {
+                println!("no off-site copy (start the array with --replicate-to or [replication])");
+                return Ok(());
+            }
+            let row = |k: &str, val: String| println!("{k:<22} {val}");
+            row("target", r["target"].as_str().unwrap_or("").into());
+            row("state", r["state"].as_str().unwrap_or("").into());
+            if let Some(e) = r["error"].as_str() {
+                row("error", e.into());
+            }
+            row(
+                "shipped",
+                format!(
+                    "{} objects, {} (through object {})",
+                    r["shipped_objects"],
+                    human_bytes(r["shipped_bytes"].as_u64().unwrap_or(0)),
+                    r["shipped_through"]
+                ),
+            );
+            row(
+                "backlog",
+                human_bytes(r["backlog_bytes"].as_u64().unwrap_or(0)),
+            );
+            row(
+                "lag",
+                format!("{:.1} s", r["lag_seconds"].as_f64().unwrap_or(0.0)),
+            );
+            row("restarts", r["resyncs"].to_string());
+            row("deleted by retention", r["deleted_objects"].to_string());
+            let newest = &r["newest_point"];
+            row(
+                "newest restore point",
+                if newest.is_null() {
+                    "none yet".into()
+                } else {
+                    format!(
+                        "{} at {}",
+                        newest["name"].as_str().unwrap_or("?"),
+                        newest["time"].as_str().unwrap_or("?")
+                    )
+                },
+            );
+        }
+        ReplicationCommand::Points { json } => {
+            let points: Value = c.get("/api/v1/replication/points")?;
+            if json {
+                return print_json(&points);
+            }
+            for p in points.as_array().into_iter().flatten() {
+                println!("{}", point_line(p));
+            }
+        }
+        ReplicationCommand::Point { name } => {
+            let p: Value = c.post("/api/v1/replication/points", &json!({ "name": name }))?;
+            println!("{}", point_line(&p));
+        }
+        ReplicationCommand::DeletePoint { name } => {
+            c.delete(&format!("/api/v1/replication/points/{}", segment(&name)))?;
+            println!("restore point {name} deleted");
+        }
+    }
+    Ok(())
+}

@@ -111,6 +111,11 @@ pub struct ReplicationSection {
     /// start, e.g. "1G".
     #[serde(default, deserialize_with = "size")]
     pub max_backlog: Option<u64>,
+    /// How often a scheduled restore point is taken, e.g. "1h" (default 1 h).
+    #[serde(default, deserialize_with = "duration")]
+    pub points_every: Option<std::time::Duration>,
+    /// Scheduled restore points kept (default 24; named ones stay until deleted).
+    pub keep_points: Option<usize>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -413,7 +418,7 @@ chap_secret = "host-secret-1234"
         let text = format!(
             "[replication]\nto = \"s3://bucket/array1\"\nendpoint = \"http://127.0.0.1:8333\"\n\
              access_key_id = \"sliver\"\nsecret_access_key_file = \"{}\"\n\
-             interval = \"2s\"\nmax_backlog = \"512M\"\n",
+             interval = \"2s\"\nmax_backlog = \"512M\"\npoints_every = \"30m\"\nkeep_points = 48\n",
             secret.display()
         );
         let c = Config::parse(&text).unwrap();
@@ -421,6 +426,8 @@ chap_secret = "host-secret-1234"
         assert_eq!(r.to.as_deref(), Some("s3://bucket/array1"));
         assert_eq!(r.interval, Some(std::time::Duration::from_secs(2)));
         assert_eq!(r.max_backlog, Some(512 << 20));
+        assert_eq!(r.points_every, Some(std::time::Duration::from_secs(1800)));
+        assert_eq!(r.keep_points, Some(48));
         assert_eq!(c.s3_secret().unwrap().as_deref(), Some("s3cr3t"));
         std::fs::write(&secret, "\n").unwrap();
         assert!(c.s3_secret().unwrap_err().contains("is empty"));

@@ -62,6 +62,13 @@ enum Commands {
         #[command(subcommand)]
         command: admin::ArrayCommand,
     },
+    /// The off-site copy: its state and restore points (take, list, delete).
+    Replication {
+        #[command(flatten)]
+        api: client::ApiArgs,
+        #[command(subcommand)]
+        command: admin::ReplicationCommand,
+    },
     /// A live esxtop-style view of every volume's I/O and VAAI activity (-b: CSV batch mode).
     Top {
         #[command(flatten)]
@@ -144,8 +151,17 @@ struct RestoreArgs {
     #[arg(long, value_name = "URL")]
     s3_endpoint: Option<String>,
     /// A new directory for the restored array (it must not hold one).
-    #[arg(long)]
-    data_dir: PathBuf,
+    #[arg(long, required_unless_present = "list")]
+    data_dir: Option<PathBuf>,
+    /// Restore the restore point of this name (default: the newest state in the store).
+    #[arg(long, value_name = "NAME", conflicts_with = "at")]
+    point: Option<String>,
+    /// Restore the newest point taken at or before TIME (RFC 3339, e.g. 2026-11-27T01:00:00Z).
+    #[arg(long, value_name = "TIME")]
+    at: Option<String>,
+    /// List the restore points in the copy and restore nothing.
+    #[arg(long, conflicts_with_all = ["point", "at", "data_dir"])]
+    list: bool,
 }
 
 fn main() -> ExitCode {
@@ -156,6 +172,7 @@ fn main() -> ExitCode {
         Commands::Volume { api, command } => admin::volume(&api, command),
         Commands::Host { api, command } => admin::host(&api, command),
         Commands::Array { api, command } => admin::array(&api, command),
+        Commands::Replication { api, command } => admin::replication(&api, command),
         Commands::Top { api, args } => top::run(&api, args),
         Commands::Check(args) => check(args),
         Commands::Restore(args) => restore(args),
@@ -254,6 +271,12 @@ fn settings(args: ServeArgs) -> Result<Settings, String> {
                 ));
             }
             ship.max_backlog = b;
+        }
+        if let Some(p) = section.and_then(|r| r.points_every) {
+            ship.points_every = p;
+        }
+        if let Some(k) = section.and_then(|r| r.keep_points) {
+            ship.keep_points = k;
         }
         options.replication = Some(sliver_server::array::ReplicationOptions {
             s3: sliver_replica::store::S3Config {
@@ -449,13 +472,62 @@ fn restore(args: RestoreArgs) -> Result<(), String> {
     })
     .map_err(|e| e.to_string())?;
     let store: std::sync::Arc<dyn ObjectStore> = std::sync::Arc::new(store);
+    if args.list {
+        let cat = sliver_replica::restore::list(store.as_ref()).map_err(|e| e.to_string())?;
+        for d in &cat.damaged {
+            eprintln!("damaged, not used: {d}");
+        }
+        if cat.points.is_empty() {
+            println!("{} holds no restore points", args.from);
+        }
+        for p in &cat.points {
+            println!(
+                "{:<32} {:<21} {:<9} objects {}..{}",
+                p.name,
+                sliver_replica::catalog::utc(p.time_ms),
+                if p.scheduled { "scheduled" } else { "named" },
+                p.base,
+                p.through
+            );
+        }
+        if let Some(b) = sliver_replica::catalog::newest_base(&cat.bases) {
+            let end = cat.stream.last().map_or(0, |r| r.end.saturating_sub(1));
+            println!(
+                "{:<32} {:<21} {:<9} objects {}..{}",
+                "(newest)", "", "", b.start, end
+            );
+        }
+        return Ok(());
+    }
+    let data_dir = args.data_dir.ok_or("--data-dir is required")?;
+    let target = match (&args.point, &args.at) {
+        (Some(p), _) => sliver_replica::restore::Target::Point(p.clone()),
+        (None, Some(t)) => {
+            let when = humantime::parse_rfc3339_weak(t).map_err(|e| {
+                format!("--at {t}: {e} (give a UTC time such as 2026-11-27T01:00:00Z)")
+            })?;
+            let ms = when
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_err(|_| format!("--at {t}: before 1970"))?
+                .as_millis() as u64;
+            sliver_replica::restore::Target::At(ms)
+        }
+        (None, None) => sliver_replica::restore::Target::Newest,
+    };
     let started = std::time::Instant::now();
-    let report =
-        sliver_server::array::restore(store.as_ref(), &args.data_dir).map_err(|e| e.to_string())?;
+    let report = sliver_server::array::restore(store.as_ref(), &data_dir, &target)?;
+    let what = match &report.point {
+        Some(p) => format!(
+            "restore point {} ({})",
+            p.name,
+            sliver_replica::catalog::utc(p.time_ms)
+        ),
+        None => "the newest state".to_string(),
+    };
     eprintln!(
-        "restored {} into {}: stream objects {}..{} ({} bytes applied{}) in {:.1?}; the array opens as after a crash",
+        "restored {what} of {} into {}: stream objects {}..{} ({} bytes applied{}) in {:.1?}; the array opens as after a crash",
         args.from,
-        args.data_dir.display(),
+        data_dir.display(),
         report.first,
         report.last,
         report.bytes_applied,

@@ -200,24 +200,7 @@ fn sample(client: &Client) -> Result<(u64, BTreeMap<String, Counters>), String> 
 }
 
 fn rfc3339(ms: u64) -> String {
-    // Civil time from days since the epoch (Howard Hinnant's algorithm), UTC.
-    let secs = ms / 1000;
-    let (days, rem) = (secs / 86_400, secs % 86_400);
-    let z = days as i64 + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + i64::from(month <= 2);
-    format!(
-        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}Z",
-        rem / 3600,
-        rem % 3600 / 60,
-        rem % 60
-    )
+    sliver_replica::catalog::utc(ms)
 }
 
 pub fn run(api: &ApiArgs, args: TopArgs) -> Result<(), String> {
