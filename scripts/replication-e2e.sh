@@ -6,7 +6,9 @@
 #   4. `sliver serve` on it, and `qemu-img compare` finds its LUN equal to a local image that
 #      took the same writes (incompressible data, duplicates, patterns, overwrites, zeros);
 #   5. a named restore point restores its own state (by name and by time), scheduled points
-#      are kept to their count and retention deletes the objects no point needs.
+#      are kept to their count and retention deletes the objects no point needs;
+#   6. through scripts/fault-proxy.py: a slow store, a partition and resets leave hosts
+#      unaffected, show lag, backlog and the error, and the copy drains and restores exactly.
 # Usage: replication-e2e.sh WEED SLIVER. Ends only the processes it started, by PID.
 set -euo pipefail
 weed=$1
@@ -200,6 +202,59 @@ kill -9 "$server"
 wait "$server" 2>/dev/null || true
 restore_and_compare s3://sliver-e2e/array2 "$work/c"
 echo "copied again online after the backlog bound: restore equal"
+
+# A faulty network between the array and the store (scripts/fault-proxy.py): a slow store, a
+# partition, resets. Hosts are never held up; the API shows the backlog and the store's error;
+# once the path heals the copy drains and the restore is exact.
+proxy_port=$(port)
+echo pass >"$work/fault"
+python3 "$(dirname "$0")/fault-proxy.py" "$proxy_port" "127.0.0.1:$s3" "$work/fault" &
+pids+=($!)
+for _ in $(seq 1 50); do
+  curl -s -o /dev/null "http://127.0.0.1:$proxy_port" && break
+  sleep 0.1
+done
+# The array restored last holds every write the expected image took: it ships to a new prefix.
+serve "$work/c" --replicate-to s3://sliver-e2e/array3 --s3-endpoint "http://127.0.0.1:$proxy_port"
+drained
+# timed_write CMDS...: the writes, printing how long the host waited.
+timed_write() {
+  local t0
+  t0=$(date +%s%N)
+  write "$@"
+  echo "$(( ($(date +%s%N) - t0) / 1000000 ))"
+}
+head -c $((8 << 20)) /dev/urandom >"$work/random4"
+echo "delay 300" >"$work/fault"
+ms=$(timed_write -c "write -s $work/random4 200M 8M")
+sleep 1
+lag=$(field lag_seconds)
+echo "store 300 ms away per chunk: 8 MiB written in $ms ms, lag $lag s"
+python3 -c "import sys; sys.exit(0 if float('$lag') > 0 else 1)" || { echo "no lag behind a slow store: $(status)" >&2; exit 1; }
+echo pass >"$work/fault"
+drained
+echo blackhole >"$work/fault"
+ms=$(timed_write -c "write -P 55 210M 8M")
+sleep 3
+[ "$(field backlog_bytes)" -gt 0 ] || { echo "no backlog behind a partition: $(status)" >&2; exit 1; }
+echo "partitioned from the store: 8 MiB written in $ms ms; $(status)"
+echo pass >"$work/fault"
+drained
+echo reset >"$work/fault"
+ms=$(timed_write -c "write -P 66 220M 8M")
+for _ in $(seq 1 150); do
+  [ "$(field error)" != None ] && break
+  sleep 0.2
+done
+[ "$(field error)" != None ] || { echo "no store error shown while connections reset: $(status)" >&2; exit 1; }
+echo "connections reset: 8 MiB written in $ms ms; error shown: $(field error)"
+echo pass >"$work/fault"
+drained
+[ "$(field error)" = None ] || { echo "the error stayed after the store came back: $(status)" >&2; exit 1; }
+kill -9 "$server"
+wait "$server" 2>/dev/null || true
+restore_and_compare s3://sliver-e2e/array3 "$work/f"
+echo "a slow, partitioned and resetting store: the restore is equal"
 
 # A second array on a prefix that holds another's copy is refused at start.
 if "$sliver" serve --data-dir "$work/d" --capacity 1G --iscsi-listen 127.0.0.1:0 \
