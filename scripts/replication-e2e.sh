@@ -116,6 +116,8 @@ sleep 1.1
 point_time=$(date -u +%Y-%m-%dT%H:%M:%SZ)
 sleep 1.1
 "$sliver" replication --api "$api" points | grep -q '^before-hang ' || { echo "the point is not listed" >&2; exit 1; }
+curl -sf "$api/metrics" | grep -q '^sliver_replication_newest_point_age_seconds' || { echo "no restore point age metric" >&2; exit 1; }
+"$sliver" replication --api "$api" show | grep -q '^newest restore point *before-hang at ' || { echo "sliver replication show: no point" >&2; exit 1; }
 curl -sf "$api/metrics" | grep -q '^sliver_replication_shipped_bytes_total' || { echo "no replication metrics" >&2; exit 1; }
 
 # The store hangs (SIGSTOP): hosts keep writing, the copy's backlog shows; then it drains.

@@ -361,6 +361,26 @@ pub fn render(ctx: &ApiContext) -> Result<String, ArrayError> {
                 lag,
             ),
             (
+                "sliver_replication_resyncs_total",
+                "counter",
+                "Times the copy started over with a base because the backlog bound was passed.",
+                Some(s.resyncs as f64),
+            ),
+            (
+                "sliver_replication_retention_deleted_objects_total",
+                "counter",
+                "Objects retention deleted from the store since the process started (no restore point needed them).",
+                Some(s.deleted_objects as f64),
+            ),
+            (
+                "sliver_replication_newest_point_age_seconds",
+                "gauge",
+                "Age of the newest restore point (absent until one exists): alert when it passes the schedule.",
+                s.newest_point
+                    .as_ref()
+                    .map(|p| crate::array::now_ms().saturating_sub(p.time_ms) as f64 / 1e3),
+            ),
+            (
                 "sliver_replication_healthy",
                 "gauge",
                 "1 while the copy follows the array (a base or the stream), 0 when fenced or broken.",

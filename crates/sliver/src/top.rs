@@ -238,7 +238,12 @@ pub fn run(api: &ApiArgs, args: TopArgs) -> Result<(), String> {
                 .try_for_each(|r| writeln!(out, "{}", csv_line(&stamp, r)))
                 .and_then(|()| out.flush())
         } else {
-            draw(&mut out, &rfc3339(time), &rows)
+            // The copy's line: absent without one, and a failed read only loses the line.
+            let copy = client
+                .get::<Value>("/api/v1/replication")
+                .ok()
+                .and_then(|r| copy_line(&r, time));
+            draw(&mut out, &rfc3339(time), copy.as_deref(), &rows)
         };
         // A closed pipe (e.g. `| head`) ends the run quietly.
         if written.is_err() {
@@ -251,10 +256,44 @@ pub fn run(api: &ApiArgs, args: TopArgs) -> Result<(), String> {
     Ok(())
 }
 
-fn draw(out: &mut impl Write, time: &str, rows: &[Row]) -> std::io::Result<()> {
+/// One line on the off-site copy (`GET /api/v1/replication`), or `None` without one: state,
+/// lag, backlog, the store's error, and the newest restore point's age at `now_ms`.
+fn copy_line(r: &Value, now_ms: u64) -> Option<String> {
+    if r["configured"].as_bool() != Some(true) {
+        return None;
+    }
+    let mut line = format!(
+        "copy {} {}  lag {:.1} s  backlog {}",
+        r["target"].as_str().unwrap_or("?"),
+        r["state"].as_str().unwrap_or("?"),
+        r["lag_seconds"].as_f64().unwrap_or(0.0),
+        sliver_reclaim::units::human_bytes(r["backlog_bytes"].as_u64().unwrap_or(0))
+    );
+    let p = &r["newest_point"];
+    match p["time_ms"].as_u64() {
+        Some(t) => {
+            line += &format!(
+                "  point {} ({} min ago)",
+                p["name"].as_str().unwrap_or("?"),
+                now_ms.saturating_sub(t) / 60_000
+            )
+        }
+        None => line += "  no restore point yet",
+    }
+    if let Some(e) = r["error"].as_str() {
+        line += &format!("  ERROR {}", truncate(e, 80));
+    }
+    Some(line)
+}
+
+fn draw(out: &mut impl Write, time: &str, copy: Option<&str>, rows: &[Row]) -> std::io::Result<()> {
     // Home the cursor and clear the screen, then one line per volume.
     write!(out, "\x1b[H\x1b[2J")?;
-    writeln!(out, "sliver top  {time}  ({} volumes)\n", rows.len())?;
+    writeln!(out, "sliver top  {time}  ({} volumes)", rows.len())?;
+    if let Some(c) = copy {
+        writeln!(out, "{c}")?;
+    }
+    writeln!(out)?;
     writeln!(
         out,
         "{:<20} {:>8} {:>8} {:>8} {:>8} {:>8} {:>7} {:>7} {:>5} {:>8} {:>8} {:>6} {:>7} {:>6} {:>7} {:>8} {:>6} {:>6}",
@@ -331,6 +370,35 @@ mod tests {
         assert_eq!(
             line.split(',').count(),
             CSV_HEADER.split(',').count(),
+            "{line}"
+        );
+    }
+
+    #[test]
+    fn the_copy_line_shows_state_lag_point_and_error() {
+        assert_eq!(
+            copy_line(&serde_json::json!({"configured": false}), 0),
+            None
+        );
+        let r = serde_json::json!({
+            "configured": true, "target": "s3://b/a", "state": "streaming",
+            "lag_seconds": 1.25, "backlog_bytes": 3 << 20,
+            "newest_point": {"name": "auto-x", "time_ms": 60_000},
+            "error": null
+        });
+        let line = copy_line(&r, 660_000).unwrap();
+        assert!(
+            line.starts_with("copy s3://b/a streaming  lag 1.2 s  backlog 3"),
+            "{line}"
+        );
+        assert!(line.contains("point auto-x (10 min ago)"), "{line}");
+        assert!(!line.contains("ERROR"));
+        let mut r = r;
+        r["error"] = "store down".into();
+        r["newest_point"] = Value::Null;
+        let line = copy_line(&r, 0).unwrap();
+        assert!(
+            line.contains("no restore point yet") && line.ends_with("ERROR store down"),
             "{line}"
         );
     }
