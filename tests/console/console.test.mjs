@@ -7,6 +7,7 @@ import assert from "node:assert/strict";
 import { spawn, execFile, execFileSync } from "node:child_process";
 import { promisify } from "node:util";
 import { mkdtempSync, rmSync, mkdirSync, readFileSync } from "node:fs";
+import { createServer } from "node:net";
 import { createInterface } from "node:readline";
 import { chromium } from "playwright-core";
 import * as fmt from "../../crates/server/console/format.js";
@@ -463,7 +464,7 @@ test("every screen renders at 1280x900 and phone size without errors (screenshot
   for (const [w, h] of [[1280, 900], [390, 844]]) {
     const { page, context, record } = await openConsole(server, "#/", { width: w, height: h });
     for (const [name, hash] of [["dashboard", "#/"], ["volumes", "#/volumes"], ["volume", "#/volumes/demo"], ["hosts", "#/hosts"],
-      ["snapshots", "#/snapshots"], ["space", "#/space"], ["events", "#/events"], ["settings", "#/settings"]]) {
+      ["snapshots", "#/snapshots"], ["space", "#/space"], ["copy", "#/copy"], ["events", "#/events"], ["settings", "#/settings"]]) {
       await page.evaluate((x) => { location.hash = x; }, hash);
       await waitFor(`${name} live`, async () => (await statusText(page)) === "live");
       await page.waitForTimeout(2 * POLL);
@@ -545,6 +546,113 @@ test("a one-minute soak at a fast poll rate: heap, DOM and chart points stay bou
   assert.deepEqual(record.errors, []);
   await context.close();
   await server.stop();
+});
+
+/** A free loopback port. */
+async function freePort() {
+  return new Promise((resolve, reject) => {
+    const srv = createServer();
+    srv.on("error", reject);
+    srv.listen(0, "127.0.0.1", () => {
+      const { port } = srv.address();
+      srv.close(() => resolve(port));
+    });
+  });
+}
+
+/** SeaweedFS (`weed mini`, SLIVER_WEED) on loopback ports with one bucket; resolves with its
+ * S3 endpoint once it answers. */
+async function startWeed(bucket) {
+  const weed = process.env.SLIVER_WEED;
+  assert.ok(weed, "SLIVER_WEED names SeaweedFS's weed (scripts/console-test.sh sets it)");
+  const dir = mkdtempSync("/tmp/sliver-console-weed-");
+  const s3 = await freePort();
+  const args = ["mini", `-dir=${dir}`, "-ip=127.0.0.1", "-ip.bind=127.0.0.1", "-master.telemetry=false",
+    "-admin.ui=false", "-webdav=false", "-s3.port.iceberg=0", `-bucket=${bucket}`, `-s3.port=${s3}`];
+  for (const flag of ["master.port", "master.port.grpc", "volume.port", "volume.port.grpc", "filer.port",
+    "filer.port.grpc", "s3.port.grpc", "admin.port", "admin.port.grpc"]) {
+    args.push(`-${flag}=${await freePort()}`);
+  }
+  const child = spawn(weed, args, { stdio: "ignore", env: { ...process.env } });
+  const exited = new Promise((resolve) => child.on("exit", resolve));
+  const endpoint = `http://127.0.0.1:${s3}`;
+  await waitFor("SeaweedFS's S3 endpoint", async () => {
+    try {
+      return (await fetch(`${endpoint}/${bucket}`)).status > 0;
+    } catch {
+      return false;
+    }
+  }, 120000);
+  const store = {
+    endpoint,
+    async stop() {
+      child.kill("SIGKILL");
+      await exited;
+      rmSync(dir, { recursive: true, force: true });
+    },
+  };
+  servers.push(store);
+  return store;
+}
+
+test("off-site copy: state and lag as the API says, a named point taken, refused twice and deleted; the command that restores it", async () => {
+  // Without a copy: how to configure one.
+  const plain = await startSliver();
+  {
+    const { page, context, record } = await openConsole(plain, "#/copy");
+    await waitFor("the how-to", async () => !(await page.locator('[data-copy="none"]').isHidden()));
+    assert.ok((await page.textContent('[data-copy="none"]')).includes("--replicate-to"));
+    assert.deepEqual(record.errors, []);
+    await context.close();
+  }
+  await plain.stop();
+
+  process.env.AWS_ACCESS_KEY_ID = "sliver";
+  process.env.AWS_SECRET_ACCESS_KEY = "sliver-console";
+  process.env.AWS_REGION = "us-east-1";
+  const store = await startWeed("sliver-console");
+  const server = await startSliver(["--replicate-to", "s3://sliver-console/array", "--s3-endpoint", store.endpoint]);
+  await qemuIo(server, ["write -P 7 0 8M"]);
+  const { page, context, record } = await openConsole(server, "#/copy");
+  await waitFor("streaming", async () => (await page.getAttribute('[data-figure="state"]', "data-value")) === "streaming", 60000);
+  const api = (await apiCall(server, "GET", "/api/v1/replication")).body;
+  assert.equal(api.target, "s3://sliver-console/array");
+  assert.ok((await page.textContent('[data-copy="target"]')).includes(api.pool));
+  assert.ok(await page.locator('[data-copy="error"]').isHidden(), "an error shown while the copy is healthy");
+  assert.ok((await page.textContent('[data-copy="restore-newest"]')).startsWith("sliver restore --from s3://sliver-console/array --data-dir"));
+
+  // A named point from the form: listed with its restore command, as the API lists it.
+  const form = await submit(page, "Take a restore point", { name: "before-upgrade" });
+  await waitFor("the point listed", async () => (await page.locator('tr[data-key="before-upgrade"]').count()) === 1, 60000);
+  const points = (await apiCall(server, "GET", "/api/v1/replication/points")).body;
+  const p = points.find((x) => x.name === "before-upgrade");
+  assert.ok(p && !p.scheduled, JSON.stringify(points));
+  const row = page.locator('tr[data-key="before-upgrade"]');
+  assert.equal((await row.locator(".kind").textContent()).trim(), "named");
+  assert.equal((await row.locator(".time").textContent()).trim(), p.time);
+  assert.equal((await row.locator(".command").textContent()).trim(),
+    "sliver restore --from s3://sliver-console/array --point before-upgrade --data-dir NEW-DIR [--s3-endpoint URL]");
+  await waitFor("the newest point figure", async () => (await page.getAttribute('[data-figure="newest_point"]', "data-value")) === "before-upgrade");
+  // The same name again: the API's sentence beside the form.
+  await submit(page, "Take a restore point", { name: "before-upgrade" });
+  assert.equal(await formError(form), 'a restore point named "before-upgrade" exists');
+  await page.screenshot({ path: `${SHOTS}/copy-live-1280x900.png`, fullPage: true });
+  // On a phone the points are cards and the Delete button stays on screen.
+  await page.setViewportSize({ width: 390, height: 844 });
+  await page.waitForTimeout(2 * POLL);
+  const box = await row.locator('button[data-delete="before-upgrade"]').boundingBox();
+  assert.ok(box && box.x >= 0 && box.x + box.width <= 390, `Delete off-screen on a phone: ${JSON.stringify(box)}`);
+  await page.screenshot({ path: `${SHOTS}/copy-live-390x844.png`, fullPage: true });
+  // Deleted from its row.
+  await row.locator('button[data-delete="before-upgrade"]').click();
+  await waitFor("the point gone", async () => (await page.locator('tr[data-key="before-upgrade"]').count()) === 0);
+  assert.equal((await apiCall(server, "GET", "/api/v1/replication/points")).body.length, 0);
+  // The browser logs the refused duplicate's 409; nothing else.
+  assert.deepEqual(record.errors, ["Failed to load resource: the server responded with a status of 409 (Conflict)"]);
+  assert.equal(record.maxInflight, 1);
+  await context.close();
+  await server.stop();
+  await store.stop();
 });
 
 test("the vendored uPlot is the package's own file", () => {

@@ -16,6 +16,7 @@ import { tree } from "./screens/tree.js";
 import { space } from "./screens/space.js";
 import { settings } from "./screens/settings.js";
 import { events } from "./screens/events.js";
+import { copy } from "./screens/copy.js";
 
 const NAV = [
   ["#/", "Dashboard", dashboard],
@@ -23,6 +24,7 @@ const NAV = [
   ["#/hosts", "Hosts", hosts],
   ["#/snapshots", "Snapshots", tree],
   ["#/space", "Space", space],
+  ["#/copy", "Off-site copy", copy],
   ["#/events", "Events", events],
   ["#/settings", "Settings", settings],
 ];

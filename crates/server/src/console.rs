@@ -52,6 +52,7 @@ pub const ASSETS: &[Asset] = &[
     asset!("screens/space.js", JS),
     asset!("screens/settings.js", JS),
     asset!("screens/events.js", JS),
+    asset!("screens/copy.js", JS),
     asset!("vendor/uPlot.esm.js", JS),
     asset!("vendor/uPlot.min.css", "text/css; charset=utf-8"),
     asset!("vendor/LICENSE.uPlot", "text/plain; charset=utf-8"),
