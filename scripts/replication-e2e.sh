@@ -8,7 +8,9 @@
 #   5. a named restore point restores its own state (by name and by time), scheduled points
 #      are kept to their count and retention deletes the objects no point needs;
 #   6. through scripts/fault-proxy.py: a slow store, a partition and resets leave hosts
-#      unaffected, show lag, backlog and the error, and the copy drains and restores exactly.
+#      unaffected, show lag, backlog and the error, and the copy drains and restores exactly;
+#   7. a store hung at start and refused credentials: the array serves, the copy waits and
+#      says why, and starts (with a base) once the store answers.
 # Usage: replication-e2e.sh WEED SLIVER. Ends only the processes it started, by PID.
 set -euo pipefail
 weed=$1
@@ -257,6 +259,35 @@ kill -9 "$server"
 wait "$server" 2>/dev/null || true
 restore_and_compare s3://sliver-e2e/array3 "$work/f"
 echo "a slow, partitioned and resetting store: the restore is equal"
+
+# A store that hangs when the array starts does not keep the array from serving: the copy
+# waits (state and reason in the API), starts once the store answers, and holds every write.
+kill -STOP "$weed_pid"
+t0=$(date +%s)
+serve "$work/g" --replicate-to s3://sliver-e2e/array4 --s3-endpoint "$endpoint"
+echo "served $(( $(date +%s) - t0 )) s after start with the store hung: $(status)"
+[ "$(field state)" = waiting ] || { echo "not waiting for a hung store: $(status)" >&2; exit 1; }
+[ "$(field error)" != None ] || { echo "no reason shown while waiting: $(status)" >&2; exit 1; }
+qemu-io -f raw -c "write -P 92 0 4M" "$lun" >/dev/null
+kill -CONT "$weed_pid"
+drained
+qemu-io -f raw -c "write -P 93 4M 4M" "$lun" >/dev/null
+drained
+kill -9 "$server"
+wait "$server" 2>/dev/null || true
+"$sliver" restore --from s3://sliver-e2e/array4 --s3-endpoint "$endpoint" --data-dir "$work/h"
+serve "$work/h"
+out=$(qemu-io -f raw -c "read -P 92 0 4M" -c "read -P 93 4M 4M" "$lun")
+if grep -qi "fail" <<<"$out"; then echo "$out" >&2; exit 1; fi
+kill "$server"
+wait "$server" 2>/dev/null || true
+echo "a store hung at start: the array served, the copy started later and holds every write"
+# Credentials the store refuses: the array serves and the copy says why.
+AWS_SECRET_ACCESS_KEY=wrong serve "$work/i" --replicate-to s3://sliver-e2e/array5 --s3-endpoint "$endpoint"
+[ "$(field state)" = waiting ] || { echo "not waiting with refused credentials: $(status)" >&2; exit 1; }
+echo "refused credentials: $(field error)"
+kill "$server"
+wait "$server" 2>/dev/null || true
 
 # A second array on a prefix that holds another's copy is refused at start.
 if "$sliver" serve --data-dir "$work/d" --capacity 1G --iscsi-listen 127.0.0.1:0 \

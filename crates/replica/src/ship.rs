@@ -80,6 +80,9 @@ pub enum ShipState {
     Fenced(String),
     /// A base could not be read (a local I/O error): nothing more is shipped until a restart.
     Broken(String),
+    /// The store could not be used yet (down, slow, refusing the credentials): the array
+    /// serves, nothing is recorded, and the shipper tries again; a base follows.
+    Waiting(String),
     /// Stopped (the array shut down).
     Stopped,
 }
@@ -98,8 +101,10 @@ pub struct ShipStatus {
     pub bytes: u64,
     /// The last error the store returned (retried), or why the copy started over.
     pub last_error: Option<String>,
-    /// Times the copy started over (a base) because the backlog bound was passed.
+    /// Times the copy started over (a base): the backlog bound passed, or the store lost it.
     pub resyncs: u64,
+    /// Why it last started over.
+    pub last_restart: Option<String>,
     /// When the oldest write the store does not hold yet was made (`None`: it holds every
     /// write): the copy's lag is the time since.
     pub oldest_unshipped: Option<Instant>,
@@ -203,6 +208,11 @@ struct Shared {
     generation: std::sync::atomic::AtomicU64,
     /// The base reader running, if any.
     base: Mutex<Option<std::thread::JoinHandle<()>>>,
+    /// Set by a start that stopped waiting for the store before it was attached: the engine
+    /// may write before recording starts, so the attach takes a base.
+    late: AtomicBool,
+    /// The shipper, retention and (while the store is awaited) attach threads.
+    threads: Mutex<Vec<std::thread::JoinHandle<()>>>,
     me: std::sync::Weak<Shared>,
 }
 
@@ -243,37 +253,18 @@ impl Shared {
         }
         let body = std::mem::take(&mut b.body);
         let since = b.since.take().unwrap_or_else(Instant::now);
-        let mut marks = std::mem::take(&mut b.marks);
+        let marks = std::mem::take(&mut b.marks);
         b.records = 0;
         let mut q = self.queue.lock().unwrap();
         if q.bytes + body.len() as u64 > self.config.max_backlog {
             // Hosts never wait for the store: the writes waiting are dropped, and the copy
-            // starts over with a base, online. The batch lock is held, so the base's start is
-            // the first record after the objects already numbered: a restore never applies a
-            // write that followed a dropped one without the base under it. Points asked for
-            // wait for that base.
-            let dropped = std::mem::take(&mut q.bodies);
-            let mut points: Vec<Mark> = dropped
-                .into_iter()
-                .flat_map(|c| c.marks)
-                .chain(marks.drain(..))
-                .filter(|m| matches!(m, Mark::Point(_)))
-                .collect();
-            q.immediate.append(&mut points);
-            q.bytes = 0;
+            // starts over with a base, online.
             drop(q);
             let why = format!(
                 "more than {} bytes waited for the store: copying the whole array again",
                 self.config.max_backlog
             );
-            tracing::warn!("replication: {why}");
-            {
-                let mut s = self.status.lock().unwrap();
-                s.resyncs += 1;
-                s.last_error = Some(why);
-            }
-            self.begin_base_locked(b, false);
-            self.wake.notify_all();
+            self.start_over_locked(b, why, marks);
             return;
         }
         q.bytes += body.len() as u64;
@@ -285,6 +276,38 @@ impl Shared {
             since,
             marks,
         });
+        self.wake.notify_all();
+    }
+
+    /// Drop every write waiting for the store and start over with a restart base, online. The
+    /// batch lock is held, so the base's start is the first record after the objects already
+    /// numbered: a restore never applies a write that followed a dropped one without the base
+    /// under it. Points asked for (in `marks` or the dropped batches) wait for that base.
+    fn start_over_locked(&self, b: &mut Batch, why: String, mut marks: Vec<Mark>) {
+        // What the batch holds is dropped too: the base reads it from the files.
+        b.body.clear();
+        b.records = 0;
+        b.since = None;
+        marks.append(&mut b.marks);
+        let mut q = self.queue.lock().unwrap();
+        let dropped = std::mem::take(&mut q.bodies);
+        let mut points: Vec<Mark> = dropped
+            .into_iter()
+            .flat_map(|c| c.marks)
+            .chain(marks.drain(..))
+            .filter(|m| matches!(m, Mark::Point(_)))
+            .collect();
+        q.immediate.append(&mut points);
+        q.bytes = 0;
+        drop(q);
+        tracing::warn!("replication: {why}");
+        {
+            let mut s = self.status.lock().unwrap();
+            s.resyncs += 1;
+            s.last_error = Some(why.clone());
+            s.last_restart = Some(why);
+        }
+        self.begin_base_locked(b, false);
         self.wake.notify_all();
     }
 
@@ -378,8 +401,6 @@ pub struct ShippingBackend {
 pub struct Shipper {
     shared: Arc<Shared>,
     dir: PathBuf,
-    thread: Option<std::thread::JoinHandle<()>>,
-    retainer: Option<std::thread::JoinHandle<()>>,
 }
 
 /// Why shipping cannot start.
@@ -393,7 +414,7 @@ pub enum ShipError {
     Refused(String),
 }
 
-fn local(dir: &Path) -> impl Fn(io::Error) -> ShipError + '_ {
+fn local_error(dir: &Path) -> impl Fn(io::Error) -> ShipError + '_ {
     move |source| ShipError::Local {
         dir: dir.display().to_string(),
         source,
@@ -423,7 +444,7 @@ fn parse_pool(text: &str) -> Option<[u8; 16]> {
 impl ShippingBackend {
     /// Start shipping the array in `dir` (its `FileBackend` opened, the engine not yet) to
     /// `store`: continue the stream after a clean stop, take a base otherwise. Refuses a prefix
-    /// that holds another array's pool.
+    /// that holds another array's pool, and fails when the store cannot be read.
     /// `array_config` is the server's configuration as saved now, for the base (later saves
     /// go through [`ShippingBackend::record_config`]).
     pub fn start(
@@ -433,167 +454,344 @@ impl ShippingBackend {
         config: ShipConfig,
         array_config: Option<Vec<u8>>,
     ) -> Result<(ShippingBackend, Shipper), ShipError> {
-        let err = local(dir);
-        let pool_path = dir.join(POOL_FILE);
-        let ours = match std::fs::read_to_string(&pool_path) {
-            Ok(t) => Some(parse_pool(&t).ok_or_else(|| {
-                ShipError::Refused(format!("{} is damaged", pool_path.display()))
-            })?),
-            Err(e) if e.kind() == io::ErrorKind::NotFound => None,
-            Err(e) => return Err(err(e)),
-        };
-        // A clean stop's mark, taken away before anything else: a crash from here on leaves
-        // none, so the next start takes a base.
-        let state_path = dir.join(STATE_FILE);
-        let clean = match std::fs::read_to_string(&state_path) {
-            Ok(t) => {
-                std::fs::remove_file(&state_path).map_err(&err)?;
-                std::fs::File::open(dir)
-                    .and_then(|d| d.sync_all())
-                    .map_err(&err)?;
-                parse_state(&t)
-            }
-            Err(e) if e.kind() == io::ErrorKind::NotFound => None,
-            Err(e) => return Err(err(e)),
-        };
-        let cat = catalog::load(store.as_ref())?;
-        if let Some(d) = cat.damaged.first() {
-            if cat.pool.is_none() {
-                return Err(ShipError::Refused(d.clone()));
-            }
-            tracing::warn!(
-                "replication: {} catalog object(s) damaged, not used: {d}",
-                cat.damaged.len()
-            );
-        }
-        let newest = cat.stream.last().map(|r| r.end - 1).zip(cat.pool);
-        let pool = match (ours, newest) {
-            (Some(p), Some((_, theirs))) if p != theirs => {
-                return Err(ShipError::Refused(format!(
-                    "{} holds the copy of array {}, not of this one ({}): give this array its own prefix",
-                    store.describe(),
-                    object::hex(&theirs),
-                    object::hex(&p)
-                )))
-            }
-            (None, Some((_, theirs))) => {
-                return Err(ShipError::Refused(format!(
-                    "{} already holds the copy of array {}: give this array its own prefix",
-                    store.describe(),
-                    object::hex(&theirs)
-                )))
-            }
-            (Some(p), _) => p,
-            (None, None) => {
-                let p: [u8; 16] = rand::random();
-                write_synced(dir, POOL_FILE, &object::hex(&p)).map_err(&err)?;
-                p
-            }
-        };
-        let last = newest.map(|(n, _)| n).unwrap_or(0);
-        let capacity = inner.capacity();
-        let continues = clean == Some((pool, last, capacity)) && last > 0;
-        let next_point = cat.points.iter().map(|p| p.number + 1).max().unwrap_or(1);
-        let newest_point = cat.points.iter().max_by_key(|p| p.number).cloned();
-        // A stream shipped before the base index existed: a scheduled base gives it one.
-        let needs_index = continues && cat.bases.is_empty();
-        let inner = Arc::new(inner);
-        let shared = Arc::new_cyclic(|me| Shared {
-            store,
-            config,
-            capacity,
-            batch: Mutex::new(Batch {
-                body: Vec::new(),
-                records: 0,
-                marks: Vec::new(),
-                since: None,
-            }),
-            queue: Mutex::new(Queue {
-                bodies: VecDeque::new(),
-                next_id: 0,
-                bytes: 0,
-                immediate: Vec::new(),
-            }),
-            wake: Condvar::new(),
-            status: Mutex::new(ShipStatus {
-                state: if continues {
-                    ShipState::Streaming
-                } else {
-                    ShipState::Base
-                },
-                pool,
-                shipped_through: last,
-                backlog_bytes: 0,
-                objects: 0,
-                bytes: 0,
-                last_error: None,
-                resyncs: 0,
-                oldest_unshipped: None,
-                newest_point,
-                deleted_objects: 0,
-            }),
-            off: AtomicBool::new(false),
-            restarting: AtomicBool::new(false),
-            catalog: Mutex::new(CatalogState {
-                stream: cat.stream,
-                bases: cat.bases,
-                points: cat.points,
-                next_point,
-                retain_due: true,
-            }),
-            retain_wake: Condvar::new(),
-            stop: AtomicBool::new(false),
-            inner: inner.clone(),
-            array_config: Mutex::new(array_config),
-            generation: std::sync::atomic::AtomicU64::new(0),
-            base: Mutex::new(None),
-            me: me.clone(),
-        });
-        if continues {
-            tracing::info!(
-                "replicating to {}: continuing the copy at object {}",
-                shared.store.describe(),
-                last + 1
-            );
-        } else {
-            tracing::info!(
-                "replicating to {}: copying the whole array (a base) from object {}, following its writes meanwhile",
-                shared.store.describe(),
-                last + 1
-            );
-        }
-        // A base starts in the stream before any write the engine makes from now on.
-        if !continues || needs_index {
-            let mut b = shared.batch.lock().unwrap();
-            shared.begin_base_locked(&mut b, continues);
-        }
-        let thread = {
-            let shared = shared.clone();
-            std::thread::Builder::new()
-                .name("replica-ship".into())
-                .spawn(move || ship_loop(&shared, last + 1))
-                .map_err(&err)?
-        };
-        let retainer = {
-            let shared = shared.clone();
-            std::thread::Builder::new()
-                .name("replica-retain".into())
-                .spawn(move || retain_loop(&shared))
-                .map_err(&err)?
-        };
-        Ok((
-            ShippingBackend {
-                inner,
-                shared: shared.clone(),
-            },
-            Shipper {
-                shared,
-                dir: dir.to_path_buf(),
-                thread: Some(thread),
-                retainer: Some(retainer),
-            },
-        ))
+        let (backend, shipper, local) = prepare(dir, inner, store, config, array_config)?;
+        attach(&shipper.shared, dir, local.ours, local.clean, false)?;
+        Ok((backend, shipper))
     }
+
+    /// As [`ShippingBackend::start`], with the store probed first, but a store that cannot be
+    /// reached (down, hung, refusing the credentials) does not stop the array: the first
+    /// attempt is waited for at most [`ATTACH_WAIT`]; after that the shipper waits for the
+    /// store, saying why in its status, tries again with backoff, and once it answers takes a
+    /// base (the writes made meanwhile were not recorded). Misconfiguration that retrying
+    /// cannot mend (another array's prefix, a store that does not fence) fails the start when
+    /// the first attempt finds it, and breaks the copy when a later one does.
+    pub fn start_or_wait(
+        dir: &Path,
+        inner: FileBackend,
+        store: Arc<dyn ObjectStore>,
+        config: ShipConfig,
+        array_config: Option<Vec<u8>>,
+    ) -> Result<(ShippingBackend, Shipper), ShipError> {
+        let (backend, shipper, local) = prepare(dir, inner, store, config, array_config)?;
+        let (first_tx, first_rx) = mpsc::sync_channel(1);
+        let shared = shipper.shared.clone();
+        let dir_owned = dir.to_path_buf();
+        let waiter = std::thread::Builder::new()
+            .name("replica-attach".into())
+            .spawn(move || attach_loop(&shared, &dir_owned, local, first_tx))
+            .map_err(local_error(dir))?;
+        shipper.shared.threads.lock().unwrap().push(waiter);
+        let first = first_rx.recv_timeout(ATTACH_WAIT);
+        {
+            // Under the batch lock, as `attach` starts recording: either it has (the stream
+            // may go on) or it learns it is late (the engine may write before it, so a base).
+            let _b = shipper.shared.batch.lock().unwrap();
+            if shipper.shared.off.load(Ordering::Acquire) {
+                shipper.shared.late.store(true, Ordering::Release);
+            }
+        }
+        match first {
+            Ok(Err(e @ (ShipError::Refused(_) | ShipError::Local { .. }))) => {
+                shipper.shared.stop.store(true, Ordering::Release);
+                return Err(e);
+            }
+            Ok(_) => {}
+            Err(_) => {
+                let why = format!(
+                    "{} did not answer within {} s",
+                    shipper.shared.store.describe(),
+                    ATTACH_WAIT.as_secs()
+                );
+                let mut s = shipper.shared.status.lock().unwrap();
+                if matches!(s.state, ShipState::Waiting(_)) {
+                    s.state = ShipState::Waiting(why);
+                }
+            }
+        }
+        if let ShipState::Waiting(why) = &shipper.status().state {
+            tracing::warn!("replication: the store cannot be used yet ({why}); the array serves, and the copy starts once the store answers");
+        }
+        Ok((backend, shipper))
+    }
+}
+
+/// How long a start waits for the store before the array serves without it.
+pub const ATTACH_WAIT: Duration = Duration::from_secs(10);
+
+/// Attach, and while the store cannot be used, try again with backoff (2 s to 60 s). The first
+/// attempt's outcome goes to `first`.
+fn attach_loop(
+    shared: &Arc<Shared>,
+    dir: &Path,
+    local: LocalState,
+    first: mpsc::SyncSender<Result<(), ShipError>>,
+) {
+    let mut clean = local.clean;
+    let mut first = Some(first);
+    let mut delay = Duration::from_secs(2);
+    loop {
+        let outcome = attach(shared, dir, local.ours, clean.take(), true);
+        let state = match &outcome {
+            Ok(()) => None,
+            Err(ShipError::Store(e)) => Some(ShipState::Waiting(e.to_string())),
+            Err(e) => {
+                tracing::error!("replication: {e}");
+                Some(ShipState::Broken(e.to_string()))
+            }
+        };
+        let done = !matches!(state, Some(ShipState::Waiting(_)));
+        if let Some(state) = state {
+            shared.status.lock().unwrap().state = state;
+        }
+        if let Some(tx) = first.take() {
+            let _ = tx.send(outcome);
+        }
+        if done {
+            return;
+        }
+        let until = Instant::now() + delay;
+        while Instant::now() < until {
+            if shared.stop.load(Ordering::Acquire) {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        delay = (delay * 2).min(Duration::from_secs(60));
+    }
+}
+
+/// What a start reads from the data directory before it talks to the store.
+struct LocalState {
+    /// The pool this array ships, if it ever did.
+    ours: Option<[u8; 16]>,
+    /// The clean stop's mark (pool, last object, capacity), taken away.
+    clean: Option<([u8; 16], u64, u64)>,
+}
+
+/// The backend and the shipper, not yet attached to the store (nothing is recorded until
+/// [`attach`] has run).
+fn prepare(
+    dir: &Path,
+    inner: FileBackend,
+    store: Arc<dyn ObjectStore>,
+    config: ShipConfig,
+    array_config: Option<Vec<u8>>,
+) -> Result<(ShippingBackend, Shipper, LocalState), ShipError> {
+    let err = local_error(dir);
+    let pool_path = dir.join(POOL_FILE);
+    let ours = match std::fs::read_to_string(&pool_path) {
+        Ok(t) => Some(
+            parse_pool(&t)
+                .ok_or_else(|| ShipError::Refused(format!("{} is damaged", pool_path.display())))?,
+        ),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => None,
+        Err(e) => return Err(err(e)),
+    };
+    // A clean stop's mark, taken away before anything else: a crash from here on leaves
+    // none, so the next start takes a base.
+    let state_path = dir.join(STATE_FILE);
+    let clean = match std::fs::read_to_string(&state_path) {
+        Ok(t) => {
+            std::fs::remove_file(&state_path).map_err(&err)?;
+            std::fs::File::open(dir)
+                .and_then(|d| d.sync_all())
+                .map_err(&err)?;
+            parse_state(&t)
+        }
+        Err(e) if e.kind() == io::ErrorKind::NotFound => None,
+        Err(e) => return Err(err(e)),
+    };
+    let capacity = inner.capacity();
+    let inner = Arc::new(inner);
+    let shared = Arc::new_cyclic(|me| Shared {
+        store,
+        config,
+        capacity,
+        batch: Mutex::new(Batch {
+            body: Vec::new(),
+            records: 0,
+            marks: Vec::new(),
+            since: None,
+        }),
+        queue: Mutex::new(Queue {
+            bodies: VecDeque::new(),
+            next_id: 0,
+            bytes: 0,
+            immediate: Vec::new(),
+        }),
+        wake: Condvar::new(),
+        status: Mutex::new(ShipStatus {
+            state: ShipState::Waiting("connecting to the store".into()),
+            pool: ours.unwrap_or_default(),
+            shipped_through: 0,
+            backlog_bytes: 0,
+            objects: 0,
+            bytes: 0,
+            last_error: None,
+            resyncs: 0,
+            last_restart: None,
+            oldest_unshipped: None,
+            newest_point: None,
+            deleted_objects: 0,
+        }),
+        // Nothing is recorded before the store has been read.
+        off: AtomicBool::new(true),
+        late: AtomicBool::new(false),
+        restarting: AtomicBool::new(false),
+        catalog: Mutex::new(CatalogState {
+            stream: Vec::new(),
+            bases: Vec::new(),
+            points: Vec::new(),
+            next_point: 1,
+            retain_due: false,
+        }),
+        retain_wake: Condvar::new(),
+        stop: AtomicBool::new(false),
+        inner: inner.clone(),
+        array_config: Mutex::new(array_config),
+        generation: std::sync::atomic::AtomicU64::new(0),
+        base: Mutex::new(None),
+        threads: Mutex::new(Vec::new()),
+        me: me.clone(),
+    });
+    Ok((
+        ShippingBackend {
+            inner,
+            shared: shared.clone(),
+        },
+        Shipper {
+            shared,
+            dir: dir.to_path_buf(),
+        },
+        LocalState { ours, clean },
+    ))
+}
+
+/// Read the store (probed first if `probe`), decide the pool and whether the stream goes on,
+/// and start recording and shipping.
+fn attach(
+    shared: &Arc<Shared>,
+    dir: &Path,
+    ours: Option<[u8; 16]>,
+    clean: Option<([u8; 16], u64, u64)>,
+    probe: bool,
+) -> Result<(), ShipError> {
+    let err = local_error(dir);
+    let store = &shared.store;
+    if probe {
+        match crate::probe::probe(store.clone()) {
+            Ok(_) => {}
+            Err(crate::probe::ProbeError::Store(e)) => return Err(ShipError::Store(e)),
+            Err(e) => return Err(ShipError::Refused(e.to_string())),
+        }
+    }
+    let cat = catalog::load(store.as_ref())?;
+    if let Some(d) = cat.damaged.first() {
+        if cat.pool.is_none() {
+            return Err(ShipError::Refused(d.clone()));
+        }
+        tracing::warn!(
+            "replication: {} catalog object(s) damaged, not used: {d}",
+            cat.damaged.len()
+        );
+    }
+    let newest = cat.stream.last().map(|r| r.end - 1).zip(cat.pool);
+    let pool = match (ours, newest) {
+        (Some(p), Some((_, theirs))) if p != theirs => {
+            return Err(ShipError::Refused(format!(
+            "{} holds the copy of array {}, not of this one ({}): give this array its own prefix",
+            store.describe(),
+            object::hex(&theirs),
+            object::hex(&p)
+        )))
+        }
+        (None, Some((_, theirs))) => {
+            return Err(ShipError::Refused(format!(
+                "{} already holds the copy of array {}: give this array its own prefix",
+                store.describe(),
+                object::hex(&theirs)
+            )))
+        }
+        (Some(p), _) => p,
+        (None, None) => {
+            let p: [u8; 16] = rand::random();
+            write_synced(dir, POOL_FILE, &object::hex(&p)).map_err(&err)?;
+            p
+        }
+    };
+    let last = newest.map(|(n, _)| n).unwrap_or(0);
+    let continues = clean == Some((pool, last, shared.capacity)) && last > 0;
+    // A stream shipped before the base index existed: a scheduled base gives it one.
+    let needs_index = continues && cat.bases.is_empty();
+    {
+        let mut s = shared.status.lock().unwrap();
+        s.state = if continues {
+            ShipState::Streaming
+        } else {
+            ShipState::Base
+        };
+        s.pool = pool;
+        s.shipped_through = last;
+        s.newest_point = cat.points.iter().max_by_key(|p| p.number).cloned();
+    }
+    {
+        let mut c = shared.catalog.lock().unwrap();
+        c.next_point = cat.points.iter().map(|p| p.number + 1).max().unwrap_or(1);
+        c.stream = cat.stream;
+        c.bases = cat.bases;
+        c.points = cat.points;
+        c.retain_due = true;
+    }
+    if continues {
+        tracing::info!(
+            "replicating to {}: continuing the copy at object {}",
+            store.describe(),
+            last + 1
+        );
+    } else {
+        tracing::info!(
+            "replicating to {}: copying the whole array (a base) from object {}, following its writes meanwhile",
+            store.describe(),
+            last + 1
+        );
+    }
+    {
+        // Recording starts under the batch lock with the base's start record first: no write
+        // the engine completes from now on goes before it, and every one before is in the
+        // files the base reads.
+        let mut b = shared.batch.lock().unwrap();
+        if shared.stop.load(Ordering::Acquire) {
+            return Err(ShipError::Refused("the array stopped".into()));
+        }
+        if continues && shared.late.load(Ordering::Acquire) {
+            // The engine may have written since the start: the stream cannot go on.
+            shared.status.lock().unwrap().state = ShipState::Base;
+            shared.off.store(false, Ordering::Release);
+            shared.begin_base_locked(&mut b, false);
+        } else {
+            shared.off.store(false, Ordering::Release);
+            if !continues || needs_index {
+                shared.begin_base_locked(&mut b, continues);
+            }
+        }
+    }
+    let ship = {
+        let shared = shared.clone();
+        std::thread::Builder::new()
+            .name("replica-ship".into())
+            .spawn(move || ship_loop(&shared, last + 1))
+            .map_err(&err)?
+    };
+    let retain = {
+        let shared = shared.clone();
+        std::thread::Builder::new()
+            .name("replica-retain".into())
+            .spawn(move || retain_loop(&shared))
+            .map_err(&err)?
+    };
+    shared.threads.lock().unwrap().extend([ship, retain]);
+    Ok(())
 }
 
 fn parse_state(text: &str) -> Option<([u8; 16], u64, u64)> {
@@ -718,14 +916,24 @@ fn now_ms() -> u64 {
 /// Create `name` with `bytes` unless it exists, retrying store errors with backoff until it
 /// answers or the shipper stops (`None`). `Some(false)`: another writer created it first.
 fn create_retrying(shared: &Shared, name: &str, bytes: &[u8]) -> Option<bool> {
+    create_counting(shared, name, bytes).map(|(created, _)| created)
+}
+
+/// [`create_retrying`], with the number of store errors retried.
+fn create_counting(shared: &Shared, name: &str, bytes: &[u8]) -> Option<(bool, u32)> {
     let mut delay = Duration::from_millis(100);
+    let mut errors = 0;
     loop {
         match shared.store.put_if_absent(name, bytes.to_vec()) {
-            Ok(true) => return Some(true),
+            Ok(true) => return Some((true, errors)),
             // A create whose answer was lost and that the client sent again: ours if the
             // object holds exactly these bytes.
-            Ok(false) => return Some(shared.store.get(name).ok().as_deref() == Some(bytes)),
+            Ok(false) => {
+                let ours = shared.store.get(name).ok().as_deref() == Some(bytes);
+                return Some((ours, errors));
+            }
             Err(e) => {
+                errors += 1;
                 shared.status.lock().unwrap().last_error = Some(e.to_string());
                 if shared.stop.load(Ordering::Acquire) {
                     return None;
@@ -808,11 +1016,11 @@ fn ship_loop(shared: &Shared, next: u64) {
         let n = local.next;
         let name = ObjectName::new(Kind::Stream, n).to_string();
         let bytes = object::encode(Kind::Stream, local.pool, 0, n, &body);
-        match create_retrying(shared, &name, &bytes) {
+        let errors = match create_counting(shared, &name, &bytes) {
             None => return,
-            Some(false) => return fenced(shared, &name),
-            Some(true) => {}
-        }
+            Some((false, _)) => return fenced(shared, &name),
+            Some((true, errors)) => errors,
+        };
         local.next += 1;
         local.since_base += body.len() as u64;
         {
@@ -837,6 +1045,21 @@ fn ship_loop(shared: &Shared, next: u64) {
             };
             marks
         };
+        // After the store failed for a while, make sure it still holds what it held: a bucket
+        // deleted or emptied meanwhile leaves a copy no restore can use.
+        if errors > 0 && n > 1 && lost(shared, n - 1) {
+            let why = format!(
+                "{} no longer holds {}: the bucket was deleted or emptied; copying the whole array again",
+                shared.store.describe(),
+                ObjectName::new(Kind::Stream, n - 1)
+            );
+            forget_catalog(shared, n);
+            local.open_base = None;
+            local.rebasing = false;
+            let mut b = shared.batch.lock().unwrap();
+            shared.start_over_locked(&mut b, why, marks);
+            continue;
+        }
         if !shipped(shared, &mut local, n, marks) {
             return;
         }
@@ -847,6 +1070,34 @@ fn ship_loop(shared: &Shared, next: u64) {
         }
         shared.wake.notify_all();
     }
+}
+
+/// Whether the store lost stream object `n`, which it held (a failed read is not a loss).
+fn lost(shared: &Shared, n: u64) -> bool {
+    let held = shared
+        .catalog
+        .lock()
+        .unwrap()
+        .stream
+        .iter()
+        .any(|r| r.contains(&n));
+    let name = ObjectName::new(Kind::Stream, n).to_string();
+    held && matches!(
+        shared
+            .store
+            .get_range(&name, 0..object::HEADER_BYTES as u64),
+        Err(StoreError::NotFound { .. })
+    )
+}
+
+/// The store lost the copy: nothing it held counts any more but object `n`, just created.
+fn forget_catalog(shared: &Shared, n: u64) {
+    let mut c = shared.catalog.lock().unwrap();
+    c.stream = catalog::ranges(vec![n]);
+    c.bases.clear();
+    c.points.clear();
+    drop(c);
+    shared.status.lock().unwrap().newest_point = None;
 }
 
 /// Ask for a scheduled point when one is due, and begin a scheduled base when the stream since
@@ -1215,7 +1466,7 @@ impl Shipper {
     /// Ship what is left (waiting at most `within`) and, if everything reached the store,
     /// leave the mark that lets the next start continue the stream. Call after the engine
     /// shut down (no more writes).
-    pub fn stop(mut self, within: Duration) -> ShipStatus {
+    pub fn stop(self, within: Duration) -> ShipStatus {
         self.shared.cut();
         let deadline = Instant::now() + within;
         loop {
@@ -1235,11 +1486,21 @@ impl Shipper {
         self.shared.stop.store(true, Ordering::Release);
         self.shared.wake.notify_all();
         self.shared.retain_wake.notify_all();
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
+        // A thread blocked on a hung store (a request waits up to the client's timeout) is left
+        // behind after a few seconds rather than holding up the array's shutdown.
+        let threads = std::mem::take(&mut *self.shared.threads.lock().unwrap());
+        let grace = Instant::now() + Duration::from_secs(5);
+        while Instant::now() < grace && threads.iter().any(|t| !t.is_finished()) {
+            std::thread::sleep(Duration::from_millis(20));
         }
-        if let Some(t) = self.retainer.take() {
-            let _ = t.join();
+        for t in threads {
+            if t.is_finished() {
+                let _ = t.join();
+            } else {
+                tracing::warn!(
+                    "replication: a thread waiting for the store was left behind at shutdown"
+                );
+            }
         }
         let base = self.shared.base.lock().unwrap().take();
         if let Some(b) = base {

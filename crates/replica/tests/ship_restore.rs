@@ -570,3 +570,152 @@ fn scheduled_points_are_kept_to_their_count_and_each_restores() {
     drop(engine);
     shipper.stop(Duration::from_secs(30));
 }
+
+/// A store that can be taken down: every call fails while `down` is set.
+struct Switchable {
+    inner: MemStore,
+    down: std::sync::atomic::AtomicBool,
+}
+
+impl Switchable {
+    fn new(down: bool) -> Arc<Switchable> {
+        Arc::new(Switchable {
+            inner: MemStore::default(),
+            down: std::sync::atomic::AtomicBool::new(down),
+        })
+    }
+
+    fn set_down(&self, down: bool) {
+        self.down.store(down, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    fn check(&self) -> Result<(), StoreError> {
+        if self.down.load(std::sync::atomic::Ordering::SeqCst) {
+            return Err(StoreError::Failed {
+                store: "switchable".into(),
+                op: "any",
+                name: String::new(),
+                reason: "connection refused".into(),
+            });
+        }
+        Ok(())
+    }
+}
+
+impl ObjectStore for Switchable {
+    fn put_if_absent(&self, name: &str, bytes: Vec<u8>) -> Result<bool, StoreError> {
+        self.check()?;
+        self.inner.put_if_absent(name, bytes)
+    }
+    fn put(&self, name: &str, bytes: Vec<u8>) -> Result<(), StoreError> {
+        self.check()?;
+        self.inner.put(name, bytes)
+    }
+    fn get(&self, name: &str) -> Result<Vec<u8>, StoreError> {
+        self.check()?;
+        self.inner.get(name)
+    }
+    fn get_range(&self, name: &str, range: Range<u64>) -> Result<Vec<u8>, StoreError> {
+        self.check()?;
+        self.inner.get_range(name, range)
+    }
+    fn list(&self, folder: &str) -> Result<Vec<String>, StoreError> {
+        self.check()?;
+        self.inner.list(folder)
+    }
+    fn delete(&self, name: &str) -> Result<(), StoreError> {
+        self.check()?;
+        self.inner.delete(name)
+    }
+    fn describe(&self) -> String {
+        "switchable".into()
+    }
+}
+
+/// A store that is down when the array starts does not stop the array: the shipper waits,
+/// says why, and once the store answers copies the array whole (the writes made meanwhile
+/// included), so the restore equals every write.
+#[test]
+fn a_store_down_at_start_is_waited_for_and_the_copy_then_holds_every_write() {
+    let a = tempfile::tempdir().unwrap();
+    let store = Switchable::new(true);
+    let fb = FileBackend::open(a.path(), CAPACITY).unwrap();
+    let (backend, shipper) =
+        ShippingBackend::start_or_wait(a.path(), fb, store.clone(), fast(), None).unwrap();
+    let s = shipper.status();
+    match &s.state {
+        ShipState::Waiting(why) => assert!(why.contains("connection refused"), "{why}"),
+        other => panic!("not waiting: {other:?}"),
+    }
+    let engine = Engine::create(Arc::new(backend), config(), Tuning::default()).unwrap();
+    let v = engine.create_volume(VOLUME).unwrap();
+    let mut model = vec![0u8; VOLUME as usize];
+    overwrite(&engine, v, &mut model, 7, 32);
+    engine.flush().unwrap();
+    assert!(matches!(shipper.status().state, ShipState::Waiting(_)));
+    assert_eq!(
+        shipper.status().backlog_bytes,
+        0,
+        "nothing recorded while waiting"
+    );
+    store.set_down(false);
+    overwrite(&engine, v, &mut model, 8, 32);
+    engine.flush().unwrap();
+    wait_for(
+        || shipper.status().state == ShipState::Streaming,
+        || format!("{:?}", shipper.status()),
+    );
+    overwrite(&engine, v, &mut model, 9, 8);
+    engine.flush().unwrap();
+    crash_and_restore(engine, shipper, &store.inner, &model);
+}
+
+/// The bucket is emptied while the store is failing: once it answers again the shipper finds
+/// the objects it held gone, forgets them and copies the array whole again, so the restore
+/// still equals every write.
+#[test]
+fn a_bucket_emptied_while_the_store_failed_is_copied_again() {
+    let a = tempfile::tempdir().unwrap();
+    let store = Switchable::new(false);
+    let fb = FileBackend::open(a.path(), CAPACITY).unwrap();
+    let (backend, shipper) =
+        ShippingBackend::start(a.path(), fb, store.clone(), fast(), None).unwrap();
+    let engine = Engine::create(Arc::new(backend), config(), Tuning::default()).unwrap();
+    let v = engine.create_volume(VOLUME).unwrap();
+    let mut model = vec![0u8; VOLUME as usize];
+    overwrite(&engine, v, &mut model, 11, 32);
+    engine.flush().unwrap();
+    drained(&shipper);
+    let before = shipper.status();
+    // Down, emptied, back.
+    store.set_down(true);
+    overwrite(&engine, v, &mut model, 12, 16);
+    engine.flush().unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    store.inner.0.lock().unwrap().clear();
+    store.set_down(false);
+    wait_for(
+        || shipper.status().resyncs > before.resyncs,
+        || format!("{:?}", shipper.status()),
+    );
+    let s = shipper.status();
+    assert!(
+        s.last_restart.as_deref().unwrap_or("").contains("emptied"),
+        "{s:?}"
+    );
+    overwrite(&engine, v, &mut model, 13, 8);
+    engine.flush().unwrap();
+    crash_and_restore(engine, shipper, &store.inner, &model);
+}
+
+/// Once the copy holds every write: the array "crashes" (nothing shut down) and the newest
+/// state restored from `store` equals `model`.
+fn crash_and_restore(engine: Engine, shipper: Shipper, store: &MemStore, model: &[u8]) {
+    drained(&shipper);
+    std::mem::forget(engine);
+    std::mem::forget(shipper);
+    let r = tempfile::tempdir().unwrap();
+    let target = r.path().join("restored");
+    restore(store, &target, None, &Target::Newest).unwrap();
+    assert!(read_back(&target) == model, "the restore differs");
+}

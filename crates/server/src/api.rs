@@ -1147,8 +1147,9 @@ pub struct ReplicationInfo {
     pub configured: bool,
     /// `s3://BUCKET/PREFIX`.
     pub target: Option<String>,
-    /// `base` (copying the whole array while following it), `streaming`, `fenced`, `broken`
-    /// (a base could not be read), `stopped`.
+    /// `base` (copying the whole array while following it), `streaming`, `waiting` (the store
+    /// cannot be used yet: the array serves and the copy starts once it answers), `fenced`,
+    /// `broken` (a base could not be read, or the store turned out unusable), `stopped`.
     pub state: Option<&'static str>,
     /// Why it is fenced or broken, or the store's last error while it retries.
     pub error: Option<String>,
@@ -1160,8 +1161,11 @@ pub struct ReplicationInfo {
     pub backlog_bytes: u64,
     /// Age of the oldest write the store does not hold yet; 0 when it holds every write.
     pub lag_seconds: f64,
-    /// Times the copy started over (a base) because the backlog bound was passed.
+    /// Times the copy started over (a base): the backlog bound was passed, or the store lost
+    /// objects the copy needs (a bucket deleted or emptied).
     pub resyncs: u64,
+    /// Why it last started over.
+    pub last_restart: Option<String>,
     /// The newest restore point.
     pub newest_point: Option<PointInfo>,
     /// Objects retention deleted since the array started (no restore point needed them).
@@ -1283,6 +1287,7 @@ async fn replication_show(State(ctx): State<Ctx>) -> Json<ReplicationInfo> {
             backlog_bytes: 0,
             lag_seconds: 0.0,
             resyncs: 0,
+            last_restart: None,
             newest_point: None,
             deleted_objects: 0,
         });
@@ -1293,6 +1298,7 @@ async fn replication_show(State(ctx): State<Ctx>) -> Json<ReplicationInfo> {
         ShipState::Streaming => ("streaming", None),
         ShipState::Fenced(w) => ("fenced", Some(w.clone())),
         ShipState::Broken(w) => ("broken", Some(w.clone())),
+        ShipState::Waiting(w) => ("waiting", Some(w.clone())),
         ShipState::Stopped => ("stopped", None),
     };
     Json(ReplicationInfo {
@@ -1300,7 +1306,8 @@ async fn replication_show(State(ctx): State<Ctx>) -> Json<ReplicationInfo> {
         target: Some(r.target),
         state: Some(state),
         error: why.or(s.last_error),
-        pool: Some(sliver_replica::object::hex(&s.pool)),
+        // Unknown until the store has been read (a new array's copy waiting for the store).
+        pool: (s.pool != [0; 16]).then(|| sliver_replica::object::hex(&s.pool)),
         shipped_through: s.shipped_through,
         shipped_objects: s.objects,
         shipped_bytes: s.bytes,
@@ -1309,6 +1316,7 @@ async fn replication_show(State(ctx): State<Ctx>) -> Json<ReplicationInfo> {
             .oldest_unshipped
             .map_or(0.0, |t| t.elapsed().as_secs_f64()),
         resyncs: s.resyncs,
+        last_restart: s.last_restart.clone(),
         newest_point: s.newest_point.as_ref().map(PointInfo::from),
         deleted_objects: s.deleted_objects,
     })

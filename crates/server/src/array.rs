@@ -1360,17 +1360,23 @@ fn open_engine(
     let (backend, replication): (Arc<dyn sliver_engine::Backend>, _) = match &options.replication {
         None => (Arc::new(files), None),
         Some(r) => {
-            use sliver_replica::{probe, ship, store};
+            use sliver_replica::{ship, store};
             let replication = |m: String| ArrayError::Config {
                 path: dir.to_path_buf(),
                 message: format!("replication to {}: {m}", r.s3.url),
             };
             let s3 = store::S3Store::connect(&r.s3).map_err(|e| replication(e.to_string()))?;
             let s3: Arc<dyn store::ObjectStore> = Arc::new(s3);
-            probe::probe(s3.clone()).map_err(|e| replication(e.to_string()))?;
-            let (b, shipper) =
-                ship::ShippingBackend::start(dir, files, s3, r.ship.clone(), Some(array_config))
-                    .map_err(|e| replication(e.to_string()))?;
+            // The store is probed first; one that cannot be reached does not keep the array
+            // from serving (the copy waits for it and says so).
+            let (b, shipper) = ship::ShippingBackend::start_or_wait(
+                dir,
+                files,
+                s3,
+                r.ship.clone(),
+                Some(array_config),
+            )
+            .map_err(|e| replication(e.to_string()))?;
             let b = Arc::new(b);
             (
                 b.clone() as Arc<dyn sliver_engine::Backend>,
