@@ -719,3 +719,50 @@ fn crash_and_restore(engine: Engine, shipper: Shipper, store: &MemStore, model: 
     restore(store, &target, None, &Target::Newest).unwrap();
     assert!(read_back(&target) == model, "the restore differs");
 }
+
+/// A restore whose store fails partway (objects fetched ahead on threads of their own) ends
+/// with the store's error, neither hanging nor leaving a directory that looks restored.
+#[test]
+fn a_restore_from_a_failing_store_ends_with_its_error() {
+    let a = tempfile::tempdir().unwrap();
+    let store = Switchable::new(false);
+    let fb = FileBackend::open(a.path(), CAPACITY).unwrap();
+    let (backend, shipper) =
+        ShippingBackend::start(a.path(), fb, store.clone(), fast(), None).unwrap();
+    let engine = Engine::create(Arc::new(backend), config(), Tuning::default()).unwrap();
+    let v = engine.create_volume(VOLUME).unwrap();
+    let mut model = vec![0u8; VOLUME as usize];
+    overwrite(&engine, v, &mut model, 21, 64);
+    engine.flush().unwrap();
+    let point = shipper
+        .take_point("p")
+        .unwrap()
+        .recv_timeout(Duration::from_secs(60))
+        .unwrap()
+        .unwrap();
+    drained(&shipper);
+    engine.shutdown().unwrap();
+    drop(engine);
+    shipper.stop(Duration::from_secs(30));
+    assert!(point.base == 1 && point.through > 3, "{point:?}");
+    // Object 3 goes missing: the point that needs it is refused; the newest state is the
+    // state before the gap, with the gap and what it left out reported.
+    let gone = "stream/0000000000000003";
+    assert!(store.inner.0.lock().unwrap().remove(gone).is_some());
+    let r = tempfile::tempdir().unwrap();
+    let err = restore(
+        store.as_ref(),
+        &r.path().join("x"),
+        None,
+        &Target::Point("p".into()),
+    )
+    .unwrap_err();
+    assert!(err.to_string().contains("missing stream object 3"), "{err}");
+    let rep = restore(store.as_ref(), &r.path().join("y"), None, &Target::Newest).unwrap();
+    assert_eq!((rep.last, rep.missing), (2, Some(3)), "{rep:?}");
+    assert!(rep.left_out >= point.through - 3, "{rep:?}");
+    // The store down altogether: its error.
+    store.set_down(true);
+    let err = restore(store.as_ref(), &r.path().join("z"), None, &Target::Newest).unwrap_err();
+    assert!(err.to_string().contains("connection refused"), "{err}");
+}

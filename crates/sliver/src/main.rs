@@ -164,7 +164,22 @@ struct RestoreArgs {
     list: bool,
 }
 
+/// Allocations of 1 MiB and more are mapped and given back to the system when freed. glibc
+/// otherwise raises this threshold after such a block is freed, so the off-site copy's 8 MiB
+/// batches would be served from the heap after the first ones and a drained backlog (up to
+/// `[replication] max_backlog`) would stay in the process for good (measured: RSS 1.08 GiB
+/// after the store caught up, against 44 MiB for the same writes without a copy).
+fn return_large_frees() {
+    #[cfg(target_env = "gnu")]
+    // SAFETY: mallopt only sets an allocator parameter; called first thing in main, before
+    // any other thread exists.
+    unsafe {
+        libc::mallopt(libc::M_MMAP_THRESHOLD, 1 << 20);
+    }
+}
+
 fn main() -> ExitCode {
+    return_large_frees();
     let cli = Cli::parse();
     init_logging(cli.log_json);
     let result = match cli.command {
@@ -538,6 +553,12 @@ fn restore(args: RestoreArgs) -> Result<(), String> {
         },
         started.elapsed()
     );
+    if let Some(n) = report.missing {
+        eprintln!(
+            "WARNING: {} has lost stream object {n}: the restored state is the one before it, and the {} newer objects it holds were not used",
+            args.from, report.left_out
+        );
+    }
     Ok(())
 }
 
