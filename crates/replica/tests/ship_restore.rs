@@ -677,11 +677,7 @@ fn a_store_down_at_start_is_waited_for_and_the_copy_then_holds_every_write() {
 fn a_bucket_emptied_while_the_store_failed_is_copied_again() {
     let a = tempfile::tempdir().unwrap();
     let store = Switchable::new(false);
-    let fb = FileBackend::open(a.path(), CAPACITY).unwrap();
-    let (backend, shipper) =
-        ShippingBackend::start(a.path(), fb, store.clone(), fast(), None).unwrap();
-    let engine = Engine::create(Arc::new(backend), config(), Tuning::default()).unwrap();
-    let v = engine.create_volume(VOLUME).unwrap();
+    let (engine, v, shipper) = shipping_array(a.path(), &store);
     let mut model = vec![0u8; VOLUME as usize];
     overwrite(&engine, v, &mut model, 11, 32);
     engine.flush().unwrap();
@@ -726,11 +722,7 @@ fn crash_and_restore(engine: Engine, shipper: Shipper, store: &MemStore, model: 
 fn a_restore_from_a_failing_store_ends_with_its_error() {
     let a = tempfile::tempdir().unwrap();
     let store = Switchable::new(false);
-    let fb = FileBackend::open(a.path(), CAPACITY).unwrap();
-    let (backend, shipper) =
-        ShippingBackend::start(a.path(), fb, store.clone(), fast(), None).unwrap();
-    let engine = Engine::create(Arc::new(backend), config(), Tuning::default()).unwrap();
-    let v = engine.create_volume(VOLUME).unwrap();
+    let (engine, v, shipper) = shipping_array(a.path(), &store);
     let mut model = vec![0u8; VOLUME as usize];
     overwrite(&engine, v, &mut model, 21, 64);
     engine.flush().unwrap();
@@ -765,4 +757,13 @@ fn a_restore_from_a_failing_store_ends_with_its_error() {
     store.set_down(true);
     let err = restore(store.as_ref(), &r.path().join("z"), None, &Target::Newest).unwrap_err();
     assert!(err.to_string().contains("connection refused"), "{err}");
+}
+
+/// A new array in `dir` shipping to `store`, with one volume.
+fn shipping_array(dir: &Path, store: &Arc<Switchable>) -> (Engine, u32, Shipper) {
+    let fb = FileBackend::open(dir, CAPACITY).unwrap();
+    let (backend, shipper) = ShippingBackend::start(dir, fb, store.clone(), fast(), None).unwrap();
+    let engine = Engine::create(Arc::new(backend), config(), Tuning::default()).unwrap();
+    let v = engine.create_volume(VOLUME).unwrap();
+    (engine, v, shipper)
 }
