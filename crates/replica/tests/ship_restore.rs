@@ -767,3 +767,104 @@ fn shipping_array(dir: &Path, store: &Arc<Switchable>) -> (Engine, u32, Shipper)
     let v = engine.create_volume(VOLUME).unwrap();
     (engine, v, shipper)
 }
+
+/// The torture model for restore points: writers keep overwriting versioned blocks while
+/// points are taken (the engine flushed first, as the array does for a named point). Restored,
+/// each point holds for every block a version written to it, whole, and never older than the
+/// newest one acknowledged before the point was asked for; the newest state holds the last.
+#[test]
+fn every_write_acknowledged_before_a_point_is_in_it() {
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+    const BLOCKS: u64 = 512;
+    const WRITERS: u64 = 2;
+    let block = |b: u64, version: u64| {
+        let mut data = noise(b * 1_000_003 + version, 4096);
+        data[..8].copy_from_slice(&b.to_le_bytes());
+        data[8..16].copy_from_slice(&version.to_le_bytes());
+        data
+    };
+    let a = tempfile::tempdir().unwrap();
+    let store = Switchable::new(false);
+    let (engine, v, shipper) = shipping_array(a.path(), &store);
+    let acked: Vec<AtomicU64> = (0..BLOCKS).map(|_| AtomicU64::new(0)).collect();
+    let stop = AtomicBool::new(false);
+    let mut points = Vec::new();
+    std::thread::scope(|s| {
+        for w in 0..WRITERS {
+            let (engine, acked, stop) = (&engine, &acked, &stop);
+            s.spawn(move || {
+                let mut x = w + 1;
+                while !stop.load(Ordering::Acquire) {
+                    // Each writer owns the blocks b with b % WRITERS == w: versions of a block
+                    // are written in order.
+                    x = x
+                        .wrapping_mul(6364136223846793005)
+                        .wrapping_add(1442695040888963407);
+                    let b = (x >> 33) % (BLOCKS / WRITERS) * WRITERS + w;
+                    let version = acked[b as usize].load(Ordering::Acquire) + 1;
+                    engine.write(v, b * 4096, &block(b, version)).unwrap();
+                    acked[b as usize].store(version, Ordering::Release);
+                }
+            });
+        }
+        for i in 0..3 {
+            std::thread::sleep(Duration::from_millis(150));
+            let before: Vec<u64> = acked.iter().map(|a| a.load(Ordering::Acquire)).collect();
+            engine.flush().unwrap();
+            let p = shipper
+                .take_point(&format!("p{i}"))
+                .unwrap()
+                .recv_timeout(Duration::from_secs(60))
+                .unwrap()
+                .unwrap();
+            points.push((p, before));
+        }
+        std::thread::sleep(Duration::from_millis(150));
+        stop.store(true, Ordering::Release);
+    });
+    engine.flush().unwrap();
+    let last: Vec<u64> = acked.iter().map(|a| a.load(Ordering::Acquire)).collect();
+    drained(&shipper);
+    std::mem::forget(engine);
+    std::mem::forget(shipper);
+    let r = tempfile::tempdir().unwrap();
+    let check = |target: &Path, floor: &[u64], exact: bool| {
+        let back = read_back(target);
+        for b in 0..BLOCKS {
+            let got = &back[(b * 4096) as usize..((b + 1) * 4096) as usize];
+            let version = u64::from_le_bytes(got[8..16].try_into().unwrap());
+            if floor[b as usize] == 0 && version == 0 {
+                assert!(
+                    got.iter().all(|&x| x == 0),
+                    "block {b}: neither written nor zero"
+                );
+                continue;
+            }
+            assert!(
+                got == block(b, version).as_slice(),
+                "block {b}: not version {version} whole"
+            );
+            assert!(
+                version >= floor[b as usize],
+                "block {b}: version {version}, acknowledged {} before the point",
+                floor[b as usize]
+            );
+            if exact {
+                assert_eq!(version, floor[b as usize], "block {b}");
+            }
+        }
+    };
+    for (p, before) in &points {
+        let target = r.path().join(&p.name);
+        restore(&store.inner, &target, None, &Target::Point(p.name.clone())).unwrap();
+        check(&target, before, false);
+    }
+    let target = r.path().join("newest");
+    restore(&store.inner, &target, None, &Target::Newest).unwrap();
+    check(&target, &last, true);
+    assert!(
+        last.iter().sum::<u64>() > BLOCKS,
+        "the writers barely wrote: {}",
+        last.iter().sum::<u64>()
+    );
+}

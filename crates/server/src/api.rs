@@ -1224,16 +1224,20 @@ async fn point_take(
     if ctx.array.replication().is_none() {
         return Err(no_replication());
     }
-    let rx = ctx.array.take_replication_point(&req.name).map_err(|m| {
-        let code = if m.contains("exists") {
-            (StatusCode::CONFLICT, "point_exists")
-        } else if m.contains("name") {
-            (StatusCode::BAD_REQUEST, "invalid_name")
-        } else {
-            (StatusCode::CONFLICT, "replication_stopped")
-        };
-        ApiError::new(code.0, code.1, m)
-    })?;
+    let array = ctx.array.clone();
+    let name = req.name.clone();
+    let rx = off_workers(move || array.take_replication_point(&name))
+        .await?
+        .map_err(|m| {
+            let code = if m.contains("exists") {
+                (StatusCode::CONFLICT, "point_exists")
+            } else if m.contains("name") {
+                (StatusCode::BAD_REQUEST, "invalid_name")
+            } else {
+                (StatusCode::CONFLICT, "replication_stopped")
+            };
+            ApiError::new(code.0, code.1, m)
+        })?;
     let answer = off_workers(move || rx.recv_timeout(POINT_WAIT)).await?;
     match answer {
         Ok(Ok(p)) => Ok((StatusCode::CREATED, Json(PointInfo::from(&p)))),

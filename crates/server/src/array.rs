@@ -1081,6 +1081,9 @@ impl Array {
     }
 
     /// Ask for a restore point named `name`; the receiver answers once the store holds it.
+    /// The engine is flushed first, so every write acknowledged to a host before this call is
+    /// in the point (scheduled points hold what was durable when they were taken). Blocks on
+    /// the flush.
     pub fn take_replication_point(
         &self,
         name: &str,
@@ -1088,6 +1091,10 @@ impl Array {
         std::sync::mpsc::Receiver<std::result::Result<sliver_replica::catalog::Point, String>>,
         String,
     > {
+        sliver_replica::catalog::check_name(name)?;
+        self.engine
+            .flush()
+            .map_err(|e| format!("flushing the engine before the point: {e}"))?;
         self.with_shipper(|s| s.take_point(name))
     }
 
