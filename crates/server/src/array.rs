@@ -1374,6 +1374,10 @@ fn open_engine(
             };
             let s3 = store::S3Store::connect(&r.s3).map_err(|e| replication(e.to_string()))?;
             let s3: Arc<dyn store::ObjectStore> = Arc::new(s3);
+            let files = migrate_unshipped(dir, files, options).map_err(|e| match e {
+                ArrayError::Io { source, .. } => io(source),
+                other => other,
+            })?;
             // The store is probed first; one that cannot be reached does not keep the array
             // from serving (the copy waits for it and says so).
             let (b, shipper) = ship::ShippingBackend::start_or_wait(
@@ -1416,6 +1420,35 @@ fn open_engine(
         );
     }
     Ok((engine, replication))
+}
+
+/// An array still in format 2 keeps its metadata in a checkpoint file that the copy does not
+/// ship (the shipping backend copies format 4's metadata, root and log): it is migrated first,
+/// opened and shut down without shipping, so the copy's base holds format 4's files and no
+/// prefix of the stream depends on the old checkpoint. Other arrays are returned as they are.
+fn migrate_unshipped(
+    dir: &Path,
+    files: FileBackend,
+    options: &ArrayOptions,
+) -> Result<FileBackend> {
+    use sliver_engine::Backend;
+    let io = |source| ArrayError::Io {
+        path: dir.to_path_buf(),
+        source,
+    };
+    let format_2 =
+        files.load_root().map_err(io)?.is_none() && files.load_checkpoint().map_err(io)?.is_some();
+    if !format_2 {
+        return Ok(files);
+    }
+    tracing::info!(
+        "the array in {} is in format 2: migrating it before its off-site copy starts",
+        dir.display()
+    );
+    let engine = Engine::open(Arc::new(files), options.tuning, false).map_err(engine_error)?;
+    engine.shutdown().map_err(engine_error)?;
+    drop(engine);
+    FileBackend::open(dir, 0).map_err(io)
 }
 
 /// Bytes available to unprivileged users on the file system holding `dir`.
@@ -1573,6 +1606,46 @@ fn write_atomically(dir: &Path, name: &str, bytes: &[u8]) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A format 2 array (the committed fixture of the engine's tests) is migrated before its
+    /// copy starts: afterwards its files are format 4's (a root, no checkpoint), which the
+    /// shipping backend copies whole; a format 4 array is left as it is.
+    #[test]
+    fn a_format_2_array_is_migrated_before_it_is_shipped() {
+        use sliver_engine::Backend;
+        let dir = tempfile::tempdir().unwrap();
+        let fixture = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../engine/tests/fixtures/engine-v2-d8313b3.tar.gz");
+        let status = std::process::Command::new("tar")
+            .arg("-xzf")
+            .arg(&fixture)
+            .arg("-C")
+            .arg(dir.path())
+            .status()
+            .unwrap();
+        assert!(status.success());
+        let engine_dir = dir.path().join("engine");
+        let files = FileBackend::open(&engine_dir, 0).unwrap();
+        assert!(files.load_root().unwrap().is_none());
+        assert!(files.load_checkpoint().unwrap().is_some());
+        let options = ArrayOptions::default();
+        let files = migrate_unshipped(&engine_dir, files, &options).unwrap();
+        assert!(
+            files.load_root().unwrap().is_some(),
+            "no root after the migration"
+        );
+        assert!(
+            files.load_checkpoint().unwrap().is_none(),
+            "the old checkpoint is still there"
+        );
+        // The migrated array opens and holds its volumes; a second call changes nothing.
+        let root = files.load_root().unwrap();
+        let files = migrate_unshipped(&engine_dir, files, &options).unwrap();
+        assert_eq!(files.load_root().unwrap(), root);
+        let engine = Engine::open(Arc::new(files), options.tuning, false).unwrap();
+        assert!(!engine.volumes().is_empty());
+        engine.shutdown().unwrap();
+    }
 
     #[test]
     fn the_configuration_is_readable_by_its_owner_only() {
