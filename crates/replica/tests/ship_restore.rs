@@ -716,8 +716,10 @@ fn crash_and_restore(engine: Engine, shipper: Shipper, store: &MemStore, model: 
     assert!(read_back(&target) == model, "the restore differs");
 }
 
-/// A restore whose store fails partway (objects fetched ahead on threads of their own) ends
-/// with the store's error, neither hanging nor leaving a directory that looks restored.
+/// A restore from a store that lost an object, holds a damaged one, or fails (objects fetched
+/// ahead on threads of their own) says so: the point that needs the lost object is refused,
+/// the newest state stops before it and reports it, a damaged object is named, a failing store
+/// ends the restore with its error rather than a hang.
 #[test]
 fn a_restore_from_a_failing_store_ends_with_its_error() {
     let a = tempfile::tempdir().unwrap();
@@ -753,6 +755,11 @@ fn a_restore_from_a_failing_store_ends_with_its_error() {
     let rep = restore(store.as_ref(), &r.path().join("y"), None, &Target::Newest).unwrap();
     assert_eq!((rep.last, rep.missing), (2, Some(3)), "{rep:?}");
     assert!(rep.left_out >= point.through - 3, "{rep:?}");
+    // A damaged object: refused by its checksum, named in the error.
+    let damaged = "stream/0000000000000002";
+    store.inner.0.lock().unwrap().get_mut(damaged).unwrap()[100] ^= 1;
+    let err = restore(store.as_ref(), &r.path().join("w"), None, &Target::Newest).unwrap_err();
+    assert!(err.to_string().contains(damaged), "{err}");
     // The store down altogether: its error.
     store.set_down(true);
     let err = restore(store.as_ref(), &r.path().join("z"), None, &Target::Newest).unwrap_err();
