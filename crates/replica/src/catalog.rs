@@ -227,7 +227,8 @@ impl Point {
 /// The points retention keeps: every named one and the newest `keep_scheduled` scheduled ones.
 pub fn kept(points: &[Point], keep_scheduled: usize) -> Vec<&Point> {
     let mut scheduled: Vec<&Point> = points.iter().filter(|p| p.scheduled).collect();
-    scheduled.sort_by_key(|p| std::cmp::Reverse((p.time_ms, p.number)));
+    // By number, the order they were taken in: a clock stepped back cannot reorder them.
+    scheduled.sort_by_key(|p| std::cmp::Reverse(p.number));
     let mut out: Vec<&Point> = points.iter().filter(|p| !p.scheduled).collect();
     out.extend(scheduled.into_iter().take(keep_scheduled));
     out
@@ -338,6 +339,9 @@ pub struct Catalog {
     pub points: Vec<Point>,
     /// Catalog objects that did not decode (reported, never used).
     pub damaged: Vec<String>,
+    /// The highest point number listed, damaged points included: the next point is numbered
+    /// above it (reusing a damaged point's number would look like another writer's).
+    pub last_point_number: u64,
 }
 
 fn numbers(store: &dyn ObjectStore, kind: Kind) -> Result<Vec<u64>, StoreError> {
@@ -403,7 +407,9 @@ pub fn load(store: &dyn ObjectStore) -> Result<Catalog, StoreError> {
             Err(e) => cat.damaged.push(e),
         }
     }
-    for n in numbers(store, Kind::Point)? {
+    let point_numbers = numbers(store, Kind::Point)?;
+    cat.last_point_number = point_numbers.iter().copied().max().unwrap_or(0);
+    for n in point_numbers {
         match fetch(Kind::Point, n)? {
             Ok(body) => match Point::decode(n, &body) {
                 Ok(p) => cat.points.push(p),

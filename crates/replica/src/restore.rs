@@ -386,6 +386,12 @@ pub fn restore(
                     backend = Some(FileBackend::open(dir, capacity).map_err(local)?);
                 } else if continues {
                     newer_base = true;
+                } else if span.through.is_some() {
+                    // A point never spans a restart (it waits for the restart's base).
+                    return Err(RestoreError::Nothing(format!(
+                        "{}: a restart of the copy inside the restore point's objects",
+                        ObjectName::new(Kind::Stream, n)
+                    )));
                 } else {
                     // A restart: what follows builds on a state the stream does not hold.
                     return Ok(false);

@@ -169,6 +169,10 @@ struct Queue {
     bytes: u64,
     /// Marks asked for while nothing was waiting: due at the newest object shipped.
     immediate: Vec<Mark>,
+    /// The shipper is acting on the marks of the object it just created (taken off the queue
+    /// with them, so a point asked for meanwhile goes to `immediate`, never onto a batch that
+    /// is already done).
+    busy: bool,
 }
 
 /// What the store holds besides the stream's newest objects, as this array knows it: kept up
@@ -284,6 +288,9 @@ impl Shared {
     /// numbered: a restore never applies a write that followed a dropped one without the base
     /// under it. Points asked for (in `marks` or the dropped batches) wait for that base.
     fn start_over_locked(&self, b: &mut Batch, why: String, mut marks: Vec<Mark>) {
+        // Before any point asked for can be looked at again: none may be taken until the
+        // base is whole (the writes before it were in the batches dropped here).
+        self.restarting.store(true, Ordering::Release);
         // What the batch holds is dropped too: the base reads it from the files.
         b.body.clear();
         b.records = 0;
@@ -619,6 +626,7 @@ fn prepare(
             next_id: 0,
             bytes: 0,
             immediate: Vec::new(),
+            busy: false,
         }),
         wake: Condvar::new(),
         status: Mutex::new(ShipStatus {
@@ -737,7 +745,7 @@ fn attach(
     }
     {
         let mut c = shared.catalog.lock().unwrap();
-        c.next_point = cat.points.iter().map(|p| p.number + 1).max().unwrap_or(1);
+        c.next_point = cat.last_point_number + 1;
         c.stream = cat.stream;
         c.bases = cat.bases;
         c.points = cat.points;
@@ -924,24 +932,26 @@ fn create_counting(shared: &Shared, name: &str, bytes: &[u8]) -> Option<(bool, u
     let mut delay = Duration::from_millis(100);
     let mut errors = 0;
     loop {
-        match shared.store.put_if_absent(name, bytes.to_vec()) {
+        let failed = match shared.store.put_if_absent(name, bytes.to_vec()) {
             Ok(true) => return Some((true, errors)),
             // A create whose answer was lost and that the client sent again: ours if the
             // object holds exactly these bytes.
-            Ok(false) => {
-                let ours = shared.store.get(name).ok().as_deref() == Some(bytes);
-                return Some((ours, errors));
-            }
-            Err(e) => {
-                errors += 1;
-                shared.status.lock().unwrap().last_error = Some(e.to_string());
-                if shared.stop.load(Ordering::Acquire) {
-                    return None;
-                }
-                std::thread::sleep(delay);
-                delay = (delay * 2).min(Duration::from_secs(30));
-            }
+            Ok(false) => match shared.store.get(name) {
+                Ok(held) => return Some((held == bytes, errors)),
+                // Gone again (deleted meanwhile): create it again.
+                Err(StoreError::NotFound { .. }) => continue,
+                // Only a read that answers can say another writer made it.
+                Err(e) => e,
+            },
+            Err(e) => e,
+        };
+        errors += 1;
+        shared.status.lock().unwrap().last_error = Some(failed.to_string());
+        if shared.stop.load(Ordering::Acquire) {
+            return None;
         }
+        std::thread::sleep(delay);
+        delay = (delay * 2).min(Duration::from_secs(30));
     }
 }
 
@@ -1037,13 +1047,17 @@ fn ship_loop(shared: &Shared, next: u64) {
                 _ => c.stream.push(n..n + 1),
             }
         }
+        // Off the queue with its marks in one step (see `Queue::busy`).
         let marks = {
             let mut q = shared.queue.lock().unwrap();
-            let marks = match q.bodies.front_mut() {
-                Some(f) if f.id == id => std::mem::take(&mut f.marks),
-                _ => Vec::new(),
-            };
-            marks
+            if q.bodies.front().is_some_and(|f| f.id == id) {
+                let done = q.bodies.pop_front().expect("the front");
+                q.bytes -= done.body.len() as u64;
+                q.busy = true;
+                done.marks
+            } else {
+                Vec::new()
+            }
         };
         // After the store failed for a while, make sure it still holds what it held: a bucket
         // deleted or emptied meanwhile leaves a copy no restore can use.
@@ -1058,17 +1072,16 @@ fn ship_loop(shared: &Shared, next: u64) {
             local.rebasing = false;
             let mut b = shared.batch.lock().unwrap();
             shared.start_over_locked(&mut b, why, marks);
+            drop(b);
+            shared.queue.lock().unwrap().busy = false;
             continue;
         }
-        if !shipped(shared, &mut local, n, marks) {
+        let going = shipped(shared, &mut local, n, marks);
+        shared.queue.lock().unwrap().busy = false;
+        shared.wake.notify_all();
+        if !going {
             return;
         }
-        let mut q = shared.queue.lock().unwrap();
-        if q.bodies.front().is_some_and(|f| f.id == id) {
-            let done = q.bodies.pop_front().expect("the front");
-            q.bytes -= done.body.len() as u64;
-        }
-        shared.wake.notify_all();
     }
 }
 
@@ -1389,7 +1402,15 @@ fn retain_once(shared: &Shared) -> Result<(), StoreError> {
     Ok(())
 }
 
-impl Shipper {
+/// A handle on the running shipper for status and restore points, cheap to clone: callers
+/// that must not hold their own locks across the store's calls (a point's deletion) take one
+/// and let go of the `Shipper`.
+#[derive(Clone)]
+pub struct ShipHandle {
+    shared: Arc<Shared>,
+}
+
+impl ShipHandle {
     /// The restore points in the store, oldest first.
     pub fn points(&self) -> Vec<Point> {
         self.shared.catalog.lock().unwrap().points.clone()
@@ -1462,6 +1483,30 @@ impl Shipper {
         s.oldest_unshipped = queued_since.or(batched_since);
         s
     }
+}
+
+impl Shipper {
+    pub fn handle(&self) -> ShipHandle {
+        ShipHandle {
+            shared: self.shared.clone(),
+        }
+    }
+
+    pub fn points(&self) -> Vec<Point> {
+        self.handle().points()
+    }
+
+    pub fn take_point(&self, name: &str) -> Result<mpsc::Receiver<Result<Point, String>>, String> {
+        self.handle().take_point(name)
+    }
+
+    pub fn delete_point(&self, name: &str) -> Result<Option<Point>, StoreError> {
+        self.handle().delete_point(name)
+    }
+
+    pub fn status(&self) -> ShipStatus {
+        self.handle().status()
+    }
 
     /// Ship what is left (waiting at most `within`) and, if everything reached the store,
     /// leave the mark that lets the next start continue the stream. Call after the engine
@@ -1470,7 +1515,10 @@ impl Shipper {
         self.shared.cut();
         let deadline = Instant::now() + within;
         loop {
-            let empty = self.shared.queue.lock().unwrap().bodies.is_empty();
+            let empty = {
+                let q = self.shared.queue.lock().unwrap();
+                q.bodies.is_empty() && !q.busy && q.immediate.is_empty()
+            };
             if empty || self.shared.off.load(Ordering::Acquire) || Instant::now() >= deadline {
                 break;
             }

@@ -875,3 +875,112 @@ fn every_write_acknowledged_before_a_point_is_in_it() {
         last.iter().sum::<u64>()
     );
 }
+
+/// A store slow to create restore points (800 ms each).
+struct SlowPoints(Arc<Switchable>);
+
+impl ObjectStore for SlowPoints {
+    fn put_if_absent(&self, name: &str, bytes: Vec<u8>) -> Result<bool, StoreError> {
+        if name.starts_with("points/") {
+            std::thread::sleep(Duration::from_millis(800));
+        }
+        self.0.put_if_absent(name, bytes)
+    }
+    fn put(&self, name: &str, bytes: Vec<u8>) -> Result<(), StoreError> {
+        self.0.put(name, bytes)
+    }
+    fn get(&self, name: &str) -> Result<Vec<u8>, StoreError> {
+        self.0.get(name)
+    }
+    fn get_range(&self, name: &str, range: Range<u64>) -> Result<Vec<u8>, StoreError> {
+        self.0.get_range(name, range)
+    }
+    fn list(&self, folder: &str) -> Result<Vec<String>, StoreError> {
+        self.0.list(folder)
+    }
+    fn delete(&self, name: &str) -> Result<(), StoreError> {
+        self.0.delete(name)
+    }
+    fn describe(&self) -> String {
+        "slow points".into()
+    }
+}
+
+/// A point asked for while the shipper is still creating the previous one (the object it
+/// rode on already in the store) is taken too, not dropped with that object's marks.
+#[test]
+fn a_point_asked_for_while_another_is_being_created_is_not_lost() {
+    let a = tempfile::tempdir().unwrap();
+    let store = Arc::new(SlowPoints(Switchable::new(false)));
+    let fb = FileBackend::open(a.path(), CAPACITY).unwrap();
+    let (backend, shipper) =
+        ShippingBackend::start(a.path(), fb, store.clone(), fast(), None).unwrap();
+    let engine = Engine::create(Arc::new(backend), config(), Tuning::default()).unwrap();
+    let v = engine.create_volume(VOLUME).unwrap();
+    let mut model = vec![0u8; VOLUME as usize];
+    overwrite(&engine, v, &mut model, 1, 8);
+    engine.flush().unwrap();
+    let answer =
+        |rx: std::sync::mpsc::Receiver<Result<_, String>>| rx.recv_timeout(Duration::from_secs(30));
+    assert!(matches!(
+        answer(shipper.take_point("a").unwrap()),
+        Ok(Ok(_))
+    ));
+    drained(&shipper);
+    overwrite(&engine, v, &mut model, 2, 8);
+    engine.flush().unwrap();
+    let b = shipper.take_point("b").unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    let c = shipper.take_point("c").unwrap();
+    assert!(matches!(answer(b), Ok(Ok(_))));
+    let c = answer(c);
+    assert!(matches!(c, Ok(Ok(_))), "point c lost: {c:?}");
+    let names: Vec<String> = shipper.points().into_iter().map(|p| p.name).collect();
+    assert_eq!(names, ["a", "b", "c"]);
+    engine.shutdown().unwrap();
+    drop(engine);
+    shipper.stop(Duration::from_secs(30));
+}
+
+/// A damaged point object in the store (or one a newer release wrote) is reported, never used,
+/// and its number is not taken again: the next point is numbered above it instead of looking
+/// like another writer's object (which would fence the copy).
+#[test]
+fn a_damaged_point_neither_fences_the_copy_nor_loses_its_number() {
+    let a = tempfile::tempdir().unwrap();
+    let store = Switchable::new(false);
+    let (engine, v, shipper) = shipping_array(a.path(), &store);
+    let mut model = vec![0u8; VOLUME as usize];
+    overwrite(&engine, v, &mut model, 1, 8);
+    engine.flush().unwrap();
+    let first = shipper
+        .take_point("first")
+        .unwrap()
+        .recv_timeout(Duration::from_secs(30));
+    assert!(matches!(first, Ok(Ok(_))));
+    engine.shutdown().unwrap();
+    drop(engine);
+    shipper.stop(Duration::from_secs(30));
+    store
+        .inner
+        .put("points/0000000000000002", b"not a point".to_vec())
+        .unwrap();
+    let fb = FileBackend::open(a.path(), CAPACITY).unwrap();
+    let (backend, shipper) =
+        ShippingBackend::start(a.path(), fb, store.clone(), fast(), None).unwrap();
+    let engine = Engine::open(Arc::new(backend), Tuning::default(), false).unwrap();
+    overwrite(&engine, v, &mut model, 2, 8);
+    engine.flush().unwrap();
+    let next = shipper
+        .take_point("next")
+        .unwrap()
+        .recv_timeout(Duration::from_secs(30));
+    let Ok(Ok(next)) = next else {
+        panic!("no point: {next:?} {:?}", shipper.status())
+    };
+    assert_eq!(next.number, 3);
+    assert_eq!(shipper.status().state, ShipState::Streaming);
+    engine.shutdown().unwrap();
+    drop(engine);
+    shipper.stop(Duration::from_secs(30));
+}

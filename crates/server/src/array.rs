@@ -1067,17 +1067,24 @@ impl Array {
         Some(shipper.as_ref()?.points())
     }
 
-    /// Run `f` on the running shipper (an error when no copy is configured or it stopped).
+    /// Run `f` on a handle of the running shipper (an error when no copy is configured or it
+    /// stopped), without holding the shipper's lock: `f` may wait for the store.
     fn with_shipper<T>(
         &self,
-        f: impl FnOnce(&sliver_replica::ship::Shipper) -> std::result::Result<T, String>,
+        f: impl FnOnce(&sliver_replica::ship::ShipHandle) -> std::result::Result<T, String>,
     ) -> std::result::Result<T, String> {
         let r = self
             .replication
             .as_ref()
             .ok_or("replication is not configured")?;
-        let shipper = r.shipper.lock().unwrap();
-        f(shipper.as_ref().ok_or("replication has stopped")?)
+        let handle = r
+            .shipper
+            .lock()
+            .unwrap()
+            .as_ref()
+            .map(|s| s.handle())
+            .ok_or("replication has stopped")?;
+        f(&handle)
     }
 
     /// Ask for a restore point named `name`; the receiver answers once the store holds it.
