@@ -1354,51 +1354,44 @@ fn retain_once(shared: &Shared) -> Result<(), StoreError> {
         catalog::plan(&c.stream, &c.bases, &c.points, shared.config.keep_points)
     };
     let mut deleted = 0u64;
-    let count = |deleted: u64| shared.status.lock().unwrap().deleted_objects += deleted;
-    for &n in &plan.points {
-        shared
-            .store
-            .delete(&ObjectName::new(Kind::Point, n).to_string())?;
-        shared
-            .catalog
-            .lock()
-            .unwrap()
-            .points
-            .retain(|p| p.number != n);
-        deleted += 1;
-    }
-    for r in &plan.stream {
-        for n in r.clone() {
-            if shared.stop.load(Ordering::Acquire) {
-                count(deleted);
-                return Ok(());
-            }
-            shared
-                .store
-                .delete(&ObjectName::new(Kind::Stream, n).to_string())?;
-            let mut c = shared.catalog.lock().unwrap();
-            let held = std::mem::take(&mut c.stream);
-            let gone = n..n + 1;
-            c.stream = catalog::subtract(&held, std::slice::from_ref(&gone));
-            deleted += 1;
-        }
-    }
-    for &start in &plan.bases {
-        shared
-            .store
-            .delete(&ObjectName::new(Kind::BaseIndex, start).to_string())?;
-        shared
-            .catalog
-            .lock()
-            .unwrap()
-            .bases
-            .retain(|b| b.start != start);
-        deleted += 1;
-    }
+    let outcome = delete_planned(shared, &plan, &mut deleted);
     if deleted > 0 {
         tracing::info!("replication retention: deleted {deleted} objects no restore needs");
     }
-    count(deleted);
+    shared.status.lock().unwrap().deleted_objects += deleted;
+    outcome
+}
+
+/// Delete what `plan` names, in its order, each object dropped from the catalog once the
+/// store has deleted it; `deleted` counts them (also when a deletion fails).
+fn delete_planned(
+    shared: &Shared,
+    plan: &catalog::Plan,
+    deleted: &mut u64,
+) -> Result<(), StoreError> {
+    let mut gone = |kind: Kind, n: u64, forget: &dyn Fn(&mut CatalogState)| {
+        shared.store.delete(&ObjectName::new(kind, n).to_string())?;
+        forget(&mut shared.catalog.lock().unwrap());
+        *deleted += 1;
+        Ok::<(), StoreError>(())
+    };
+    for &n in &plan.points {
+        gone(Kind::Point, n, &|c| c.points.retain(|p| p.number != n))?;
+    }
+    for n in plan.stream.iter().flat_map(|r| r.clone()) {
+        if shared.stop.load(Ordering::Acquire) {
+            return Ok(());
+        }
+        gone(Kind::Stream, n, &|c| {
+            let held = std::mem::take(&mut c.stream);
+            c.stream = catalog::subtract(&held, std::slice::from_ref(&(n..n + 1)));
+        })?;
+    }
+    for &start in &plan.bases {
+        gone(Kind::BaseIndex, start, &|c| {
+            c.bases.retain(|b| b.start != start)
+        })?;
+    }
     Ok(())
 }
 
