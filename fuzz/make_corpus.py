@@ -248,11 +248,11 @@ corpus["engine_log"]["format3_chunk_map_copy_release"] = (
 
 
 
-def replica_object(kind, array, epoch, number, body):
+def replica_object(kind, array, epoch, number, body, table_len=0):
     """RFC 0003's object: the 64-byte header (CRC-32C over it with its own field zero), then
-    the body."""
+    the body; stream objects carry their table's length in the last four header bytes."""
     h = b"SLVROBJ1" + bytes([kind, 0, 0, 0]) + b"\0" * 4 + array
-    h += struct.pack("<QQQI", epoch, number, len(body), crc32c(body)) + b"\0" * 4
+    h += struct.pack("<QQQII", epoch, number, len(body), crc32c(body), table_len)
     assert len(h) == 64, len(h)
     h = h[:12] + struct.pack("<I", crc32c(h)) + h[16:]
     return h + body
@@ -286,6 +286,56 @@ corpus["replica_stream"] = {
     + stream_record(4, 1 << 20, length=4 << 20)
     + stream_record(3, 0, b"root")
     + stream_record(6, 0),
+}
+
+
+def indexed(records):
+    """An indexed stream body: every record's 16-byte header and its payload's CRC-32C, the
+    table's own CRC-32C, then the payloads. Returns (body, table length)."""
+    table = b"".join(r[:16] + struct.pack("<I", crc32c(r[16:])) for r in records)
+    table += struct.pack("<I", crc32c(table))
+    return table + b"".join(r[16:] for r in records), len(table)
+
+
+_records = [
+    stream_record(5, 1 << 30),
+    stream_record(0x11, 0, b"\x5a" * 64),
+    stream_record(1, 4096, b"log"),
+    stream_record(2, 8192, b"\x07" * 32),
+    stream_record(4, 1 << 20, length=4 << 20),
+    stream_record(3, 0, b"root"),
+    stream_record(6, 0),
+]
+_body, _table_len = indexed(_records)
+# The fuzz target reads the first four bytes as the table's length.
+corpus["replica_stream"]["indexed"] = struct.pack("<I", _table_len) + _body
+corpus["replica_object"]["stream_indexed"] = replica_object(
+    9, b"pool-a-uuid-0001", 0, 3, _body, _table_len)
+
+
+def hydrate_map(entries):
+    """A restored array's hydration map: magic, count, 48-byte entries (area, pad, piece
+    length, start, length, object, payload position, piece CRC-32C, skip), CRC-32C."""
+    body = b"SLVRHYD1" + struct.pack("<Q", len(entries))
+    for area, plen, start, length, obj, pos, crc, skip in entries:
+        body += bytes([area, 0, 0, 0]) + struct.pack("<IQQQQII", plen, start, length, obj, pos, crc, skip)
+    return body + struct.pack("<I", crc32c(body))
+
+
+def journal_entry(area, start, length):
+    rest = bytes([area, 0, 0, 0]) + struct.pack("<QQ", start, length)
+    return struct.pack("<I", crc32c(rest)) + rest
+
+
+_map = hydrate_map([
+    (0, 65536, 0, 65536, 1, 120, 0x1234, 0),
+    (0, 65536, 1 << 20, 4096, 2, 65656, 0x5678, 8192),
+    (1, 4096, 8192, 4096, 1, 65656, 0x9abc, 0),
+])
+_journal = journal_entry(0, 4096, 8192) + journal_entry(1, 8192, 4096)
+corpus["hydrate_map"] = {
+    # The fuzz target's first two bytes: where the map ends.
+    "map_and_journal": struct.pack("<H", len(_map)) + _map + _journal,
 }
 
 for target, files in corpus.items():

@@ -5,7 +5,7 @@
 #![no_main]
 use libfuzzer_sys::fuzz_target;
 use sliver_replica::catalog::{BaseEntry, Point};
-use sliver_replica::object::{decode, decode_header, encode, Expected, ObjectName};
+use sliver_replica::object::{decode, decode_header, encode_indexed, Expected, ObjectName};
 
 fuzz_target!(|data: &[u8]| {
     if let Ok(h) = decode_header("fuzz", data) {
@@ -15,7 +15,10 @@ fuzz_target!(|data: &[u8]| {
             number: h.number,
         };
         if let Ok((h, body)) = decode("fuzz", data, &expected) {
-            assert_eq!(encode(h.kind, h.array, h.epoch, h.number, body), data);
+            assert_eq!(
+                encode_indexed(h.kind, h.array, h.epoch, h.number, body, h.table_len),
+                data
+            );
             if let Ok(p) = Point::decode(h.number, body) {
                 assert_eq!(p.encode(), body);
             }

@@ -9,9 +9,11 @@
 //! - [`stream`]: the records of a `stream/<n>` object (the engine's writes, in order);
 //! - [`ship`]: the backend that copies those writes and the thread that creates the objects;
 //! - [`catalog`]: restore points, the index of complete bases, and what retention deletes;
-//! - [`restore`]: a new array from a point or the newest state.
+//! - [`restore`]: a new array from a point or the newest state;
+//! - [`hydrate`]: the restored array's backend while its data is still in the store.
 
 pub mod catalog;
+pub mod hydrate;
 pub mod object;
 pub mod probe;
 pub mod restore;

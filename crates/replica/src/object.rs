@@ -10,7 +10,9 @@
 //! 40  number u64            what its name says (manifest n, segment sequence, generation...)
 //! 48  body length u64
 //! 56  body crc32c u32
-//! 60  pad u32
+//! 60  table length u32      stream objects: the bytes of the body's record table (0: the
+//!                           body is interleaved, as objects were before hydration on demand);
+//!                           other kinds: zero
 //! 64  body
 //! ```
 //! Integers are little-endian. An object whose header or body fails its checksum, whose uuid is
@@ -185,6 +187,9 @@ pub struct Header {
     pub number: u64,
     pub body_len: u64,
     pub body_crc: u32,
+    /// Stream objects: the length of the table at the start of the body (`stream::index`),
+    /// 0 when the body is interleaved.
+    pub table_len: u32,
 }
 
 /// Why an object was refused.
@@ -197,6 +202,19 @@ pub struct ObjectError {
 
 /// An object: header then body.
 pub fn encode(kind: Kind, array: [u8; 16], epoch: u64, number: u64, body: &[u8]) -> Vec<u8> {
+    encode_indexed(kind, array, epoch, number, body, 0)
+}
+
+/// A stream object whose body starts with a table of `table_len` bytes (`stream::index`).
+pub fn encode_indexed(
+    kind: Kind,
+    array: [u8; 16],
+    epoch: u64,
+    number: u64,
+    body: &[u8],
+    table_len: u32,
+) -> Vec<u8> {
+    debug_assert!(table_len == 0 || kind == Kind::Stream);
     let mut out = Vec::with_capacity(HEADER_BYTES + body.len());
     out.extend_from_slice(&MAGIC);
     out.push(kind as u8);
@@ -207,7 +225,7 @@ pub fn encode(kind: Kind, array: [u8; 16], epoch: u64, number: u64, body: &[u8])
     out.extend_from_slice(&number.to_le_bytes());
     out.extend_from_slice(&(body.len() as u64).to_le_bytes());
     out.extend_from_slice(&crc32c::crc32c(body).to_le_bytes());
-    out.extend_from_slice(&[0; 4]);
+    out.extend_from_slice(&table_len.to_le_bytes());
     debug_assert_eq!(out.len(), HEADER_BYTES);
     let crc = crc32c::crc32c(&out);
     out[12..16].copy_from_slice(&crc.to_le_bytes());
@@ -250,18 +268,29 @@ pub fn decode_header(name: &str, bytes: &[u8]) -> Result<Header, ObjectError> {
             "header checksum {stored:08x}, computed {computed:08x}: the object is damaged"
         )));
     }
-    if h[9..12] != [0; 3] || h[60..64] != [0; 4] {
+    if h[9..12] != [0; 3] {
         return Err(refuse("reserved header bytes are not zero".into()));
     }
     let kind = Kind::from_byte(h[8]).ok_or_else(|| refuse(format!("unknown kind {}", h[8])))?;
-    Ok(Header {
+    let header = Header {
         kind,
         array: h[16..32].try_into().expect("16 bytes"),
         epoch: u64_at(h, 32),
         number: u64_at(h, 40),
         body_len: u64_at(h, 48),
         body_crc: u32_at(h, 56),
-    })
+        table_len: u32_at(h, 60),
+    };
+    if header.table_len != 0 && kind != Kind::Stream {
+        return Err(refuse("reserved header bytes are not zero".into()));
+    }
+    if u64::from(header.table_len) > header.body_len {
+        return Err(refuse(format!(
+            "a table of {} bytes in a body of {}",
+            header.table_len, header.body_len
+        )));
+    }
+    Ok(header)
 }
 
 /// The header and body of a whole object fetched as `name`, refused unless it is exactly what
@@ -272,23 +301,11 @@ pub fn decode<'a>(
     expected: &Expected,
 ) -> Result<(Header, &'a [u8]), ObjectError> {
     let header = decode_header(name, bytes)?;
+    header.check(name, expected)?;
     let refuse = |reason: String| ObjectError {
         name: name.to_string(),
         reason,
     };
-    if header.array != expected.array {
-        return Err(refuse(format!(
-            "belongs to array {}, not this pool's {}",
-            hex(&header.array),
-            hex(&expected.array)
-        )));
-    }
-    if header.kind != expected.kind || header.number != expected.number {
-        return Err(refuse(format!(
-            "holds {:?} {}, its name says {:?} {}",
-            header.kind, header.number, expected.kind, expected.number
-        )));
-    }
     let body = &bytes[HEADER_BYTES..];
     if body.len() as u64 != header.body_len {
         return Err(refuse(format!(
@@ -305,6 +322,31 @@ pub fn decode<'a>(
         )));
     }
     Ok((header, body))
+}
+
+impl Header {
+    /// Refused unless the header is what `expected` names (pool, kind and number).
+    pub fn check(&self, name: &str, expected: &Expected) -> Result<(), ObjectError> {
+        let header = self;
+        let refuse = |reason: String| ObjectError {
+            name: name.to_string(),
+            reason,
+        };
+        if header.array != expected.array {
+            return Err(refuse(format!(
+                "belongs to array {}, not this pool's {}",
+                hex(&header.array),
+                hex(&expected.array)
+            )));
+        }
+        if header.kind != expected.kind || header.number != expected.number {
+            return Err(refuse(format!(
+                "holds {:?} {}, its name says {:?} {}",
+                header.kind, header.number, expected.kind, expected.number
+            )));
+        }
+        Ok(())
+    }
 }
 
 /// Lower-case hex of `b` (uuids in messages).

@@ -6,6 +6,7 @@
 //! Each object is read once; the catalog says where to start.
 
 use crate::catalog::{self, Catalog, Point};
+use crate::hydrate::{self, Area};
 use crate::object::{self, Expected, Kind, ObjectName};
 use crate::store::{ObjectStore, StoreError};
 use crate::stream::{self, Record};
@@ -13,6 +14,7 @@ use sliver_engine::{Backend, FileBackend};
 use std::collections::BTreeMap;
 use std::io;
 use std::path::Path;
+use std::sync::Arc;
 
 /// Why a restore failed.
 #[derive(Debug, thiserror::Error)]
@@ -42,6 +44,9 @@ pub struct RestoreReport {
     /// Objects after `last` not used: a gap, or a base that did not complete.
     pub left_out: u64,
     pub bytes_applied: u64,
+    /// Bytes left in the store for the array to fetch (on demand and in the background); for
+    /// a whole restore, what was fetched after the tables were read.
+    pub bytes_on_demand: u64,
     /// Whether the copy held the array's configuration (written to the path given).
     pub config: bool,
     /// The restore point restored (`None`: the newest state).
@@ -105,26 +110,6 @@ impl Written {
         }
         out
     }
-}
-
-/// Apply `bytes` at `offset` through `write`: a write since the base started wholly (and
-/// remembered), a base's bytes only where no such write went.
-fn layer(
-    written: &mut Written,
-    offset: u64,
-    bytes: &[u8],
-    base: bool,
-    write: impl Fn(&[u8], u64) -> io::Result<()>,
-) -> io::Result<()> {
-    if !base {
-        written.add(offset, bytes.len() as u64);
-        return write(bytes, offset);
-    }
-    for (o, len) in written.uncovered(offset, bytes.len() as u64) {
-        let at = (o - offset) as usize;
-        write(&bytes[at..at + len as usize], o)?;
-    }
-    Ok(())
 }
 
 /// Which state of the array a restore rebuilds.
@@ -221,22 +206,35 @@ fn scan_for_base(
     let run = cat.stream.first().cloned().unwrap_or(0..0);
     let mut starts = Vec::new();
     let mut complete = None;
-    prefetched(store, pool, run, |n, bytes| {
-        for (i, r) in stream::records(&bytes[object::HEADER_BYTES..]).enumerate() {
-            match r.map_err(|source| stream_error(n, source))? {
-                Record::BaseStart { .. } => starts.push((n, i)),
-                Record::BaseEnd => complete = starts.last().copied().or(complete),
-                _ => {}
+    prefetched(
+        run,
+        |n| fetch(store, n, pool),
+        |n, bytes| {
+            for (i, r) in body_records(&bytes).enumerate() {
+                match r.map_err(|source| stream_error(n, source))? {
+                    Record::BaseStart { .. } => starts.push((n, i)),
+                    Record::BaseEnd => complete = starts.last().copied().or(complete),
+                    _ => {}
+                }
             }
-        }
-        Ok(true)
-    })?;
+            Ok(true)
+        },
+    )?;
     complete.ok_or_else(|| {
         RestoreError::Nothing(format!(
             "{} holds no complete copy yet (its first base is still being shipped)",
             store.describe()
         ))
     })
+}
+
+/// The records of a fetched (and checked) stream object, in either layout.
+fn body_records(
+    bytes: &[u8],
+) -> Box<dyn Iterator<Item = Result<Record<'_>, stream::StreamError>> + '_> {
+    // `fetch` checked the header; a header that no longer decodes yields no table.
+    let table_len = object::decode_header("", bytes).map_or(0, |h| h.table_len);
+    stream::records(&bytes[object::HEADER_BYTES..], table_len)
 }
 
 fn stream_error(n: u64, source: stream::StreamError) -> RestoreError {
@@ -250,13 +248,12 @@ fn stream_error(n: u64, source: stream::StreamError) -> RestoreError {
 /// rate, not one round trip at a time, holding at most this many (8 MiB) objects more.
 const PREFETCH: usize = 4;
 
-/// Call `apply` with each stream object of `range`, in order, fetched (and checked) up to
-/// [`PREFETCH`] ahead on threads of their own. `apply` returns `Ok(false)` to stop early.
-fn prefetched(
-    store: &dyn ObjectStore,
-    pool: [u8; 16],
+/// Call `apply` with what `fetch` returns for each stream object of `range`, in order, fetched
+/// up to [`PREFETCH`] ahead on threads of their own. `apply` returns `Ok(false)` to stop early.
+fn prefetched<T: Send>(
     range: std::ops::Range<u64>,
-    mut apply: impl FnMut(u64, Vec<u8>) -> Result<bool, RestoreError>,
+    fetch: impl Fn(u64) -> Result<T, RestoreError> + Sync,
+    mut apply: impl FnMut(u64, T) -> Result<bool, RestoreError>,
 ) -> Result<(), RestoreError> {
     use std::sync::atomic::{AtomicBool, Ordering};
     let stop = AtomicBool::new(false);
@@ -264,12 +261,13 @@ fn prefetched(
         let (tx, rx) = std::sync::mpsc::sync_channel(PREFETCH);
         let numbers = range.clone();
         let stop = &stop;
+        let fetch = &fetch;
         scope.spawn(move || {
             for n in numbers {
                 if stop.load(Ordering::Acquire) {
                     break;
                 }
-                let fetching = scope.spawn(move || fetch(store, n, pool));
+                let fetching = scope.spawn(move || fetch(n));
                 if tx.send(fetching).is_err() {
                     break;
                 }
@@ -315,14 +313,127 @@ pub fn list(store: &dyn ObjectStore) -> Result<Catalog, RestoreError> {
     Ok(catalog::load(store)?)
 }
 
+/// What a stream object gave the restore: its table (the payloads stay in the store until
+/// they are needed), or, for an object in the interleaved layout, all of it.
+enum Fetched {
+    Table(Vec<stream::Entry>),
+    Whole(Vec<u8>),
+}
+
+/// Stream object `n`'s header and table (one range read each), or the whole object when it
+/// has no table; checked against its name and the pool.
+fn fetch_table(store: &dyn ObjectStore, n: u64, pool: [u8; 16]) -> Result<Fetched, RestoreError> {
+    let name = ObjectName::new(Kind::Stream, n).to_string();
+    let at = object::HEADER_BYTES as u64;
+    let head = store.get_range(&name, 0..at)?;
+    let header = object::decode_header(&name, &head)?;
+    header.check(
+        &name,
+        &Expected {
+            array: pool,
+            kind: Kind::Stream,
+            number: n,
+        },
+    )?;
+    if header.table_len == 0 {
+        return fetch(store, n, pool).map(Fetched::Whole);
+    }
+    let table = store.get_range(&name, at..at + u64::from(header.table_len))?;
+    let entries =
+        stream::table(&table, header.body_len).map_err(|source| stream_error(n, source))?;
+    Ok(Fetched::Table(entries))
+}
+
+/// How a restore leaves the data.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Mode {
+    /// Every byte fetched before the restore returns.
+    Whole,
+    /// The array serves at once and fetches the rest on demand and in the background
+    /// (`crate::hydrate`); the source is where a later start finds the store again.
+    OnDemand {
+        url: String,
+        endpoint: Option<String>,
+    },
+}
+
+/// Where a restored byte range comes from.
+enum From<'a> {
+    /// A payload still in the store.
+    Piece(hydrate::Piece),
+    /// Bytes at hand (an object in the interleaved layout).
+    Bytes(&'a [u8]),
+}
+
+/// The restored files as the records build them: what the map will fetch and what was
+/// written at once, with the base rule (a base's bytes only where no write since the base
+/// started went).
+struct Layers {
+    written: [Written; 2],
+    maps: hydrate::Maps,
+    applied: u64,
+}
+
+impl Layers {
+    fn place(
+        &mut self,
+        files: &FileBackend,
+        area: Area,
+        offset: u64,
+        len: u64,
+        from: From<'_>,
+        base: bool,
+    ) -> io::Result<()> {
+        let parts = if base {
+            self.written[area as usize].uncovered(offset, len)
+        } else {
+            self.written[area as usize].add(offset, len);
+            vec![(offset, len)]
+        };
+        for (o, l) in parts {
+            let into = (o - offset) as u32;
+            match &from {
+                From::Piece(p) => self.maps.area(area).insert(
+                    o,
+                    l,
+                    hydrate::Piece {
+                        skip: p.skip + into,
+                        ..*p
+                    },
+                ),
+                From::Bytes(b) => {
+                    let bytes = &b[into as usize..into as usize + l as usize];
+                    self.maps.area(area).remove(o, l);
+                    match area {
+                        Area::Log => files.write_at(bytes, o)?,
+                        Area::Meta => files.meta_write(bytes, o)?,
+                    }
+                    self.applied += l;
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A root or configuration chosen so far: where its bytes are, and whether a base wrote it.
+enum Blob {
+    Piece(hydrate::Piece),
+    Bytes(Vec<u8>),
+}
+
 /// Restore the copy in `store` into `dir` (which must not hold an array), as `target` names it,
-/// and the array's configuration, if the copy holds one, into `config_path`.
+/// and the array's configuration, if the copy holds one, into `config_path`. With
+/// [`Mode::OnDemand`] only the objects' tables and the small records are read now; the engine
+/// then opens the array over [`hydrate::HydratingBackend`].
 pub fn restore(
-    store: &dyn ObjectStore,
+    shared_store: &Arc<dyn ObjectStore>,
     dir: &Path,
     config_path: Option<&Path>,
     target: &Target,
+    mode: &Mode,
 ) -> Result<RestoreReport, RestoreError> {
+    let store = shared_store.as_ref();
     let local = |source: io::Error| RestoreError::Local {
         dir: dir.display().to_string(),
         source,
@@ -360,117 +471,188 @@ pub fn restore(
         Some(t) => t + 1,
         None => held.end,
     };
-    let mut backend: Option<FileBackend> = None;
-    let mut log_written = Written::default();
-    let mut meta_written = Written::default();
+    let mut files: Option<FileBackend> = None;
+    let mut layers = Layers {
+        written: [Written::default(), Written::default()],
+        maps: hydrate::Maps::default(),
+        applied: 0,
+    };
+    let mut root: Option<(Blob, bool)> = None;
     let mut root_written = false;
-    let mut config: Option<(Vec<u8>, bool)> = None;
+    let mut config: Option<(Blob, bool)> = None;
     // A newer base (a scheduled one: the stream before it is whole) started: its base records
     // repeat what the chosen base and the writes since hold, and are skipped.
     let mut newer_base = false;
-    let mut applied = 0u64;
     let mut last = span.from.0;
-    prefetched(store, pool, span.from.0..end, |n, bytes| {
-        for (i, r) in stream::records(&bytes[object::HEADER_BYTES..]).enumerate() {
-            if (n, i) < span.from {
-                continue;
-            }
-            let r = r.map_err(|source| stream_error(n, source))?;
-            if let Record::BaseStart {
-                capacity,
-                continues,
-            } = r
-            {
-                if backend.is_none() {
-                    std::fs::create_dir_all(dir).map_err(local)?;
-                    backend = Some(FileBackend::open(dir, capacity).map_err(local)?);
-                } else if continues {
-                    newer_base = true;
-                } else if span.through.is_some() {
-                    // A point never spans a restart (it waits for the restart's base).
+    prefetched(
+        span.from.0..end,
+        |n| fetch_table(store, n, pool),
+        |n, fetched| {
+            let items: Vec<(Record<'_>, From<'_>)> = match &fetched {
+                Fetched::Table(entries) => entries
+                    .iter()
+                    .map(|e| {
+                        let piece = hydrate::Piece {
+                            object: n,
+                            pos: e.pos,
+                            len: e.len(),
+                            crc: e.crc,
+                            skip: 0,
+                        };
+                        (e.record(&[]), From::Piece(piece))
+                    })
+                    .collect(),
+                Fetched::Whole(bytes) => body_records(bytes)
+                    .map(|r| r.map(|r| (r, From::Bytes(r.payload()))))
+                    .collect::<Result<_, _>>()
+                    .map_err(|source| stream_error(n, source))?,
+            };
+            for (i, (r, from)) in items.into_iter().enumerate() {
+                if (n, i) < span.from {
+                    continue;
+                }
+                let len = match &from {
+                    From::Piece(p) => u64::from(p.len),
+                    From::Bytes(b) => b.len() as u64,
+                };
+                if let Record::BaseStart {
+                    capacity,
+                    continues,
+                } = r
+                {
+                    if files.is_none() {
+                        std::fs::create_dir_all(dir).map_err(local)?;
+                        files = Some(FileBackend::open(dir, capacity).map_err(local)?);
+                    } else if continues {
+                        newer_base = true;
+                    } else if span.through.is_some() {
+                        // A point never spans a restart (it waits for the restart's base).
+                        return Err(RestoreError::Nothing(format!(
+                            "{}: a restart of the copy inside the restore point's objects",
+                            ObjectName::new(Kind::Stream, n)
+                        )));
+                    } else {
+                        // A restart: what follows builds on a state the stream does not hold.
+                        return Ok(false);
+                    }
+                    last = n;
+                    continue;
+                }
+                let Some(f) = files.as_ref() else {
                     return Err(RestoreError::Nothing(format!(
-                        "{}: a restart of the copy inside the restore point's objects",
+                        "{}: the base index names a record that is not a base's start",
                         ObjectName::new(Kind::Stream, n)
                     )));
-                } else {
-                    // A restart: what follows builds on a state the stream does not hold.
-                    return Ok(false);
-                }
+                };
                 last = n;
-                continue;
+                let blob = |from: From<'_>| match from {
+                    From::Piece(p) => Blob::Piece(p),
+                    From::Bytes(b) => Blob::Bytes(b.to_vec()),
+                };
+                match r {
+                    Record::Log { offset, base, .. } | Record::Meta { offset, base, .. } => {
+                        if base && newer_base {
+                            continue;
+                        }
+                        let area = if matches!(r, Record::Log { .. }) {
+                            Area::Log
+                        } else {
+                            Area::Meta
+                        };
+                        layers
+                            .place(f, area, offset, len, from, base)
+                            .map_err(local)?;
+                    }
+                    Record::Root { base, .. } => {
+                        if !(base && (root_written || newer_base)) {
+                            root = Some((blob(from), base));
+                        }
+                        root_written |= !base;
+                    }
+                    Record::Config { base, .. } => {
+                        let newer_held = config.as_ref().is_some_and(|c| !c.1);
+                        if !(base && (newer_held || newer_base)) {
+                            config = Some((blob(from), base));
+                        }
+                    }
+                    Record::Discard { offset, len } => {
+                        f.discard(offset, len).map_err(local)?;
+                        layers.maps.log.remove(offset, len);
+                        layers.written[Area::Log as usize].add(offset, len);
+                    }
+                    Record::BaseStart { .. } | Record::BaseEnd => {}
+                }
             }
-            let Some(b) = backend.as_ref() else {
-                return Err(RestoreError::Nothing(format!(
-                    "{}: the base index names a record that is not a base's start",
-                    ObjectName::new(Kind::Stream, n)
-                )));
-            };
-            last = n;
-            match r {
-                Record::Log {
-                    offset,
-                    bytes,
-                    base,
-                } => {
-                    if base && newer_base {
-                        continue;
-                    }
-                    applied += bytes.len() as u64;
-                    layer(&mut log_written, offset, bytes, base, |d, o| {
-                        b.write_at(d, o)
-                    })
-                    .map_err(local)?;
-                }
-                Record::Meta {
-                    offset,
-                    bytes,
-                    base,
-                } => {
-                    if base && newer_base {
-                        continue;
-                    }
-                    applied += bytes.len() as u64;
-                    layer(&mut meta_written, offset, bytes, base, |d, o| {
-                        b.meta_write(d, o)
-                    })
-                    .map_err(local)?;
-                }
-                Record::Root { bytes, base } => {
-                    if !(base && (root_written || newer_base)) {
-                        b.store_root(bytes).map_err(local)?;
-                    }
-                    root_written |= !base;
-                }
-                Record::Config { bytes, base } => {
-                    let newer_held = config.as_ref().is_some_and(|c| !c.1);
-                    if !(base && (newer_held || newer_base)) {
-                        config = Some((bytes.to_vec(), base));
-                    }
-                }
-                Record::Discard { offset, len } => {
-                    b.discard(offset, len).map_err(local)?;
-                    log_written.add(offset, len);
-                }
-                Record::BaseStart { .. } | Record::BaseEnd => {}
-            }
-        }
-        Ok(true)
-    })?;
-    let b = backend.ok_or_else(|| {
+            Ok(true)
+        },
+    )?;
+    let files = files.ok_or_else(|| {
         RestoreError::Nothing(format!(
             "{}: no base starts where the catalog says",
             store.describe()
         ))
     })?;
-    b.sync().map_err(local)?;
-    b.meta_sync().map_err(local)?;
-    if let (Some(path), Some((bytes, _))) = (config_path, &config) {
+    let blob_bytes = |b: Blob| -> Result<Vec<u8>, RestoreError> {
+        match b {
+            Blob::Bytes(b) => Ok(b),
+            Blob::Piece(p) => fetch_piece(store, &p),
+        }
+    };
+    let root = root
+        .map(|(b, _)| blob_bytes(b))
+        .transpose()?
+        .ok_or_else(|| {
+            RestoreError::Nothing(format!(
+                "{}: no root in stream objects {}..{last}: no array to restore there (not yet created, or its base incomplete{})",
+                store.describe(),
+                span.from.0,
+                if span.through.is_none() && held.end <= last + 1 && cat.stream.iter().any(|r| r.start > last) {
+                    format!("; stream object {} is missing", last + 1)
+                } else {
+                    String::new()
+                }
+            ))
+        })?;
+    let config = config.map(|(b, _)| blob_bytes(b)).transpose()?;
+    let on_demand = layers.maps.bytes();
+    let source = hydrate::Source {
+        url: match mode {
+            Mode::OnDemand { url, .. } => url.clone(),
+            Mode::Whole => store.describe(),
+        },
+        endpoint: match mode {
+            Mode::OnDemand { endpoint, .. } => endpoint.clone(),
+            Mode::Whole => None,
+        },
+        pool,
+    };
+    files.sync().map_err(local)?;
+    files.meta_sync().map_err(local)?;
+    hydrate::save(dir, &source, &layers.maps).map_err(local)?;
+    let files = if *mode == Mode::Whole {
+        // The same fetches a serving array makes, on this thread, to the end.
+        let h = hydrate::HydratingBackend::open(
+            dir,
+            files,
+            Arc::clone(shared_store),
+            hydrate::HydrateConfig::default(),
+        )
+        .map_err(local)?;
+        h.hydrate_all(PREFETCH).map_err(local)?;
+        drop(h);
+        FileBackend::open(dir, 0).map_err(local)?
+    } else {
+        files
+    };
+    if let (Some(path), Some(bytes)) = (config_path, &config) {
         let tmp = path.with_extension("restoring");
         std::fs::write(&tmp, bytes)
             .and_then(|()| std::fs::File::open(&tmp)?.sync_all())
             .and_then(|()| std::fs::rename(&tmp, path))
             .map_err(local)?;
     }
+    // The root last: until it is there the directory holds no array.
+    files.store_root(&root).map_err(local)?;
     Ok(RestoreReport {
         pool,
         first: span.from.0,
@@ -486,10 +668,25 @@ pub fn restore(
         },
         missing: (span.through.is_none() && cat.stream.iter().any(|r| r.start > held.end))
             .then_some(held.end),
-        bytes_applied: applied,
+        bytes_applied: layers.applied,
+        bytes_on_demand: on_demand,
         config: config.is_some(),
         point: span.point,
     })
+}
+
+/// A payload's bytes, checked against its table entry.
+fn fetch_piece(store: &dyn ObjectStore, p: &hydrate::Piece) -> Result<Vec<u8>, RestoreError> {
+    let name = ObjectName::new(Kind::Stream, p.object).to_string();
+    let at = object::HEADER_BYTES as u64 + p.pos;
+    let bytes = store.get_range(&name, at..at + u64::from(p.len))?;
+    if bytes.len() != p.len as usize || crc32c::crc32c(&bytes) != p.crc {
+        return Err(RestoreError::Nothing(format!(
+            "{name}: the payload at {} does not match its table's checksum: the object is damaged",
+            p.pos
+        )));
+    }
+    Ok(bytes)
 }
 
 #[cfg(test)]

@@ -13,7 +13,7 @@
 use crate::catalog::{self, BaseEntry, Point};
 use crate::object::{self, Kind, ObjectName};
 use crate::store::{ObjectStore, StoreError};
-use crate::stream::Record;
+use crate::stream::{self, Record};
 use sliver_engine::{Backend, FileBackend};
 use std::collections::VecDeque;
 use std::io;
@@ -232,8 +232,10 @@ impl Shared {
     /// Add `rec` to the batch `b`, cutting it once full. Caller holds the batch lock.
     fn append_locked(&self, b: &mut Batch, rec: Record<'_>) {
         b.since.get_or_insert_with(Instant::now);
-        rec.encode(&mut b.body);
-        b.records += 1;
+        rec.in_pieces(|piece| {
+            piece.encode(&mut b.body);
+            b.records += 1;
+        });
         if b.body.len() >= self.batch_limit() {
             self.cut_locked(b);
         }
@@ -1025,7 +1027,21 @@ fn ship_loop(shared: &Shared, next: u64) {
         };
         let n = local.next;
         let name = ObjectName::new(Kind::Stream, n).to_string();
-        let bytes = object::encode(Kind::Stream, local.pool, 0, n, &body);
+        // The table first, so that a restore reads what an object holds with one range read
+        // and fetches payloads as they are needed (hydration on demand).
+        let bytes = match stream::index(&body) {
+            Ok((indexed, table_len)) => {
+                object::encode_indexed(Kind::Stream, local.pool, 0, n, &indexed, table_len)
+            }
+            Err(e) => {
+                // Only this crate's encoder fills batches: a bug, shipped as it is rather
+                // than lost.
+                tracing::error!(
+                    "stream object {n}: cannot index its body ({e}); shipped interleaved"
+                );
+                object::encode(Kind::Stream, local.pool, 0, n, &body)
+            }
+        };
         let errors = match create_counting(shared, &name, &bytes) {
             None => return,
             Some((false, _)) => return fenced(shared, &name),

@@ -3,7 +3,7 @@
 //! runs against a real SeaweedFS in `seaweedfs.rs` (`scripts/object-store-test.sh`).
 
 use sliver_engine::{Backend, Engine, EngineConfig, FileBackend, Tuning};
-use sliver_replica::restore::{restore, Target};
+use sliver_replica::restore::{Mode, Target};
 use sliver_replica::ship::{ShipConfig, ShipState, Shipper, ShippingBackend};
 use sliver_replica::store::{ObjectStore, StoreError};
 use std::collections::BTreeMap;
@@ -11,6 +11,21 @@ use std::ops::Range;
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+
+/// The store as a restore keeps it.
+fn dynamic<S: ObjectStore + 'static>(store: &Arc<S>) -> Arc<dyn ObjectStore> {
+    Arc::clone(store) as Arc<dyn ObjectStore>
+}
+
+/// A whole restore (every byte fetched before it returns).
+fn restore(
+    store: &Arc<dyn ObjectStore>,
+    dir: &Path,
+    config: Option<&Path>,
+    target: &Target,
+) -> Result<sliver_replica::restore::RestoreReport, sliver_replica::restore::RestoreError> {
+    sliver_replica::restore::restore(store, dir, config, target, &Mode::Whole)
+}
 
 #[derive(Default)]
 struct MemStore(Mutex<BTreeMap<String, Vec<u8>>>);
@@ -199,7 +214,7 @@ fn a_base_taken_under_writes_and_the_stream_after_it_restore_exactly() {
 
     let b = tempfile::tempdir().unwrap();
     let target = b.path().join("restored");
-    let report = restore(store.as_ref(), &target, None, &Target::Newest).unwrap();
+    let report = restore(&dynamic(&store), &target, None, &Target::Newest).unwrap();
     assert_eq!(report.last, shipped.shipped_through);
     assert_eq!(report.left_out, 0);
     assert!(read_back(&target) == model, "the restored volume differs");
@@ -231,7 +246,7 @@ fn a_clean_stop_continues_the_stream_a_crash_takes_a_base_and_a_stranger_is_refu
     engine.flush().unwrap();
     drained(&shipper);
     let restored = a.path().join("../restore-1");
-    let r = restore(store.as_ref(), &restored, None, &Target::Newest).unwrap();
+    let r = restore(&dynamic(&store), &restored, None, &Target::Newest).unwrap();
     assert_eq!(r.first, 1, "one base, at the start");
     assert!(read_back(&restored) == model);
     std::fs::remove_dir_all(&restored).unwrap();
@@ -244,7 +259,7 @@ fn a_clean_stop_continues_the_stream_a_crash_takes_a_base_and_a_stranger_is_refu
     overwrite(&engine, v, &mut model, 3, 10);
     engine.flush().unwrap();
     drained(&shipper);
-    let r = restore(store.as_ref(), &restored, None, &Target::Newest).unwrap();
+    let r = restore(&dynamic(&store), &restored, None, &Target::Newest).unwrap();
     assert!(r.first > 1, "the restore starts at the new base: {r:?}");
     assert!(read_back(&restored) == model);
     std::fs::remove_dir_all(&restored).unwrap();
@@ -278,7 +293,7 @@ fn a_restore_never_overwrites_an_array() {
     engine.shutdown().unwrap();
     drop(engine);
     shipper.stop(Duration::from_secs(30));
-    let err = restore(store.as_ref(), a.path(), None, &Target::Newest).unwrap_err();
+    let err = restore(&dynamic(&store), a.path(), None, &Target::Newest).unwrap_err();
     assert!(err.to_string().contains("already holds an array"), "{err}");
     assert!(backend.capacity() >= CAPACITY);
 }
@@ -289,9 +304,19 @@ fn a_restore_never_overwrites_an_array() {
 /// never completed is left out with everything after it.
 #[test]
 fn base_bytes_go_only_where_no_write_since_the_base_start_went() {
-    use sliver_replica::object::{encode, Kind, ObjectName};
+    base_rule(true);
+}
+
+/// The same, from objects in the interleaved layout (shipped before objects had a table).
+#[test]
+fn interleaved_objects_restore_by_the_same_rule() {
+    base_rule(false);
+}
+
+fn base_rule(indexed: bool) {
+    use sliver_replica::object::{encode, encode_indexed, Kind, ObjectName};
     use sliver_replica::stream::Record;
-    let store = MemStore::default();
+    let store = Arc::new(MemStore::default());
     let pool = [7u8; 16];
     let put = |n: u64, records: &[Record]| {
         let mut body = Vec::new();
@@ -299,9 +324,13 @@ fn base_bytes_go_only_where_no_write_since_the_base_start_went() {
             r.encode(&mut body);
         }
         let name = ObjectName::new(Kind::Stream, n).to_string();
-        assert!(store
-            .put_if_absent(&name, encode(Kind::Stream, pool, 0, n, &body))
-            .unwrap());
+        let object = if indexed {
+            let (body, table) = sliver_replica::stream::index(&body).unwrap();
+            encode_indexed(Kind::Stream, pool, 0, n, &body, table)
+        } else {
+            encode(Kind::Stream, pool, 0, n, &body)
+        };
+        assert!(store.put_if_absent(&name, object).unwrap());
     };
     let new = [b'n'; 8192];
     let old = [b'o'; 16384];
@@ -368,7 +397,7 @@ fn base_bytes_go_only_where_no_write_since_the_base_start_went() {
     let dir = tempfile::tempdir().unwrap();
     let target = dir.path().join("r");
     let report = restore(
-        &store,
+        &dynamic(&store),
         &target,
         Some(&dir.path().join("array.json")),
         &Target::Newest,
@@ -453,7 +482,7 @@ fn points_restore_their_state_and_retention_deletes_only_what_nothing_needs() {
     let r = tempfile::tempdir().unwrap();
     let at = |name: &str| r.path().join(name);
     let rep = restore(
-        store.as_ref(),
+        &dynamic(&store),
         &at("one"),
         None,
         &Target::Point("one".into()),
@@ -462,9 +491,9 @@ fn points_restore_their_state_and_retention_deletes_only_what_nothing_needs() {
     assert_eq!(rep.point.as_ref().map(|p| p.name.as_str()), Some("one"));
     assert!(read_back(&at("one")) == model_one, "point one differs");
     let t = two.time_ms;
-    restore(store.as_ref(), &at("two"), None, &Target::At(t)).unwrap();
+    restore(&dynamic(&store), &at("two"), None, &Target::At(t)).unwrap();
     assert!(read_back(&at("two")) == model_two, "point two differs");
-    restore(store.as_ref(), &at("newest"), None, &Target::Newest).unwrap();
+    restore(&dynamic(&store), &at("newest"), None, &Target::Newest).unwrap();
     assert!(
         read_back(&at("newest")) == model,
         "the newest state differs"
@@ -498,24 +527,30 @@ fn points_restore_their_state_and_retention_deletes_only_what_nothing_needs() {
         "only point two's base and the newest: {bases:?}"
     );
     let err = restore(
-        store.as_ref(),
+        &dynamic(&store),
         &at("one-again"),
         None,
         &Target::Point("one".into()),
     )
     .unwrap_err();
     assert!(err.to_string().contains("no restore point named"), "{err}");
-    let err = restore(store.as_ref(), &at("early"), None, &Target::At(one.time_ms)).unwrap_err();
+    let err = restore(
+        &dynamic(&store),
+        &at("early"),
+        None,
+        &Target::At(one.time_ms),
+    )
+    .unwrap_err();
     assert!(err.to_string().contains("at or before"), "{err}");
     restore(
-        store.as_ref(),
+        &dynamic(&store),
         &at("two-again"),
         None,
         &Target::Point("two".into()),
     )
     .unwrap();
     assert!(read_back(&at("two-again")) == model_two);
-    restore(store.as_ref(), &at("newest-again"), None, &Target::Newest).unwrap();
+    restore(&dynamic(&store), &at("newest-again"), None, &Target::Newest).unwrap();
     assert!(read_back(&at("newest-again")) == model);
     engine.shutdown().unwrap();
     drop(engine);
@@ -560,7 +595,7 @@ fn scheduled_points_are_kept_to_their_count_and_each_restores() {
     let r = tempfile::tempdir().unwrap();
     for p in &kept {
         let at = r.path().join(&p.name);
-        restore(store.as_ref(), &at, None, &Target::Point(p.name.clone())).unwrap();
+        restore(&dynamic(&store), &at, None, &Target::Point(p.name.clone())).unwrap();
         assert_eq!(read_back(&at).len(), VOLUME as usize);
     }
     // The newest point was taken after the last writes reached the store: it is the model.
@@ -573,14 +608,14 @@ fn scheduled_points_are_kept_to_their_count_and_each_restores() {
 
 /// A store that can be taken down: every call fails while `down` is set.
 struct Switchable {
-    inner: MemStore,
+    inner: Arc<MemStore>,
     down: std::sync::atomic::AtomicBool,
 }
 
 impl Switchable {
     fn new(down: bool) -> Arc<Switchable> {
         Arc::new(Switchable {
-            inner: MemStore::default(),
+            inner: Arc::new(MemStore::default()),
             down: std::sync::atomic::AtomicBool::new(down),
         })
     }
@@ -706,13 +741,13 @@ fn a_bucket_emptied_while_the_store_failed_is_copied_again() {
 
 /// Once the copy holds every write: the array "crashes" (nothing shut down) and the newest
 /// state restored from `store` equals `model`.
-fn crash_and_restore(engine: Engine, shipper: Shipper, store: &MemStore, model: &[u8]) {
+fn crash_and_restore(engine: Engine, shipper: Shipper, store: &Arc<MemStore>, model: &[u8]) {
     drained(&shipper);
     std::mem::forget(engine);
     std::mem::forget(shipper);
     let r = tempfile::tempdir().unwrap();
     let target = r.path().join("restored");
-    restore(store, &target, None, &Target::Newest).unwrap();
+    restore(&dynamic(store), &target, None, &Target::Newest).unwrap();
     assert!(read_back(&target) == model, "the restore differs");
 }
 
@@ -739,30 +774,60 @@ fn a_restore_from_a_failing_store_ends_with_its_error() {
     drop(engine);
     shipper.stop(Duration::from_secs(30));
     assert!(point.base == 1 && point.through > 3, "{point:?}");
-    // Object 3 goes missing: the point that needs it is refused; the newest state is the
-    // state before the gap, with the gap and what it left out reported.
-    let gone = "stream/0000000000000003";
-    assert!(store.inner.0.lock().unwrap().remove(gone).is_some());
+    // An object after the base goes missing: the point that needs it is refused; the newest
+    // state is the state before the gap, with the gap and what it left out reported.
+    // (The base was read before the engine was created: the array's first root comes later.)
+    let first_root = (1..point.through)
+        .find(|&n| {
+            let bytes = store.inner.get(&format!("stream/{n:016x}")).unwrap();
+            let h = sliver_replica::object::decode_header("", &bytes).unwrap();
+            let found = sliver_replica::stream::records(&bytes[64..], h.table_len).any(|r| {
+                matches!(
+                    r,
+                    Ok(sliver_replica::stream::Record::Root { base: false, .. })
+                )
+            });
+            found
+        })
+        .unwrap();
+    let gap = first_root + 1;
+    assert!(gap < point.through, "{point:?}, first root in {first_root}");
+    let gone = format!("stream/{gap:016x}");
+    assert!(store.inner.0.lock().unwrap().remove(&gone).is_some());
     let r = tempfile::tempdir().unwrap();
     let err = restore(
-        store.as_ref(),
+        &dynamic(&store),
         &r.path().join("x"),
         None,
         &Target::Point("p".into()),
     )
     .unwrap_err();
-    assert!(err.to_string().contains("missing stream object 3"), "{err}");
-    let rep = restore(store.as_ref(), &r.path().join("y"), None, &Target::Newest).unwrap();
-    assert_eq!((rep.last, rep.missing), (2, Some(3)), "{rep:?}");
-    assert!(rep.left_out >= point.through - 3, "{rep:?}");
+    assert!(
+        err.to_string()
+            .contains(&format!("missing stream object {gap}")),
+        "{err}"
+    );
+    let rep = restore(&dynamic(&store), &r.path().join("y"), None, &Target::Newest).unwrap();
+    assert_eq!((rep.last, rep.missing), (gap - 1, Some(gap)), "{rep:?}");
+    assert!(rep.left_out >= point.through - gap, "{rep:?}");
+    // Without the object holding the array's first root, nothing before the gap is an
+    // array: the restore says so instead of leaving a directory that cannot open.
+    let holder = format!("stream/{first_root:016x}");
+    let kept = store.inner.0.lock().unwrap().remove(&holder).unwrap();
+    let err = restore(&dynamic(&store), &r.path().join("v"), None, &Target::Newest).unwrap_err();
+    assert!(
+        err.to_string().contains("no root in stream objects 1.."),
+        "{err}"
+    );
+    store.inner.0.lock().unwrap().insert(holder, kept);
     // A damaged object: refused by its checksum, named in the error.
     let damaged = "stream/0000000000000002";
     store.inner.0.lock().unwrap().get_mut(damaged).unwrap()[100] ^= 1;
-    let err = restore(store.as_ref(), &r.path().join("w"), None, &Target::Newest).unwrap_err();
+    let err = restore(&dynamic(&store), &r.path().join("w"), None, &Target::Newest).unwrap_err();
     assert!(err.to_string().contains(damaged), "{err}");
     // The store down altogether: its error.
     store.set_down(true);
-    let err = restore(store.as_ref(), &r.path().join("z"), None, &Target::Newest).unwrap_err();
+    let err = restore(&dynamic(&store), &r.path().join("z"), None, &Target::Newest).unwrap_err();
     assert!(err.to_string().contains("connection refused"), "{err}");
 }
 
@@ -863,11 +928,17 @@ fn every_write_acknowledged_before_a_point_is_in_it() {
     };
     for (p, before) in &points {
         let target = r.path().join(&p.name);
-        restore(&store.inner, &target, None, &Target::Point(p.name.clone())).unwrap();
+        restore(
+            &dynamic(&store.inner),
+            &target,
+            None,
+            &Target::Point(p.name.clone()),
+        )
+        .unwrap();
         check(&target, before, false);
     }
     let target = r.path().join("newest");
-    restore(&store.inner, &target, None, &Target::Newest).unwrap();
+    restore(&dynamic(&store.inner), &target, None, &Target::Newest).unwrap();
     check(&target, &last, true);
     assert!(
         last.iter().sum::<u64>() > BLOCKS,
@@ -983,4 +1054,327 @@ fn a_damaged_point_neither_fences_the_copy_nor_loses_its_number() {
     engine.shutdown().unwrap();
     drop(engine);
     shipper.stop(Duration::from_secs(30));
+}
+
+/// The copy holds every write; then the array "crashes" (nothing shut down).
+fn crash_when_drained(engine: Engine, shipper: Shipper) {
+    drained(&shipper);
+    std::mem::forget(engine);
+    std::mem::forget(shipper);
+}
+
+/// Restore the newest state of `store` into `dir` on demand.
+fn restore_on_demand(store: &Arc<MemStore>, dir: &Path) -> sliver_replica::restore::RestoreReport {
+    let mode = Mode::OnDemand {
+        url: "s3://bucket/prefix".into(),
+        endpoint: None,
+    };
+    sliver_replica::restore::restore(&dynamic(store), dir, None, &Target::Newest, &mode).unwrap()
+}
+
+/// The backend a server opens over an array restored on demand.
+fn hydrating(dir: &Path, store: &Arc<MemStore>) -> Arc<sliver_replica::hydrate::HydratingBackend> {
+    let b = sliver_replica::hydrate::HydratingBackend::open(
+        dir,
+        FileBackend::open(dir, 0).unwrap(),
+        dynamic(store),
+        sliver_replica::hydrate::HydrateConfig::default(),
+    )
+    .unwrap();
+    Arc::new(b)
+}
+
+/// A restore on demand (RFC 0003, "Hydration on demand"): the array opens over the store's
+/// tables with its data still in the store; reads fetch what they touch, writes replace it;
+/// a crash keeps what the journal says left the map (and never fetches over a synced write);
+/// the background fetches finish, the hydration state goes, and the array is an ordinary one.
+#[test]
+fn an_array_restored_on_demand_serves_before_its_data_is_local() {
+    use sliver_replica::hydrate;
+    let a = tempfile::tempdir().unwrap();
+    let store = Arc::new(MemStore::default());
+    let (backend, shipper) = start(a.path(), &store);
+    let engine = Engine::create(backend, config(), Tuning::default()).unwrap();
+    let v = engine.create_volume(VOLUME).unwrap();
+    let mut model = noise(41, VOLUME as usize);
+    engine.write(v, 0, &model).unwrap();
+    // A checkpoint, as the engine takes on its timer: the restored array's recovery then
+    // replays only the writes after it, and opens without reading the data.
+    engine.checkpoint().unwrap();
+    overwrite(&engine, v, &mut model, 42, 8);
+    engine.flush().unwrap();
+    crash_when_drained(engine, shipper);
+
+    let r = tempfile::tempdir().unwrap();
+    let dir = r.path().join("restored");
+    let report = restore_on_demand(&store, &dir);
+    // The data stayed in the store: the restore read tables and small records only.
+    assert!(report.bytes_on_demand >= VOLUME / 2, "{report:?}");
+    let source = hydrate::pending(&dir).unwrap().expect("hydration state");
+    assert_eq!(source.url, "s3://bucket/prefix");
+    let backend = hydrating(&dir, &store);
+    let handle = backend.handle();
+    let engine = Engine::open(backend.clone(), Tuning::default(), false).unwrap();
+    let before = handle.status();
+    assert!(before.bytes_left > 0 && !before.done, "{before:?}");
+    // A read of a range not yet fetched: the bytes come from the store.
+    let mut got = vec![0u8; 1 << 20];
+    engine.read(v, 3 << 20, &mut got).unwrap();
+    assert!(got == model[3 << 20..4 << 20]);
+    let after = handle.status();
+    assert!(after.on_demand_fetches > 0, "{after:?}");
+    assert!(after.bytes_left < before.bytes_left, "{after:?}");
+    // Writes over data still in the store: theirs win, now and after a crash.
+    overwrite(&engine, v, &mut model, 43, 24);
+    engine.flush().unwrap();
+    std::mem::forget(engine);
+    drop(backend);
+    let backend = hydrating(&dir, &store);
+    let handle = backend.handle();
+    let engine = Engine::open(backend.clone(), Tuning::default(), false).unwrap();
+    let mut back = vec![0u8; VOLUME as usize];
+    engine.read(v, 0, &mut back).unwrap();
+    assert!(back == model, "a read after the crash differs");
+    // The rest in the background, then the state is gone.
+    overwrite(&engine, v, &mut model, 44, 8);
+    let hydrator = backend.start();
+    wait_for(|| handle.status().done, || format!("{:?}", handle.status()));
+    hydrator.stop();
+    assert!(hydrate::pending(&dir).unwrap().is_none());
+    engine.shutdown().unwrap();
+    drop(engine);
+    drop(backend);
+    assert!(read_back(&dir) == model, "the hydrated array differs");
+}
+
+/// A piece whose bytes do not match its table is refused by name, never served.
+#[test]
+fn a_damaged_piece_is_an_error_naming_its_object() {
+    let a = tempfile::tempdir().unwrap();
+    let store = Arc::new(MemStore::default());
+    let (backend, shipper) = start(a.path(), &store);
+    let engine = Engine::create(backend, config(), Tuning::default()).unwrap();
+    let v = engine.create_volume(VOLUME).unwrap();
+    engine.write(v, 0, &noise(51, VOLUME as usize)).unwrap();
+    engine.flush().unwrap();
+    crash_when_drained(engine, shipper);
+    let r = tempfile::tempdir().unwrap();
+    let dir = r.path().join("restored");
+    restore_on_demand(&store, &dir);
+    // Flip a byte near the end of every stream object: payloads, not tables.
+    for (name, bytes) in store.0.lock().unwrap().iter_mut() {
+        if name.starts_with("stream/") {
+            let at = bytes.len() - 100;
+            bytes[at] ^= 0x40;
+        }
+    }
+    let err = hydrating(&dir, &store)
+        .hydrate_all(2)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("stream/") && err.contains("damaged"), "{err}");
+}
+
+/// The hydrating backend against a model (RFC 0003's test plan): reads, writes, discards,
+/// background fetches, syncs and crashes in any interleaving. Every read returns the newest
+/// write, or the store's bytes where nothing wrote since the restore; a crash may lose only
+/// writes made since the last sync (as any crash) and never puts the store's bytes over a
+/// synced write; once everything is fetched the state is gone and the files hold the model.
+mod hydration_model {
+    use super::*;
+    use proptest::prelude::*;
+    use sliver_replica::hydrate::{self, Area, HydrateConfig, HydratingBackend, Maps, Piece};
+    use sliver_replica::object::{encode_indexed, Kind, ObjectName};
+    use sliver_replica::stream::{self, Record};
+
+    const LOG: usize = 1 << 20;
+    const META: usize = 256 << 10;
+
+    #[derive(Debug, Clone)]
+    enum Op {
+        Write(bool, u32, u32, u8),
+        Read(bool, u32, u32),
+        Discard(u32, u32),
+        Step,
+        Sync,
+        Crash,
+    }
+
+    fn op() -> impl Strategy<Value = Op> {
+        let range = |size: usize| {
+            (0..size as u32 - 1)
+                .prop_flat_map(move |o| (Just(o), 1..(size as u32 - o).min(200_000)))
+        };
+        prop_oneof![
+            3 => (any::<bool>(), range(META), any::<u8>()).prop_map(|(log, (o, l), f)| Op::Write(log, o, l, f)),
+            4 => (any::<bool>(), range(META)).prop_map(|(log, (o, l))| Op::Read(log, o, l)),
+            1 => range(LOG).prop_map(|(o, l)| Op::Discard(o, l)),
+            3 => Just(Op::Step),
+            1 => Just(Op::Sync),
+            1 => Just(Op::Crash),
+        ]
+    }
+
+    /// Bytes of one area as the model knows them: `None` where anything may be read (a
+    /// discarded range, or a write a crash may have lost).
+    struct Model {
+        bytes: [Vec<Option<u8>>; 2],
+        /// Writes since the last sync, per area.
+        unsynced: [Vec<(usize, usize)>; 2],
+    }
+
+    /// The backend as a server opens it: hydrating while the state is there, else the files.
+    fn open(
+        dir: &Path,
+        store: &Arc<MemStore>,
+    ) -> (Arc<dyn Backend>, Option<Arc<HydratingBackend>>) {
+        let fb = FileBackend::open(dir, LOG as u64).unwrap();
+        if hydrate::pending(dir).unwrap().is_none() {
+            return (Arc::new(fb), None);
+        }
+        let h = Arc::new(
+            HydratingBackend::open(dir, fb, dynamic(store), HydrateConfig::default()).unwrap(),
+        );
+        (h.clone(), Some(h))
+    }
+
+    /// Object 1 holds pieces for both areas (later pieces over earlier ones); the map and the
+    /// model follow them.
+    fn restored(dir: &Path, store: &Arc<MemStore>, seed: u64) -> Model {
+        let mut interleaved = Vec::new();
+        let mut placed = Vec::new();
+        for i in 0..40u64 {
+            let meta = i % 4 == 0;
+            let size = if meta { META } else { LOG };
+            let len = 4096 + (seed.wrapping_mul(i + 7) % 60_000) as usize;
+            let off = (seed.wrapping_mul(31).wrapping_add(i * 7919 * 13) as usize) % (size - len);
+            let data = noise(seed * 100 + i, len);
+            let r = if meta {
+                Record::Meta {
+                    offset: off as u64,
+                    bytes: &data,
+                    base: false,
+                }
+            } else {
+                Record::Log {
+                    offset: off as u64,
+                    bytes: &data,
+                    base: false,
+                }
+            };
+            r.encode(&mut interleaved);
+            placed.push((meta, off, data));
+        }
+        let (body, table_len) = stream::index(&interleaved).unwrap();
+        let entries = stream::table(&body[..table_len as usize], body.len() as u64).unwrap();
+        let name = ObjectName::new(Kind::Stream, 1).to_string();
+        store
+            .put(
+                &name,
+                encode_indexed(Kind::Stream, [3; 16], 0, 1, &body, table_len),
+            )
+            .unwrap();
+        let mut maps = Maps::default();
+        let mut model = Model {
+            bytes: [vec![Some(0); LOG], vec![Some(0); META]],
+            unsynced: [Vec::new(), Vec::new()],
+        };
+        for (e, (meta, off, data)) in entries.iter().zip(&placed) {
+            let area = if *meta { Area::Meta } else { Area::Log };
+            let piece = Piece {
+                object: 1,
+                pos: e.pos,
+                len: e.len(),
+                crc: e.crc,
+                skip: 0,
+            };
+            maps.area(area)
+                .insert(*off as u64, data.len() as u64, piece);
+            for (k, b) in data.iter().enumerate() {
+                model.bytes[area as usize][off + k] = Some(*b);
+            }
+        }
+        std::fs::create_dir_all(dir).unwrap();
+        drop(FileBackend::open(dir, LOG as u64).unwrap());
+        let source = hydrate::Source {
+            url: "s3://b/p".into(),
+            endpoint: None,
+            pool: [3; 16],
+        };
+        hydrate::save(dir, &source, &maps).unwrap();
+        model
+    }
+
+    fn check(b: &dyn Backend, model: &Model, log: bool, o: usize, l: usize) {
+        let area = usize::from(!log);
+        let mut buf = vec![0u8; l];
+        if log {
+            b.read_at(&mut buf, o as u64).unwrap();
+        } else {
+            b.meta_read(&mut buf, o as u64).unwrap();
+        }
+        for (k, got) in buf.iter().enumerate() {
+            if let Some(want) = model.bytes[area][o + k] {
+                assert_eq!(*got, want, "area {area} byte {}", o + k);
+            }
+        }
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
+        #[test]
+        fn reads_see_the_newest_write_or_the_store_through_any_interleaving(
+            seed in 1u64..1_000_000,
+            ops in proptest::collection::vec(op(), 1..40),
+        ) {
+            let t = tempfile::tempdir().unwrap();
+            let dir = t.path().join("engine");
+            let store = Arc::new(MemStore::default());
+            let mut model = restored(&dir, &store, seed);
+            let (mut b, mut h) = open(&dir, &store);
+            for op in ops {
+                match op {
+                    Op::Write(log, o, l, f) => {
+                        let (o, l) = (o as usize, l as usize);
+                        let area = usize::from(!log);
+                        if log { b.write_at(&vec![f; l], o as u64).unwrap() } else { b.meta_write(&vec![f; l], o as u64).unwrap() }
+                        model.bytes[area][o..o + l].iter_mut().for_each(|x| *x = Some(f));
+                        model.unsynced[area].push((o, l));
+                    }
+                    Op::Read(log, o, l) => check(b.as_ref(), &model, log, o as usize, l as usize),
+                    Op::Discard(o, l) => {
+                        b.discard(u64::from(o), u64::from(l)).unwrap();
+                        model.bytes[0][o as usize..(o + l) as usize].iter_mut().for_each(|x| *x = None);
+                    }
+                    Op::Step => {
+                        if let Some(h) = &h {
+                            h.step().unwrap();
+                        }
+                    }
+                    Op::Sync => {
+                        b.sync().unwrap();
+                        b.meta_sync().unwrap();
+                        model.unsynced = [Vec::new(), Vec::new()];
+                    }
+                    Op::Crash => {
+                        drop(h.take());
+                        drop(b);
+                        // What was written since the last sync may be old or new now.
+                        for area in 0..2 {
+                            for (o, l) in std::mem::take(&mut model.unsynced[area]) {
+                                model.bytes[area][o..o + l].iter_mut().for_each(|x| *x = None);
+                            }
+                        }
+                        (b, h) = open(&dir, &store);
+                    }
+                }
+            }
+            if let Some(h) = &h {
+                while h.step().unwrap() {}
+            }
+            prop_assert!(hydrate::pending(&dir).unwrap().is_none());
+            check(b.as_ref(), &model, true, 0, LOG);
+            check(b.as_ref(), &model, false, 0, META);
+        }
+    }
 }

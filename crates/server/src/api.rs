@@ -54,6 +54,7 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("get", "/api/v1/initiators/refused"),
     ("get", "/api/v1/sessions"),
     ("get", "/api/v1/replication"),
+    ("get", "/api/v1/hydration"),
     ("get", "/api/v1/replication/points"),
     ("post", "/api/v1/replication/points"),
     ("delete", "/api/v1/replication/points/{name}"),
@@ -119,6 +120,7 @@ fn router_shared(ctx: Ctx) -> Router {
         .route("/api/v1/initiators/refused", get(refused_initiators))
         .route("/api/v1/sessions", get(sessions_list))
         .route("/api/v1/replication", get(replication_show))
+        .route("/api/v1/hydration", get(hydration_show))
         .route(
             "/api/v1/replication/points",
             get(points_list).post(point_take),
@@ -1139,6 +1141,46 @@ async fn events_list(
 /// offers to add to a host with one click.
 async fn refused_initiators(State(ctx): State<Ctx>) -> Json<Vec<crate::events::RefusedInitiator>> {
     Json(ctx.array.events().refused())
+}
+
+/// A restored array fetching its data from the store (RFC 0003, "Hydration on demand").
+#[derive(Debug, Default, Serialize)]
+pub struct HydrationInfo {
+    /// Whether the array was opened with data still in the store.
+    pub active: bool,
+    /// Every byte is local (the hydration state is gone); also true when none was active.
+    pub done: bool,
+    /// The store the data comes from.
+    pub source: Option<String>,
+    pub bytes_left: u64,
+    pub bytes_at_start: u64,
+    pub fetched_bytes: u64,
+    pub on_demand_fetches: u64,
+    pub on_demand_bytes: u64,
+    /// Background fetch rate, bytes per second.
+    pub rate: u64,
+    pub error: Option<String>,
+}
+
+async fn hydration_show(State(ctx): State<Ctx>) -> Json<HydrationInfo> {
+    Json(match ctx.array.hydration() {
+        None => HydrationInfo {
+            done: true,
+            ..HydrationInfo::default()
+        },
+        Some(h) => HydrationInfo {
+            active: true,
+            done: h.done,
+            source: Some(h.source),
+            bytes_left: h.bytes_left,
+            bytes_at_start: h.bytes_at_start,
+            fetched_bytes: h.fetched_bytes,
+            on_demand_fetches: h.on_demand_fetches,
+            on_demand_bytes: h.on_demand_bytes,
+            rate: h.rate,
+            error: h.error,
+        },
+    })
 }
 
 /// The off-site copy (RFC 0003).

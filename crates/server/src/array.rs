@@ -224,6 +224,8 @@ pub struct ArrayOptions {
     pub tuning: Tuning,
     /// Ship every write to an object store (RFC 0003); `None`: no off-site copy.
     pub replication: Option<ReplicationOptions>,
+    /// A restored array whose data is still in the store: how it fetches the rest.
+    pub hydrate: sliver_replica::hydrate::HydrateConfig,
 }
 
 /// The off-site copy: the store and the shipper's settings.
@@ -238,6 +240,12 @@ struct Replication {
     backend: Arc<sliver_replica::ship::ShippingBackend>,
     shipper: Mutex<Option<sliver_replica::ship::Shipper>>,
     target: String,
+}
+
+/// A restored array fetching its data from the store (RFC 0003, "Hydration on demand").
+struct Hydration {
+    handle: sliver_replica::hydrate::HydrationHandle,
+    hydrator: Mutex<Option<sliver_replica::hydrate::Hydrator>>,
 }
 
 /// What the API reports of the off-site copy.
@@ -278,6 +286,7 @@ pub struct Array {
     /// When this process opened the array (ms since the Unix epoch).
     opened_ms: u64,
     replication: Option<Replication>,
+    hydration: Option<Hydration>,
 }
 
 impl Array {
@@ -336,7 +345,8 @@ impl Array {
             })?;
         }
         let config_bytes = serde_json::to_vec_pretty(&config).expect("config serialises");
-        let (engine, replication) = open_engine(&dir.join(ENGINE_DIR), &options, config_bytes)?;
+        let (engine, replication, hydration) =
+            open_engine(&dir.join(ENGINE_DIR), &options, config_bytes)?;
         let engine = Arc::new(engine);
         // Volumes the configuration does not know were created or half-deleted when a crash
         // interrupted an operation (the engine commits first on create, last on delete).
@@ -386,6 +396,7 @@ impl Array {
             events: Mutex::new(events),
             opened_ms: now_ms(),
             replication,
+            hydration,
         };
         let (volumes, target) = {
             let config = array.config.read().unwrap();
@@ -1036,6 +1047,12 @@ impl Array {
     /// what is left to the off-site copy (up to 30 s), so that the next start continues it.
     pub fn shutdown(&self) -> Result<()> {
         let result = self.engine.shutdown().map_err(engine_error);
+        if let Some(h) = &self.hydration {
+            // What was fetched stays; the rest is fetched after the next start.
+            if let Some(hydrator) = h.hydrator.lock().unwrap().take() {
+                hydrator.stop();
+            }
+        }
         if let Some(r) = &self.replication {
             if let Some(shipper) = r.shipper.lock().unwrap().take() {
                 let s = shipper.stop(std::time::Duration::from_secs(30));
@@ -1048,6 +1065,12 @@ impl Array {
             }
         }
         result
+    }
+
+    /// A restored array's progress fetching its data from the store (`None`: the array's
+    /// data was all local when it opened).
+    pub fn hydration(&self) -> Option<sliver_replica::hydrate::HydrationStatus> {
+        Some(self.hydration.as_ref()?.handle.status())
     }
 
     /// The off-site copy's target and progress, when one is configured.
@@ -1310,9 +1333,10 @@ impl Array {
 /// files and the configuration (RFC 0003). The copy's pool stays with the source: the restored
 /// array ships nowhere until it is given a prefix of its own.
 pub fn restore(
-    store: &dyn sliver_replica::store::ObjectStore,
+    store: &Arc<dyn sliver_replica::store::ObjectStore>,
     dir: &Path,
     target: &sliver_replica::restore::Target,
+    mode: &sliver_replica::restore::Mode,
 ) -> std::result::Result<sliver_replica::restore::RestoreReport, String> {
     if dir.join(CONFIG_FILE).exists() || sliver_engine::holds_engine(&dir.join(ENGINE_DIR)) {
         return Err(format!(
@@ -1326,6 +1350,7 @@ pub fn restore(
         &dir.join(ENGINE_DIR),
         Some(&dir.join(CONFIG_FILE)),
         target,
+        mode,
     )
     .map_err(|e| e.to_string())
 }
@@ -1358,7 +1383,7 @@ fn open_engine(
     dir: &Path,
     options: &ArrayOptions,
     array_config: Vec<u8>,
-) -> Result<(Engine, Option<Replication>)> {
+) -> Result<(Engine, Option<Replication>, Option<Hydration>)> {
     let io = |source| ArrayError::Io {
         path: dir.to_path_buf(),
         source,
@@ -1371,6 +1396,14 @@ fn open_engine(
         (false, None) => free_space(dir).map_err(io)? / 10 * 9,
     };
     let files = FileBackend::open(dir, capacity).map_err(io)?;
+    let source = if exists {
+        sliver_replica::hydrate::pending(dir).map_err(io)?
+    } else {
+        None
+    };
+    if let Some(source) = source {
+        return open_hydrating(dir, options, files, source);
+    }
     let (backend, replication): (Arc<dyn sliver_engine::Backend>, _) = match &options.replication {
         None => (Arc::new(files), None),
         Some(r) => {
@@ -1412,6 +1445,11 @@ fn open_engine(
         Engine::create(backend, options.engine, options.tuning)
     }
     .map_err(engine_error)?;
+    log_recovery(&engine);
+    Ok((engine, replication, None))
+}
+
+fn log_recovery(engine: &Engine) {
     let r = engine.recovery();
     if r.records_replayed > 0 {
         tracing::info!(
@@ -1426,7 +1464,63 @@ fn open_engine(
             }
         );
     }
-    Ok((engine, replication))
+}
+
+/// Open a restored array whose data is partly still in the store it was restored from: the
+/// engine over a backend that fetches what a read needs, and a thread that fetches the rest.
+fn open_hydrating(
+    dir: &Path,
+    options: &ArrayOptions,
+    files: FileBackend,
+    source: sliver_replica::hydrate::Source,
+) -> Result<(Engine, Option<Replication>, Option<Hydration>)> {
+    use sliver_replica::{hydrate, store};
+    let config = |message: String| ArrayError::Config {
+        path: dir.to_path_buf(),
+        message,
+    };
+    if options.replication.is_some() {
+        // A base read now would copy holes where the data is still in the store.
+        return Err(config(format!(
+            "the array is still fetching its data from {} (restored on demand): serve it without an off-site copy until GET /api/v1/hydration says done, then turn the copy on",
+            source.url
+        )));
+    }
+    let s3 = store::S3Store::connect(&store::S3Config {
+        url: source.url.clone(),
+        endpoint: source.endpoint.clone(),
+        ..store::S3Config::default()
+    })
+    .map_err(|e| config(format!("the store the array was restored from: {e}")))?;
+    let backend = hydrate::HydratingBackend::open(dir, files, Arc::new(s3), options.hydrate)
+        .map_err(|source| ArrayError::Io {
+            path: dir.to_path_buf(),
+            source,
+        })?;
+    let backend = Arc::new(backend);
+    let handle = backend.handle();
+    let left = handle.status().bytes_left;
+    tracing::info!(
+        "restored array: {} still in {}, fetched on demand and in the background",
+        size_text(left),
+        source.url
+    );
+    let engine = Engine::open(
+        backend.clone() as Arc<dyn sliver_engine::Backend>,
+        options.tuning,
+        false,
+    )
+    .map_err(engine_error)?;
+    log_recovery(&engine);
+    let hydrator = backend.start();
+    Ok((
+        engine,
+        None,
+        Some(Hydration {
+            handle,
+            hydrator: Mutex::new(Some(hydrator)),
+        }),
+    ))
 }
 
 /// An array still in format 2 keeps its metadata in a checkpoint file that the copy does not

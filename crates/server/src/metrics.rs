@@ -396,6 +396,31 @@ pub fn render(ctx: &ApiContext) -> Result<String, ArrayError> {
             }
         }
     }
+    if let Some(h) = ctx.array.hydration() {
+        for (metric, kind, help, value) in [
+            (
+                "sliver_hydration_bytes_left",
+                "gauge",
+                "Bytes of a restored array still only in the object store (0 once every byte is local).",
+                h.bytes_left,
+            ),
+            (
+                "sliver_hydration_fetched_bytes_total",
+                "counter",
+                "Bytes a restored array fetched from the object store since the process started.",
+                h.fetched_bytes,
+            ),
+            (
+                "sliver_hydration_on_demand_fetches_total",
+                "counter",
+                "Reads that waited for data to be fetched from the object store.",
+                h.on_demand_fetches,
+            ),
+        ] {
+            out.help(metric, kind, help);
+            out.sample(metric, &[], value as f64);
+        }
+    }
     Ok(out.0)
 }
 

@@ -164,6 +164,7 @@ fn a_full_file_system_gives_27_07_and_recovers_after_unmap() {
         engine: EngineConfig::default(),
         tuning: Tuning::default(),
         replication: None,
+        hydrate: Default::default(),
     };
     let run = serve(&dir, options.clone());
     run.array.create_volume("big", 2 << 30, 512).unwrap();

@@ -73,6 +73,7 @@ fn start() -> Running {
         },
         tuning: Tuning::default(),
         replication: None,
+        hydrate: Default::default(),
     };
     let array = Arc::new(Array::open_with(dir.path(), TARGET, options).unwrap());
     array.create_volume("big", 256 * MIB, 512).unwrap();

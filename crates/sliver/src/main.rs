@@ -85,7 +85,8 @@ enum Commands {
     Reclaim(sliver_reclaim::ReclaimArgs),
     /// Restore an array from its off-site copy into a new data directory (`sliver serve
     /// --replicate-to` made the copy). The restored array is the state of the newest shipped
-    /// write, recovered as after a crash; serve it with `sliver serve --data-dir DIR`.
+    /// write (or a restore point), recovered as after a crash; serve it at once with `sliver
+    /// serve --data-dir DIR`: its data is fetched on demand and in the background.
     Restore(RestoreArgs),
     /// Print a shell completion script (bash, zsh, fish, elvish, powershell).
     Completions { shell: clap_complete::Shell },
@@ -140,6 +141,10 @@ struct ServeArgs {
     /// The object store's endpoint when it is not AWS, e.g. http://127.0.0.1:8333.
     #[arg(long, value_name = "URL")]
     s3_endpoint: Option<String>,
+    /// An array restored on demand: the most its background fetches take from the store,
+    /// e.g. 100MB/s [default: no limit; reads that need data are never limited].
+    #[arg(long, value_name = "RATE")]
+    hydrate_rate: Option<String>,
 }
 
 #[derive(clap::Args)]
@@ -162,6 +167,11 @@ struct RestoreArgs {
     /// List the restore points in the copy and restore nothing.
     #[arg(long, conflicts_with_all = ["point", "at", "data_dir"])]
     list: bool,
+    /// Fetch every byte before returning (default: return once the tables and metadata
+    /// records are read; the array then serves at once and fetches the rest on demand and in
+    /// the background, so the store must stay reachable until it is done).
+    #[arg(long)]
+    whole: bool,
 }
 
 /// Allocations of 1 MiB and more are mapped and given back to the system when freed. glibc
@@ -267,6 +277,11 @@ fn settings(args: ServeArgs) -> Result<Settings, String> {
                 options.tuning.metadata_cache = c;
             }
         }
+    }
+    if let Some(r) = &args.hydrate_rate {
+        let bytes = r.strip_suffix("/s").unwrap_or(r);
+        options.hydrate.rate_limit = sliver_reclaim::units::parse_size(bytes)
+            .map_err(|e| format!("--hydrate-rate: {e} (give a rate such as 100MB/s)"))?;
     }
     let replicate_to = args
         .replicate_to
@@ -482,7 +497,7 @@ fn restore(args: RestoreArgs) -> Result<(), String> {
     use sliver_replica::store::{ObjectStore, S3Config, S3Store};
     let store = S3Store::connect(&S3Config {
         url: args.from.clone(),
-        endpoint: args.s3_endpoint,
+        endpoint: args.s3_endpoint.clone(),
         ..S3Config::default()
     })
     .map_err(|e| e.to_string())?;
@@ -530,7 +545,15 @@ fn restore(args: RestoreArgs) -> Result<(), String> {
         (None, None) => sliver_replica::restore::Target::Newest,
     };
     let started = std::time::Instant::now();
-    let report = sliver_server::array::restore(store.as_ref(), &data_dir, &target)?;
+    let mode = if args.whole {
+        sliver_replica::restore::Mode::Whole
+    } else {
+        sliver_replica::restore::Mode::OnDemand {
+            url: args.from.clone(),
+            endpoint: args.s3_endpoint.clone(),
+        }
+    };
+    let report = sliver_server::array::restore(&store, &data_dir, &target, &mode)?;
     let what = match &report.point {
         Some(p) => format!(
             "restore point {} ({})",
@@ -539,20 +562,36 @@ fn restore(args: RestoreArgs) -> Result<(), String> {
         ),
         None => "the newest state".to_string(),
     };
-    eprintln!(
-        "restored {what} of {} into {}: stream objects {}..{} ({} bytes applied{}) in {:.1?}; the array opens as after a crash",
-        args.from,
-        data_dir.display(),
-        report.first,
-        report.last,
-        report.bytes_applied,
-        if report.left_out > 0 {
-            format!(", {} newer objects left out: a gap or an unfinished copy", report.left_out)
-        } else {
-            String::new()
-        },
-        started.elapsed()
-    );
+    let left_out = if report.left_out > 0 {
+        format!(
+            "; {} newer objects left out: a gap or an unfinished copy",
+            report.left_out
+        )
+    } else {
+        String::new()
+    };
+    if args.whole {
+        eprintln!(
+            "restored {what} of {} into {}: stream objects {}..{}, {} fetched{left_out}, in {:.1?}; the array opens as after a crash",
+            args.from,
+            data_dir.display(),
+            report.first,
+            report.last,
+            size_text(report.bytes_applied + report.bytes_on_demand),
+            started.elapsed()
+        );
+    } else {
+        eprintln!(
+            "restored {what} of {} into {}: stream objects {}..{}{left_out}, in {:.1?}; {} stay in the store until needed.\nServe it now with `sliver serve --data-dir {}`: reads fetch what they need, the rest is fetched in the background (GET /api/v1/hydration); keep the store reachable (and its credentials in the environment) until that says done",
+            args.from,
+            data_dir.display(),
+            report.first,
+            report.last,
+            started.elapsed(),
+            size_text(report.bytes_on_demand),
+            data_dir.display()
+        );
+    }
     if let Some(n) = report.missing {
         eprintln!(
             "WARNING: {} has lost stream object {n}: the restored state is the one before it, and the {} newer objects it holds were not used",
@@ -560,6 +599,15 @@ fn restore(args: RestoreArgs) -> Result<(), String> {
         );
     }
     Ok(())
+}
+
+/// Bytes as a person reads them.
+fn size_text(bytes: u64) -> String {
+    if bytes >= 1 << 30 {
+        format!("{:.2} GiB", bytes as f64 / (1u64 << 30) as f64)
+    } else {
+        format!("{:.1} MiB", bytes as f64 / (1u64 << 20) as f64)
+    }
 }
 
 fn check(args: CheckArgs) -> Result<(), String> {
