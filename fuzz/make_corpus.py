@@ -313,12 +313,16 @@ corpus["replica_object"]["stream_indexed"] = replica_object(
     9, b"pool-a-uuid-0001", 0, 3, _body, _table_len)
 
 
-def hydrate_map(entries):
-    """A restored array's hydration map: magic, count, 48-byte entries (area, pad, piece
-    length, start, length, object, payload position, piece CRC-32C, skip), CRC-32C."""
+def hydrate_map(entries, tables):
+    """A restored array's hydration map: magic, count, 40-byte entries (area, pad, start,
+    length, object, position in its body), the tables' count and 32-byte entries (object,
+    offset in the tables file, table length, pad, body length), CRC-32C of it all."""
     body = b"SLVRHYD1" + struct.pack("<Q", len(entries))
-    for area, plen, start, length, obj, pos, crc, skip in entries:
-        body += bytes([area, 0, 0, 0]) + struct.pack("<IQQQQII", plen, start, length, obj, pos, crc, skip)
+    for area, start, length, obj, at in entries:
+        body += bytes([area]) + b"\0" * 7 + struct.pack("<QQQQ", start, length, obj, at)
+    body += struct.pack("<Q", len(tables))
+    for obj, offset, tlen, body_len in tables:
+        body += struct.pack("<QQII", obj, offset, tlen, 0) + struct.pack("<Q", body_len)
     return body + struct.pack("<I", crc32c(body))
 
 
@@ -328,10 +332,10 @@ def journal_entry(area, start, length):
 
 
 _map = hydrate_map([
-    (0, 65536, 0, 65536, 1, 120, 0x1234, 0),
-    (0, 65536, 1 << 20, 4096, 2, 65656, 0x5678, 8192),
-    (1, 4096, 8192, 4096, 1, 65656, 0x9abc, 0),
-])
+    (0, 0, 65536, 1, 120),
+    (0, 1 << 20, 4096, 2, 65656),
+    (1, 8192, 4096, 1, 65656),
+], [(1, 0, 64, 1 << 20), (2, 64, 84, 1 << 20)])
 _journal = journal_entry(0, 4096, 8192) + journal_entry(1, 8192, 4096)
 corpus["hydrate_map"] = {
     # The fuzz target's first two bytes: where the map ends.

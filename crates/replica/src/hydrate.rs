@@ -17,9 +17,12 @@
 //!
 //! ```text
 //! <engine>/hydrate/source    the store's URL, endpoint and the pool's uuid (text)
-//! <engine>/hydrate/map       "SLVRHYD1" | count u64 | entries [48] * count | crc32c u32
-//!                            entry: area u8 | pad [3] | piece len u32 | start u64 | len u64
-//!                                   | object u64 | pos u64 | piece crc u32 | skip u32
+//! <engine>/hydrate/tables    every stream object's table, as the restore read it
+//! <engine>/hydrate/map       "SLVRHYD1" | count u64 | entries [40] * count
+//!                            | tables u64 | { object u64 | offset u64 | len u32 | pad [4]
+//!                                           | body length u64 } * tables | crc32c u32
+//!                            entry: area u8 | pad [7] | start u64 | len u64 | object u64
+//!                                   | position in the body u64
 //! <engine>/hydrate/journal   { crc32c u32 (of the rest) | area u8 | pad [3] | start u64
 //!                              | len u64 } * n, appended; a torn tail is cut at open
 //! ```
@@ -27,6 +30,7 @@
 
 use crate::object::{self, ObjectName};
 use crate::store::ObjectStore;
+use crate::stream;
 use sliver_engine::{Backend, FileBackend};
 use std::collections::BTreeMap;
 use std::fs::{File, OpenOptions};
@@ -39,10 +43,13 @@ use std::time::{Duration, Instant};
 /// The folder, in the engine's directory, that holds a hydration's state.
 pub const FOLDER: &str = "hydrate";
 const MAP_MAGIC: &[u8; 8] = b"SLVRHYD1";
-const MAP_ENTRY: usize = 48;
+const MAP_ENTRY: usize = 40;
+const TABLE_AT: usize = 32;
 const JOURNAL_ENTRY: usize = 24;
 /// Pieces of one object closer than this are fetched with one range read.
 const COALESCE_GAP: u64 = 256 << 10;
+/// Most bytes written to the files under the map's lock at a time.
+const APPLY_SLICE: u64 = 256 << 10;
 /// Most bytes one background fetch asks for.
 const BACKGROUND_FETCH: u64 = 8 << 20;
 
@@ -53,20 +60,19 @@ pub enum Area {
     Meta = 1,
 }
 
-/// Where the bytes of a range are in the store: a record's payload in a stream object.
+/// Where the bytes of a range are in the store: from this position of a stream object's body
+/// on (inside its records' payloads, which the object's table checks).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Piece {
     pub object: u64,
-    /// The payload's position in the object's body.
-    pub pos: u64,
-    pub len: u32,
-    /// The payload's crc32c (from the object's table): fetched bytes are checked against it.
-    pub crc: u32,
-    /// The range starts this far into the payload.
-    pub skip: u32,
+    /// The position in the object's body of the range's first byte.
+    pub at: u64,
 }
 
-/// Ranges of one file not yet fetched: start -> (length, piece). The ranges never overlap.
+/// Ranges of one file not yet fetched: start -> (length, piece). The ranges never overlap, and
+/// neighbours that continue each other in one object are one range (a base's read or a large
+/// write is one entry, not one per 64 KiB record), so the map costs RAM per run of an object,
+/// not per byte.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct Extents {
     map: BTreeMap<u64, (u64, Piece)>,
@@ -83,6 +89,7 @@ impl Extents {
         self.map.is_empty()
     }
 
+    /// Ranges held.
     pub fn len(&self) -> usize {
         self.map.len()
     }
@@ -93,15 +100,28 @@ impl Extents {
             return;
         }
         self.remove(start, len);
-        self.map.insert(start, (len, piece));
         self.bytes += len;
+        let (mut start, mut len, mut piece) = (start, len, piece);
+        // Join the range before it and the one after when they continue each other.
+        if let Some((&s, &(l, p))) = self.map.range(..start).next_back() {
+            if s + l == start && p.object == piece.object && p.at + l == piece.at {
+                self.map.remove(&s);
+                (start, len, piece) = (s, l + len, p);
+            }
+        }
+        if let Some(&(l, p)) = self.map.get(&(start + len)) {
+            if p.object == piece.object && piece.at + len == p.at {
+                self.map.remove(&(start + len));
+                len += l;
+            }
+        }
+        self.map.insert(start, (len, piece));
     }
 
     /// Drop whatever the map holds in `[start, start + len)`; whether anything was there.
     pub fn remove(&mut self, start: u64, len: u64) -> bool {
         let end = start.saturating_add(len);
-        let hit: Vec<(u64, u64, Piece)> =
-            self.overlapping(start, len).into_iter().collect::<Vec<_>>();
+        let hit = self.overlapping(start, len);
         for &(s, l, p) in &hit {
             self.map.remove(&s);
             self.bytes -= l;
@@ -111,9 +131,8 @@ impl Extents {
                 self.bytes += start - s;
             }
             if e > end {
-                let cut = end - s;
                 let tail = Piece {
-                    skip: p.skip + cut as u32,
+                    at: p.at + (end - s),
                     ..p
                 };
                 self.map.insert(end, (e - end, tail));
@@ -152,11 +171,23 @@ impl Extents {
     }
 }
 
-/// Both files' maps.
+/// Where an object's table is kept locally (`<engine>/hydrate/tables`): the restore read every
+/// table once, so a fetch checks its bytes without asking the store for the table again.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TableAt {
+    /// Position in the tables file.
+    pub offset: u64,
+    pub len: u32,
+    /// The object's body length (the table's entries are checked against it).
+    pub body_len: u64,
+}
+
+/// Both files' maps, and where each object's table is.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct Maps {
     pub log: Extents,
     pub meta: Extents,
+    pub tables: BTreeMap<u64, TableAt>,
 }
 
 impl Maps {
@@ -178,21 +209,26 @@ impl Maps {
     /// The map file's bytes.
     pub fn encode(&self) -> Vec<u8> {
         let count = (self.log.len() + self.meta.len()) as u64;
-        let mut out = Vec::with_capacity(16 + count as usize * MAP_ENTRY + 4);
+        let mut out = Vec::new();
         out.extend_from_slice(MAP_MAGIC);
         out.extend_from_slice(&count.to_le_bytes());
         for (area, e) in [(Area::Log, &self.log), (Area::Meta, &self.meta)] {
             for (s, l, p) in e.iter() {
                 out.push(area as u8);
-                out.extend_from_slice(&[0; 3]);
-                out.extend_from_slice(&p.len.to_le_bytes());
+                out.extend_from_slice(&[0; 7]);
                 out.extend_from_slice(&s.to_le_bytes());
                 out.extend_from_slice(&l.to_le_bytes());
                 out.extend_from_slice(&p.object.to_le_bytes());
-                out.extend_from_slice(&p.pos.to_le_bytes());
-                out.extend_from_slice(&p.crc.to_le_bytes());
-                out.extend_from_slice(&p.skip.to_le_bytes());
+                out.extend_from_slice(&p.at.to_le_bytes());
             }
+        }
+        out.extend_from_slice(&(self.tables.len() as u64).to_le_bytes());
+        for (object, t) in &self.tables {
+            out.extend_from_slice(&object.to_le_bytes());
+            out.extend_from_slice(&t.offset.to_le_bytes());
+            out.extend_from_slice(&t.len.to_le_bytes());
+            out.extend_from_slice(&[0; 4]);
+            out.extend_from_slice(&t.body_len.to_le_bytes());
         }
         let crc = crc32c::crc32c(&out);
         out.extend_from_slice(&crc.to_le_bytes());
@@ -201,42 +237,64 @@ impl Maps {
 
     /// A map file's bytes, checked: a damaged file is an error, never a panic.
     pub fn decode(bytes: &[u8]) -> Result<Maps, String> {
-        if bytes.len() < 20 || &bytes[..8] != MAP_MAGIC {
+        if bytes.len() < 28 || &bytes[..8] != MAP_MAGIC {
             return Err("not a hydration map".into());
         }
         let (body, crc) = bytes.split_at(bytes.len() - 4);
         if crc32c::crc32c(body) != u32::from_le_bytes(crc.try_into().unwrap()) {
             return Err("the hydration map's checksum does not match: damaged".into());
         }
-        let count = u64::from_le_bytes(body[8..16].try_into().unwrap());
-        let entries = &body[16..];
-        if count.checked_mul(MAP_ENTRY as u64) != Some(entries.len() as u64) {
-            return Err("the hydration map's length does not match its count".into());
-        }
         let u32_at = |e: &[u8], at: usize| u32::from_le_bytes(e[at..at + 4].try_into().unwrap());
         let u64_at = |e: &[u8], at: usize| u64::from_le_bytes(e[at..at + 8].try_into().unwrap());
+        let short = || "the hydration map's length does not match its counts".to_string();
+        let count = u64_at(body, 8);
+        let entries_len = count
+            .checked_mul(MAP_ENTRY as u64)
+            .filter(|&n| n <= body.len() as u64 - 16)
+            .ok_or_else(short)? as usize;
+        let entries = &body[16..16 + entries_len];
+        let rest = &body[16 + entries_len..];
+        if rest.len() < 8 {
+            return Err(short());
+        }
+        let tables_count = u64_at(rest, 0);
+        if tables_count.checked_mul(TABLE_AT as u64) != Some(rest.len() as u64 - 8) {
+            return Err(short());
+        }
         let mut maps = Maps::default();
+        for t in rest[8..].chunks_exact(TABLE_AT) {
+            if t[20..24] != [0; 4] {
+                return Err("hydration map table entry with padding set".into());
+            }
+            let at = TableAt {
+                offset: u64_at(t, 8),
+                len: u32_at(t, 16),
+                body_len: u64_at(t, 24),
+            };
+            if maps.tables.insert(u64_at(t, 0), at).is_some() {
+                return Err("hydration map names an object's table twice".into());
+            }
+        }
         for e in entries.chunks_exact(MAP_ENTRY) {
             let area = match e[0] {
                 0 => Area::Log,
                 1 => Area::Meta,
                 a => return Err(format!("hydration map entry of unknown area {a}")),
             };
-            if e[1..4] != [0; 3] {
+            if e[1..8] != [0; 7] {
                 return Err("hydration map entry with padding set".into());
             }
-            let piece = Piece {
-                len: u32_at(e, 4),
-                object: u64_at(e, 24),
-                pos: u64_at(e, 32),
-                crc: u32_at(e, 40),
-                skip: u32_at(e, 44),
-            };
             let (start, len) = (u64_at(e, 8), u64_at(e, 16));
-            let fits = u64::from(piece.skip)
-                .checked_add(len)
-                .is_some_and(|end| end <= u64::from(piece.len))
-                && start.checked_add(len).is_some()
+            let piece = Piece {
+                object: u64_at(e, 24),
+                at: u64_at(e, 32),
+            };
+            let fits = maps.tables.get(&piece.object).is_some_and(|t| {
+                piece
+                    .at
+                    .checked_add(len)
+                    .is_some_and(|end| end <= t.body_len)
+            }) && start.checked_add(len).is_some()
                 && len > 0;
             let ext = maps.area(area);
             if !fits || !ext.overlapping(start, len).is_empty() {
@@ -325,6 +383,12 @@ impl Source {
     }
 }
 
+/// Whether `dir` (an engine's directory) holds hydration state at all: with no root beside
+/// it, that is a restore that stopped before it finished.
+pub fn folder_exists(dir: &Path) -> bool {
+    dir.join(FOLDER).exists()
+}
+
 /// Whether the engine in `dir` still has data in the store; its source if so.
 pub fn pending(dir: &Path) -> io::Result<Option<Source>> {
     match std::fs::read_to_string(dir.join(FOLDER).join("source")) {
@@ -343,7 +407,41 @@ fn sync_dir(dir: &Path) -> io::Result<()> {
     File::open(dir)?.sync_all()
 }
 
-/// Write a restore's map and source, durably (before the restore stores the root).
+/// The tables file a restore fills as it reads each object's table.
+pub struct TablesWriter {
+    file: File,
+    len: u64,
+}
+
+impl TablesWriter {
+    /// A new, empty tables file in the engine's directory `dir`.
+    pub fn create(dir: &Path) -> io::Result<TablesWriter> {
+        let folder = dir.join(FOLDER);
+        std::fs::create_dir_all(&folder)?;
+        let file = File::create(folder.join("tables"))?;
+        Ok(TablesWriter { file, len: 0 })
+    }
+
+    /// Keep object `object`'s table (as read from the store, checksum included).
+    pub fn add(&mut self, table: &[u8], body_len: u64) -> io::Result<TableAt> {
+        self.file.write_all(table)?;
+        let at = TableAt {
+            offset: self.len,
+            len: table.len() as u32,
+            body_len,
+        };
+        self.len += table.len() as u64;
+        Ok(at)
+    }
+
+    /// Make the file durable (before the map that points into it is saved).
+    pub fn finish(self) -> io::Result<()> {
+        self.file.sync_all()
+    }
+}
+
+/// Write a restore's map and source, durably (before the restore stores the root); the
+/// tables file is already written ([`TablesWriter`]).
 pub fn save(dir: &Path, source: &Source, maps: &Maps) -> io::Result<()> {
     let folder = dir.join(FOLDER);
     std::fs::create_dir_all(&folder)?;
@@ -369,6 +467,8 @@ pub struct HydrationStatus {
     pub source: String,
     /// Bytes still in the store only.
     pub bytes_left: u64,
+    /// Entries of the map in RAM (runs of an object still in the store).
+    pub ranges: u64,
     /// Bytes left when this process started.
     pub bytes_at_start: u64,
     /// Bytes fetched by this process: in the background, and for reads that needed them.
@@ -398,10 +498,16 @@ struct State {
 struct Shared {
     dir: PathBuf,
     inner: Arc<FileBackend>,
+    /// Every object's table, kept by the restore, and where each is.
+    tables: File,
+    table_at: BTreeMap<u64, TableAt>,
     store: Arc<dyn ObjectStore>,
     config: HydrateConfig,
     state: Mutex<State>,
-    journal: Mutex<File>,
+    /// The journal and its committed length.
+    journal: Mutex<(File, u64)>,
+    /// One sync per area at a time (see `sync_area`).
+    syncing: [Mutex<()>; 2],
     /// The map is empty and the folder removed: every call goes straight to the files.
     done: AtomicBool,
     status: Mutex<HydrationStatus>,
@@ -433,11 +539,11 @@ pub struct HydrationHandle {
 impl HydrationHandle {
     pub fn status(&self) -> HydrationStatus {
         let mut s = self.shared.status.lock().unwrap().clone();
-        s.bytes_left = if self.shared.done.load(Ordering::Acquire) {
-            0
-        } else {
-            self.shared.state.lock().unwrap().maps.bytes()
-        };
+        if !self.shared.done.load(Ordering::Acquire) {
+            let st = self.shared.state.lock().unwrap();
+            s.bytes_left = st.maps.bytes();
+            s.ranges = (st.maps.log.len() + st.maps.meta.len()) as u64;
+        }
         s.done = self.shared.done.load(Ordering::Acquire);
         s.fetched_bytes = self.shared.fetched.load(Ordering::Relaxed);
         s
@@ -457,9 +563,11 @@ impl HydratingBackend {
         let folder = dir.join(FOLDER);
         let bad = |what: String| io::Error::other(format!("{}: {what}", folder.display()));
         let mut maps = Maps::decode(&std::fs::read(folder.join("map"))?).map_err(bad)?;
+        let table_at = std::mem::take(&mut maps.tables);
+        let tables = File::open(folder.join("tables"))?;
         let journal_bytes = std::fs::read(folder.join("journal"))?;
         let good = replay(&mut maps, &journal_bytes);
-        let mut journal = OpenOptions::new()
+        let journal = OpenOptions::new()
             .read(true)
             .write(true)
             .open(folder.join("journal"))?;
@@ -468,12 +576,12 @@ impl HydratingBackend {
             journal.set_len(good as u64)?;
             journal.sync_all()?;
         }
-        use std::io::Seek;
-        journal.seek(io::SeekFrom::End(0))?;
         let left = maps.bytes();
         let shared = Arc::new(Shared {
             dir: dir.to_path_buf(),
             inner: Arc::new(inner),
+            tables,
+            table_at,
             status: Mutex::new(HydrationStatus {
                 source: store.describe(),
                 bytes_at_start: left,
@@ -485,7 +593,8 @@ impl HydratingBackend {
                 maps,
                 pending: [Vec::new(), Vec::new()],
             }),
-            journal: Mutex::new(journal),
+            journal: Mutex::new((journal, good as u64)),
+            syncing: [Mutex::new(()), Mutex::new(())],
             done: AtomicBool::new(false),
             fetched: AtomicU64::new(0),
             stop: AtomicBool::new(false),
@@ -563,8 +672,12 @@ impl Hydrator {
     }
 
     fn stop_now(&mut self) {
-        self.shared.stop.store(true, Ordering::Release);
-        self.shared.wake.notify_all();
+        {
+            // Under the pause's lock: a pause between its check and its wait still wakes.
+            let _g = self.shared.sleeping.lock().unwrap();
+            self.shared.stop.store(true, Ordering::Release);
+            self.shared.wake.notify_all();
+        }
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
@@ -583,7 +696,7 @@ impl Drop for Hydrator {
     }
 }
 
-/// Pieces to fetch: (file start, length, piece) of the map's ranges, all of one object.
+/// Ranges to fetch: (file start, length, where its bytes are), all of one object.
 type Run = Vec<(u64, u64, Piece)>;
 
 impl Shared {
@@ -591,15 +704,31 @@ impl Shared {
         self.done.load(Ordering::Acquire)
     }
 
-    /// A write or discard of `[start, start + len)`: its bytes are newer than the store's.
-    fn drop_range(&self, area: Area, start: u64, len: u64) {
+    /// A write or discard of `[start, start + len)` by `write`: its bytes are newer than the
+    /// store's. The range leaves the map before the write (so no fetch lands over it) and is
+    /// queued for the journal after it (so no sync journals it before its bytes are there).
+    fn drop_range(
+        &self,
+        area: Area,
+        start: u64,
+        len: u64,
+        write: impl FnOnce() -> io::Result<()>,
+    ) -> io::Result<()> {
         if self.done() {
-            return;
+            return write();
         }
-        let mut st = self.state.lock().unwrap();
-        if st.maps.area(area).remove(start, len) {
-            st.pending[area as usize].push((start, len));
+        let dropped = self
+            .state
+            .lock()
+            .unwrap()
+            .maps
+            .area(area)
+            .remove(start, len);
+        let written = write();
+        if dropped {
+            self.state.lock().unwrap().pending[area as usize].push((start, len));
         }
+        written
     }
 
     /// Before a read of `[start, start + len)`: fetch what the map still names there.
@@ -607,13 +736,25 @@ impl Shared {
         if self.done() {
             return Ok(());
         }
-        let hit = self
+        let end = start.saturating_add(len);
+        // Only the read's own bytes: a range may be a whole run of an object.
+        let hit: Vec<(u64, u64, Piece)> = self
             .state
             .lock()
             .unwrap()
             .maps
             .area(area)
-            .overlapping(start, len);
+            .overlapping(start, len)
+            .into_iter()
+            .map(|(s, l, p)| {
+                let (from, to) = (s.max(start), (s + l).min(end));
+                let piece = Piece {
+                    at: p.at + (from - s),
+                    ..p
+                };
+                (from, to - from, piece)
+            })
+            .collect();
         if hit.is_empty() {
             return Ok(());
         }
@@ -634,18 +775,54 @@ impl Shared {
         Ok(())
     }
 
-    /// Fetch the pieces `run` names (one object; nearby pieces in one range read each),
-    /// check them, and write what the map still holds of them to the file.
+    /// The entries of object `object`'s table, from the local copy the restore kept.
+    fn table(&self, object: u64, name: &str) -> io::Result<Vec<stream::Entry>> {
+        use std::os::unix::fs::FileExt;
+        let at = self.table_at.get(&object).ok_or_else(|| {
+            io::Error::other(format!(
+                "{name}: no table kept for it (a damaged hydration map)"
+            ))
+        })?;
+        let mut bytes = vec![0u8; at.len as usize];
+        self.tables.read_exact_at(&mut bytes, at.offset)?;
+        stream::table(&bytes, at.body_len)
+            .map_err(|e| io::Error::other(format!("{name}: its table as kept locally: {e}")))
+    }
+
+    /// Fetch what the ranges of `run` (all of one object) need: the whole records around
+    /// them (nearby ones in one range read), each checked against the object's table; then
+    /// write what the map still holds of them to the file.
     fn fetch_and_apply(&self, area: Area, run: &Run, on_demand: bool) -> io::Result<()> {
         let object = run[0].2.object;
         let name = ObjectName::new(object::Kind::Stream, object).to_string();
-        let mut pieces: Vec<Piece> = run.iter().map(|r| r.2).collect();
-        pieces.sort_by_key(|p| p.pos);
-        pieces.dedup_by_key(|p| p.pos);
-        // Spans of nearby pieces, fetched one range read each.
+        let entries = self.table(object, &name)?;
+        let damaged = |what: String| io::Error::other(format!("{name}: {what}"));
+        // The records each range's bytes lie in, widened to whole records.
+        let mut wanted: Vec<(u64, u64)> = Vec::new();
+        for &(_, len, p) in run {
+            let end = p.at + len;
+            let first = entries.partition_point(|e| e.pos + u64::from(e.len()) <= p.at);
+            let last = entries.partition_point(|e| e.pos < end);
+            let (Some(a), Some(b)) = (
+                entries.get(first),
+                last.checked_sub(1).and_then(|i| entries.get(i)),
+            ) else {
+                return Err(damaged(format!(
+                    "no record holds body bytes {}..{end}",
+                    p.at
+                )));
+            };
+            if a.pos > p.at || b.pos + u64::from(b.len()) < end {
+                return Err(damaged(format!(
+                    "no record holds body bytes {}..{end}",
+                    p.at
+                )));
+            }
+            wanted.push((a.pos, b.pos + u64::from(b.len())));
+        }
+        wanted.sort_unstable();
         let mut spans: Vec<(u64, u64)> = Vec::new();
-        for p in &pieces {
-            let (s, e) = (p.pos, p.pos + u64::from(p.len));
+        for (s, e) in wanted {
             match spans.last_mut() {
                 Some(last) if s <= last.1 + COALESCE_GAP => last.1 = last.1.max(e),
                 _ => spans.push((s, e)),
@@ -659,59 +836,71 @@ impl Shared {
                 .get_range(&name, at + s..at + e)
                 .map_err(|e| io::Error::other(format!("fetching {name} from the store: {e}")))?;
             if bytes.len() as u64 != e - s {
-                return Err(io::Error::other(format!(
-                    "{name}: the store returned {} bytes of {}",
+                return Err(damaged(format!(
+                    "the store returned {} bytes of {}",
                     bytes.len(),
                     e - s
                 )));
             }
             self.fetched
                 .fetch_add(bytes.len() as u64, Ordering::Relaxed);
+            // Every record wholly inside is checked, whichever range wanted it.
+            let inside = entries.partition_point(|x| x.pos < s);
+            for x in entries[inside..]
+                .iter()
+                .take_while(|x| x.pos + u64::from(x.len()) <= e)
+            {
+                let at = (x.pos - s) as usize;
+                let got = crc32c::crc32c(&bytes[at..at + x.len() as usize]);
+                if got != x.crc {
+                    return Err(damaged(format!(
+                        "the payload at {} has checksum {got:08x}, its table says {:08x}: the object is damaged",
+                        x.pos, x.crc
+                    )));
+                }
+            }
             fetched.push((s, bytes));
         }
-        let payload = |p: &Piece| -> &[u8] {
-            let (s, bytes) = fetched
-                .iter()
-                .rev()
-                .find(|(s, _)| *s <= p.pos)
-                .expect("a span holds every piece");
-            let at = (p.pos - s) as usize;
-            &bytes[at..at + p.len as usize]
+        // Body bytes [at, at + len), from the spans fetched (which hold every range of `run`).
+        let body = |at: u64, len: u64| -> Option<&[u8]> {
+            let (s, bytes) = fetched.iter().rev().find(|(s, _)| *s <= at)?;
+            bytes.get((at - s) as usize..(at - s + len) as usize)
         };
-        for p in &pieces {
-            let got = crc32c::crc32c(payload(p));
-            if got != p.crc {
-                return Err(io::Error::other(format!(
-                    "{name}: the payload at {} has checksum {got:08x}, its table says {:08x}: the object is damaged",
-                    p.pos, p.crc
-                )));
-            }
-        }
         // Write what is still wanted, under the lock: a write that drops a range first is
-        // either before this (and the range is gone) or after (and overwrites it).
-        let mut st = self.state.lock().unwrap();
+        // either before this (and the range is gone) or after (and overwrites it). A slice at
+        // a time, so that reads and writes elsewhere wait for one slice's copy at most, not
+        // for a whole run's.
         for &(s, l, _) in run {
-            for (cs, cl, cp) in st.maps.area(area).overlapping(s, l) {
-                let Some(p) = pieces.iter().find(|p| p.pos == cp.pos) else {
-                    continue;
-                };
-                if cp.object != object {
-                    continue;
+            let mut at = s;
+            while at < s + l {
+                let slice = (s + l - at).min(APPLY_SLICE);
+                let mut st = self.state.lock().unwrap();
+                for (cs, cl, cp) in st.maps.area(area).overlapping(at, slice) {
+                    if cp.object != object {
+                        continue;
+                    }
+                    // The part of the range in this slice (a read asks for its own bytes).
+                    let (from, to) = (cs.max(at), (cs + cl).min(at + slice));
+                    let Some(bytes) = body(cp.at + (from - cs), to - from) else {
+                        return Err(damaged(format!("body bytes {}.. were not fetched", cp.at)));
+                    };
+                    match area {
+                        Area::Log => self.inner.write_at(bytes, from)?,
+                        Area::Meta => self.inner.meta_write(bytes, from)?,
+                    }
+                    st.maps.area(area).remove(from, to - from);
+                    st.pending[area as usize].push((from, to - from));
                 }
-                let bytes = &payload(p)[cp.skip as usize..cp.skip as usize + cl as usize];
-                match area {
-                    Area::Log => self.inner.write_at(bytes, cs)?,
-                    Area::Meta => self.inner.meta_write(bytes, cs)?,
-                }
-                st.maps.area(area).remove(cs, cl);
-                st.pending[area as usize].push((cs, cl));
+                at += slice;
             }
         }
+        let st = self.state.lock().unwrap();
         let emptied = st.maps.is_empty();
         drop(st);
         if emptied {
             // Reads fetched the last of it: the background thread finishes now, not after
             // its rate limit's pause.
+            let _g = self.sleeping.lock().unwrap();
             self.wake.notify_all();
         }
         if !on_demand {
@@ -740,18 +929,19 @@ impl Shared {
             }
             let (s, l, p) = ext.next_from(cursor.1)?;
             let mut run = vec![(s, l, p)];
-            let mut span = (p.pos, p.pos + u64::from(p.len));
+            let mut span = (p.at, p.at + l);
             let mut at = s + l;
             while let Some((s2, l2, p2)) = ext.next_from(at) {
+                let joined = (span.0.min(p2.at), span.1.max(p2.at + l2));
                 if s2 < at
                     || p2.object != p.object
-                    || p2.pos + u64::from(p2.len) > span.0 + BACKGROUND_FETCH
-                    || p2.pos + COALESCE_GAP < span.0
-                    || p2.pos > span.1 + COALESCE_GAP
+                    || joined.1 - joined.0 > BACKGROUND_FETCH
+                    || p2.at > span.1 + COALESCE_GAP
+                    || p2.at + l2 + COALESCE_GAP < span.0
                 {
                     break;
                 }
-                span = (span.0.min(p2.pos), span.1.max(p2.pos + u64::from(p2.len)));
+                span = joined;
                 run.push((s2, l2, p2));
                 at = s2 + l2;
             }
@@ -766,8 +956,11 @@ impl Shared {
         self.sync_area(Area::Meta)
     }
 
-    /// Sync `area`'s file and journal the ranges dropped before the sync started.
+    /// Sync `area`'s file and journal the ranges dropped before the sync started. One sync of
+    /// an area at a time, from the take to the journal's sync: a sync that found nothing to
+    /// take must not return while another still journals ranges dropped before it began.
     fn sync_area(&self, area: Area) -> io::Result<()> {
+        let _one = self.syncing[area as usize].lock().unwrap();
         let taken = std::mem::take(&mut self.state.lock().unwrap().pending[area as usize]);
         let synced = match area {
             Area::Log => self.inner.sync(),
@@ -780,44 +973,63 @@ impl Shared {
         if taken.is_empty() || self.done() {
             return Ok(());
         }
-        let mut bytes = Vec::with_capacity(taken.len() * JOURNAL_ENTRY);
+        // Neighbours as one entry (a background run leaves the map a slice at a time).
+        let mut joined: Vec<(u64, u64)> = Vec::with_capacity(taken.len());
         for &(s, l) in &taken {
+            match joined.last_mut() {
+                Some(last) if last.0 + last.1 == s => last.1 += l,
+                _ => joined.push((s, l)),
+            }
+        }
+        let mut bytes = Vec::with_capacity(joined.len() * JOURNAL_ENTRY);
+        for &(s, l) in &joined {
             bytes.extend_from_slice(&journal_entry(area, s, l));
         }
+        // At the journal's committed length: a failed append (part written, ENOSPC) is
+        // overwritten by the next, never left between whole entries.
         let mut j = self.journal.lock().unwrap();
-        let written = j.write_all(&bytes).and_then(|()| j.sync_data());
-        if let Err(e) = written {
-            drop(j);
-            self.state.lock().unwrap().pending[area as usize].extend(taken);
-            return Err(e);
+        let (file, committed) = &mut *j;
+        use std::os::unix::fs::FileExt;
+        let written = file
+            .write_all_at(&bytes, *committed)
+            .and_then(|()| file.sync_data());
+        match written {
+            Ok(()) => {
+                *committed += bytes.len() as u64;
+                Ok(())
+            }
+            Err(e) => {
+                let _ = file.set_len(*committed);
+                drop(j);
+                self.state.lock().unwrap().pending[area as usize].extend(taken);
+                Err(e)
+            }
         }
-        Ok(())
     }
 
-    /// Once nothing is left: the files synced, the folder removed, calls go straight through.
+    /// Once nothing is left: the files synced and what left the map journaled, the folder
+    /// removed (its source first, durably), and only then calls go straight through. A
+    /// failure leaves the hydration in place, to be finished again.
     fn finish_if_empty(&self) -> io::Result<()> {
         if self.done() || !self.state.lock().unwrap().maps.is_empty() {
             return Ok(());
         }
-        self.inner.sync()?;
-        self.inner.meta_sync()?;
-        let st = self.state.lock().unwrap();
-        if !st.maps.is_empty() {
-            return Ok(());
-        }
-        self.done.store(true, Ordering::Release);
-        drop(st);
+        // The map stays empty from here (it only shrinks): writes drop nothing more.
+        self.sync_all()?;
         let folder = self.dir.join(FOLDER);
-        // The source first, durably: without it the folder no longer means "hydrating", and
-        // a crash before the rest is removed leaves an ordinary array with a stray folder.
         let remove = |name: &str| match std::fs::remove_file(folder.join(name)) {
             Err(e) if e.kind() != io::ErrorKind::NotFound => Err(e),
             _ => Ok(()),
         };
+        // Without the source the folder no longer means "hydrating": a crash after this
+        // leaves an ordinary array with a stray folder, before it a hydration with nothing
+        // left (which finishes again).
         remove("source")?;
         sync_dir(&folder)?;
+        self.done.store(true, Ordering::Release);
         remove("journal")?;
         remove("map")?;
+        remove("tables")?;
         let _ = std::fs::remove_dir(&folder);
         sync_dir(&self.dir)?;
         tracing::info!("hydration complete: every byte of the restored array is local");
@@ -841,7 +1053,7 @@ fn background(shared: &Shared) {
     let mut backoff = Duration::from_millis(500);
     let mut window = (Instant::now(), shared.fetched.load(Ordering::Relaxed));
     let mut last_sync = Instant::now();
-    let started = Instant::now();
+    let mut started = Instant::now();
     let mut since_start = 0u64;
     while !shared.stop.load(Ordering::Acquire) && !shared.done() {
         let next = shared.next_run(&mut shared.cursor.lock().unwrap());
@@ -887,11 +1099,18 @@ fn background(shared: &Shared) {
             window = (now, total);
         }
         if shared.config.rate_limit > 0 {
-            // Ahead of the rate: wait until the bytes fetched so far are due.
+            // Ahead of the rate: wait until the bytes fetched so far are due. Behind it by
+            // more than a second (the store stalled): start counting again, so the time lost
+            // is not made up in a burst.
             let due = Duration::from_secs_f64(since_start as f64 / shared.config.rate_limit as f64);
             let elapsed = started.elapsed();
-            if due > elapsed && shared.pause(due - elapsed) {
-                break;
+            if due > elapsed {
+                if shared.pause(due - elapsed) {
+                    break;
+                }
+            } else if elapsed - due > Duration::from_secs(1) {
+                started = Instant::now();
+                since_start = 0;
             }
         }
     }
@@ -908,8 +1127,11 @@ impl Backend for HydratingBackend {
     }
 
     fn write_at(&self, data: &[u8], offset: u64) -> io::Result<()> {
-        self.shared.drop_range(Area::Log, offset, data.len() as u64);
-        self.shared.inner.write_at(data, offset)
+        let inner = &self.shared.inner;
+        self.shared
+            .drop_range(Area::Log, offset, data.len() as u64, || {
+                inner.write_at(data, offset)
+            })
     }
 
     fn sync(&self) -> io::Result<()> {
@@ -925,8 +1147,9 @@ impl Backend for HydratingBackend {
     }
 
     fn discard(&self, offset: u64, len: u64) -> io::Result<()> {
-        self.shared.drop_range(Area::Log, offset, len);
-        self.shared.inner.discard(offset, len)
+        let inner = &self.shared.inner;
+        self.shared
+            .drop_range(Area::Log, offset, len, || inner.discard(offset, len))
     }
 
     fn meta_read(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
@@ -935,9 +1158,11 @@ impl Backend for HydratingBackend {
     }
 
     fn meta_write(&self, data: &[u8], offset: u64) -> io::Result<()> {
+        let inner = &self.shared.inner;
         self.shared
-            .drop_range(Area::Meta, offset, data.len() as u64);
-        self.shared.inner.meta_write(data, offset)
+            .drop_range(Area::Meta, offset, data.len() as u64, || {
+                inner.meta_write(data, offset)
+            })
     }
 
     fn meta_sync(&self) -> io::Result<()> {
@@ -977,48 +1202,61 @@ impl Backend for HydratingBackend {
 mod tests {
     use super::*;
 
-    fn piece(object: u64, pos: u64, skip: u32) -> Piece {
-        Piece {
-            object,
-            pos,
-            len: 65536,
-            crc: 7,
-            skip,
+    fn piece(object: u64, at: u64) -> Piece {
+        Piece { object, at }
+    }
+
+    fn table_at(body_len: u64) -> TableAt {
+        TableAt {
+            offset: 0,
+            len: 24,
+            body_len,
         }
     }
 
     #[test]
-    fn ranges_split_where_writes_cut_them_and_keep_their_place_in_the_piece() {
+    fn ranges_split_where_writes_cut_them_and_join_where_they_continue() {
         let mut e = Extents::default();
-        e.insert(0, 65536, piece(1, 100, 0));
-        e.insert(65536, 65536, piece(1, 65636, 0));
+        // Two records of one object, one after the other in the file and in the body: one range.
+        e.insert(0, 65536, piece(1, 100));
+        e.insert(65536, 65536, piece(1, 65636));
+        assert_eq!(e.len(), 1);
         assert_eq!(e.bytes(), 131072);
-        // A write over the middle of both.
+        // A write over the middle.
         assert!(e.remove(60000, 10000));
         assert!(!e.remove(60000, 10000), "nothing left there");
         assert_eq!(e.bytes(), 131072 - 10000);
-        let got = e.overlapping(0, 1 << 20);
         assert_eq!(
-            got,
+            e.overlapping(0, 1 << 20),
             vec![
-                (0, 60000, piece(1, 100, 0)),
-                (70000, 131072 - 70000, piece(1, 65636, 70000 - 65536)),
+                (0, 60000, piece(1, 100)),
+                (70000, 131072 - 70000, piece(1, 70100))
             ]
         );
         // A newer piece over part of a range replaces it there only.
-        e.insert(100000, 4096, piece(9, 5, 0));
-        assert_eq!(e.overlapping(100000, 1).len(), 1);
+        e.insert(100000, 4096, piece(9, 5));
         assert_eq!(e.overlapping(100000, 1)[0].2.object, 9);
         assert_eq!(e.bytes(), 131072 - 10000);
-        assert_eq!(e.overlapping(104096, 1)[0].2.skip, (104096 - 65536) as u32);
+        assert_eq!(e.overlapping(104096, 1)[0].2.at, 104196);
+        // Not joined: another object, or a gap in the body.
+        e.insert(200000, 10, piece(1, 300000));
+        e.insert(200010, 10, piece(1, 300020));
+        e.insert(200020, 10, piece(2, 300020));
+        assert_eq!(e.overlapping(200000, 30).len(), 3);
+        // Filling the gap back joins all three of object 1's... only where the body continues.
+        e.insert(200010, 10, piece(1, 300010));
+        assert_eq!(e.overlapping(200000, 30).len(), 2);
+        assert_eq!(e.bytes(), 131072 - 10000 + 30);
     }
 
     #[test]
     fn the_map_round_trips_and_the_journal_replays_up_to_a_torn_entry() {
         let mut m = Maps::default();
-        m.log.insert(0, 65536, piece(1, 100, 0));
-        m.log.insert(1 << 20, 4096, piece(2, 200, 8192));
-        m.meta.insert(8192, 4096, piece(1, 300, 0));
+        m.tables.insert(1, table_at(1 << 20));
+        m.tables.insert(2, table_at(1 << 20));
+        m.log.insert(0, 65536, piece(1, 100));
+        m.log.insert(1 << 20, 4096, piece(2, 200));
+        m.meta.insert(8192, 4096, piece(1, 300_000));
         let bytes = m.encode();
         assert_eq!(Maps::decode(&bytes).unwrap(), m);
         for bit in 0..bytes.len() * 8 {
@@ -1026,6 +1264,13 @@ mod tests {
             bad[bit / 8] ^= 1 << (bit % 8);
             assert!(Maps::decode(&bad).is_err(), "bit {bit}");
         }
+        // A range past its object's body, or of an object whose table is not kept.
+        let mut out = m.clone();
+        out.log.insert(1 << 30, 4096, piece(2, (1 << 20) - 10));
+        assert!(Maps::decode(&out.encode()).is_err());
+        let mut out = m.clone();
+        out.log.insert(1 << 30, 4096, piece(3, 0));
+        assert!(Maps::decode(&out.encode()).is_err());
         let mut journal = journal_entry(Area::Log, 4096, 8192).to_vec();
         journal.extend_from_slice(&journal_entry(Area::Meta, 8192, 4096));
         journal.extend_from_slice(&journal_entry(Area::Log, 1 << 20, 4096)[..10]);
@@ -1042,8 +1287,8 @@ mod tests {
         let split = u16::from_le_bytes([seed[0], seed[1]]) as usize;
         let (map, journal) = seed[2..].split_at(split);
         let mut m = Maps::decode(map).unwrap();
-        assert_eq!((m.log.len(), m.meta.len()), (2, 1));
-        assert_eq!(m.log.overlapping(1 << 20, 1)[0].2.skip, 8192);
+        assert_eq!((m.log.len(), m.meta.len(), m.tables.len()), (2, 1, 2));
+        assert_eq!(m.log.overlapping(1 << 20, 1)[0].2, piece(2, 65656));
         assert_eq!(replay(&mut m, journal), journal.len());
         assert_eq!(m.bytes(), 65536 - 8192 + 4096);
     }

@@ -316,7 +316,12 @@ pub fn list(store: &dyn ObjectStore) -> Result<Catalog, RestoreError> {
 /// What a stream object gave the restore: its table (the payloads stay in the store until
 /// they are needed), or, for an object in the interleaved layout, all of it.
 enum Fetched {
-    Table(Vec<stream::Entry>),
+    Table {
+        entries: Vec<stream::Entry>,
+        /// The table as read (kept locally for the checks of later fetches).
+        raw: Vec<u8>,
+        body_len: u64,
+    },
     Whole(Vec<u8>),
 }
 
@@ -341,7 +346,11 @@ fn fetch_table(store: &dyn ObjectStore, n: u64, pool: [u8; 16]) -> Result<Fetche
     let table = store.get_range(&name, at..at + u64::from(header.table_len))?;
     let entries =
         stream::table(&table, header.body_len).map_err(|source| stream_error(n, source))?;
-    Ok(Fetched::Table(entries))
+    Ok(Fetched::Table {
+        entries,
+        raw: table,
+        body_len: header.body_len,
+    })
 }
 
 /// How a restore leaves the data.
@@ -359,8 +368,8 @@ pub enum Mode {
 
 /// Where a restored byte range comes from.
 enum From<'a> {
-    /// A payload still in the store.
-    Piece(hydrate::Piece),
+    /// A payload (of this length) still in the store.
+    Piece(hydrate::Piece, u32),
     /// Bytes at hand (an object in the interleaved layout).
     Bytes(&'a [u8]),
 }
@@ -393,11 +402,11 @@ impl Layers {
         for (o, l) in parts {
             let into = (o - offset) as u32;
             match &from {
-                From::Piece(p) => self.maps.area(area).insert(
+                From::Piece(p, _) => self.maps.area(area).insert(
                     o,
                     l,
                     hydrate::Piece {
-                        skip: p.skip + into,
+                        at: p.at + u64::from(into),
                         ..*p
                     },
                 ),
@@ -416,9 +425,10 @@ impl Layers {
     }
 }
 
-/// A root or configuration chosen so far: where its bytes are, and whether a base wrote it.
+/// A root or configuration chosen so far: where its bytes are (a record of an object), or
+/// them.
 enum Blob {
-    Piece(hydrate::Piece),
+    Stored(u64, stream::Entry),
     Bytes(Vec<u8>),
 }
 
@@ -484,35 +494,47 @@ pub fn restore(
     // repeat what the chosen base and the writes since hold, and are skipped.
     let mut newer_base = false;
     let mut last = span.from.0;
+    std::fs::create_dir_all(dir).map_err(local)?;
+    // What an earlier restore into this directory left before it stopped (it stored no root).
+    match std::fs::remove_dir_all(dir.join(hydrate::FOLDER)) {
+        Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(local(e)),
+        _ => {}
+    }
+    let mut tables = hydrate::TablesWriter::create(dir).map_err(local)?;
     prefetched(
         span.from.0..end,
         |n| fetch_table(store, n, pool),
         |n, fetched| {
-            let items: Vec<(Record<'_>, From<'_>)> = match &fetched {
-                Fetched::Table(entries) => entries
-                    .iter()
-                    .map(|e| {
-                        let piece = hydrate::Piece {
-                            object: n,
-                            pos: e.pos,
-                            len: e.len(),
-                            crc: e.crc,
-                            skip: 0,
-                        };
-                        (e.record(&[]), From::Piece(piece))
-                    })
-                    .collect(),
+            let items: Vec<(Record<'_>, From<'_>, Option<stream::Entry>)> = match &fetched {
+                Fetched::Table {
+                    entries,
+                    raw,
+                    body_len,
+                } => {
+                    let at = tables.add(raw, *body_len).map_err(local)?;
+                    layers.maps.tables.insert(n, at);
+                    entries
+                        .iter()
+                        .map(|e| {
+                            let piece = hydrate::Piece {
+                                object: n,
+                                at: e.pos,
+                            };
+                            (e.record(&[]), From::Piece(piece, e.len()), Some(*e))
+                        })
+                        .collect()
+                }
                 Fetched::Whole(bytes) => body_records(bytes)
-                    .map(|r| r.map(|r| (r, From::Bytes(r.payload()))))
+                    .map(|r| r.map(|r| (r, From::Bytes(r.payload()), None)))
                     .collect::<Result<_, _>>()
                     .map_err(|source| stream_error(n, source))?,
             };
-            for (i, (r, from)) in items.into_iter().enumerate() {
+            for (i, (r, from, entry)) in items.into_iter().enumerate() {
                 if (n, i) < span.from {
                     continue;
                 }
                 let len = match &from {
-                    From::Piece(p) => u64::from(p.len),
+                    From::Piece(_, len) => u64::from(*len),
                     From::Bytes(b) => b.len() as u64,
                 };
                 if let Record::BaseStart {
@@ -545,9 +567,10 @@ pub fn restore(
                     )));
                 };
                 last = n;
-                let blob = |from: From<'_>| match from {
-                    From::Piece(p) => Blob::Piece(p),
-                    From::Bytes(b) => Blob::Bytes(b.to_vec()),
+                let blob = |from: From<'_>| match (from, entry) {
+                    (From::Bytes(b), _) => Blob::Bytes(b.to_vec()),
+                    (From::Piece(..), Some(e)) => Blob::Stored(n, e),
+                    (From::Piece(..), None) => unreachable!("pieces come from tables"),
                 };
                 match r {
                     Record::Log { offset, base, .. } | Record::Meta { offset, base, .. } => {
@@ -595,7 +618,7 @@ pub fn restore(
     let blob_bytes = |b: Blob| -> Result<Vec<u8>, RestoreError> {
         match b {
             Blob::Bytes(b) => Ok(b),
-            Blob::Piece(p) => fetch_piece(store, &p),
+            Blob::Stored(n, e) => fetch_payload(store, n, &e),
         }
     };
     let root = root
@@ -628,8 +651,15 @@ pub fn restore(
     };
     files.sync().map_err(local)?;
     files.meta_sync().map_err(local)?;
-    hydrate::save(dir, &source, &layers.maps).map_err(local)?;
-    let files = if *mode == Mode::Whole {
+    tables.finish().map_err(local)?;
+    if layers.maps.is_empty() {
+        // Everything was applied at once (objects in the interleaved layout): an ordinary
+        // array, with nothing to fetch.
+        std::fs::remove_dir_all(dir.join(hydrate::FOLDER)).map_err(local)?;
+    } else {
+        hydrate::save(dir, &source, &layers.maps).map_err(local)?;
+    }
+    let files = if *mode == Mode::Whole && !layers.maps.is_empty() {
         // The same fetches a serving array makes, on this thread, to the end.
         let h = hydrate::HydratingBackend::open(
             dir,
@@ -675,15 +705,19 @@ pub fn restore(
     })
 }
 
-/// A payload's bytes, checked against its table entry.
-fn fetch_piece(store: &dyn ObjectStore, p: &hydrate::Piece) -> Result<Vec<u8>, RestoreError> {
-    let name = ObjectName::new(Kind::Stream, p.object).to_string();
-    let at = object::HEADER_BYTES as u64 + p.pos;
-    let bytes = store.get_range(&name, at..at + u64::from(p.len))?;
-    if bytes.len() != p.len as usize || crc32c::crc32c(&bytes) != p.crc {
+/// A record's payload, checked against its table entry.
+fn fetch_payload(
+    store: &dyn ObjectStore,
+    n: u64,
+    e: &stream::Entry,
+) -> Result<Vec<u8>, RestoreError> {
+    let name = ObjectName::new(Kind::Stream, n).to_string();
+    let at = object::HEADER_BYTES as u64 + e.pos;
+    let bytes = store.get_range(&name, at..at + u64::from(e.len()))?;
+    if bytes.len() != e.len() as usize || crc32c::crc32c(&bytes) != e.crc {
         return Err(RestoreError::Nothing(format!(
             "{name}: the payload at {} does not match its table's checksum: the object is damaged",
-            p.pos
+            e.pos
         )));
     }
     Ok(bytes)

@@ -515,11 +515,13 @@ fn points_restore_their_state_and_retention_deletes_only_what_nothing_needs() {
         },
         || format!("{:?} {:?}", numbers(&store, "stream"), shipper.status()),
     );
+    // (The shipper may create another object meanwhile: the listing is checked for being
+    // whole from point two's base to its newest object, which is at least what was shipped.)
     let through = shipper.status().shipped_through;
-    assert_eq!(
-        numbers(&store, "stream"),
-        (two.base..=through).collect::<Vec<_>>()
-    );
+    let listed = numbers(&store, "stream");
+    let newest = *listed.last().unwrap();
+    assert!(newest >= through, "{listed:?} {through}");
+    assert_eq!(listed, (two.base..=newest).collect::<Vec<_>>());
     let bases = numbers(&store, "bases");
     assert_eq!(bases.iter().min(), Some(&two.base), "{bases:?}");
     assert!(
@@ -1243,11 +1245,21 @@ mod hydration_model {
     fn restored(dir: &Path, store: &Arc<MemStore>, seed: u64) -> Model {
         let mut interleaved = Vec::new();
         let mut placed = Vec::new();
+        let mut next_log = 0usize;
         for i in 0..40u64 {
             let meta = i % 4 == 0;
             let size = if meta { META } else { LOG };
             let len = 4096 + (seed.wrapping_mul(i + 7) % 60_000) as usize;
-            let off = (seed.wrapping_mul(31).wrapping_add(i * 7919 * 13) as usize) % (size - len);
+            let mut off =
+                (seed.wrapping_mul(31).wrapping_add(i * 7919 * 13) as usize) % (size - len);
+            // Some log records continue the one before them in the file as in the body (a
+            // large write cut in pieces): the map joins them into one range.
+            if !meta && i % 4 == 2 && next_log + len <= LOG {
+                off = next_log;
+            }
+            if !meta {
+                next_log = off + len;
+            }
             let data = noise(seed * 100 + i, len);
             let r = if meta {
                 Record::Meta {
@@ -1279,14 +1291,18 @@ mod hydration_model {
             bytes: [vec![Some(0); LOG], vec![Some(0); META]],
             unsynced: [Vec::new(), Vec::new()],
         };
+        std::fs::create_dir_all(dir).unwrap();
+        let mut tables = hydrate::TablesWriter::create(dir).unwrap();
+        let at = tables
+            .add(&body[..table_len as usize], body.len() as u64)
+            .unwrap();
+        tables.finish().unwrap();
+        maps.tables.insert(1, at);
         for (e, (meta, off, data)) in entries.iter().zip(&placed) {
             let area = if *meta { Area::Meta } else { Area::Log };
             let piece = Piece {
                 object: 1,
-                pos: e.pos,
-                len: e.len(),
-                crc: e.crc,
-                skip: 0,
+                at: e.pos,
             };
             maps.area(area)
                 .insert(*off as u64, data.len() as u64, piece);

@@ -1153,6 +1153,8 @@ pub struct HydrationInfo {
     /// The store the data comes from.
     pub source: Option<String>,
     pub bytes_left: u64,
+    /// Entries of the map of what is still in the store (runs of its objects).
+    pub ranges: u64,
     pub bytes_at_start: u64,
     pub fetched_bytes: u64,
     pub on_demand_fetches: u64,
@@ -1173,6 +1175,7 @@ async fn hydration_show(State(ctx): State<Ctx>) -> Json<HydrationInfo> {
             done: h.done,
             source: Some(h.source),
             bytes_left: h.bytes_left,
+            ranges: h.ranges,
             bytes_at_start: h.bytes_at_start,
             fetched_bytes: h.fetched_bytes,
             on_demand_fetches: h.on_demand_fetches,

@@ -1338,7 +1338,9 @@ pub fn restore(
     target: &sliver_replica::restore::Target,
     mode: &sliver_replica::restore::Mode,
 ) -> std::result::Result<sliver_replica::restore::RestoreReport, String> {
-    if dir.join(CONFIG_FILE).exists() || sliver_engine::holds_engine(&dir.join(ENGINE_DIR)) {
+    // A configuration without an engine root is what a restore that stopped leaves: it is
+    // written again.
+    if sliver_engine::holds_engine(&dir.join(ENGINE_DIR)) {
         return Err(format!(
             "{} already holds an array: restore into a new directory",
             dir.display()
@@ -1395,6 +1397,13 @@ fn open_engine(
         (false, Some(c)) => c,
         (false, None) => free_space(dir).map_err(io)? / 10 * 9,
     };
+    if !exists && sliver_replica::hydrate::folder_exists(dir) {
+        // Creating an array here would later have the old map's bytes fetched over it.
+        return Err(ArrayError::Config {
+            path: dir.to_path_buf(),
+            message: "holds a restore that stopped before it finished (hydration state but no root): run `sliver restore` into this directory again, or remove it".into(),
+        });
+    }
     let files = FileBackend::open(dir, capacity).map_err(io)?;
     let source = if exists {
         sliver_replica::hydrate::pending(dir).map_err(io)?
@@ -1633,6 +1642,14 @@ pub fn check_array(dir: &Path, progress: &mut dyn FnMut(u64, u64)) -> Result<Vec
         message: e.to_string(),
     })?;
     let engine_dir = dir.join(ENGINE_DIR);
+    if sliver_replica::hydrate::folder_exists(&engine_dir) {
+        // Its files still have holes where the data is in the store: they would read as
+        // damage that is not there.
+        return Err(ArrayError::Config {
+            path: engine_dir,
+            message: "the array is still fetching its data from the store it was restored from: check it once GET /api/v1/hydration says done".into(),
+        });
+    }
     let backend = Arc::new(
         FileBackend::open(&engine_dir, 0).map_err(|source| ArrayError::Io {
             path: engine_dir.clone(),
