@@ -269,6 +269,9 @@ corpus["replica_object"] = {
     "base_index": replica_object(11, b"pool-a-uuid-0001", 0, 1,
         bytes([1, 0, 0, 0]) + struct.pack("<IQQQ", 0, 1, 3, 20 << 20)),
     "name_point": b"points/0000000000000001",
+    # catalog.rs: a pin of stream objects 3..=9 by a restore in progress, expiring in 2027.
+    "pin": replica_object(12, b"pool-a-uuid-0001", 0, 0x5eed,
+        bytes([1]) + b"\0" * 7 + struct.pack("<QQQ", 1800000000000, 3, 9)),
 }
 
 def stream_record(area, offset, payload=b"", length=None):

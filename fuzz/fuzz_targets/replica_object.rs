@@ -1,10 +1,10 @@
 //! Arbitrary bytes as an object fetched from the store, and as an object's name: the header
 //! and body are refused with a clear error or decoded, never a panic; whatever decodes encodes
 //! back to the same bytes, and whatever name parses prints back to the same name. The body is
-//! also tried as the catalog's restore point and base index entry (the same rules).
+//! also tried as the catalog's restore point, base index entry and pin (the same rules).
 #![no_main]
 use libfuzzer_sys::fuzz_target;
-use sliver_replica::catalog::{BaseEntry, Point};
+use sliver_replica::catalog::{BaseEntry, Pin, Point};
 use sliver_replica::object::{decode, decode_header, encode_indexed, Expected, ObjectName};
 
 fuzz_target!(|data: &[u8]| {
@@ -24,6 +24,9 @@ fuzz_target!(|data: &[u8]| {
             }
             if let Ok(b) = BaseEntry::decode(body) {
                 assert_eq!(b.encode(), body);
+            }
+            if let Ok(p) = Pin::decode(h.number, body) {
+                assert_eq!(p.encode(), body);
             }
         }
     }

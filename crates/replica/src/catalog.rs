@@ -11,6 +11,10 @@
 //!                 | time (ms since 1970) u64 | through u64 | base start u64 | name
 //!   the array as stream objects up to `through` left it, built on the base that starts at
 //!   record `base record` of object `base start`; every write acknowledged before `time` is in it
+//! pins/<n>        version u8 = 1 | pad [7] | expires (ms since 1970) u64 | first u64
+//!                 | through u64
+//!   an array restored on demand still fetches from stream objects `first..=through`; kept
+//!   until it expires (the restored array renews it while it hydrates and deletes it after)
 //! ```
 //!
 //! What a restore needs: for a point, the objects from its base's start through `through`; for
@@ -224,6 +228,87 @@ impl Point {
     }
 }
 
+const PIN_BYTES: usize = 32;
+
+/// Stream objects a restore in progress still needs (an array restored on demand fetching
+/// its data): the source's retention keeps them until the pin expires.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Pin {
+    pub number: u64,
+    pub expires_ms: u64,
+    pub first: u64,
+    pub through: u64,
+}
+
+impl Pin {
+    pub fn needs(&self) -> Range<u64> {
+        self.first..self.through.saturating_add(1)
+    }
+
+    pub fn encode(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(PIN_BYTES);
+        out.push(VERSION);
+        out.extend_from_slice(&[0; 7]);
+        out.extend_from_slice(&self.expires_ms.to_le_bytes());
+        out.extend_from_slice(&self.first.to_le_bytes());
+        out.extend_from_slice(&self.through.to_le_bytes());
+        out
+    }
+
+    pub fn decode(number: u64, body: &[u8]) -> Result<Pin, CatalogError> {
+        let bad = |what: &str| Err(CatalogError(format!("pin {number:016x}: {what}")));
+        if body.len() != PIN_BYTES {
+            return bad("not 32 bytes");
+        }
+        if body[0] != VERSION || body[1..8] != [0; 7] {
+            return bad("unknown version or padding set");
+        }
+        let p = Pin {
+            number,
+            expires_ms: u64_at(body, 8),
+            first: u64_at(body, 16),
+            through: u64_at(body, 24),
+        };
+        if p.first == 0 || p.through < p.first {
+            return bad("needs objects that end before they start");
+        }
+        Ok(p)
+    }
+}
+
+/// The pins in `store` that have not expired at `now_ms` (damaged ones are ignored: a pin
+/// only ever keeps objects), and the numbers of those that have.
+pub fn load_pins(store: &dyn ObjectStore, now_ms: u64) -> Result<(Vec<Pin>, Vec<u64>), StoreError> {
+    let mut live = Vec::new();
+    let mut expired = Vec::new();
+    for n in numbers(store, Kind::Pin)? {
+        let name = ObjectName::new(Kind::Pin, n).to_string();
+        let bytes = match store.get(&name) {
+            Ok(b) => b,
+            // Deleted meanwhile (its restore finished).
+            Err(StoreError::NotFound { .. }) => continue,
+            Err(e) => return Err(e),
+        };
+        let Ok(h) = object::decode_header(&name, &bytes) else {
+            continue;
+        };
+        let expected = Expected {
+            array: h.array,
+            kind: Kind::Pin,
+            number: n,
+        };
+        let Ok((_, body)) = object::decode(&name, &bytes, &expected) else {
+            continue;
+        };
+        match Pin::decode(n, body) {
+            Ok(p) if p.expires_ms > now_ms => live.push(p),
+            Ok(p) => expired.push(p.number),
+            Err(_) => {}
+        }
+    }
+    Ok((live, expired))
+}
+
 /// The points retention keeps: every named one and the newest `keep_scheduled` scheduled ones.
 pub fn kept(points: &[Point], keep_scheduled: usize) -> Vec<&Point> {
     let mut scheduled: Vec<&Point> = points.iter().filter(|p| p.scheduled).collect();
@@ -289,13 +374,14 @@ pub fn newest_base(bases: &[BaseEntry]) -> Option<&BaseEntry> {
 }
 
 /// What no restore needs, given the stream objects the store holds (`have`, sorted and
-/// disjoint), the complete bases and the points. With no complete base nothing in the stream
+/// disjoint), the complete bases, the points and the ranges restores in progress pinned. With no complete base nothing in the stream
 /// is deleted: the newest state then needs all of it.
 pub fn plan(
     have: &[Range<u64>],
     bases: &[BaseEntry],
     points: &[Point],
     keep_scheduled: usize,
+    pinned: &[Range<u64>],
 ) -> Plan {
     let keep = kept(points, keep_scheduled);
     let mut plan = Plan {
@@ -311,6 +397,7 @@ pub fn plan(
     };
     let mut need: Vec<Range<u64>> = keep.iter().map(|p| p.needs()).collect();
     need.push(newest.start..u64::MAX);
+    need.extend(pinned.iter().cloned());
     plan.stream = subtract(have, &merge(need));
     plan.bases = bases
         .iter()
@@ -512,23 +599,48 @@ mod tests {
             point(3, true, 10, 14),
         ];
         // Keep the newest two scheduled points: point 1 goes, and the objects only it needed.
-        let p = plan(&have, &bases, &points, 2);
+        let p = plan(&have, &bases, &points, 2, &[]);
         assert_eq!(p.points, vec![1]);
         assert_eq!(p.stream, Vec::<Range<u64>>::new()); // point 2 needs 1..=9, base 10 the rest
         assert_eq!(p.bases, Vec::<u64>::new());
         // Keep one: base 1 and everything before base 10 go.
-        let p = plan(&have, &bases, &points, 1);
+        let p = plan(&have, &bases, &points, 1, &[]);
         assert_eq!(p.points, vec![1, 2]);
         assert_eq!(p.stream, vec![1..10]);
         assert_eq!(p.bases, vec![1]);
+        // A restore in progress pinned 3..=5: those stay.
+        let p = plan(&have, &bases, &points, 1, &[3..6]);
+        assert_eq!(p.stream, vec![1..3, 6..10]);
         // A named point keeps its objects whatever the count.
         let named = [point(1, false, 1, 6), point(3, true, 10, 14)];
-        let p = plan(&have, &bases, &named, 0);
+        let p = plan(&have, &bases, &named, 0, &[]);
         assert_eq!(p.points, vec![3]);
         assert_eq!(p.stream, vec![7..10]);
         assert!(p.bases.is_empty());
         // No complete base: nothing in the stream goes.
-        assert!(plan(&have, &[], &[], 0).stream.is_empty());
+        assert!(plan(&have, &[], &[], 0, &[]).stream.is_empty());
+    }
+
+    #[test]
+    fn pins_round_trip_and_refuse_what_is_not_a_pin() {
+        let p = Pin {
+            number: 0xabc,
+            expires_ms: 1_800_000_000_000,
+            first: 3,
+            through: 9,
+        };
+        assert_eq!(Pin::decode(0xabc, &p.encode()).unwrap(), p);
+        assert_eq!(p.needs(), 3..10);
+        let mut bad = p.encode();
+        bad[0] = 2;
+        assert!(Pin::decode(1, &bad).is_err());
+        assert!(Pin::decode(1, &p.encode()[..31]).is_err());
+        let backwards = Pin {
+            first: 9,
+            through: 3,
+            ..p
+        };
+        assert!(Pin::decode(1, &backwards.encode()).is_err());
     }
 
     proptest! {
@@ -540,6 +652,7 @@ mod tests {
             starts in proptest::collection::btree_set(1u64..60, 1..5),
             pts in proptest::collection::vec((any::<bool>(), 0usize..5, 0u64..20), 0..8),
             keep in 0usize..5,
+            pins in proptest::collection::vec((1u64..60, 0u64..10), 0..3),
         ) {
             let have = ranges(held.iter().enumerate().filter(|(_, h)| **h).map(|(i, _)| i as u64 + 1).collect());
             let bases: Vec<BaseEntry> = starts.iter().map(|&s| base(s, s + 1)).collect();
@@ -547,10 +660,13 @@ mod tests {
                 let start = bases[b % bases.len()].start;
                 point(i as u64 + 1, sched, start, start + 1 + extra)
             }).collect();
-            let p = plan(&have, &bases, &points, keep);
+            let pinned: Vec<Range<u64>> = pins.iter().map(|&(a, l)| a..a + l + 1).collect();
+            let p = plan(&have, &bases, &points, keep, &pinned);
             let kept = kept(&points, keep);
             let newest = newest_base(&bases).unwrap().start;
-            let needed = |n: u64| n >= newest || kept.iter().any(|k| k.needs().contains(&n));
+            let needed = |n: u64| n >= newest
+                || kept.iter().any(|k| k.needs().contains(&n))
+                || pinned.iter().any(|r| r.contains(&n));
             let deleted = |n: u64| p.stream.iter().any(|r| r.contains(&n));
             for r in &have {
                 for n in r.clone() {

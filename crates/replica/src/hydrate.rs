@@ -28,6 +28,7 @@
 //! ```
 //! Once the map is empty and synced, the folder is removed and the array is an ordinary one.
 
+use crate::catalog::Pin;
 use crate::object::{self, ObjectName};
 use crate::store::ObjectStore;
 use crate::stream;
@@ -344,15 +345,27 @@ pub struct Source {
     pub url: String,
     pub endpoint: Option<String>,
     pub pool: [u8; 16],
+    /// The pin that keeps the source's retention off the objects still fetched (`None`: the
+    /// store would not take one, e.g. read-only credentials).
+    pub pin: Option<Pin>,
 }
+
+/// How long a pin holds without being renewed: an array restored on demand and then left
+/// off this long may find objects it still needs deleted by the source's retention.
+pub const PIN_LIFETIME: Duration = Duration::from_secs(7 * 24 * 3600);
+/// How often a hydrating array renews its pin.
+const PIN_RENEW: Duration = Duration::from_secs(3600);
 
 impl Source {
     fn encode(&self) -> String {
         format!(
-            "url={}\nendpoint={}\npool={}\n",
+            "url={}\nendpoint={}\npool={}\npin={}\n",
             self.url,
             self.endpoint.as_deref().unwrap_or(""),
-            object::hex(&self.pool)
+            object::hex(&self.pool),
+            self.pin
+                .map(|p| format!("{:016x} {} {}", p.number, p.first, p.through))
+                .unwrap_or_default()
         )
     }
 
@@ -360,6 +373,7 @@ impl Source {
         let mut url = None;
         let mut endpoint = None;
         let mut pool = None;
+        let mut pin = None;
         for line in text.lines() {
             let (k, v) = line.split_once('=')?;
             match k {
@@ -372,6 +386,16 @@ impl Source {
                     }
                     pool = Some(p);
                 }
+                "pin" if v.is_empty() => {}
+                "pin" => {
+                    let mut f = v.split(' ');
+                    pin = Some(Pin {
+                        number: u64::from_str_radix(f.next()?, 16).ok()?,
+                        expires_ms: 0,
+                        first: f.next()?.parse().ok()?,
+                        through: f.next()?.parse().ok()?,
+                    });
+                }
                 _ => return None,
             }
         }
@@ -379,8 +403,32 @@ impl Source {
             url: url?,
             endpoint: endpoint?,
             pool: pool?,
+            pin,
         })
     }
+}
+
+fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+/// Create or renew `pin` in `store` (it expires [`PIN_LIFETIME`] from now).
+pub fn put_pin(
+    store: &dyn ObjectStore,
+    pool: [u8; 16],
+    pin: &Pin,
+) -> Result<(), crate::store::StoreError> {
+    let pin = Pin {
+        expires_ms: now_ms() + PIN_LIFETIME.as_millis() as u64,
+        ..*pin
+    };
+    let name = ObjectName::new(object::Kind::Pin, pin.number).to_string();
+    store.put(
+        &name,
+        object::encode(object::Kind::Pin, pool, 0, pin.number, &pin.encode()),
+    )
 }
 
 /// Whether `dir` (an engine's directory) holds hydration state at all: with no root beside
@@ -498,6 +546,8 @@ struct State {
 struct Shared {
     dir: PathBuf,
     inner: Arc<FileBackend>,
+    /// Where the data comes from (the pin to renew, then delete).
+    source: Source,
     /// Every object's table, kept by the restore, and where each is.
     tables: File,
     table_at: BTreeMap<u64, TableAt>,
@@ -562,6 +612,7 @@ impl HydratingBackend {
     ) -> io::Result<HydratingBackend> {
         let folder = dir.join(FOLDER);
         let bad = |what: String| io::Error::other(format!("{}: {what}", folder.display()));
+        let source = pending(dir)?.ok_or_else(|| bad("no source: not a hydration".into()))?;
         let mut maps = Maps::decode(&std::fs::read(folder.join("map"))?).map_err(bad)?;
         let table_at = std::mem::take(&mut maps.tables);
         let tables = File::open(folder.join("tables"))?;
@@ -580,6 +631,7 @@ impl HydratingBackend {
         let shared = Arc::new(Shared {
             dir: dir.to_path_buf(),
             inner: Arc::new(inner),
+            source,
             tables,
             table_at,
             status: Mutex::new(HydrationStatus {
@@ -1033,6 +1085,14 @@ impl Shared {
         let _ = std::fs::remove_dir(&folder);
         sync_dir(&self.dir)?;
         tracing::info!("hydration complete: every byte of the restored array is local");
+        if let Some(pin) = &self.source.pin {
+            // The source's retention may delete what this restore used from now on; a pin
+            // left behind (the store failing now) expires by itself.
+            let name = ObjectName::new(object::Kind::Pin, pin.number).to_string();
+            if let Err(e) = self.store.delete(&name) {
+                tracing::warn!("hydration complete, but removing {name} from the store: {e}");
+            }
+        }
         Ok(())
     }
 
@@ -1053,9 +1113,21 @@ fn background(shared: &Shared) {
     let mut backoff = Duration::from_millis(500);
     let mut window = (Instant::now(), shared.fetched.load(Ordering::Relaxed));
     let mut last_sync = Instant::now();
+    // Renewed at the start (the array may have been off for a while) and then hourly.
+    let mut pin_renewed: Option<Instant> = None;
     let mut started = Instant::now();
     let mut since_start = 0u64;
     while !shared.stop.load(Ordering::Acquire) && !shared.done() {
+        if let Some(pin) = &shared.source.pin {
+            if pin_renewed.is_none_or(|t| t.elapsed() >= PIN_RENEW) {
+                match put_pin(shared.store.as_ref(), shared.source.pool, pin) {
+                    Ok(()) => pin_renewed = Some(Instant::now()),
+                    Err(e) => {
+                        tracing::warn!("hydration: renewing the pin on the source's objects: {e}")
+                    }
+                }
+            }
+        }
         let next = shared.next_run(&mut shared.cursor.lock().unwrap());
         let Some((area, run)) = next else {
             match shared.finish_if_empty() {

@@ -52,6 +52,9 @@ pub enum Kind {
     /// A complete base: where in the stream it starts and ends (see `catalog`); numbered by
     /// the stream object it starts in.
     BaseIndex = 11,
+    /// Stream objects an array restored on demand still fetches from, with an expiry: the
+    /// source's retention keeps them (see `catalog`); numbered at random by the restore.
+    Pin = 12,
 }
 
 impl Kind {
@@ -68,6 +71,7 @@ impl Kind {
             9 => Kind::Stream,
             10 => Kind::Point,
             11 => Kind::BaseIndex,
+            12 => Kind::Pin,
             _ => return None,
         })
     }
@@ -86,6 +90,7 @@ impl Kind {
             Kind::Stream => "stream",
             Kind::Point => "points",
             Kind::BaseIndex => "bases",
+            Kind::Pin => "pins",
         }
     }
 }
@@ -133,6 +138,7 @@ impl ObjectName {
             Kind::Stream,
             Kind::Point,
             Kind::BaseIndex,
+            Kind::Pin,
         ]
         .into_iter()
         .find(|k| k.folder() == folder)?;

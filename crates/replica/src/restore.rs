@@ -47,6 +47,9 @@ pub struct RestoreReport {
     /// Bytes left in the store for the array to fetch (on demand and in the background); for
     /// a whole restore, what was fetched after the tables were read.
     pub bytes_on_demand: u64,
+    /// Why the store did not take the pin that keeps the source's retention off the objects
+    /// an on-demand restore still fetches (`None`: pinned, or nothing to pin).
+    pub pin_error: Option<String>,
     /// Whether the copy held the array's configuration (written to the path given).
     pub config: bool,
     /// The restore point restored (`None`: the newest state).
@@ -638,7 +641,29 @@ pub fn restore(
         })?;
     let config = config.map(|(b, _)| blob_bytes(b)).transpose()?;
     let on_demand = layers.maps.bytes();
+    // A pin on the objects still to fetch keeps the source's retention off them while the
+    // restored array hydrates. A store that refuses it (read-only credentials) is said.
+    let mut pin_error = None;
+    let pin = match mode {
+        Mode::OnDemand { .. } if !layers.maps.is_empty() => {
+            let pin = catalog::Pin {
+                number: rand::random::<u64>() | 1,
+                expires_ms: 0,
+                first: span.from.0,
+                through: last,
+            };
+            match hydrate::put_pin(store, pool, &pin) {
+                Ok(()) => Some(pin),
+                Err(e) => {
+                    pin_error = Some(e.to_string());
+                    None
+                }
+            }
+        }
+        _ => None,
+    };
     let source = hydrate::Source {
+        pin,
         url: match mode {
             Mode::OnDemand { url, .. } => url.clone(),
             Mode::Whole => store.describe(),
@@ -700,6 +725,7 @@ pub fn restore(
             .then_some(held.end),
         bytes_applied: layers.applied,
         bytes_on_demand: on_demand,
+        pin_error,
         config: config.is_some(),
         point: span.point,
     })

@@ -1365,9 +1365,24 @@ fn retain_loop(shared: &Shared) {
 /// One pass of retention: expired points first (so no point ever names deleted objects), then
 /// the stream objects nothing needs, then index entries of bases nothing builds on.
 fn retain_once(shared: &Shared) -> Result<(), StoreError> {
+    // Restores in progress elsewhere (arrays restored on demand, still fetching) pin what
+    // they need; expired pins (an abandoned restore) go.
+    let (pins, expired) = catalog::load_pins(shared.store.as_ref(), now_ms())?;
+    for n in expired {
+        let _ = shared
+            .store
+            .delete(&ObjectName::new(Kind::Pin, n).to_string());
+    }
+    let pinned: Vec<Range<u64>> = pins.iter().map(|p| p.needs()).collect();
     let plan = {
         let c = shared.catalog.lock().unwrap();
-        catalog::plan(&c.stream, &c.bases, &c.points, shared.config.keep_points)
+        catalog::plan(
+            &c.stream,
+            &c.bases,
+            &c.points,
+            shared.config.keep_points,
+            &pinned,
+        )
     };
     let mut deleted = 0u64;
     let outcome = delete_planned(shared, &plan, &mut deleted);

@@ -592,6 +592,12 @@ fn restore(args: RestoreArgs) -> Result<(), String> {
             data_dir.display()
         );
     }
+    if let Some(e) = &report.pin_error {
+        eprintln!(
+            "WARNING: the store did not take the pin that keeps {}'s retention off the objects this array still fetches ({e}): if the source array still ships there, finish hydration before its retention deletes them, or restore with --whole",
+            args.from
+        );
+    }
     if let Some(n) = report.missing {
         eprintln!(
             "WARNING: {} has lost stream object {n}: the restored state is the one before it, and the {} newer objects it holds were not used",
