@@ -531,10 +531,23 @@ pub struct HydrationStatus {
 }
 
 /// Tuning for the background fetches.
-#[derive(Debug, Clone, Copy, Default)]
+#[derive(Debug, Clone, Copy)]
 pub struct HydrateConfig {
-    /// Bytes per second the background thread fetches at most (0: no limit).
+    /// Bytes per second the background threads fetch at most, together (0: no limit).
     pub rate_limit: u64,
+    /// Background fetches in flight while no read waits for the store: a range GET waits
+    /// mostly for the store, so a few at once go faster than one; while reads need the store
+    /// one goes on (measured in docs/benchmarks.md).
+    pub threads: usize,
+}
+
+impl Default for HydrateConfig {
+    fn default() -> Self {
+        HydrateConfig {
+            rate_limit: 0,
+            threads: 4,
+        }
+    }
 }
 
 struct State {
@@ -558,6 +571,12 @@ struct Shared {
     journal: Mutex<(File, u64)>,
     /// One sync per area at a time (see `sync_area`).
     syncing: [Mutex<()>; 2],
+    finishing: Mutex<()>,
+    /// When a read last had to wait for the store (ms since `opened`, 0: never): the
+    /// background fetches then go on one thread only, leaving the store and the cores to the
+    /// reads.
+    last_demand: AtomicU64,
+    opened: Instant,
     /// The map is empty and the folder removed: every call goes straight to the files.
     done: AtomicBool,
     status: Mutex<HydrationStatus>,
@@ -577,7 +596,7 @@ pub struct HydratingBackend {
 /// The background thread; stopping it leaves what is left for the next start.
 pub struct Hydrator {
     shared: Arc<Shared>,
-    thread: Option<std::thread::JoinHandle<()>>,
+    threads: Vec<std::thread::JoinHandle<()>>,
 }
 
 /// A cloneable view of the progress.
@@ -647,6 +666,9 @@ impl HydratingBackend {
             }),
             journal: Mutex::new((journal, good as u64)),
             syncing: [Mutex::new(()), Mutex::new(())],
+            finishing: Mutex::new(()),
+            last_demand: AtomicU64::new(0),
+            opened: Instant::now(),
             done: AtomicBool::new(false),
             fetched: AtomicU64::new(0),
             stop: AtomicBool::new(false),
@@ -665,14 +687,19 @@ impl HydratingBackend {
 
     /// Start fetching everything left in the background.
     pub fn start(&self) -> Hydrator {
-        let shared = Arc::clone(&self.shared);
-        let thread = std::thread::Builder::new()
-            .name("hydrate".into())
-            .spawn(move || background(&shared))
-            .expect("spawn the hydration thread");
+        let threads = self.shared.config.threads.max(1);
+        let handles = (0..threads)
+            .map(|i| {
+                let shared = Arc::clone(&self.shared);
+                std::thread::Builder::new()
+                    .name(format!("hydrate-{i}"))
+                    .spawn(move || background(&shared, i, threads))
+                    .expect("spawn a hydration thread")
+            })
+            .collect();
         Hydrator {
             shared: Arc::clone(&self.shared),
-            thread: Some(thread),
+            threads: handles,
         }
     }
 
@@ -689,7 +716,7 @@ impl HydratingBackend {
                     }
                     let next = self.shared.next_run(&mut cursor.lock().unwrap());
                     let Some((area, run)) = next else { break };
-                    if let Err(e) = self.shared.fetch_and_apply(area, &run, false) {
+                    if let Err(e) = self.shared.fetch_and_apply(area, &run, false).map(drop) {
                         failed.lock().unwrap().get_or_insert(e);
                         break;
                     }
@@ -709,10 +736,7 @@ impl HydratingBackend {
             .shared
             .next_run(&mut self.shared.cursor.lock().unwrap());
         match next {
-            Some((area, run)) => self
-                .shared
-                .fetch_and_apply(area, &run, false)
-                .map(|()| true),
+            Some((area, run)) => self.shared.fetch_and_apply(area, &run, false).map(|_| true),
             None => self.shared.finish_if_empty().map(|()| false),
         }
     }
@@ -730,7 +754,7 @@ impl Hydrator {
             self.shared.stop.store(true, Ordering::Release);
             self.shared.wake.notify_all();
         }
-        if let Some(t) = self.thread.take() {
+        for t in self.threads.drain(..) {
             let _ = t.join();
         }
         // What was fetched leaves the map durably; the rest waits for the next start.
@@ -811,6 +835,10 @@ impl Shared {
             return Ok(());
         }
         let bytes: u64 = hit.iter().map(|h| h.1).sum();
+        self.last_demand.store(
+            self.opened.elapsed().as_millis() as u64 + 1,
+            Ordering::Relaxed,
+        );
         {
             let mut s = self.status.lock().unwrap();
             s.on_demand_fetches += 1;
@@ -844,7 +872,7 @@ impl Shared {
     /// Fetch what the ranges of `run` (all of one object) need: the whole records around
     /// them (nearby ones in one range read), each checked against the object's table; then
     /// write what the map still holds of them to the file.
-    fn fetch_and_apply(&self, area: Area, run: &Run, on_demand: bool) -> io::Result<()> {
+    fn fetch_and_apply(&self, area: Area, run: &Run, on_demand: bool) -> io::Result<u64> {
         let object = run[0].2.object;
         let name = ObjectName::new(object::Kind::Stream, object).to_string();
         let entries = self.table(object, &name)?;
@@ -881,6 +909,7 @@ impl Shared {
             }
         }
         let mut fetched: Vec<(u64, Vec<u8>)> = Vec::with_capacity(spans.len());
+        let mut fetched_bytes = 0u64;
         for (s, e) in spans {
             let at = object::HEADER_BYTES as u64;
             let bytes = self
@@ -896,6 +925,7 @@ impl Shared {
             }
             self.fetched
                 .fetch_add(bytes.len() as u64, Ordering::Relaxed);
+            fetched_bytes += bytes.len() as u64;
             // Every record wholly inside is checked, whichever range wanted it.
             let inside = entries.partition_point(|x| x.pos < s);
             for x in entries[inside..]
@@ -958,7 +988,7 @@ impl Shared {
         if !on_demand {
             self.status.lock().unwrap().error = None;
         }
-        Ok(())
+        Ok(fetched_bytes)
     }
 
     /// The next run for the background fetches from `cursor` (metadata first, then the log,
@@ -1063,6 +1093,8 @@ impl Shared {
     /// removed (its source first, durably), and only then calls go straight through. A
     /// failure leaves the hydration in place, to be finished again.
     fn finish_if_empty(&self) -> io::Result<()> {
+        // One finish at a time (every background thread comes here at the end).
+        let _one = self.finishing.lock().unwrap();
         if self.done() || !self.state.lock().unwrap().maps.is_empty() {
             return Ok(());
         }
@@ -1107,9 +1139,10 @@ impl Shared {
     }
 }
 
-/// The background thread: fetch everything left, metadata first, at the configured rate;
-/// errors are shown and retried with backoff.
-fn background(shared: &Shared) {
+/// Background thread `index` of `threads`: fetch everything left, metadata first, at its
+/// share of the configured rate; errors are shown and retried with backoff. The first also
+/// renews the pin and measures the rate.
+fn background(shared: &Shared, index: usize, threads: usize) {
     let mut backoff = Duration::from_millis(500);
     let mut window = (Instant::now(), shared.fetched.load(Ordering::Relaxed));
     let mut last_sync = Instant::now();
@@ -1118,7 +1151,7 @@ fn background(shared: &Shared) {
     let mut started = Instant::now();
     let mut since_start = 0u64;
     while !shared.stop.load(Ordering::Acquire) && !shared.done() {
-        if let Some(pin) = &shared.source.pin {
+        if let Some(pin) = shared.source.pin.as_ref().filter(|_| index == 0) {
             if pin_renewed.is_none_or(|t| t.elapsed() >= PIN_RENEW) {
                 match put_pin(shared.store.as_ref(), shared.source.pool, pin) {
                     Ok(()) => pin_renewed = Some(Instant::now()),
@@ -1127,6 +1160,14 @@ fn background(shared: &Shared) {
                     }
                 }
             }
+        }
+        // Hosts are reading what is still in the store: one background fetch at a time.
+        let demand = shared.last_demand.load(Ordering::Relaxed);
+        if index > 0 && demand > 0 && (shared.opened.elapsed().as_millis() as u64) < demand + 1000 {
+            if shared.pause(Duration::from_millis(200)) {
+                break;
+            }
+            continue;
         }
         let next = shared.next_run(&mut shared.cursor.lock().unwrap());
         let Some((area, run)) = next else {
@@ -1141,9 +1182,11 @@ fn background(shared: &Shared) {
                 }
             }
         };
-        let before = shared.fetched.load(Ordering::Relaxed);
         match shared.fetch_and_apply(area, &run, false) {
-            Ok(()) => backoff = Duration::from_millis(500),
+            Ok(n) => {
+                backoff = Duration::from_millis(500);
+                since_start += n;
+            }
             Err(e) => {
                 tracing::warn!("hydration: {e}; retrying in {backoff:?}");
                 shared.status.lock().unwrap().error = Some(e.to_string());
@@ -1156,7 +1199,6 @@ fn background(shared: &Shared) {
                 continue;
             }
         }
-        since_start += shared.fetched.load(Ordering::Relaxed) - before;
         if last_sync.elapsed() >= Duration::from_secs(1) {
             if let Err(e) = shared.sync_all() {
                 shared.status.lock().unwrap().error = Some(format!("saving progress: {e}"));
@@ -1164,7 +1206,7 @@ fn background(shared: &Shared) {
             last_sync = Instant::now();
         }
         let now = Instant::now();
-        if now.duration_since(window.0) >= Duration::from_secs(2) {
+        if index == 0 && now.duration_since(window.0) >= Duration::from_secs(2) {
             let total = shared.fetched.load(Ordering::Relaxed);
             let secs = now.duration_since(window.0).as_secs_f64();
             shared.status.lock().unwrap().rate = ((total - window.1) as f64 / secs) as u64;
@@ -1174,7 +1216,8 @@ fn background(shared: &Shared) {
             // Ahead of the rate: wait until the bytes fetched so far are due. Behind it by
             // more than a second (the store stalled): start counting again, so the time lost
             // is not made up in a burst.
-            let due = Duration::from_secs_f64(since_start as f64 / shared.config.rate_limit as f64);
+            let share = (shared.config.rate_limit / threads as u64).max(1);
+            let due = Duration::from_secs_f64(since_start as f64 / share as f64);
             let elapsed = started.elapsed();
             if due > elapsed {
                 if shared.pause(due - elapsed) {

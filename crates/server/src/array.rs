@@ -1413,6 +1413,11 @@ fn open_engine(
     if let Some(source) = source {
         return open_hydrating(dir, options, files, source);
     }
+    if options.hydrate.rate_limit > 0 {
+        tracing::warn!(
+            "--hydrate-rate ignored: the array holds every byte locally (nothing to fetch)"
+        );
+    }
     let (backend, replication): (Arc<dyn sliver_engine::Backend>, _) = match &options.replication {
         None => (Arc::new(files), None),
         Some(r) => {
@@ -1562,7 +1567,7 @@ fn migrate_unshipped(
 }
 
 /// Bytes available to unprivileged users on the file system holding `dir`.
-fn free_space(dir: &Path) -> std::io::Result<u64> {
+pub fn free_space(dir: &Path) -> std::io::Result<u64> {
     use std::os::unix::ffi::OsStrExt;
     let path = std::ffi::CString::new(dir.as_os_str().as_bytes())
         .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?;

@@ -592,6 +592,15 @@ fn restore(args: RestoreArgs) -> Result<(), String> {
             data_dir.display()
         );
     }
+    match sliver_server::array::free_space(&data_dir) {
+        Ok(free) if free < report.bytes_on_demand => eprintln!(
+            "WARNING: {} still to fetch but {} free in {}: hydration will stop with the file system full",
+            size_text(report.bytes_on_demand),
+            size_text(free),
+            data_dir.display()
+        ),
+        _ => {}
+    }
     if let Some(e) = &report.pin_error {
         eprintln!(
             "WARNING: the store did not take the pin that keeps {}'s retention off the objects this array still fetches ({e}): if the source array still ships there, finish hydration before its retention deletes them, or restore with --whole",
