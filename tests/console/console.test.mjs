@@ -6,7 +6,8 @@ import { test, before, after } from "node:test";
 import assert from "node:assert/strict";
 import { spawn, execFile, execFileSync } from "node:child_process";
 import { promisify } from "node:util";
-import { mkdtempSync, rmSync, mkdirSync, readFileSync } from "node:fs";
+import { mkdtempSync, rmSync, mkdirSync, readFileSync, writeFileSync } from "node:fs";
+import { randomBytes } from "node:crypto";
 import { createServer } from "node:net";
 import { createInterface } from "node:readline";
 import { chromium } from "playwright-core";
@@ -33,8 +34,7 @@ after(async () => {
 });
 
 /** `sliver serve` on a fresh data directory and ephemeral ports; resolves once it printed them. */
-async function startSliver(extra = []) {
-  const dir = mkdtempSync("/tmp/sliver-console-");
+async function startSliver(extra = [], dir = mkdtempSync("/tmp/sliver-console-")) {
   const child = spawn(SLIVER, ["serve", "--data-dir", dir, "--capacity", "1G",
     "--iscsi-listen", "127.0.0.1:0", "--api-listen", "127.0.0.1:0", ...extra],
   { stdio: ["ignore", "pipe", "pipe"] });
@@ -651,7 +651,42 @@ test("off-site copy: state and lag as the API says, a named point taken, refused
   assert.deepEqual(record.errors, ["Failed to load resource: the server responded with a status of 409 (Conflict)"]);
   assert.equal(record.maxInflight, 1);
   await context.close();
+  // Data that does not reduce, so that reading it after the restore needs the store.
+  const noise = `${mkdtempSync("/tmp/sliver-console-noise-")}/noise`;
+  writeFileSync(noise, randomBytes(8 << 20));
+  await qemuIo(server, [`write -s ${noise} 16M 8M`]);
+  await waitFor("the copy drained", async () => {
+    const r = (await apiCall(server, "GET", "/api/v1/replication")).body;
+    return r.state === "streaming" && r.backlog_bytes === 0;
+  }, 60000);
   await server.stop();
+
+  // Restored on demand elsewhere, with the background fetches held back: the screen shows the
+  // restore in progress as the API does, and a read of data still in the store is counted.
+  const restored = mkdtempSync("/tmp/sliver-console-restored-");
+  execFileSync(SLIVER, ["restore", "--from", "s3://sliver-console/array", "--s3-endpoint", store.endpoint,
+    "--data-dir", restored], { stdio: "ignore" });
+  const fork = await startSliver(["--hydrate-rate", "64K/s"], restored);
+  {
+    const { page, context, record } = await openConsole(fork, "#/copy");
+    await waitFor("the restore in progress", async () => !(await page.locator('[data-hydration="active"]').isHidden()));
+    const h = (await apiCall(fork, "GET", "/api/v1/hydration")).body;
+    assert.ok(h.active && !h.done && h.bytes_left > 0, JSON.stringify(h));
+    assert.ok((await page.textContent('[data-hydration="source"]')).includes("s3://sliver-console/array"));
+    const before = Number(await page.getAttribute('[data-figure="on_demand_fetches"]', "data-value"));
+    const out = await qemuIo(fork, ["read -P 7 0 8M", "read 16M 8M"]);
+    assert.ok(!/fail/i.test(out), out);
+    await waitFor("the reads that waited counted", async () =>
+      Number(await page.getAttribute('[data-figure="on_demand_fetches"]', "data-value")) > before);
+    const after = (await apiCall(fork, "GET", "/api/v1/hydration")).body;
+    assert.equal(Number(await page.getAttribute('[data-figure="on_demand_fetches"]', "data-value")) > 0, after.on_demand_fetches > 0);
+    await page.screenshot({ path: `${SHOTS}/copy-restoring-1280x900.png`, fullPage: true });
+    assert.deepEqual(record.errors, []);
+    assert.equal(record.maxInflight, 1);
+    await context.close();
+  }
+  await fork.stop();
+  rmSync(noise.replace(/\/noise$/, ""), { recursive: true, force: true });
   await store.stop();
 });
 

@@ -1,6 +1,7 @@
 // Off-site copy (RFC 0003): how far the object store is behind, its error, the restore
 // points (take a named one, delete one), and the command that restores each elsewhere.
-// Without a copy configured: how to configure one.
+// Without a copy configured: how to configure one. An array restored on demand and still
+// fetching its data from the store shows that first: what is left, the reads that waited.
 
 import { h, replace, setText, syncRows } from "../dom.js";
 import * as api from "../api.js";
@@ -56,7 +57,18 @@ export function copy(root, ctx) {
         pointsBody),
       h("p", { class: "hint" }, "The newest state: ", newest)),
     h("div", { class: "panel" }, take));
-  replace(root, h("h1", { text: "Off-site copy" }), notConfigured, configured);
+  const hydrationError = h("div", { class: "banner error", role: "alert", hidden: true, data: { hydration: "error" } });
+  const hydrationFigures = h("div", { class: "figures" },
+    figure("still in the store", "bytes_left", "fetched when read, and in the background"),
+    figure("fetched", "fetched_bytes", "since start"),
+    figure("reads that waited", "on_demand_fetches", "reads of data not yet local"),
+    figure("background rate", "rate"));
+  const hydrationSource = h("p", { class: "hint", data: { hydration: "source" } });
+  const hydration = h("div", { class: "panel", hidden: true, data: { hydration: "active" } },
+    h("h2", { text: "Restore in progress" }),
+    hydrationSource, hydrationError, hydrationFigures,
+    h("p", { class: "hint", text: "The array serves while its data comes from the store it was restored from; keep that store reachable until nothing is left. An off-site copy of this array can start once it is done." }));
+  replace(root, h("h1", { text: "Off-site copy" }), hydration, notConfigured, configured);
   let targetUrl = "";
 
   function pointRow(p) {
@@ -89,6 +101,19 @@ export function copy(root, ctx) {
   }
 
   async function tick(signal) {
+    const hy = await api.get("/api/v1/hydration", signal);
+    hydration.hidden = !hy.active || hy.done;
+    if (hy.active && !hy.done) {
+      const pct = hy.bytes_at_start ? Math.round(100 * (1 - hy.bytes_left / hy.bytes_at_start)) : 100;
+      setText(hydrationSource, `from ${hy.source}: ${pct}% of what was left at start is local`);
+      hydrationError.hidden = !hy.error;
+      setText(hydrationError, hy.error ? `Fetching: ${hy.error}` : "");
+      setFigure(hydrationFigures, "bytes_left", hy.bytes_left, fmt.bytes(hy.bytes_left));
+      setFigure(hydrationFigures, "fetched_bytes", hy.fetched_bytes, fmt.bytes(hy.fetched_bytes));
+      setFigure(hydrationFigures, "on_demand_fetches", hy.on_demand_fetches, fmt.count(hy.on_demand_fetches),
+        `${fmt.bytes(hy.on_demand_bytes)} they needed`);
+      setFigure(hydrationFigures, "rate", hy.rate, `${fmt.bytes(hy.rate)}/s`);
+    }
     const r = await api.get("/api/v1/replication", signal);
     notConfigured.hidden = r.configured;
     configured.hidden = !r.configured;
