@@ -3,9 +3,12 @@
 //! small records and leaves, for every range of the log and metadata files whose bytes are
 //! still in the store, where they are: an [`Extents`] map. [`HydratingBackend`] serves the
 //! engine over the restored files and that map: a read of a range the map still names fetches
-//! the pieces it touches, writes them to the file and drops them from the map; a write or a
-//! discard drops what it covers (its bytes are newer); a background thread fetches the rest in
-//! file order, metadata first.
+//! the records around its bytes, checks them against the object's table, writes them to the
+//! file and drops them from the map; a write or a discard drops what it covers (its bytes are
+//! newer); background threads fetch the rest in file order, metadata first (four at once while
+//! no read waits for the store, one while reads do). The restore pins what it fetches from in
+//! the source's prefix (`catalog::Pin`) so that a source still shipping there does not delete
+//! it; the hydrating array renews the pin and deletes it when done.
 //!
 //! Crash safety. The map is written once, by the restore, before the root; from then on it
 //! only shrinks, and what leaves it is appended to a journal. A range leaves the map durably
@@ -16,7 +19,7 @@
 //! bytes were lost, and never a fetch over a write the engine synced.
 //!
 //! ```text
-//! <engine>/hydrate/source    the store's URL, endpoint and the pool's uuid (text)
+//! <engine>/hydrate/source    the store's URL, endpoint, the pool's uuid and the pin (text)
 //! <engine>/hydrate/tables    every stream object's table, as the restore read it
 //! <engine>/hydrate/map       "SLVRHYD1" | count u64 | entries [40] * count
 //!                            | tables u64 | { object u64 | offset u64 | len u32 | pad [4]
@@ -26,7 +29,8 @@
 //! <engine>/hydrate/journal   { crc32c u32 (of the rest) | area u8 | pad [3] | start u64
 //!                              | len u64 } * n, appended; a torn tail is cut at open
 //! ```
-//! Once the map is empty and synced, the folder is removed and the array is an ordinary one.
+//! Once the map is empty, synced and journaled, the source file is removed (durably, first),
+//! then the rest: the array is an ordinary one.
 
 use crate::catalog::Pin;
 use crate::object::{self, ObjectName};
