@@ -371,8 +371,8 @@ pub enum Mode {
 
 /// Where a restored byte range comes from.
 enum From<'a> {
-    /// A payload (of this length) still in the store.
-    Piece(hydrate::Piece, u32),
+    /// A record's payload still in the store: object and table entry.
+    Stored(u64, stream::Entry),
     /// Bytes at hand (an object in the interleaved layout).
     Bytes(&'a [u8]),
 }
@@ -405,12 +405,12 @@ impl Layers {
         for (o, l) in parts {
             let into = (o - offset) as u32;
             match &from {
-                From::Piece(p, _) => self.maps.area(area).insert(
+                From::Stored(object, e) => self.maps.area(area).insert(
                     o,
                     l,
                     hydrate::Piece {
-                        at: p.at + u64::from(into),
-                        ..*p
+                        object: *object,
+                        at: e.pos + u64::from(into),
                     },
                 ),
                 From::Bytes(b) => {
@@ -508,7 +508,7 @@ pub fn restore(
         span.from.0..end,
         |n| fetch_table(store, n, pool),
         |n, fetched| {
-            let items: Vec<(Record<'_>, From<'_>, Option<stream::Entry>)> = match &fetched {
+            let items: Vec<(Record<'_>, From<'_>)> = match &fetched {
                 Fetched::Table {
                     entries,
                     raw,
@@ -518,26 +518,20 @@ pub fn restore(
                     layers.maps.tables.insert(n, at);
                     entries
                         .iter()
-                        .map(|e| {
-                            let piece = hydrate::Piece {
-                                object: n,
-                                at: e.pos,
-                            };
-                            (e.record(&[]), From::Piece(piece, e.len()), Some(*e))
-                        })
+                        .map(|e| (e.record(&[]), From::Stored(n, *e)))
                         .collect()
                 }
                 Fetched::Whole(bytes) => body_records(bytes)
-                    .map(|r| r.map(|r| (r, From::Bytes(r.payload()), None)))
+                    .map(|r| r.map(|r| (r, From::Bytes(r.payload()))))
                     .collect::<Result<_, _>>()
                     .map_err(|source| stream_error(n, source))?,
             };
-            for (i, (r, from, entry)) in items.into_iter().enumerate() {
+            for (i, (r, from)) in items.into_iter().enumerate() {
                 if (n, i) < span.from {
                     continue;
                 }
                 let len = match &from {
-                    From::Piece(_, len) => u64::from(*len),
+                    From::Stored(_, e) => u64::from(e.len()),
                     From::Bytes(b) => b.len() as u64,
                 };
                 if let Record::BaseStart {
@@ -570,10 +564,9 @@ pub fn restore(
                     )));
                 };
                 last = n;
-                let blob = |from: From<'_>| match (from, entry) {
-                    (From::Bytes(b), _) => Blob::Bytes(b.to_vec()),
-                    (From::Piece(..), Some(e)) => Blob::Stored(n, e),
-                    (From::Piece(..), None) => unreachable!("pieces come from tables"),
+                let blob = |from: From<'_>| match from {
+                    From::Bytes(b) => Blob::Bytes(b.to_vec()),
+                    From::Stored(object, e) => Blob::Stored(object, e),
                 };
                 match r {
                     Record::Log { offset, base, .. } | Record::Meta { offset, base, .. } => {
