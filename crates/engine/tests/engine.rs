@@ -353,6 +353,59 @@ fn garbage_collection_returns_space_and_keeps_data() {
     assert!(engine.check(&mut |_, _| {}).is_empty());
 }
 
+/// A segment the collector cannot read is left alone for the tuning's retry and read again
+/// after it: a failed read may pass (an object store out of reach under a restore on
+/// demand), and a segment never collected again would hold its dead space until a restart.
+#[test]
+fn collector_reads_an_unreadable_segment_again_after_its_retry() {
+    let (backend, engine) = mem_engine(16 << 20);
+    let v = engine.create_volume(8 << 20).unwrap();
+    let data = noise(15, 8 << 20);
+    engine.write(v, 0, &data).unwrap();
+    // Every other 64 KiB dead: the segments are worth collecting but hold live data.
+    for i in (0..128u64).step_by(2) {
+        engine.unmap(v, i * (64 << 10), 64 << 10).unwrap();
+    }
+    engine.checkpoint().unwrap();
+    let retry = |unreadable_retry| {
+        engine.set_tuning(Tuning {
+            unreadable_retry,
+            ..engine.tuning()
+        })
+    };
+    // Reads fail, then come back: within the retry the collector does not read again.
+    retry(std::time::Duration::from_secs(3600));
+    backend.fail_reads(0, 16 << 20);
+    assert_eq!(engine.collect_garbage(0.9).unwrap(), 0);
+    let before = engine.space();
+    backend.fail_reads(0, 0);
+    assert_eq!(engine.collect_garbage(0.9).unwrap(), 0);
+    assert_eq!(
+        engine.space().physical_used_bytes,
+        before.physical_used_bytes
+    );
+    // A retry that has passed (none) reads them again, and their dead space comes back.
+    retry(std::time::Duration::ZERO);
+    assert!(engine.collect_garbage(0.9).unwrap() > 0);
+    let after = engine.space();
+    assert!(
+        after.physical_used_bytes + (2 << 20) < before.physical_used_bytes,
+        "{before:?} -> {after:?}"
+    );
+    assert!(engine.poisoned().is_none());
+    let mut back = vec![0u8; 8 << 20];
+    engine.read(v, 0, &mut back).unwrap();
+    for i in 0..128usize {
+        let range = i * (64 << 10)..(i + 1) * (64 << 10);
+        if i % 2 == 0 {
+            assert!(back[range].iter().all(|&x| x == 0));
+        } else {
+            assert!(back[range.clone()] == data[range]);
+        }
+    }
+    assert!(engine.check(&mut |_, _| {}).is_empty());
+}
+
 /// A segment whose chunks are all dead is freed without reading it: after a large UNMAP or
 /// zeroing the collector has nothing to relocate, and reading whole segments only to find
 /// that out cost CPU and disk bandwidth the hosts were waiting for. Reads that fail while the

@@ -11,6 +11,23 @@ fn live_at(m: &mut Meta, id: u64, victim: u32, offset: u32) -> Result<bool> {
         .is_some_and(|c| c.segment == victim && c.offset == offset))
 }
 
+/// A segment the collector could not read.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Unreadable {
+    /// Reads of it that failed in a row.
+    failures: u32,
+    /// When the last one failed.
+    failed_at: Instant,
+}
+
+impl Unreadable {
+    /// How long the collector leaves the segment after its last failure: `first`, doubled
+    /// for every failure before, at most 64 times.
+    fn wait(&self, first: Duration) -> Duration {
+        first.saturating_mul(1 << (self.failures - 1).min(6))
+    }
+}
+
 impl Engine {
     /// A writer found the log full: run the collector now. Returns whether the writer should
     /// try again: there is room, or this collection freed segments (which other writers may
@@ -50,14 +67,20 @@ impl Engine {
     /// the only candidates are too recent. Caller holds `maintenance`.
     pub(super) fn collect_one(&self, max_live: f64, may_checkpoint: bool) -> Result<Option<u64>> {
         let seg = self.geometry.segment_size as u64;
+        let now = Instant::now();
+        let first = self.tuning().unreadable_retry;
         let unreadable = self.unreadable.lock().unwrap().clone();
+        let waiting = |i: u32, seq: u64| {
+            unreadable
+                .get(&(i, seq))
+                .is_some_and(|u| now.saturating_duration_since(u.failed_at) < u.wait(first))
+        };
         // From the victim index, not a scan: the cost is the index's buckets, not the log's
         // size, under the lock every command takes.
         let pick = |m: &Meta, eligible_only: bool| -> Option<(u32, u64, bool)> {
             let limit = (max_live * seg as f64) as u64;
             let victim = m.state.segments.emptiest(limit, |i, s| {
-                (s.live == 0 || !unreadable.contains(&(i, s.seq)))
-                    && (!eligible_only || s.seq < m.checkpoint_seq)
+                (s.live == 0 || !waiting(i, s.seq)) && (!eligible_only || s.seq < m.checkpoint_seq)
             })?;
             let s = m.state.segment(victim);
             Some((victim, s.seq, s.live == 0))
@@ -101,12 +124,13 @@ impl Engine {
                 // The medium's failure, not the log's: writes go on. Hosts reading the
                 // segment's chunks get medium errors until they rewrite them; once none is
                 // live the segment is freed without being read.
+                let retry = self.unreadable_again(victim, seq);
                 tracing::error!(
-                    "cannot read segment {victim} to collect it ({e}); the collector leaves it alone"
+                    "cannot read segment {victim} to collect it ({e}); the collector leaves it alone for {retry:?}"
                 );
-                self.unreadable.lock().unwrap().insert((victim, seq));
                 return Ok(Some(0));
             }
+            self.unreadable.lock().unwrap().remove(&(victim, seq));
         }
         let mut candidates: Vec<Candidate> = Vec::new();
         let mut visit = |buf: &[u8], base: usize| -> std::result::Result<bool, String> {
@@ -423,5 +447,25 @@ impl Engine {
             done += n as u64;
         }
         Ok(done)
+    }
+}
+
+impl Engine {
+    /// Note a failed read of `segment` (in its use `seq`) and return how long the collector
+    /// leaves it.
+    fn unreadable_again(&self, segment: u32, seq: u64) -> Duration {
+        // In the lock order (`meta` before `unreadable`, as the dedup check takes them).
+        let m = self.lock_meta();
+        let mut unreadable = self.unreadable.lock().unwrap();
+        // Entries of segments reused since (another sequence) are of no use any more.
+        unreadable.retain(|&(i, s), _| m.state.segment(i).seq == s);
+        drop(m);
+        let failures = unreadable.get(&(segment, seq)).map_or(0, |u| u.failures) + 1;
+        let entry = Unreadable {
+            failures,
+            failed_at: Instant::now(),
+        };
+        unreadable.insert((segment, seq), entry);
+        entry.wait(self.tuning().unreadable_retry)
     }
 }

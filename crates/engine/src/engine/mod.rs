@@ -13,7 +13,7 @@
 //! the state that was acknowledged. Hashing, compression, data reads and most metadata page
 //! reads happen outside it. [`read_pins`] lets the garbage collector wait out a reader that
 //! looked up a chunk location in a segment before the segment is reused; readers never wait.
-//! Lock order: `maintenance` -> `meta` -> `slots` -> `flush`.
+//! Lock order: `maintenance` -> `meta` -> `slots` -> `flush`; `meta` -> `unreadable`.
 
 mod budget;
 mod check;
@@ -44,7 +44,8 @@ use crate::meta::page_store::Slots;
 use crate::meta::root::{Counters, Geometry, Head};
 use crate::meta::ApplyError;
 use crate::state::{Loc, SegState, Segment, State};
-use std::collections::HashMap;
+use gc::Unreadable;
+use std::collections::{BTreeMap, HashMap};
 use std::io;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
@@ -204,6 +205,11 @@ pub struct Tuning {
     /// default) for a quarter of it, at most 256 MiB. Tests set it small to make consolidation
     /// and cleaning happen.
     pub metadata_journal: u64,
+    /// How long the collector leaves a segment it could not read before reading it again;
+    /// doubled with every further failure, up to 64 times. A failed read may pass (a path
+    /// of a multipath disk, an object store out of reach while a restore hydrates), and a
+    /// segment never collected again would hold its dead space until a restart.
+    pub unreadable_retry: Duration,
 }
 
 /// The metadata cache when none is configured: an eighth of the machine's memory, at least
@@ -225,6 +231,7 @@ impl Default for Tuning {
             checkpoint_bytes: 256 << 20,
             metadata_cache: default_metadata_cache(),
             metadata_journal: 0,
+            unreadable_retry: Duration::from_secs(60),
         }
     }
 }
@@ -522,10 +529,11 @@ pub struct Engine {
     activity_at_last_round: AtomicU64,
     /// Bytes the collector has relocated since open (for rate limiting).
     gc_relocated: AtomicU64,
-    /// Segments (index, sequence) the collector could not read (a medium error): skipped
-    /// until their chunks are all dead, when they are freed without being read. A segment
-    /// reused later has another sequence number.
-    unreadable: Mutex<std::collections::BTreeSet<(u32, u64)>>,
+    /// Segments (index, sequence) the collector could not read (a medium error, or an object
+    /// store out of reach under a restore on demand), and how often and when each failed:
+    /// skipped for the tuning's `unreadable_retry` (doubled per failure), or until their chunks are all dead, when they are freed without being
+    /// read. A segment reused later has another sequence number.
+    unreadable: Mutex<BTreeMap<(u32, u64), Unreadable>>,
     read_only: bool,
     recovery: Recovery,
     /// Run by the collector between the lock holds of a relocation (tests: hosts appending

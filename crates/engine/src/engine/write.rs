@@ -377,7 +377,7 @@ impl Engine {
     /// Whether the collector found `segment` (in its current use) unreadable.
     fn unreadable_segment(&self, m: &Meta, segment: u32) -> bool {
         let unreadable = self.unreadable.lock().unwrap();
-        !unreadable.is_empty() && unreadable.contains(&(segment, m.state.segment(segment).seq))
+        !unreadable.is_empty() && unreadable.contains_key(&(segment, m.state.segment(segment).seq))
     }
 
     /// Put the fingerprints of chunk page `page` in the locality cache.
