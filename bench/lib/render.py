@@ -656,9 +656,10 @@ def write(res, out_path, raw_rel, root):
     if missing:
         add("- sliver figures missing from this run: " + ", ".join(sorted(set(missing))) + ".")
     add("")
-    # bench/scale's section ("Engine at scale") lives between its markers, and sections other
+    # bench/per-core's and bench/scale's sections live between their markers, and sections other
     # benchmarks' runs were written into by hand between the hand markers: kept verbatim.
-    for begin, end in ((SCALE_BEGIN, SCALE_END), (HAND_BEGIN, HAND_END)):
+    for begin, end in ((PER_CORE_BEGIN, PER_CORE_END), (SCALE_BEGIN, SCALE_END),
+                       (HAND_BEGIN, HAND_END)):
         kept = marked_block(out_path, begin, end)
         if kept:
             lines += [kept, ""]
@@ -668,6 +669,7 @@ def write(res, out_path, raw_rel, root):
 
 
 SCALE_BEGIN, SCALE_END = "<!-- scale:begin -->", "<!-- scale:end -->"
+PER_CORE_BEGIN, PER_CORE_END = "<!-- per-core:begin -->", "<!-- per-core:end -->"
 HAND_BEGIN, HAND_END = "<!-- hand:begin -->", "<!-- hand:end -->"
 
 

@@ -100,6 +100,12 @@ def spawn(name, cmd, log_path, env=None):
     return p
 
 
+def pinned(cmd, cpus):
+    """`cmd` with every thread it starts on CPU list `cpus` (None: wherever the kernel puts
+    them)."""
+    return cmd if cpus is None else ["taskset", "-c", cpus, *cmd]
+
+
 def stop(p, grace=15):
     """Stop one process we started (its own process group), politely then firmly."""
     if p.poll() is not None:
@@ -144,7 +150,7 @@ class Sliver:
     name = "sliver"
     target_iqn = "iqn.2026-11.dev.sliver:array"
 
-    def __init__(self, binary, work, tag, capacity, extra=()):
+    def __init__(self, binary, work, tag, capacity, extra=(), cpus=None):
         self.binary = binary
         self.dir = os.path.join(work, f"sliver-{tag}")
         os.makedirs(self.dir, exist_ok=True)
@@ -154,7 +160,8 @@ class Sliver:
                f"127.0.0.1:{self.port}", "--api-listen", f"127.0.0.1:{self.api}",
                "--capacity", size_arg(capacity), *extra]
         self.cmd = cmd
-        self.proc = spawn(f"sliver-{tag}", cmd, self.log_path)
+        # cpus: the CPU list `taskset -c` pins every thread to (bench/per-core).
+        self.proc = spawn(f"sliver-{tag}", pinned(cmd, cpus), self.log_path)
         wait_port(self.port, 60, self.proc, self.log_path)
         wait_port(self.api, 60, self.proc, self.log_path)
         self.env = dict(os.environ, SLIVER_API=f"http://127.0.0.1:{self.api}")
@@ -193,7 +200,7 @@ class Tgt:
     name = "tgt"
     target_iqn = "iqn.2026-11.bench:tgt"
 
-    def __init__(self, work):
+    def __init__(self, work, cpus=None):
         self.dir = os.path.join(work, "tgt")
         os.makedirs(self.dir, exist_ok=True)
         self.port = free_port()
@@ -204,8 +211,9 @@ class Tgt:
                 break
         self.log_path = os.path.join(work, f"tgtd-{self.port}.log")
         CLEANUP.extend(f"/var/run/tgtd/socket.{self.control}{x}" for x in ("", ".lock"))
-        self.proc = spawn("tgtd", ["tgtd", "-f", "--iscsi", f"portal=127.0.0.1:{self.port}",
-                                   "-C", str(self.control)], self.log_path)
+        self.proc = spawn("tgtd", pinned(["tgtd", "-f", "--iscsi",
+                                          f"portal=127.0.0.1:{self.port}",
+                                          "-C", str(self.control)], cpus), self.log_path)
         wait_port(self.port, 30, self.proc, self.log_path)
         for _ in range(50):  # the control socket appears a moment after the portal
             if os.path.exists(f"/var/run/tgtd/socket.{self.control}"):
