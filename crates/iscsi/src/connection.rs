@@ -140,8 +140,12 @@ pub struct Connection {
     settings: Arc<TargetSettings>,
     authority: Arc<dyn Authority>,
     phase: Phase,
+    /// The header part of the PDU being received (BHS, AHS, header digest).
     rx: Vec<u8>,
-    rx_frame_len: Option<usize>,
+    /// The rest of it (data segment, padding, data digest).
+    rx_data: Vec<u8>,
+    /// (header part, whole PDU) lengths, once the BHS is in.
+    rx_frame_len: Option<(usize, usize)>,
     digests: Digests,
     events: VecDeque<Event>,
     output: Vec<u8>,
@@ -172,6 +176,7 @@ impl Connection {
             authority,
             phase: Phase::Login(Box::new(login)),
             rx: Vec::new(),
+            rx_data: Vec::new(),
             rx_frame_len: None,
             digests: Digests::default(),
             events: VecDeque::new(),
@@ -202,27 +207,44 @@ impl Connection {
             return Err(ProtocolError::Closed);
         }
         while !bytes.is_empty() && !self.closing {
-            let want = self.rx_frame_len.unwrap_or(BHS_LEN);
-            let take = want.saturating_sub(self.rx.len()).min(bytes.len());
+            // The header part (BHS, AHS, header digest) collects in `rx`, the rest (data
+            // segment, padding, data digest) in `rx_data`, sized once: the data segment is
+            // copied once here and then owned by the command, never copied or regrown.
+            let (header_len, frame_len) = self.rx_frame_len.unwrap_or((BHS_LEN, BHS_LEN));
+            let (buf, want) = if self.rx.len() < header_len {
+                (&mut self.rx, header_len)
+            } else {
+                (&mut self.rx_data, frame_len - header_len)
+            };
+            let take = want.saturating_sub(buf.len()).min(bytes.len());
             let (head, rest) = bytes.split_at(take);
-            self.rx.extend_from_slice(head);
+            buf.extend_from_slice(head);
             bytes = rest;
-            if self.rx.len() < want {
+            if buf.len() < want {
                 continue;
             }
             if self.rx_frame_len.is_none() {
                 let mut header = [0; BHS_LEN];
                 header.copy_from_slice(&self.rx[..BHS_LEN]);
-                let len = pdu::wire_len(&Bhs(header), self.digests, self.rx_data_limit())
+                let bhs = Bhs(header);
+                let len = pdu::wire_len(&bhs, self.digests, self.rx_data_limit())
                     .inspect_err(|_| self.failed = true)?;
-                self.rx_frame_len = Some(len);
+                let header_len = pdu::header_len(&bhs, self.digests);
+                self.rx_frame_len = Some((header_len, len));
+                self.rx.reserve_exact(header_len - BHS_LEN);
+                self.rx_data = Vec::with_capacity(len - header_len);
                 if len > BHS_LEN {
                     continue;
                 }
             }
-            let frame = std::mem::take(&mut self.rx);
+            if self.rx.len() < header_len || self.rx_data.len() < frame_len - header_len {
+                continue;
+            }
             self.rx_frame_len = None;
-            let parsed = pdu::decode(&frame, self.digests).inspect_err(|_| self.failed = true)?;
+            let data = std::mem::take(&mut self.rx_data);
+            let parsed = pdu::decode_parts(&self.rx, data, self.digests)
+                .inspect_err(|_| self.failed = true)?;
+            self.rx.clear();
             if let Err(e) = self.dispatch(parsed) {
                 self.failed = true;
                 self.closing = true;
@@ -896,6 +918,9 @@ impl Connection {
             }
             task.reserved = need;
             self.solicited_bytes += need;
+            // Room for the whole transfer at once (within the budget just reserved): the
+            // Data-Out payloads are appended without the buffer regrowing and copying.
+            task.data.reserve_exact(need as usize);
         }
         let mut r2ts = Vec::new();
         while task.r2ts.len() < max_outstanding && task.next_r2t_offset < task.expected_out {

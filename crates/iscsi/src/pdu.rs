@@ -305,37 +305,59 @@ pub fn wire_len(bhs: &Bhs, digests: Digests, max_data: u32) -> Result<usize, Pro
     Ok(len)
 }
 
+/// Bytes of a PDU before its data segment: BHS, AHS and the header digest if in force.
+pub fn header_len(bhs: &Bhs, digests: Digests) -> usize {
+    BHS_LEN + bhs.ahs_len() + if digests.header { DIGEST_LEN } else { 0 }
+}
+
 /// Parses one complete PDU whose wire length was computed by [`wire_len`] from the same header.
 pub fn decode(buf: &[u8], digests: Digests) -> Result<Pdu, ProtocolError> {
     let header: [u8; BHS_LEN] = buf
         .get(..BHS_LEN)
         .and_then(|h| h.try_into().ok())
         .ok_or(ProtocolError::Truncated)?;
-    let bhs = Bhs(header);
+    let split = header_len(&Bhs(header), digests).min(buf.len());
+    decode_parts(&buf[..split], buf[split..].to_vec(), digests)
+}
+
+/// Parses one complete PDU received in two parts: `header` (see [`header_len`]) and `data`,
+/// the rest of the wire bytes (data segment, padding, data digest). The data segment stays in
+/// `data`'s allocation: a connection receives a Data-Out's payload straight into the buffer
+/// the command keeps, with no copy here.
+pub fn decode_parts(
+    header: &[u8],
+    mut data: Vec<u8>,
+    digests: Digests,
+) -> Result<Pdu, ProtocolError> {
+    let bhs_bytes: [u8; BHS_LEN] = header
+        .get(..BHS_LEN)
+        .and_then(|h| h.try_into().ok())
+        .ok_or(ProtocolError::Truncated)?;
+    let bhs = Bhs(bhs_bytes);
     let ahs_end = BHS_LEN + bhs.ahs_len();
-    let ahs = buf.get(BHS_LEN..ahs_end).ok_or(ProtocolError::Truncated)?;
-    let mut pos = ahs_end;
+    let ahs = header
+        .get(BHS_LEN..ahs_end)
+        .ok_or(ProtocolError::Truncated)?;
     if digests.header {
-        let got = read_le_u32(buf, pos)?;
-        let want = crc32c::crc32c(buf.get(..ahs_end).ok_or(ProtocolError::Truncated)?);
+        let got = read_le_u32(header, ahs_end)?;
+        let want = crc32c::crc32c(&header[..ahs_end]);
         if got != want {
             return Err(ProtocolError::HeaderDigest);
         }
-        pos += DIGEST_LEN;
     }
     let data_len = bhs.data_segment_length() as usize;
     let mut data_digest_ok = true;
-    let data = if data_len > 0 {
-        let padded_end = pos + padded(data_len);
-        let with_pad = buf.get(pos..padded_end).ok_or(ProtocolError::Truncated)?;
+    if data_len > 0 {
+        let padded_len = padded(data_len);
+        let with_pad = data.get(..padded_len).ok_or(ProtocolError::Truncated)?;
         if digests.data {
-            let got = read_le_u32(buf, padded_end)?;
+            let got = read_le_u32(&data, padded_len)?;
             data_digest_ok = got == crc32c::crc32c(with_pad);
         }
-        with_pad.get(..data_len).unwrap_or_default().to_vec()
+        data.truncate(data_len);
     } else {
-        Vec::new()
-    };
+        data.clear();
+    }
     Ok(Pdu {
         bhs,
         ahs: ahs.to_vec(),

@@ -712,6 +712,34 @@ fn write_with_immediate_data_unsolicited_data_and_r2ts() {
     assert_eq!(resp.exp_data_sn, 3, "three R2Ts were sent");
 }
 
+/// A PDU's header part and its data part are collected apart (the payload goes straight into
+/// the buffer the command keeps): however the stream is cut, with digests and padding, the
+/// command gets its bytes.
+#[test]
+fn writes_arrive_whole_however_the_stream_is_cut() {
+    for chunk in [1, 3, 47, 48, 49, 52, 1001, 1 << 20] {
+        let mut ini = Initiator::new(TargetSettings::default(), TestAuthority::open());
+        ini.chunk = chunk;
+        ini.login(&[
+            ("HeaderDigest", "CRC32C"),
+            ("DataDigest", "CRC32C"),
+            ("ImmediateData", "Yes"),
+            ("InitialR2T", "Yes"),
+        ]);
+        let payload = pattern(5001);
+        let (itt, mut cmd) = ini.command(&[0x2a], 5001, false, true);
+        cmd.data = payload[..1001].to_vec();
+        ini.send(cmd).unwrap();
+        let r2t = ReadyToTransferHeader::parse(&ini.recv_one().bhs);
+        assert_eq!((r2t.buffer_offset, r2t.desired_length), (1001, 4000));
+        ini.send(ini.data_out(itt, r2t.ttt, 0, 1001, payload[1001..].to_vec(), true))
+            .unwrap();
+        let c = ini.command_event();
+        assert_eq!(c.data_out, payload, "cut every {chunk} bytes");
+        assert!(!ini.conn.is_waiting_for_initiator());
+    }
+}
+
 #[test]
 fn bad_data_sn_fails_the_write() {
     let mut ini = logged_in(&[("InitialR2T", "Yes"), ("MaxRecvDataSegmentLength", "8192")]);
