@@ -263,10 +263,30 @@ impl<'a> Reader<'a> {
     }
 }
 
+/// Whether decoding compares each record's checksum with its bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Checksums {
+    /// Bytes read from a medium: every record's checksum is compared.
+    Verify,
+    /// Bytes an enclosing checksum already covered (the payload of a Batch record, whose own
+    /// checksum was compared) or that this process has just encoded: comparing again would
+    /// only repeat work (on the write path, under the lock every command takes). Lengths and
+    /// fields are still checked as for any input.
+    Covered,
+}
+
 /// Decode the record at the start of `buf`, written into a segment with sequence `seq`.
 /// Returns the record and its total length (header + payload).
 pub fn decode(buf: &[u8], seq: u64) -> Result<(Record<'_>, usize), DecodeError> {
-    let (record, total, _, record_seq) = decode_checked(buf)?;
+    decode_with(buf, seq, Checksums::Verify)
+}
+
+fn decode_with(
+    buf: &[u8],
+    seq: u64,
+    checksums: Checksums,
+) -> Result<(Record<'_>, usize), DecodeError> {
+    let (record, total, _, record_seq) = decode_checked(buf, checksums)?;
     if record_seq != seq as u32 {
         return Err(DecodeError::StaleSequence);
     }
@@ -278,6 +298,7 @@ pub fn decode(buf: &[u8], seq: u64) -> Result<(Record<'_>, usize), DecodeError> 
 #[allow(clippy::type_complexity)]
 fn decode_checked(
     buf: &[u8],
+    checksums: Checksums,
 ) -> Result<(Result<Record<'_>, DecodeError>, usize, u32, u32), DecodeError> {
     if buf.len() < RECORD_HEADER {
         return Err(DecodeError::Truncated);
@@ -290,12 +311,14 @@ fn decode_checked(
     if buf.len() < total {
         return Err(DecodeError::Truncated);
     }
-    let computed = crc32c::crc32c_append(
-        crc32c::crc32c(&buf[4..RECORD_HEADER]),
-        &buf[RECORD_HEADER..total],
-    );
-    if computed != crc {
-        return Err(DecodeError::Checksum);
+    if checksums == Checksums::Verify {
+        let computed = crc32c::crc32c_append(
+            crc32c::crc32c(&buf[4..RECORD_HEADER]),
+            &buf[RECORD_HEADER..total],
+        );
+        if computed != crc {
+            return Err(DecodeError::Checksum);
+        }
     }
     let record_seq = u32::from_le_bytes(buf[12..16].try_into().unwrap());
     let record = Kind::from_u8(buf[8])
@@ -582,20 +605,41 @@ impl<'b> Encoder<'b> {
         self.finish(s);
     }
 
-    /// Wrap everything encoded after `start` into one Batch record. Inner offsets shift by
-    /// one header: callers that recorded offsets add [`RECORD_HEADER`].
-    pub fn wrap_batch(&mut self, start: usize) {
-        let inner = self.out.split_off(start);
-        let s = self.begin(Kind::Batch);
-        self.out.extend_from_slice(&inner);
-        self.finish(s);
+    /// Open a Batch record: the records encoded until [`Encoder::end_batch`] are its
+    /// payload, encoded in place (no copy of the batch afterwards). Returns its start.
+    /// Offsets of inner records in `out` count from the buffer, as always: the batch's
+    /// header is before them.
+    pub fn begin_batch(&mut self) -> usize {
+        self.begin(Kind::Batch)
+    }
+
+    /// Close the Batch record opened at `start`.
+    pub fn end_batch(&mut self, start: usize) {
+        self.finish(start);
     }
 }
 
-/// Iterate over the records in `buf` (a Batch payload), stopping at the end or an error.
+/// Iterate over the records in `buf`, stopping at the end or an error.
 pub fn records(
     buf: &[u8],
     seq: u64,
+) -> impl Iterator<Item = Result<(usize, Record<'_>), DecodeError>> {
+    records_with(buf, seq, Checksums::Verify)
+}
+
+/// The records of a Batch's payload (its checksum covered them), or of bytes this process
+/// has just encoded; see [`Checksums::Covered`].
+pub fn covered_records(
+    buf: &[u8],
+    seq: u64,
+) -> impl Iterator<Item = Result<(usize, Record<'_>), DecodeError>> {
+    records_with(buf, seq, Checksums::Covered)
+}
+
+fn records_with(
+    buf: &[u8],
+    seq: u64,
+    checksums: Checksums,
 ) -> impl Iterator<Item = Result<(usize, Record<'_>), DecodeError>> {
     let mut pos = 0usize;
     let mut failed = false;
@@ -603,7 +647,7 @@ pub fn records(
         if failed || pos >= buf.len() {
             return None;
         }
-        match decode(&buf[pos..], seq) {
+        match decode_with(&buf[pos..], seq, checksums) {
             Ok((record, len)) => {
                 let at = pos;
                 pos += len;
@@ -634,9 +678,9 @@ mod tests {
         e.volume_delete(4);
         e.volume_resize(4, 2 << 30);
         e.volume_clone(4, 6);
-        let b = e.out.len();
+        let b = e.begin_batch();
         e.map(1, 0, &[2]);
-        e.wrap_batch(b);
+        e.end_batch(b);
         e.anchor(2, 5, 6);
         e.chunk_v2(6, Codec::Zstd, &[8; 16], b"de");
         e.map_v2(3, 7, &[6, 0]);

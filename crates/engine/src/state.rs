@@ -443,7 +443,7 @@ impl State {
                 Ok(())
             }
             Record::Batch { inner } => {
-                for item in crate::format::records(inner, seq) {
+                for item in crate::format::covered_records(inner, seq) {
                     let (at, record) =
                         item.map_err(|e| inconsistent(format!("bad record in batch: {e:?}")))?;
                     let inner_loc = Loc {

@@ -146,7 +146,7 @@ impl Engine {
                         data,
                     } => candidates.push((id, (base + pos) as u32, codec, hash, data.to_vec())),
                     Record::Batch { inner } => {
-                        for item in format::records(inner, seq) {
+                        for item in format::covered_records(inner, seq) {
                             let (p, r) = item.map_err(|e| format!("{e:?}"))?;
                             if let Record::Chunk {
                                 id,
@@ -250,11 +250,12 @@ impl Engine {
                 let at = self.reserve(&mut m, size, Space::Collector)?;
                 let mut buf = Vec::with_capacity(size);
                 let mut e = Encoder::new(&mut buf, at.seq);
+                let batch = e.begin_batch();
                 for &k in &take {
                     let (id, _, codec, hash, data) = &candidates[k];
                     e.chunk(*id, *codec, hash, data);
                 }
-                e.wrap_batch(0);
+                e.end_batch(batch);
                 unwritten.push(self.append_unwritten(&mut m, at, buf)?);
                 let moved = (size - RECORD_HEADER) as u64;
                 m.counters.gc_bytes += moved;

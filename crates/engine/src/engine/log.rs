@@ -262,11 +262,11 @@ impl Engine {
     /// Nothing reaches the log that `apply` would refuse (see `State::validate`).
     fn validate_append(&self, m: &Meta, at: Head, bytes: &[u8]) -> Result<()> {
         debug_assert_eq!(at, m.head);
-        for item in format::records(bytes, at.seq) {
+        for item in format::covered_records(bytes, at.seq) {
             let (_, record) = item
                 .map_err(|e| self.poison(format!("self-encoded record failed to decode: {e:?}")))?;
             let inner: Vec<Record<'_>> = match &record {
-                Record::Batch { inner } => format::records(inner, at.seq)
+                Record::Batch { inner } => format::covered_records(inner, at.seq)
                     .filter_map(|r| r.ok().map(|(_, r)| r))
                     .collect(),
                 _ => vec![record],
@@ -286,7 +286,7 @@ impl Engine {
         let written = m.head.offset;
         m.state.update_segment(at.segment, |s| s.written = written);
         m.appended += bytes.len() as u64;
-        for item in format::records(bytes, at.seq) {
+        for item in format::covered_records(bytes, at.seq) {
             let (pos, record) = item
                 .map_err(|e| self.poison(format!("self-encoded record failed to decode: {e:?}")))?;
             let loc = Loc {
@@ -294,7 +294,7 @@ impl Engine {
                 offset: at.offset + pos as u32,
             };
             m.records_since_checkpoint += match &record {
-                Record::Batch { inner } => format::records(inner, at.seq).count() as u64,
+                Record::Batch { inner } => format::covered_records(inner, at.seq).count() as u64,
                 _ => 1,
             };
             m.state

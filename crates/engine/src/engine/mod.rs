@@ -471,14 +471,29 @@ struct FlushState {
     syncing: bool,
 }
 
-/// What a write of one chunk turns into.
-enum Prepared {
+/// What a write of one chunk turns into. Data stored raw borrows the host's buffer: the
+/// only copy is the one into the log record.
+enum Prepared<'a> {
     Zero,
     Data {
         hash: [u8; 16],
         codec: Codec,
-        bytes: Vec<u8>,
+        bytes: std::borrow::Cow<'a, [u8]>,
     },
+}
+
+impl Prepared<'_> {
+    /// The same, owning its bytes (a merged partial chunk outlives its buffer).
+    fn into_owned(self) -> Prepared<'static> {
+        match self {
+            Prepared::Zero => Prepared::Zero,
+            Prepared::Data { hash, codec, bytes } => Prepared::Data {
+                hash,
+                codec,
+                bytes: std::borrow::Cow::Owned(bytes.into_owned()),
+            },
+        }
+    }
 }
 
 /// Outcome of recovery, for logs and `sliver check`.
@@ -911,7 +926,8 @@ mod tests {
         assert!(engine.poisoned().is_none());
     }
 
-    fn noise(seed: u64, len: usize) -> Vec<u8> {
+    /// Incompressible bytes, different per `seed` (also the write path's tests).
+    pub(super) fn noise(seed: u64, len: usize) -> Vec<u8> {
         let mut x = seed | 1;
         (0..len)
             .map(|_| {
@@ -1018,7 +1034,7 @@ mod tests {
     fn fill_as_hosts(engine: &Engine, volume: u32, next: &mut u64) -> usize {
         let mut n = 0;
         loop {
-            let p = engine.prepare(&noise(1_000_000 + *next, 4096));
+            let p = engine.prepare(&noise(1_000_000 + *next, 4096)).into_owned();
             let mut m = engine.lock_meta();
             match engine.commit(&mut m, volume, *next, &[&p]) {
                 Ok(u) => {

@@ -483,7 +483,7 @@ pub(super) fn replay(
                         counters.next_volume = counters.next_volume.max(volume + 1);
                     }
                     if let Record::Batch { inner } = other {
-                        for (_, r) in format::records(inner, head.seq).flatten() {
+                        for (_, r) in format::covered_records(inner, head.seq).flatten() {
                             if let Record::Chunk { data, .. } = r {
                                 // Host and collector writes are not told apart in the log;
                                 // count them as host bytes (the figure is advisory).
