@@ -174,22 +174,7 @@ struct RestoreArgs {
     whole: bool,
 }
 
-/// Allocations of 1 MiB and more are mapped and given back to the system when freed. glibc
-/// otherwise raises this threshold after such a block is freed, so the off-site copy's 8 MiB
-/// batches would be served from the heap after the first ones and a drained backlog (up to
-/// `[replication] max_backlog`) would stay in the process for good (measured: RSS 1.08 GiB
-/// after the store caught up, against 44 MiB for the same writes without a copy).
-fn return_large_frees() {
-    #[cfg(target_env = "gnu")]
-    // SAFETY: mallopt only sets an allocator parameter; called first thing in main, before
-    // any other thread exists.
-    unsafe {
-        libc::mallopt(libc::M_MMAP_THRESHOLD, 1 << 20);
-    }
-}
-
 fn main() -> ExitCode {
-    return_large_frees();
     let cli = Cli::parse();
     init_logging(cli.log_json);
     let result = match cli.command {
@@ -678,3 +663,20 @@ fn console_url(api: std::net::SocketAddr) -> String {
         .unwrap_or_else(|| "localhost".into());
     format!("http://{name}:{}/", api.port())
 }
+
+/// jemalloc rather than the C library's allocator. glibc either maps and unmaps every large
+/// block (a page fault per 4 KiB each time: with the threshold at 1 MiB, a fifth of a core's
+/// time on 1 MiB writes went to faulting in fresh command and batch buffers) or, with its
+/// adaptive threshold, keeps freed large blocks in the heap for good (the off-site copy's
+/// drained backlog held 1.08 GiB of RSS). jemalloc reuses freed blocks at once and gives
+/// pages back after they stay unused (`dirty_decay_ms`, with its background thread so an idle
+/// array shrinks too). Measured in docs/benchmarks.md ("The write path per core"); mimalloc
+/// was measured as well and still faulted pages in on every large allocation here.
+#[global_allocator]
+static GLOBAL: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
+/// jemalloc's options, read when it starts (the crate's symbol prefix `_rjem_`).
+#[allow(non_upper_case_globals)]
+#[export_name = "_rjem_malloc_conf"]
+pub static malloc_conf: Option<&'static u8> =
+    Some(&b"background_thread:true,dirty_decay_ms:5000,muzzy_decay_ms:5000\0"[0]);
