@@ -122,7 +122,7 @@ fn store(lu: &LogicalUnit, lba: u64, data: &[u8], fua: bool) -> Result<(), Failu
 
 fn read(lu: &LogicalUnit, r: BlockRange) -> Outcome {
     let bytes = check_transfer(lu, r)?;
-    let mut data = vec![0u8; bytes];
+    let mut data = sliver_volume::io_buffer(bytes);
     if bytes > 0 {
         lu.volume.read(r.lba, &mut data).map_err(read_failure)?;
     }
@@ -198,7 +198,7 @@ fn verify(lu: &LogicalUnit, r: BlockRange, byte_check: u8, data_out: &[u8]) -> O
         return Ok(Done::good());
     }
     // Even without a byte comparison, reading surfaces medium errors.
-    let mut medium = vec![0u8; bytes];
+    let mut medium = sliver_volume::io_buffer(bytes);
     lu.volume.read(r.lba, &mut medium).map_err(read_failure)?;
     match (byte_check, expected) {
         (1, Some(expected)) => compare(expected, &medium)?,
@@ -229,7 +229,7 @@ fn write_and_verify(lu: &LogicalUnit, r: BlockRange, data_out: &[u8]) -> Outcome
     let _lock = lu.locks.lock(r.lba, r.blocks);
     // Verification is of the medium, so the data must be there first.
     store(lu, r.lba, data, true)?;
-    let mut medium = vec![0u8; bytes];
+    let mut medium = sliver_volume::io_buffer(bytes);
     lu.volume.read(r.lba, &mut medium).map_err(read_failure)?;
     compare(data, &medium)?;
     Ok(Done::affected(bytes as u64))
@@ -243,7 +243,7 @@ fn or_write(lu: &LogicalUnit, r: BlockRange, fua: bool, data_out: &[u8]) -> Outc
         return Ok(Done::good());
     }
     let _lock = lu.locks.lock(r.lba, r.blocks);
-    let mut merged = vec![0u8; bytes];
+    let mut merged = sliver_volume::io_buffer(bytes);
     lu.volume.read(r.lba, &mut merged).map_err(read_failure)?;
     for (m, d) in merged.iter_mut().zip(data) {
         *m |= d;
@@ -275,7 +275,7 @@ fn compare_and_write(lu: &LogicalUnit, r: BlockRange, fua: bool, data_out: &[u8]
     let (expected, new_data) = data_out.split_at(half);
     check_writable(lu)?;
     let _lock = lu.locks.lock(r.lba, r.blocks);
-    let mut medium = vec![0u8; half];
+    let mut medium = sliver_volume::io_buffer(half);
     lu.volume.read(r.lba, &mut medium).map_err(read_failure)?;
     compare(expected, &medium)?;
     store(lu, r.lba, new_data, fua)?;

@@ -15,6 +15,19 @@ pub use passthrough::FileVolume;
 
 use std::io;
 
+/// A buffer of `len` zero bytes for data about to be read into it, zeroed by writing rather
+/// than allocated zeroed. `vec![0; len]` asks the allocator for zeroed memory, and jemalloc
+/// (sliver's allocator) zeroes a reused block of that size by discarding its pages
+/// (`MADV_DONTNEED`): every 1 MiB read then faulted 256 fresh pages in, a sixth of a core
+/// on sequential reads. Writing zeros into a block in use costs far less.
+// Clippy's `slow_vector_initialization` advises exactly the allocation this avoids.
+#[allow(clippy::slow_vector_initialization)]
+pub fn io_buffer(len: usize) -> Vec<u8> {
+    let mut buf = Vec::with_capacity(len);
+    buf.resize(len, 0);
+    buf
+}
+
 /// Why a volume operation failed. The SCSI layer maps each variant to one sense code.
 #[derive(Debug, thiserror::Error)]
 pub enum VolumeError {

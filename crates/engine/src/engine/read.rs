@@ -27,7 +27,7 @@ impl Engine {
             Self::volume_range(&m, volume, offset, buf.len() as u64)?;
         }
         let last = (offset + buf.len() as u64 - 1) / cs;
-        let mut bounce = vec![0u8; (last - first + 1) as usize * cs as usize];
+        let mut bounce = sliver_volume::io_buffer((last - first + 1) as usize * cs as usize);
         self.read_chunks(volume, first, &mut bounce)?;
         let skip = (offset - first * cs) as usize;
         buf.copy_from_slice(&bounce[skip..skip + buf.len()]);
@@ -109,7 +109,7 @@ impl Engine {
                     _ => break,
                 }
             }
-            let mut raw = vec![0u8; total];
+            let mut raw = sliver_volume::io_buffer(total);
             let at = loc.segment as u64 * self.geometry.segment_size as u64 + loc.offset as u64;
             if let Err(e) = self.backend.read_at(&mut raw, at) {
                 if j == i + 1 {
