@@ -94,6 +94,11 @@ pub async fn run(quick: bool, job: impl FnOnce() + Send + 'static) {
     }
 }
 
+/// Commands waiting in the quick pool's queue (not yet taken by a thread).
+pub fn quick_queued() -> usize {
+    quick_pool().jobs.len()
+}
+
 /// Hand `job` to the quick pool.
 pub fn run_quick(job: impl FnOnce() + Send + 'static) {
     // The pool lives as long as the process, so the channel never closes.
