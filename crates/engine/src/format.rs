@@ -263,6 +263,36 @@ impl<'a> Reader<'a> {
     }
 }
 
+/// Bytes of a chunk record before its data.
+pub const CHUNK_HEAD: usize = RECORD_HEADER + CHUNK_PREFIX;
+
+/// A chunk record read in two parts: `head` (its first [`CHUNK_HEAD`] bytes) and `data` (the
+/// rest, read straight into the host's buffer). When `head` is that of a Chunk record stored
+/// raw, returns its id once length, sequence and checksum (over both parts) are checked;
+/// None for any other record (compressed, an old format's, or not a chunk), which the caller
+/// decodes whole.
+pub fn raw_chunk(head: &[u8], data: &[u8], seq: u64) -> Option<Result<u64, DecodeError>> {
+    let head: &[u8; CHUNK_HEAD] = head.try_into().ok()?;
+    if head[8] != Kind::Chunk as u8 || Codec::from_u8(head[9]) != Codec::Raw {
+        return None;
+    }
+    let check = || {
+        let crc = u32::from_le_bytes(head[0..4].try_into().unwrap());
+        let len = u32::from_le_bytes(head[4..8].try_into().unwrap()) as usize;
+        if len != CHUNK_PREFIX + data.len() {
+            return Err(DecodeError::Malformed("chunk record of another length"));
+        }
+        if crc32c::crc32c_append(crc32c::crc32c(&head[4..]), data) != crc {
+            return Err(DecodeError::Checksum);
+        }
+        if u32::from_le_bytes(head[12..16].try_into().unwrap()) != seq as u32 {
+            return Err(DecodeError::StaleSequence);
+        }
+        Ok(u64::from_le_bytes(head[16..24].try_into().unwrap()))
+    };
+    Some(check())
+}
+
 /// Whether decoding compares each record's checksum with its bytes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Checksums {

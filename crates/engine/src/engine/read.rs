@@ -109,45 +109,91 @@ impl Engine {
                     _ => break,
                 }
             }
-            let mut raw = sliver_volume::io_buffer(total);
             let at = loc.segment as u64 * self.geometry.segment_size as u64 + loc.offset as u64;
-            if let Err(e) = self.backend.read_at(&mut raw, at) {
-                if j == i + 1 {
-                    return Err(EngineError::Corrupt {
-                        offset: (first + i as u64) * cs as u64,
-                        reason: format!("read failed: {e}"),
-                    });
+            let run: Vec<(u64, u32)> = locs[i..j]
+                .iter()
+                .map(|slot| {
+                    let (id, _, n, _) = slot.expect("coalesced");
+                    (id, n)
+                })
+                .collect();
+            let target = &mut out[i * cs..j * cs];
+            if self.read_run(&run, at, seq, target).is_err() {
+                // A coalesced read failed: read its chunks one by one, so the error names the
+                // chunk that fails (and a transient error costs nothing).
+                let mut pos = 0u64;
+                for (k, &(id, n)) in run.iter().enumerate() {
+                    let one = &mut target[k * cs..(k + 1) * cs];
+                    self.read_run(&[(id, n)], at + pos, seq, one)
+                        .map_err(|reason| EngineError::Corrupt {
+                            offset: (first + (i + k) as u64) * cs as u64,
+                            reason,
+                        })?;
+                    pos += n as u64;
                 }
-                // A coalesced read failed: read its chunks one by one, so the error names
-                // the chunk that fails (and a transient error costs nothing).
-                let mut pos = 0;
-                for (k, slot) in locs.iter().enumerate().take(j).skip(i) {
-                    let (_, _, n, _) = slot.expect("coalesced");
-                    let one = &mut raw[pos..pos + n as usize];
-                    self.backend.read_at(one, at + pos as u64).map_err(|e| {
-                        EngineError::Corrupt {
-                            offset: (first + k as u64) * cs as u64,
-                            reason: format!("read failed: {e}"),
-                        }
-                    })?;
-                    pos += n as usize;
-                }
-            }
-            let mut pos = 0;
-            for (k, slot) in locs.iter().enumerate().take(j).skip(i) {
-                let (id, _, n, _) = slot.expect("coalesced");
-                let target = &mut out[k * cs..(k + 1) * cs];
-                decode_chunk(&raw[pos..pos + n as usize], seq, id, target).map_err(|reason| {
-                    EngineError::Corrupt {
-                        offset: (first + k as u64) * cs as u64,
-                        reason,
-                    }
-                })?;
-                pos += n as usize;
             }
             i = j;
         }
         Ok(seen)
+    }
+}
+
+impl Engine {
+    /// Read the chunk records `run` ((id, record length) each), stored back to back at log
+    /// offset `at`, into `out` (one chunk each), in one scatter read: a record stored raw
+    /// lands in two parts, its head in a small buffer and its data straight in `out` (no
+    /// bounce buffer, no copy); any other record in a buffer of its own, decoded from there.
+    fn read_run(
+        &self,
+        run: &[(u64, u32)],
+        at: u64,
+        seq: u64,
+        out: &mut [u8],
+    ) -> std::result::Result<(), String> {
+        let cs = self.geometry.chunk_size as usize;
+        let raw_len = format::CHUNK_HEAD + cs;
+        let mut heads = vec![0u8; format::CHUNK_HEAD * run.len()];
+        let mut whole: Vec<Vec<u8>> = run
+            .iter()
+            .map(|&(_, n)| match n as usize {
+                n if n == raw_len => Vec::new(),
+                n => sliver_volume::io_buffer(n),
+            })
+            .collect();
+        {
+            let mut bufs: Vec<&mut [u8]> = Vec::with_capacity(2 * run.len());
+            let parts = heads.chunks_mut(format::CHUNK_HEAD).zip(&mut whole);
+            for ((head, record), target) in parts.zip(out.chunks_mut(cs)) {
+                if record.is_empty() {
+                    bufs.push(head);
+                    bufs.push(target);
+                } else {
+                    bufs.push(record);
+                }
+            }
+            self.backend
+                .read_vectored_at(&mut bufs, at)
+                .map_err(|e| format!("read failed: {e}"))?;
+        }
+        let parts = heads.chunks(format::CHUNK_HEAD).zip(&whole).zip(run);
+        for (((head, record), &(id, _)), target) in parts.zip(out.chunks_mut(cs)) {
+            if !record.is_empty() {
+                decode_chunk(record, seq, id, target)?;
+                continue;
+            }
+            match format::raw_chunk(head, target, seq) {
+                Some(Ok(got)) if got == id => {}
+                Some(Ok(got)) => return Err(format!("record holds chunk {got}, expected {id}")),
+                Some(Err(e)) => return Err(format!("record unreadable: {e:?}")),
+                // Not a raw chunk record of this format: decoded whole, as any other.
+                None => {
+                    let mut whole = head.to_vec();
+                    whole.extend_from_slice(target);
+                    decode_chunk(&whole, seq, id, target)?;
+                }
+            }
+        }
+        Ok(())
     }
 }
 
