@@ -63,12 +63,13 @@ struct Session {
     touched: HashMap<u64, Arc<LogicalUnit>>,
     budget: Arc<Semaphore>,
     close_after_output: bool,
-    /// Commands handed to the quick pool and not completed. While some are and more wait in
-    /// the pool's queue, a completion leaves its response for a later one to announce: the
-    /// loop then writes the burst's responses in one system call, instead of being woken,
-    /// and switched to, once per command (on one core, half the target's time went to those
-    /// switches). Once the queue is empty the response is announced at once: a thread about
-    /// to wait for work never holds one back.
+    /// Commands handed straight to the quick pool and not completed. While some are and more
+    /// wait in the pool's queue, a completion leaves its response for a later one to
+    /// announce: the loop then writes the burst's responses in one system call, instead of
+    /// being woken, and switched to, once per command (on one core, half the target's time
+    /// went to those switches). Once the queue is empty the response is announced at once: a
+    /// thread about to wait for work never holds one back. Only commands already in the pool
+    /// count, so the one that announces never waits for anything the connection holds.
     quick_running: usize,
 }
 
@@ -156,9 +157,15 @@ impl Shared {
 
     /// Finish a command on the thread that executed it; `permit` is its share of the
     /// connection's execution budget.
-    fn complete(&self, itt: u32, result: CommandResult, permit: OwnedSemaphorePermit, quick: bool) {
+    fn complete(
+        &self,
+        itt: u32,
+        result: CommandResult,
+        permit: OwnedSemaphorePermit,
+        counted: bool,
+    ) {
         let mut core = self.lock();
-        if quick {
+        if counted {
             core.session.quick_running = core.session.quick_running.saturating_sub(1);
         }
         if core.ended {
@@ -556,11 +563,11 @@ impl Session {
         let bytes = (cmd.data_out.len() as u64).max(cmd.expected_data_transfer_length as u64);
         let cost = (bytes / 1024 + 1).min(EXECUTION_BUDGET_KIB as u64) as u32;
         let quick = crate::executor::is_quick(&cmd.cdb, bytes, &cmd.data_out);
-        self.quick_running += usize::from(quick);
-        let job = move |permit: OwnedSemaphorePermit| {
+        // `counted`: the command is in `quick_running` (see there).
+        let job = move |permit: OwnedSemaphorePermit, counted: bool| {
             move || {
                 // A command that panics still counts out of `quick_running`.
-                let guard = QuickGuard(quick.then(|| shared.clone()));
+                let guard = QuickGuard(counted.then(|| shared.clone()));
                 let req = Request {
                     nexus: &nexus,
                     cdb: &cmd.cdb,
@@ -580,22 +587,25 @@ impl Session {
                     data_out_expected: resp.data_out_expected,
                 };
                 guard.disarm();
-                shared.complete(cmd.itt, result, permit, quick);
+                shared.complete(cmd.itt, result, permit, counted);
             }
         };
         // A quick command within the budget goes to the pool from here; a task of its own
         // would cost a spawn and often a wake-up of the other tokio worker per command.
         if quick {
             if let Ok(permit) = budget.clone().try_acquire_many_owned(cost) {
-                crate::executor::run_quick(job(permit));
+                self.quick_running += 1;
+                crate::executor::run_quick(job(permit, true));
                 return;
             }
         }
+        // Not counted in `quick_running`: a command waiting here for budget may wait for
+        // permits that responses held back for the count would keep.
         tokio::spawn(async move {
             let Ok(permit) = budget.acquire_many_owned(cost).await else {
                 return;
             };
-            crate::executor::run(quick, job(permit)).await;
+            crate::executor::run(quick, job(permit, false)).await;
         });
     }
 
