@@ -73,7 +73,7 @@ pub trait Backend: Send + Sync {
 }
 
 /// A scatter read done as one read of `bufs`' total length (by `read`) and a copy into them.
-pub fn read_then_scatter(
+fn read_then_scatter(
     bufs: &mut [&mut [u8]],
     read: impl FnOnce(&mut [u8]) -> io::Result<()>,
 ) -> io::Result<()> {

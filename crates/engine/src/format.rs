@@ -263,6 +263,13 @@ impl<'a> Reader<'a> {
     }
 }
 
+/// A record's checksum: CRC32C of everything after the checksum field, here in two parts
+/// (`start` from the record's first byte, then `rest`), as the encoder, the decoder and a
+/// chunk read in two parts all compute it.
+fn record_checksum(start: &[u8], rest: &[u8]) -> u32 {
+    crc32c::crc32c_append(crc32c::crc32c(&start[4..]), rest)
+}
+
 /// Bytes of a chunk record before its data.
 pub const CHUNK_HEAD: usize = RECORD_HEADER + CHUNK_PREFIX;
 
@@ -282,7 +289,7 @@ pub fn raw_chunk(head: &[u8], data: &[u8], seq: u64) -> Option<Result<u64, Decod
         if len != CHUNK_PREFIX + data.len() {
             return Err(DecodeError::Malformed("chunk record of another length"));
         }
-        if crc32c::crc32c_append(crc32c::crc32c(&head[4..]), data) != crc {
+        if record_checksum(head, data) != crc {
             return Err(DecodeError::Checksum);
         }
         if u32::from_le_bytes(head[12..16].try_into().unwrap()) != seq as u32 {
@@ -341,14 +348,10 @@ fn decode_checked(
     if buf.len() < total {
         return Err(DecodeError::Truncated);
     }
-    if checksums == Checksums::Verify {
-        let computed = crc32c::crc32c_append(
-            crc32c::crc32c(&buf[4..RECORD_HEADER]),
-            &buf[RECORD_HEADER..total],
-        );
-        if computed != crc {
-            return Err(DecodeError::Checksum);
-        }
+    if checksums == Checksums::Verify
+        && record_checksum(&buf[..RECORD_HEADER], &buf[RECORD_HEADER..total]) != crc
+    {
+        return Err(DecodeError::Checksum);
     }
     let record_seq = u32::from_le_bytes(buf[12..16].try_into().unwrap());
     let record = Kind::from_u8(buf[8])
@@ -500,7 +503,7 @@ impl<'b> Encoder<'b> {
     fn finish(&mut self, start: usize) {
         let len = (self.out.len() - start - RECORD_HEADER) as u32;
         self.out[start + 4..start + 8].copy_from_slice(&len.to_le_bytes());
-        let crc = crc32c::crc32c(&self.out[start + 4..]);
+        let crc = record_checksum(&self.out[start..], &[]);
         self.out[start..start + 4].copy_from_slice(&crc.to_le_bytes());
     }
 

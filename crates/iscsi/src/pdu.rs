@@ -292,10 +292,7 @@ pub fn wire_len(bhs: &Bhs, digests: Digests, max_data: u32) -> Result<usize, Pro
             limit: max_data,
         });
     }
-    let mut len = BHS_LEN + bhs.ahs_len();
-    if digests.header {
-        len += DIGEST_LEN;
-    }
+    let mut len = header_len(bhs, digests);
     if data_len > 0 {
         len += padded(data_len as usize);
         if digests.data {

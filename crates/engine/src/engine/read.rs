@@ -187,9 +187,9 @@ impl Engine {
                 Some(Err(e)) => return Err(format!("record unreadable: {e:?}")),
                 // Not a raw chunk record of this format: decoded whole, as any other.
                 None => {
-                    let mut whole = head.to_vec();
-                    whole.extend_from_slice(target);
-                    decode_chunk(&whole, seq, id, target)?;
+                    let mut record = head.to_vec();
+                    record.extend_from_slice(target);
+                    decode_chunk(&record, seq, id, target)?;
                 }
             }
         }
