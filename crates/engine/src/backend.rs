@@ -26,6 +26,14 @@ pub trait Backend: Send + Sync {
     fn read_vectored_at(&self, bufs: &mut [&mut [u8]], offset: u64) -> io::Result<()> {
         read_then_scatter(bufs, |all| self.read_at(all, offset))
     }
+    /// [`Backend::read_vectored_at`] if it can be done without waiting for a device (the
+    /// bytes are in the page cache): `Ok(true)` when `bufs` were filled, `Ok(false)` when the
+    /// read would wait (`bufs` then hold nothing useful). Lets a read that costs a few
+    /// microseconds run on the thread that received it, and one that waits for the disk go
+    /// to a thread that may wait. By default it would always wait.
+    fn read_vectored_cached(&self, _bufs: &mut [&mut [u8]], _offset: u64) -> io::Result<bool> {
+        Ok(false)
+    }
     /// Write; not durable until [`Backend::sync`] returns.
     fn write_at(&self, data: &[u8], offset: u64) -> io::Result<()>;
     /// Make every completed write durable.
@@ -287,6 +295,46 @@ impl LogFiles {
         Ok(())
     }
 
+    /// One `preadv2(RWF_NOWAIT)` when the range lies in one file: the kernel fills the
+    /// buffers only from the page cache and says EAGAIN (or reads short) where it would wait.
+    fn read_vectored_cached(&self, bufs: &mut [&mut [u8]], offset: u64) -> io::Result<bool> {
+        let total: u64 = bufs.iter().map(|b| b.len() as u64).sum();
+        let mut pieces = self.pieces(offset, total);
+        let (Some((k, within, _, _)), None) = (pieces.next(), pieces.next()) else {
+            return Ok(false);
+        };
+        if bufs.len() > 1024 {
+            return Ok(false);
+        }
+        let file = self.file(k)?;
+        let vecs: Vec<std::io::IoSliceMut<'_>> = bufs
+            .iter_mut()
+            .map(|b| std::io::IoSliceMut::new(b))
+            .collect();
+        let offset = libc::off_t::try_from(within).map_err(io::Error::other)?;
+        // SAFETY: as in `read_vectored_at`; at most 1,024 (IOV_MAX) slices.
+        let n = unsafe {
+            libc::preadv2(
+                file.as_raw_fd(),
+                vecs.as_ptr() as *const libc::iovec,
+                vecs.len() as libc::c_int,
+                offset,
+                libc::RWF_NOWAIT,
+            )
+        };
+        if n < 0 {
+            let e = io::Error::last_os_error();
+            return match e.raw_os_error() {
+                // Not cached; or a kernel or file system without RWF_NOWAIT for reads.
+                Some(libc::EAGAIN | libc::EOPNOTSUPP | libc::EINVAL | libc::EINTR) => Ok(false),
+                _ => Err(e),
+            };
+        }
+        // Short: part of the range is not cached (or lies past the end, which the waiting
+        // read reports).
+        Ok(n as u64 == total)
+    }
+
     fn write_at(&self, data: &[u8], offset: u64) -> io::Result<()> {
         for (k, within, at, n) in self.pieces(offset, data.len() as u64) {
             self.file(k)?.write_all_at(&data[at..at + n], within)?;
@@ -505,6 +553,10 @@ impl Backend for FileBackend {
 
     fn read_vectored_at(&self, bufs: &mut [&mut [u8]], offset: u64) -> io::Result<()> {
         self.log.read_vectored_at(bufs, offset)
+    }
+
+    fn read_vectored_cached(&self, bufs: &mut [&mut [u8]], offset: u64) -> io::Result<bool> {
+        self.log.read_vectored_cached(bufs, offset)
     }
 
     fn write_at(&self, data: &[u8], offset: u64) -> io::Result<()> {

@@ -119,6 +119,14 @@ impl Volume for EngineVolume {
             .map_err(self.request_error(lba))
     }
 
+    fn read_cached(&self, lba: u64, buf: &mut [u8]) -> sliver_volume::Result<bool> {
+        let blocks = self.whole_blocks(buf.len())?;
+        let (offset, _) = self.bytes(lba, blocks)?;
+        self.engine
+            .read_cached(self.id, offset, buf)
+            .map_err(self.request_error(lba))
+    }
+
     fn write(&self, lba: u64, data: &[u8]) -> sliver_volume::Result<()> {
         self.writable()?;
         let blocks = self.whole_blocks(data.len())?;

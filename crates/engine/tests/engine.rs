@@ -529,6 +529,29 @@ fn a_log_in_several_files_works_like_one() {
     assert_eq!(engine.check(&mut |_, _| {}), Vec::<String>::new());
 }
 
+/// `chunks` chunks of 4 KiB, every third compressible, the others not (distinct seeds:
+/// chunks alike would be one stored chunk).
+fn mixed_chunks(chunks: u64) -> Vec<u8> {
+    (0..chunks)
+        .flat_map(|k| {
+            if k % 3 == 0 {
+                text(k, 4096)
+            } else {
+                noise(2 * k + 1, 4096)
+            }
+        })
+        .collect()
+}
+
+/// Flip a bit inside chunk `chunk` of `model` (one stored raw) where the log holds it.
+fn damage_chunk(backend: &dyn Backend, model: &[u8], chunk: usize) {
+    let needle = &model[chunk * 4096 + 1000..chunk * 4096 + 1064];
+    let mut log = vec![0u8; 2 << 20];
+    backend.read_at(&mut log, 0).unwrap();
+    let at = log.windows(64).position(|w| w == needle).unwrap();
+    backend.write_at(&[log[at] ^ 0x40], at as u64).unwrap();
+}
+
 /// Over log files, chunks stored raw are read in two parts (their data straight into the
 /// caller's buffer) and compressed ones whole, side by side in one read; a raw chunk damaged
 /// on disk is refused for its own blocks only.
@@ -538,26 +561,14 @@ fn raw_and_compressed_chunks_read_back_from_files_and_damage_is_found() {
     let backend = Arc::new(FileBackend::open(dir.path(), 16 << 20).unwrap());
     let engine = Engine::create(backend.clone(), config(), Tuning::default()).unwrap();
     let v = engine.create_volume(1 << 20).unwrap();
-    let mut model = Vec::new();
-    for k in 0..64u64 {
-        // Distinct seeds: chunks alike would be one stored chunk.
-        model.extend(if k % 3 == 0 {
-            text(k, 4096)
-        } else {
-            noise(2 * k + 1, 4096)
-        });
-    }
+    let model = mixed_chunks(64);
     engine.write(v, 0, &model).unwrap();
     engine.flush().unwrap();
     let mut back = vec![0u8; model.len()];
     engine.read(v, 0, &mut back).unwrap();
     assert!(back == model);
     // Damage chunk 10 (stored raw) in the log file.
-    let needle = &model[10 * 4096 + 1000..10 * 4096 + 1064];
-    let mut log = vec![0u8; 2 << 20];
-    backend.read_at(&mut log, 0).unwrap();
-    let at = log.windows(64).position(|w| w == needle).unwrap();
-    backend.write_at(&[log[at] ^ 0x40], at as u64).unwrap();
+    damage_chunk(&*backend, &model, 10);
     match engine.read(v, 0, &mut back) {
         Err(EngineError::Corrupt { offset, .. }) => assert_eq!(offset, 10 * 4096),
         other => panic!("{other:?}"),
@@ -567,6 +578,63 @@ fn raw_and_compressed_chunks_read_back_from_files_and_damage_is_found() {
     assert!(around[..] == model[..10 * 4096]);
     engine.read(v, 11 * 4096, &mut around).unwrap();
     assert!(around[..] == model[11 * 4096..21 * 4096]);
+}
+
+/// Drop the files under `dir` from the page cache (after making them durable).
+fn evict_page_cache(dir: &std::path::Path) {
+    use std::os::unix::io::AsRawFd;
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        if !path.is_file() {
+            continue;
+        }
+        let f = std::fs::File::open(&path).unwrap();
+        f.sync_all().unwrap();
+        // SAFETY: a valid descriptor; the call only drops clean cached pages.
+        let r = unsafe { libc::posix_fadvise(f.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
+        assert_eq!(r, 0);
+    }
+}
+
+#[test]
+fn a_read_that_would_wait_for_the_disk_is_left_to_a_thread_that_may() {
+    let dir = tempfile::tempdir().unwrap();
+    let open = || Arc::new(FileBackend::open(dir.path(), 16 << 20).unwrap());
+    let engine = Engine::create(open(), config(), Tuning::default()).unwrap();
+    let v = engine.create_volume(1 << 20).unwrap();
+    let model = mixed_chunks(64);
+    engine.write(v, 0, &model).unwrap();
+    engine.flush().unwrap();
+    // Just written: metadata and data cached.
+    let mut back = vec![0u8; model.len()];
+    assert!(engine.read_cached(v, 0, &mut back).unwrap());
+    assert!(back == model);
+    // Not aligned to chunks: always left to the waiting read.
+    assert!(!engine.read_cached(v, 512, &mut back[..4096]).unwrap());
+    // Out of the page cache: it would wait for the disk.
+    evict_page_cache(dir.path());
+    back.fill(0);
+    assert!(!engine.read_cached(v, 0, &mut back).unwrap());
+    engine.read(v, 0, &mut back).unwrap();
+    assert!(back == model);
+    assert!(engine.read_cached(v, 4096, &mut back[..8192]).unwrap());
+    assert!(back[..8192] == model[4096..12288]);
+    engine.shutdown().unwrap();
+    drop(engine);
+    // Reopened: the map's pages are read from the metadata file on first use, by the
+    // waiting read.
+    let engine = Engine::open(open(), Tuning::default(), false).unwrap();
+    assert!(!engine.read_cached(v, 0, &mut back).unwrap());
+    engine.read(v, 0, &mut back).unwrap();
+    assert!(back == model);
+    assert!(engine.read_cached(v, 0, &mut back).unwrap());
+    // A damaged chunk is the waiting read's to report: never bytes, never an answer here.
+    damage_chunk(&*open(), &model, 10);
+    assert!(!engine.read_cached(v, 0, &mut back).unwrap());
+    assert!(matches!(
+        engine.read(v, 0, &mut back),
+        Err(EngineError::Corrupt { offset, .. }) if offset == 10 * 4096
+    ));
 }
 
 #[test]

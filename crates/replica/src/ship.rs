@@ -1620,6 +1620,10 @@ impl Backend for ShippingBackend {
         self.inner.read_vectored_at(bufs, offset)
     }
 
+    fn read_vectored_cached(&self, bufs: &mut [&mut [u8]], offset: u64) -> io::Result<bool> {
+        self.inner.read_vectored_cached(bufs, offset)
+    }
+
     fn write_at(&self, data: &[u8], offset: u64) -> io::Result<()> {
         self.inner.write_at(data, offset)?;
         self.shared.record(Record::Log {

@@ -365,6 +365,38 @@ impl LogicalUnit {
             Err(_) => (0, CommandClass::Other),
         };
         let outcome = self.run(req, parsed);
+        self.conclude(started, class, outcome, data_out_expected)
+    }
+
+    /// Execute `req` only if it is a READ that completes without waiting for a device (its
+    /// data and metadata are cached; [`Volume::read_cached`]): the response, or `None` when it
+    /// is another command or would wait. Then nothing was done or counted: the caller runs
+    /// [`LogicalUnit::execute`] on a thread that may wait. A READ refused before it reads (a
+    /// unit attention, a reservation conflict, a bad range) is answered here.
+    ///
+    /// [`Volume::read_cached`]: sliver_volume::Volume::read_cached
+    pub fn execute_cached(&self, req: &Request) -> Option<Response> {
+        let parsed = cdb::parse(req.cdb);
+        if !matches!(parsed, Ok(Command::Read { .. })) {
+            return None;
+        }
+        let started = std::time::Instant::now();
+        let outcome = match self.admit(req, parsed) {
+            Err(answered) => answered,
+            Ok(Command::Read { range, .. }) => sbc::read_cached(self, range)?,
+            Ok(_) => return None,
+        };
+        Some(self.conclude(started, CommandClass::Read, outcome, 0))
+    }
+
+    /// Count a command's outcome in the statistics and build its response.
+    fn conclude(
+        &self,
+        started: std::time::Instant,
+        class: CommandClass,
+        outcome: Outcome,
+        data_out_expected: usize,
+    ) -> Response {
         // A command refused for a pending unit attention was never attempted: count it, but
         // not as a failed VAAI primitive (hosts simply retry it).
         let class = match &outcome {
@@ -395,7 +427,10 @@ impl LogicalUnit {
         self.stats.snapshot()
     }
 
-    fn run(&self, req: &Request, parsed: Result<Command, Sense>) -> Outcome {
+    /// What every command goes through before it runs: the soft threshold's unit attention,
+    /// a pending unit attention, a CDB that did not parse, a sanitize in progress, a
+    /// reservation. `Err` carries the command's answer when one of them decides it.
+    fn admit(&self, req: &Request, parsed: Result<Command, Sense>) -> Result<Command, Outcome> {
         let opcode = req.cdb.first().copied().unwrap_or(0);
         // SPC-4 5.14: INQUIRY, REPORT LUNS and REQUEST SENSE neither report nor clear a
         // unit attention (REQUEST SENSE returns it as its data instead).
@@ -409,27 +444,35 @@ impl LogicalUnit {
             let queue = uas.queue_for(req.nexus);
             if reports_ua {
                 if let Some(reason) = queue.pop_front() {
-                    return Err(reason.into());
+                    return Err(Err(reason.into()));
                 }
             }
         }
-        let cmd = parsed?;
+        let cmd = parsed.map_err(|sense| Err(sense.into()))?;
         if self.sanitizing.load(std::sync::atomic::Ordering::Acquire) {
             match cmd {
                 Command::Inquiry { .. } | Command::ReportLuns { .. } => {}
                 Command::RequestSense { descriptor, .. } => {
-                    return spc::request_sense(
+                    return Err(spc::request_sense(
                         SenseReason::NotReadySanitizeInProgress,
                         descriptor,
                         &cmd,
-                    );
+                    ));
                 }
-                _ => return Err(SenseReason::NotReadySanitizeInProgress.into()),
+                _ => return Err(Err(SenseReason::NotReadySanitizeInProgress.into())),
             }
         }
         if self.reservations.check_access(req.nexus, req.cdb).is_err() {
-            return Err(Failure::Conflict);
+            return Err(Err(Failure::Conflict));
         }
+        Ok(cmd)
+    }
+
+    fn run(&self, req: &Request, parsed: Result<Command, Sense>) -> Outcome {
+        let cmd = match self.admit(req, parsed) {
+            Ok(cmd) => cmd,
+            Err(answered) => return answered,
+        };
         match cmd {
             Command::RequestSense { descriptor, .. } => {
                 let reason = lock_unpoisoned(&self.unit_attentions)

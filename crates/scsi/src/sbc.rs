@@ -129,6 +129,22 @@ fn read(lu: &LogicalUnit, r: BlockRange) -> Outcome {
     Ok(Done::data(data))
 }
 
+/// [`read`] if it completes without waiting for a device; `None` when it would wait.
+pub(crate) fn read_cached(lu: &LogicalUnit, r: BlockRange) -> Option<Outcome> {
+    let bytes = match check_transfer(lu, r) {
+        Ok(bytes) => bytes,
+        Err(refused) => return Some(Err(refused)),
+    };
+    let mut data = sliver_volume::io_buffer(bytes);
+    if bytes > 0 {
+        // An error is the waiting read's to report, as it always has been.
+        if !lu.volume.read_cached(r.lba, &mut data).unwrap_or(false) {
+            return None;
+        }
+    }
+    Some(Ok(Done::data(data)))
+}
+
 /// The part of a write the initiator really sent. When the transport's expected transfer
 /// length is shorter than the CDB's (an iSCSI residual overflow), only the whole blocks that
 /// arrived are written, as libiscsi's residual tests and other targets expect; the transport

@@ -46,15 +46,19 @@ fn nexus(n: u8) -> Nexus {
     }
 }
 
-fn run(lu: &LogicalUnit, n: &Nexus, cdb: &[u8], data_out: &[u8]) -> Response {
-    lu.execute(&Request {
+fn request<'a>(n: &'a Nexus, cdb: &'a [u8], data_out: &'a [u8]) -> Request<'a> {
+    Request {
         nexus: n,
         cdb,
         data_out,
         attr: TaskAttr::Simple,
         luns: &[0, 3],
         copy_targets: &crate::NoCopyTargets,
-    })
+    }
+}
+
+fn run(lu: &LogicalUnit, n: &Nexus, cdb: &[u8], data_out: &[u8]) -> Response {
+    lu.execute(&request(n, cdb, data_out))
 }
 
 /// A fixture whose nexus 1 has already consumed its power-on unit attention.
@@ -693,12 +697,54 @@ fn fuzz_entry_point_survives_garbage() {
 
 /// A FileVolume with some answers changed, to exercise command rules a plain file volume does
 /// not reach.
+fn run_cached(lu: &LogicalUnit, n: &Nexus, cdb: &[u8], data_out: &[u8]) -> Option<Response> {
+    lu.execute_cached(&request(n, cdb, data_out))
+}
+
+#[test]
+fn only_a_read_that_does_not_wait_executes_without_waiting() {
+    use crate::CommandClass;
+    let waits = fixture_with(|v| Arc::new(Altered::new(v)));
+    let n = nexus(1);
+    // A pending unit attention answers the READ before anything is read, waiting or not.
+    let r = run_cached(&waits.lu, &n, &cdb16(0x88, 0, 8), &[]).expect("answered");
+    assert_eq!(sense_codes(&r), (0x6, 0x29, 0x00));
+    let data: Vec<u8> = (0..8 * BS).map(|i| (i * 7 % 251) as u8).collect();
+    good(&write16(&waits.lu, &n, 16, &data));
+    let before = waits.lu.stats().class(CommandClass::Read).commands;
+    // The volume would wait: nothing is done or counted, for the caller to execute it.
+    assert!(run_cached(&waits.lu, &n, &cdb16(0x88, 16, 8), &[]).is_none());
+    assert_eq!(waits.lu.stats().class(CommandClass::Read).commands, before);
+    // Refused before it reads: answered here.
+    let r = run_cached(&waits.lu, &n, &cdb16(0x88, BLOCKS, 1), &[]).expect("answered");
+    assert_eq!(sense_codes(&r), (0x5, 0x21, 0x00));
+    // Other commands never run here, not even a write of cached data.
+    let other = [0u8; BS];
+    assert!(run_cached(&waits.lu, &n, &cdb16(0x8a, 0, 1), &other).is_none());
+    assert!(
+        run_cached(&waits.lu, &n, &[0; 6], &[]).is_none(),
+        "TEST UNIT READY"
+    );
+    assert_eq!(read16(&waits.lu, &n, 16, 8).data_in, data);
+
+    let cached = fixture_with(|v| Arc::new(Altered::new(v).reads_cached()));
+    let n = nexus(2);
+    let _ = run(&cached.lu, &n, &[0; 6], &[]);
+    good(&write16(&cached.lu, &n, 16, &data));
+    let r = run_cached(&cached.lu, &n, &cdb16(0x88, 16, 8), &[]).expect("read here");
+    good(&r);
+    assert_eq!(r.data_in, data);
+    assert_eq!(cached.lu.stats().class(CommandClass::Read).commands, 1);
+}
+
 struct Altered {
     inner: FileVolume,
     /// Crash-atomic write limit to claim (the engine provides real atomicity).
     atomic_bytes: u64,
     /// Longest provisioning run to report at once.
     status_run: u64,
+    /// Whether reads say they can be done without waiting ([`Volume::read_cached`]).
+    cached_reads: bool,
 }
 
 impl Altered {
@@ -707,6 +753,13 @@ impl Altered {
             inner,
             atomic_bytes: 0,
             status_run: u64::MAX,
+            cached_reads: false,
+        }
+    }
+    fn reads_cached(self) -> Self {
+        Altered {
+            cached_reads: true,
+            ..self
         }
     }
     fn atomic_writes_up_to(self, bytes: u64) -> Self {
@@ -732,6 +785,13 @@ impl Volume for Altered {
     }
     fn read(&self, lba: u64, buf: &mut [u8]) -> sliver_volume::Result<()> {
         self.inner.read(lba, buf)
+    }
+    fn read_cached(&self, lba: u64, buf: &mut [u8]) -> sliver_volume::Result<bool> {
+        if !self.cached_reads {
+            return Ok(false);
+        }
+        self.inner.read(lba, buf)?;
+        Ok(true)
     }
     fn write(&self, lba: u64, data: &[u8]) -> sliver_volume::Result<()> {
         self.inner.write(lba, data)

@@ -13,6 +13,7 @@ pub mod events;
 pub mod executor;
 pub mod history;
 mod metrics;
+pub mod poll;
 mod session;
 mod target;
 

@@ -9,7 +9,7 @@ use sliver_iscsi::{
 };
 use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::net::TcpListener;
@@ -69,6 +69,9 @@ pub struct Server {
     pub(crate) settings: Arc<TargetSettings>,
     /// Slow-loris protection: see [`Timeouts`].
     timeouts: Mutex<Timeouts>,
+    /// How long a quiet connection polls its socket before sleeping ([`crate::poll`]), in
+    /// microseconds.
+    poll_us: AtomicU64,
     /// Open connections, bounded by `max_connections`: past it new ones are closed at once.
     connections: Arc<AtomicUsize>,
     max_connections: AtomicUsize,
@@ -131,6 +134,7 @@ impl Server {
             array,
             settings: Arc::new(settings),
             timeouts: Mutex::new(Timeouts::default()),
+            poll_us: AtomicU64::new(crate::poll::DEFAULT_POLL.as_micros() as u64),
             connections: Arc::new(AtomicUsize::new(0)),
             max_connections: AtomicUsize::new(MAX_CONNECTIONS),
             max_sessions: AtomicUsize::new(MAX_SESSIONS),
@@ -150,6 +154,18 @@ impl Server {
     /// Change how long a connection may take to log in (default 30 s).
     pub fn set_login_timeout(&self, timeout: Duration) {
         self.timeouts.lock().unwrap().login = timeout;
+    }
+
+    /// Change how long a quiet connection polls its socket before it sleeps (zero: never;
+    /// at most [`crate::poll::MAX_POLL`]); connections opened later use it.
+    pub fn set_poll(&self, window: Duration) {
+        let window = window.min(crate::poll::MAX_POLL);
+        self.poll_us
+            .store(window.as_micros() as u64, Ordering::Relaxed);
+    }
+
+    pub fn poll(&self) -> Duration {
+        Duration::from_micros(self.poll_us.load(Ordering::Relaxed))
     }
 
     /// Change every timeout at once; connections opened later use them.

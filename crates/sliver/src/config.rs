@@ -44,6 +44,9 @@ pub struct IscsiSection {
     /// How long a connection may take to log in.
     #[serde(default, deserialize_with = "duration")]
     pub login_timeout: Option<std::time::Duration>,
+    /// Microseconds a quiet connection polls its socket before it sleeps (0: never).
+    #[serde(default, deserialize_with = "poll_us")]
+    pub poll_us: Option<std::time::Duration>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -275,6 +278,17 @@ fn duration<'de, D: Deserializer<'de>>(d: D) -> Result<Option<std::time::Duratio
         .map_err(serde::de::Error::custom)
 }
 
+fn poll_us<'de, D: Deserializer<'de>>(d: D) -> Result<Option<std::time::Duration>, D::Error> {
+    let us = u64::deserialize(d)?;
+    let max = sliver_server::poll::MAX_POLL.as_micros() as u64;
+    if us > max {
+        return Err(serde::de::Error::custom(format!(
+            "poll_us {us} is above {max} (polling longer costs more CPU than it saves)"
+        )));
+    }
+    Ok(Some(std::time::Duration::from_micros(us)))
+}
+
 /// Parse a GC priority as the CLI and the configuration spell it.
 pub fn parse_gc_priority(s: &str) -> Result<GcPriority, String> {
     sliver_server::array::parse_gc_priority(s)
@@ -322,6 +336,7 @@ target_name = "iqn.2026-11.com.example:array1"
 [iscsi]
 listen = ["0.0.0.0:3260", "[::]:3260"]
 login_timeout = "20s"
+poll_us = 20
 
 [api]
 listen = "0.0.0.0:8600"
@@ -358,6 +373,7 @@ chap_secret = "host-secret-1234"
             c.iscsi.login_timeout,
             Some(std::time::Duration::from_secs(20))
         );
+        assert_eq!(c.iscsi.poll_us, Some(std::time::Duration::from_micros(20)));
         assert_eq!(c.capacity.size, Some(2 << 40));
         assert_eq!(c.capacity.soft_threshold_percent, Some(0.75));
         assert_eq!(c.gc.priority, Some(GcPriority::Rate(250_000_000)));
@@ -448,5 +464,14 @@ chap_secret = "host-secret-1234"
         assert!(parse_gc_priority("urgent").is_err());
         assert_eq!(parse_compression("lz4").unwrap(), Compression::Lz4);
         assert!(parse_compression("zstd:99").is_err());
+    }
+
+    #[test]
+    fn a_poll_window_past_a_millisecond_is_refused() {
+        let c = Config::parse("[iscsi]\npoll_us = 0\n").unwrap();
+        assert_eq!(c.iscsi.poll_us, Some(std::time::Duration::ZERO));
+        let e = Config::parse("[iscsi]\npoll_us = 5000\n").unwrap_err();
+        assert!(e.contains("above 1000"), "{e}");
+        assert!(Config::parse("[iscsi]\npoll_us = -1\n").is_err());
     }
 }

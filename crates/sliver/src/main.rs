@@ -224,6 +224,7 @@ struct Settings {
     api_allowed_hosts: AllowedHosts,
     options: ArrayOptions,
     login_timeout: Option<std::time::Duration>,
+    poll: Option<std::time::Duration>,
     target_chap: Option<ChapSecret>,
     hosts: Vec<config::Host>,
     soft_threshold: Option<f64>,
@@ -356,6 +357,7 @@ fn settings(args: ServeArgs) -> Result<Settings, String> {
         api_allowed_hosts,
         options,
         login_timeout: file.iscsi.login_timeout,
+        poll: file.iscsi.poll_us,
         target_chap: file.chap.map(|c| ChapSecret {
             user: c.user,
             secret: c.secret,
@@ -416,6 +418,9 @@ fn serve(args: ServeArgs) -> Result<(), String> {
         let server = Server::new(array.clone());
         if let Some(t) = s.login_timeout {
             server.set_login_timeout(t);
+        }
+        if let Some(window) = s.poll {
+            server.set_poll(window);
         }
         let options = ServerOptions { portals: s.portals };
         let listeners = server.bind(&options).await.map_err(|e| e.to_string())?;

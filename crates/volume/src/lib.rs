@@ -122,6 +122,14 @@ pub trait Volume: Send + Sync {
     /// Read `buf.len() / block_size` blocks starting at `lba`. Unwritten blocks read as zeros.
     fn read(&self, lba: u64, buf: &mut [u8]) -> Result<()>;
 
+    /// [`Volume::read`] if it can be done without waiting for a device: `Ok(true)` when `buf`
+    /// was filled, `Ok(false)` when the read would wait (then `buf` holds nothing useful and
+    /// the caller reads with [`Volume::read`] on a thread that may wait). A transport runs
+    /// such reads on the thread that received them; by default every read would wait.
+    fn read_cached(&self, _lba: u64, _buf: &mut [u8]) -> Result<bool> {
+        Ok(false)
+    }
+
     /// Write whole blocks starting at `lba`. The data may sit in a volatile cache until [`flush`].
     ///
     /// [`flush`]: Volume::flush

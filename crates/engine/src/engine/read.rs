@@ -2,6 +2,16 @@
 
 use super::*;
 
+/// A chunk a read found in the map: its id and fingerprint.
+type Seen = (u64, [u8; 16]);
+
+/// Whether a read may wait for the disk (metadata pages, log data) or must give up instead.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum ReadMode {
+    MayWait,
+    CachedOnly,
+}
+
 impl Engine {
     /// Read bytes at `offset` of `volume` into `buf`. Unmapped space reads as zeros.
     pub fn read(&self, volume: u32, offset: u64, buf: &mut [u8]) -> Result<()> {
@@ -34,21 +44,51 @@ impl Engine {
         Ok(())
     }
 
+    /// [`Engine::read`] if it can be done without waiting: every metadata page it needs is
+    /// cached, no write it overlaps is still being written and the data is in the page
+    /// cache. `Ok(true)` when `buf` was filled; `Ok(false)` when the read would wait (call
+    /// [`Engine::read`] on a thread that may). Reads not aligned to chunks always wait.
+    pub fn read_cached(&self, volume: u32, offset: u64, buf: &mut [u8]) -> Result<bool> {
+        let cs = self.geometry.chunk_size as u64;
+        let end = offset.checked_add(buf.len() as u64);
+        let aligned = end.is_some_and(|end| offset.is_multiple_of(cs) && end.is_multiple_of(cs));
+        if buf.is_empty() || !aligned {
+            return Ok(false);
+        }
+        let done = self
+            .read_chunks_in(volume, offset / cs, buf, ReadMode::CachedOnly)?
+            .is_some();
+        if done {
+            self.host_activity.fetch_add(1, Ordering::Relaxed);
+        }
+        Ok(done)
+    }
+
     /// Fill `out` (whole chunks) with chunks `first..` of `volume`. Map entries and chunk
     /// locations are resolved under one lock and the segments pinned against reuse, so the
     /// bytes read are what the map held at that instant. Returns the (id, fingerprint) seen
     /// for each chunk. The chunks must lie in the volume (volume sizes are whole chunks):
     /// [`EngineError::OutOfRange`] otherwise.
-    pub(super) fn read_chunks(
+    pub(super) fn read_chunks(&self, volume: u32, first: u64, out: &mut [u8]) -> Result<Vec<Seen>> {
+        Ok(self
+            .read_chunks_in(volume, first, out, ReadMode::MayWait)?
+            .expect("a read that may wait completes"))
+    }
+
+    /// [`Engine::read_chunks`] in `mode`: `Ok(None)` when [`ReadMode::CachedOnly`] and the
+    /// read would wait.
+    fn read_chunks_in(
         &self,
         volume: u32,
         first: u64,
         out: &mut [u8],
-    ) -> Result<Vec<(u64, [u8; 16])>> {
+        mode: ReadMode,
+    ) -> Result<Option<Vec<Seen>>> {
         let cs = self.geometry.chunk_size as usize;
         let count = out.len() / cs;
+        let cached_only = mode == ReadMode::CachedOnly;
         type Locs = (Vec<(u64, [u8; 16])>, Vec<Option<(u64, Loc, u32, u64)>>);
-        let (m, resolved) = self.lock_resident(|m| -> Result<Locs> {
+        let probe = |m: &mut Meta| -> Result<Locs> {
             Self::volume_range(m, volume, first.saturating_mul(cs as u64), out.len() as u64)?;
             let ids = m.state.entries(volume, first, count as u64)?;
             let mut seen = Vec::with_capacity(count);
@@ -73,12 +113,28 @@ impl Engine {
                 locs.push(Some((id, loc, chunk.len, seq)));
             }
             Ok((seen, locs))
-        });
+        };
+        let (m, resolved) = if cached_only {
+            // One look under the lock with page reads forbidden: a page that is not cached
+            // is the waiting read's to fetch.
+            let mut m = self.lock_meta();
+            m.state.pager.forbid_reads();
+            let r = probe(&mut m);
+            if !m.state.pager.allow_reads().is_empty() {
+                return Ok(None);
+            }
+            (m, r)
+        } else {
+            self.lock_resident(probe)
+        };
         let (seen, locs) = resolved?;
         // Chunks whose records a write applied but has not written yet are read once it has.
         let unwritten = self
             .inflight
             .holding(locs.iter().flatten().map(|&(_, loc, ..)| loc));
+        if cached_only && !unwritten.is_empty() {
+            return Ok(None);
+        }
         // Pinned in the hold that resolved the locations (never waits; see `read_pins`).
         let _pin = self.read_pins.pin();
         drop(m);
@@ -118,13 +174,22 @@ impl Engine {
                 })
                 .collect();
             let target = &mut out[i * cs..j * cs];
-            if self.read_run(&run, at, seq, target).is_err() {
+            if cached_only {
+                // Errors, too, are the waiting read's to report (chunk by chunk).
+                match self.read_run(&run, at, seq, target, mode) {
+                    Ok(true) => {}
+                    Ok(false) | Err(_) => return Ok(None),
+                }
+                i = j;
+                continue;
+            }
+            if self.read_run(&run, at, seq, target, mode).is_err() {
                 // A coalesced read failed: read its chunks one by one, so the error names the
                 // chunk that fails (and a transient error costs nothing).
                 let mut pos = 0u64;
                 for (k, &(id, n)) in run.iter().enumerate() {
                     let one = &mut target[k * cs..(k + 1) * cs];
-                    self.read_run(&[(id, n)], at + pos, seq, one)
+                    self.read_run(&[(id, n)], at + pos, seq, one, mode)
                         .map_err(|reason| EngineError::Corrupt {
                             offset: (first + (i + k) as u64) * cs as u64,
                             reason,
@@ -134,7 +199,7 @@ impl Engine {
             }
             i = j;
         }
-        Ok(seen)
+        Ok(Some(seen))
     }
 }
 
@@ -143,13 +208,15 @@ impl Engine {
     /// offset `at`, into `out` (one chunk each), in one scatter read: a record stored raw
     /// lands in two parts, its head in a small buffer and its data straight in `out` (no
     /// bounce buffer, no copy); any other record in a buffer of its own, decoded from there.
+    /// `Ok(false)`: [`ReadMode::CachedOnly`] and the bytes are not all in the page cache.
     fn read_run(
         &self,
         run: &[(u64, u32)],
         at: u64,
         seq: u64,
         out: &mut [u8],
-    ) -> std::result::Result<(), String> {
+        mode: ReadMode,
+    ) -> std::result::Result<bool, String> {
         let cs = self.geometry.chunk_size as usize;
         let raw_len = format::CHUNK_HEAD + cs;
         let mut heads = vec![0u8; format::CHUNK_HEAD * run.len()];
@@ -171,9 +238,13 @@ impl Engine {
                     bufs.push(record);
                 }
             }
-            self.backend
-                .read_vectored_at(&mut bufs, at)
-                .map_err(|e| format!("read failed: {e}"))?;
+            let read = match mode {
+                ReadMode::MayWait => self.backend.read_vectored_at(&mut bufs, at).map(|()| true),
+                ReadMode::CachedOnly => self.backend.read_vectored_cached(&mut bufs, at),
+            };
+            if !read.map_err(|e| format!("read failed: {e}"))? {
+                return Ok(false);
+            }
         }
         let parts = heads.chunks(format::CHUNK_HEAD).zip(&whole).zip(run);
         for (((head, record), &(id, _)), target) in parts.zip(out.chunks_mut(cs)) {
@@ -193,7 +264,7 @@ impl Engine {
                 }
             }
         }
-        Ok(())
+        Ok(true)
     }
 }
 
