@@ -598,7 +598,8 @@ fn evict_page_cache(dir: &std::path::Path) {
 
 #[test]
 fn a_read_that_would_wait_for_the_disk_is_left_to_a_thread_that_may() {
-    let dir = tempfile::tempdir().unwrap();
+    // On the disk the target directory is on: a tmpfs would keep the files cached.
+    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
     let open = || Arc::new(FileBackend::open(dir.path(), 16 << 20).unwrap());
     let engine = Engine::create(open(), config(), Tuning::default()).unwrap();
     let v = engine.create_volume(1 << 20).unwrap();

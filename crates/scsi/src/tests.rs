@@ -695,8 +695,6 @@ fn fuzz_entry_point_survives_garbage() {
     crate::fuzz_cdb(&[6, 0x15, 0x10, 0, 0, 0xff, 0, 0, 0, 0, 0x40]);
 }
 
-/// A FileVolume with some answers changed, to exercise command rules a plain file volume does
-/// not reach.
 fn run_cached(lu: &LogicalUnit, n: &Nexus, cdb: &[u8], data_out: &[u8]) -> Option<Response> {
     lu.execute_cached(&request(n, cdb, data_out))
 }
@@ -737,6 +735,8 @@ fn only_a_read_that_does_not_wait_executes_without_waiting() {
     assert_eq!(cached.lu.stats().class(CommandClass::Read).commands, 1);
 }
 
+/// A FileVolume with some answers changed, to exercise command rules a plain file volume does
+/// not reach.
 struct Altered {
     inner: FileVolume,
     /// Crash-atomic write limit to claim (the engine provides real atomicity).

@@ -1,7 +1,8 @@
 //! Where SCSI commands run.
 //!
 //! The device server is synchronous: a command may wait for the engine's lock, the page cache
-//! or the disk, so it never runs on a tokio worker. Two kinds of thread take commands:
+//! or the disk, so it runs on a tokio worker only when it cannot wait (a READ served from
+//! cache, on its connection's task: `session::run_ready`). Two kinds of thread take the rest:
 //!
 //! - a small fixed pool (one thread per core, at least two) for the commands that carry the
 //!   load: reads, writes without FUA and COMPARE AND WRITE of up to [`QUICK_MAX_BYTES`].

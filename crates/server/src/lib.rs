@@ -3,7 +3,7 @@
 //! It listens on the iSCSI portals, drives one sans-I/O [`sliver_iscsi::Connection`] per TCP
 //! connection, keeps the session registry (TSIH allocation, session reinstatement), resolves
 //! LUNs through the [`array::Array`] and runs SCSI commands off the tokio workers
-//! ([`executor`]).
+//! ([`executor`]), except READs served from cache ([`poll`] for the socket polling).
 
 mod allowed_hosts;
 pub mod api;

@@ -76,6 +76,9 @@ struct Session {
     ready: Vec<(Task, OwnedSemaphorePermit)>,
     /// SCSI commands started on this connection, ever (for `crate::poll::Pacing`).
     started: u64,
+    /// When a completion left nothing in flight, with `started` then: the loop may have
+    /// slept through the quiet period that began there (`crate::poll::Pacing::quiet_at`).
+    went_quiet: Option<(std::time::Instant, u64)>,
 }
 
 /// What the connection loop and the threads that finish its commands share.
@@ -187,6 +190,9 @@ impl Shared {
             ..
         } = &mut *core;
         session.finish(conn, itt, result);
+        if session.in_flight.is_empty() {
+            session.went_quiet = Some((std::time::Instant::now(), session.started));
+        }
         // With other commands of this connection still running, the loop writes: it gathers
         // the responses that complete meanwhile into one write instead of a system call per
         // response on the I/O threads.
@@ -251,6 +257,7 @@ pub(crate) async fn drive(
         quick_running: 0,
         ready: Vec::new(),
         started: 0,
+        went_quiet: None,
     };
     let shared = Arc::new(Shared {
         core: Mutex::new(Core {
@@ -270,6 +277,9 @@ pub(crate) async fn drive(
     let mut logout_requested = false;
     let mut buf = vec![0u8; 256 * 1024];
     let mut pacing = crate::poll::Pacing::new(server.poll());
+    let mut polled_in_a_row = 0u32;
+    // The select returned for a completion's kick (see the poll below).
+    let mut woken = false;
     tracing::debug!(%peer, "connection opened");
     let opened = Instant::now();
     // The last time the initiator sent anything, and the last ping we sent.
@@ -295,31 +305,59 @@ pub(crate) async fn drive(
         // A quiet connection whose initiator answered quickly last time looks at its socket
         // for a moment before sleeping (see `crate::poll`).
         let quiet = {
-            let core = shared.lock();
-            let s = &core.session;
+            let mut core = shared.lock();
+            let Core {
+                session: s, conn, ..
+            } = &mut *core;
+            if let Some((at, started)) = s.went_quiet.take() {
+                pacing.quiet_at(at, started);
+            }
             (s.info.is_some()
                 && s.in_flight.is_empty()
-                && !core.conn.has_output()
-                && !core.conn.is_closing())
-            .then_some(s.started)
+                && !conn.has_output()
+                && !conn.is_closing()
+                && shared.queued.load(Ordering::Acquire) == 0)
+                .then_some(s.started)
         };
         shared
             .poll_soon
             .store(pacing.would_poll(), Ordering::Relaxed);
-        if let Some(started) = quiet {
+        let kicked = std::mem::take(&mut woken);
+        // Every so many inputs found by polling, the loop goes through the select below, so
+        // that a shutdown, a reinstatement or a failed writer is seen even while the
+        // initiator keeps answering within the window.
+        let poll_now = quiet.filter(|_| polled_in_a_row < POLLED_IN_A_ROW);
+        if poll_now.is_none() {
+            polled_in_a_row = 0;
+        }
+        if let Some(started) = poll_now {
             if let Some(until) = pacing.quiet(std::time::Instant::now(), started) {
                 match crate::poll::poll_input(&reader, &mut buf, until).await {
-                    Some(Ok(0)) | Some(Err(_)) => break,
-                    Some(Ok(n)) => {
-                        pacing.input(std::time::Instant::now());
+                    Some((Ok(0) | Err(_), _)) => break,
+                    Some((Ok(n), waiting)) => {
+                        // Waiting at the first look, right after this loop answered: the
+                        // initiator sent it before it could see the answer. After a wake-up
+                        // (a completion on the pool) a quick initiator's next command is
+                        // expected to be there.
+                        if waiting && !kicked {
+                            pacing.pipelined();
+                        }
+                        note_input(&shared, &mut pacing);
                         last_input = Instant::now();
                         receive(&shared, &buf[..n], peer);
                         if !send_output(&shared, &out_tx).await {
                             break;
                         }
+                        // Input found at the first look never returns to the runtime
+                        // otherwise: other connections on this thread get their turn.
+                        tokio::task::coop::consume_budget().await;
+                        polled_in_a_row += 1;
                         continue;
                     }
-                    None => pacing.missed(),
+                    None => {
+                        pacing.missed();
+                        polled_in_a_row = 0;
+                    }
                 }
             }
         }
@@ -350,10 +388,10 @@ pub(crate) async fn drive(
                     Ok(n) => n,
                 };
                 last_input = Instant::now();
-                pacing.input(std::time::Instant::now());
+                note_input(&shared, &mut pacing);
                 receive(&shared, &buf[..n], peer);
             }
-            _ = shared.kick.notified() => {}
+            _ = shared.kick.notified() => woken = true,
             _ = kill.notified() => {
                 tracing::info!(%peer, "session reinstated by a new login, closing");
                 break;
@@ -389,6 +427,18 @@ pub(crate) async fn drive(
     }
     shared.lock().session.end();
     tracing::debug!(%peer, "connection closed");
+}
+
+/// Inputs in a row the loop may find by polling before it goes through its select.
+const POLLED_IN_A_ROW: u32 = 32;
+
+/// Tell `pacing` that input arrived now, and when the connection went quiet before it if a
+/// completion saw that while the loop slept.
+fn note_input(shared: &Shared, pacing: &mut crate::poll::Pacing) {
+    if let Some((at, started)) = shared.lock().session.went_quiet.take() {
+        pacing.quiet_at(at, started);
+    }
+    pacing.input(std::time::Instant::now());
 }
 
 /// Hand `input` to the protocol core, handle the events it yields and run the quick
@@ -439,12 +489,25 @@ async fn send_output(shared: &Arc<Shared>, out_tx: &mpsc::Sender<Output>) -> boo
 /// connections): writes, and reads that would wait for the disk or the object store, go to
 /// the pool.
 fn run_ready(ready: Vec<(Task, OwnedSemaphorePermit)>) {
-    for (task, permit) in ready {
+    // Writes and large reads first, to the pool (a large read's hand-off is small beside
+    // it), so that the pool works on them while the small reads run here.
+    let (small_reads, rest): (Vec<_>, Vec<_>) = ready.into_iter().partition(|(task, _)| {
+        task.cmd.read
+            && !task.cmd.write
+            && task.cmd.expected_data_transfer_length <= INLINE_MAX_BYTES
+    });
+    for (task, permit) in rest {
+        crate::executor::run_quick(move || task.execute(permit, true));
+    }
+    for (task, permit) in small_reads {
         if let Some((task, permit)) = task.execute_cached(permit) {
             crate::executor::run_quick(move || task.execute(permit, true));
         }
     }
 }
+
+/// Largest READ that may complete on the connection's task.
+const INLINE_MAX_BYTES: u32 = 64 * 1024;
 
 /// What the connection loop waits for besides I/O, and until when.
 #[derive(Debug, Clone, Copy)]

@@ -715,6 +715,22 @@ impl Engine {
         }
     }
 
+    /// [`Engine::lock_meta`] unless another thread holds it: for a read that must not wait.
+    #[track_caller]
+    fn try_lock_meta(&self) -> Option<MetaGuard<'_>> {
+        let guard = match self.meta.try_lock() {
+            Ok(g) => g,
+            Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner(),
+            Err(std::sync::TryLockError::WouldBlock) => return None,
+        };
+        Some(MetaGuard {
+            guard,
+            since: Instant::now(),
+            at: std::panic::Location::caller(),
+            longest: &self.longest_hold,
+        })
+    }
+
     /// The longest the metadata lock was held since open, in microseconds: every host
     /// command may wait that long for metadata work.
     pub fn longest_lock_hold_us(&self) -> u64 {

@@ -116,8 +116,10 @@ impl Engine {
         };
         let (m, resolved) = if cached_only {
             // One look under the lock with page reads forbidden: a page that is not cached
-            // is the waiting read's to fetch.
-            let mut m = self.lock_meta();
+            // is the waiting read's to fetch, and so is a lock another thread holds.
+            let Some(mut m) = self.try_lock_meta() else {
+                return Ok(None);
+            };
             m.state.pager.forbid_reads();
             let r = probe(&mut m);
             if !m.state.pager.allow_reads().is_empty() {
