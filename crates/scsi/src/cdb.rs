@@ -4,7 +4,7 @@
 //! fields we do not support, NACA); checks that need the LU (LBA ranges, allocation vs
 //! capacity) happen in the command families.
 
-use crate::sense::{Sense, SenseReason};
+use crate::sense::Sense;
 
 pub mod opcode {
     pub const TEST_UNIT_READY: u8 = 0x00;
@@ -334,7 +334,7 @@ impl Fields {
 }
 
 fn invalid_field(byte: u16, bit: Option<u8>) -> Sense {
-    Sense::from(SenseReason::InvalidFieldInCdb).with_field_pointer(true, byte, bit)
+    Sense::invalid_cdb(byte, bit)
 }
 
 /// Fails with INVALID FIELD IN CDB pointing at the protection field (bits 7-5 of byte 1):
@@ -1082,6 +1082,7 @@ pub fn has_service_actions(opcode: u8) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::sense::SenseReason;
 
     #[test]
     fn read16_fields() {

@@ -86,6 +86,16 @@ pub(crate) enum Failure {
     Conflict,
 }
 
+/// INVALID FIELD IN CDB for a command's outcome ([`Sense::invalid_cdb`]).
+pub(crate) fn invalid_cdb(byte: u16, bit: Option<u8>) -> Failure {
+    Sense::invalid_cdb(byte, bit).into()
+}
+
+/// INVALID FIELD IN PARAMETER LIST for a command's outcome ([`Sense::invalid_param`]).
+pub(crate) fn invalid_param(byte: usize, bit: Option<u8>) -> Failure {
+    Sense::invalid_param(byte, bit).into()
+}
+
 impl From<Sense> for Failure {
     fn from(s: Sense) -> Self {
         Failure::Check(s)

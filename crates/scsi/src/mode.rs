@@ -14,12 +14,13 @@
 //!
 //! Parameters are shared by all nexuses and not saveable.
 
+use crate::lu::{invalid_cdb, invalid_param};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 
 use crate::cdb::PageControl;
 use crate::lu::{data_out_prefix, lock_unpoisoned, truncated, Done, LogicalUnit, Outcome};
-use crate::{Nexus, Sense, SenseReason};
+use crate::{Nexus, SenseReason};
 
 const PAGE_ERROR_RECOVERY: u8 = 0x01;
 const PAGE_CACHING: u8 = 0x08;
@@ -313,18 +314,6 @@ pub(crate) fn mode_sense(
     Ok(Done::data(truncated(data, alloc_len)))
 }
 
-fn invalid_cdb(byte: u16, bit: Option<u8>) -> crate::lu::Failure {
-    Sense::from(SenseReason::InvalidFieldInCdb)
-        .with_field_pointer(true, byte, bit)
-        .into()
-}
-
-fn invalid_param(byte: usize) -> crate::lu::Failure {
-    Sense::from(SenseReason::InvalidFieldInParameterList)
-        .with_field_pointer(false, u16::try_from(byte).unwrap_or(u16::MAX), None)
-        .into()
-}
-
 /// MODE SELECT(6) / (10): validate the whole parameter list, then apply it at once.
 pub(crate) fn mode_select(
     lu: &LogicalUnit,
@@ -355,7 +344,7 @@ pub(crate) fn mode_select(
     };
     let expected_descriptor = if long_lba { 16 } else { 8 };
     if descriptor_len != 0 && descriptor_len != expected_descriptor {
-        return Err(invalid_param(if ten { 6 } else { 3 }));
+        return Err(invalid_param(if ten { 6 } else { 3 }, None));
     }
     let pages_at = header_len + descriptor_len;
     if params.len() < pages_at {
@@ -370,7 +359,7 @@ pub(crate) fn mode_select(
             u32::from_be_bytes([0, d[5], d[6], d[7]])
         };
         if block_len != 0 && block_len != lu.volume.block_size() {
-            return Err(invalid_param(header_len + descriptor_len - 3));
+            return Err(invalid_param(header_len + descriptor_len - 3, None));
         }
     }
 
@@ -400,16 +389,16 @@ pub(crate) fn mode_select(
             page(code, subpage, PageControl::Current, current),
             page(code, subpage, PageControl::Changeable, current),
         ) else {
-            return Err(invalid_param(at));
+            return Err(invalid_param(at, None));
         };
         let header = if subpage != 0 { 4 } else { 2 };
         if sent.len() != ours.len() {
-            return Err(invalid_param(at + 1));
+            return Err(invalid_param(at + 1, None));
         }
         // Every bit that is not changeable must equal its current value (PS is ignored).
         for i in header..ours.len() {
             if (sent[i] ^ ours[i]) & !mask[i] != 0 {
-                return Err(invalid_param(at + i));
+                return Err(invalid_param(at + i, None));
             }
         }
         match (code, subpage) {
@@ -423,7 +412,7 @@ pub(crate) fn mode_select(
                 t.enabled = sent[16] & THRESHOLD_ENABLED != 0;
                 t.count = u32::from_be_bytes([sent[20], sent[21], sent[22], sent[23]]);
                 if t.enabled && (t.count == 0 || t.count as u64 > t.sets) {
-                    return Err(invalid_param(at + 20));
+                    return Err(invalid_param(at + 20, None));
                 }
                 if !t.enabled {
                     t.count = 0;

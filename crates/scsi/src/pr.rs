@@ -730,19 +730,11 @@ enum ProutAction {
 }
 
 fn invalid_cdb_field(byte: u16, bit: u8) -> PrError {
-    PrError::Sense(
-        Sense::from(SenseReason::InvalidFieldInCdb).with_field_pointer(true, byte, Some(bit)),
-    )
+    PrError::Sense(Sense::invalid_cdb(byte, Some(bit)))
 }
 
 fn invalid_parameter(byte: usize) -> PrError {
-    PrError::Sense(
-        Sense::from(SenseReason::InvalidFieldInParameterList).with_field_pointer(
-            false,
-            u16::try_from(byte).unwrap_or(u16::MAX),
-            None,
-        ),
-    )
+    PrError::Sense(Sense::invalid_param(byte, None))
 }
 
 fn parameter_list_length_error() -> PrError {

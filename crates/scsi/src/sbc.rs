@@ -4,6 +4,7 @@
 //! limits, Data-Out size) before touching the volume. Writes hold an LBA range lock so
 //! read-modify-write commands (COMPARE AND WRITE, ORWRITE) are atomic against them.
 
+use crate::lu::{invalid_cdb, invalid_param};
 use sliver_volume::{BlockStatus, ProvisioningState};
 
 use crate::cdb::{BlockRange, Command, SanitizeAction, StartStop};
@@ -18,18 +19,6 @@ use crate::{Request, Sense, SenseReason};
 
 /// Bytes per volume call when one command covers many blocks (WRITE SAME, SANITIZE).
 const CHUNK_BYTES: usize = 1 << 20;
-
-fn invalid_cdb(byte: u16, bit: Option<u8>) -> Failure {
-    Sense::from(SenseReason::InvalidFieldInCdb)
-        .with_field_pointer(true, byte, bit)
-        .into()
-}
-
-fn invalid_param(byte: usize) -> Failure {
-    Sense::from(SenseReason::InvalidFieldInParameterList)
-        .with_field_pointer(false, u16::try_from(byte).unwrap_or(u16::MAX), None)
-        .into()
-}
 
 pub(crate) fn execute(lu: &LogicalUnit, req: &Request, cmd: &Command) -> Outcome {
     match *cmd {
@@ -398,7 +387,7 @@ fn unmap(lu: &LogicalUnit, anchor: bool, param_len: usize, data_out: &[u8]) -> O
     // A trailing partial descriptor is ignored (SBC-3 5.28.2).
     let count = descriptors_len / 16;
     if count > MAX_UNMAP_DESCRIPTORS {
-        return Err(invalid_param(2));
+        return Err(invalid_param(2, None));
     }
     let capacity = lu.volume.num_blocks();
     let mut ranges = Vec::with_capacity(count);
@@ -414,7 +403,7 @@ fn unmap(lu: &LogicalUnit, anchor: bool, param_len: usize, data_out: &[u8]) -> O
         }
         total += blocks; // at most 1024 * u32::MAX: cannot overflow u64
         if total > MAX_UNMAP_BLOCKS {
-            return Err(invalid_param(8 + i * 16 + 8));
+            return Err(invalid_param(8 + i * 16 + 8, None));
         }
         if blocks > 0 {
             ranges.push(BlockRange { lba, blocks });
@@ -579,13 +568,13 @@ fn sanitize(
             let passes = params[0] & 0x1f;
             let pattern_len = u16::from_be_bytes([params[2], params[3]]) as usize;
             if test != 0 {
-                return Err(invalid_param(0));
+                return Err(invalid_param(0, None));
             }
             if passes == 0 {
-                return Err(invalid_param(0));
+                return Err(invalid_param(0, None));
             }
             if pattern_len == 0 || pattern_len > bs || pattern_len + 4 != param_len {
-                return Err(invalid_param(2));
+                return Err(invalid_param(2, None));
             }
             check_writable(lu)?;
             let pattern = &params[4..];

@@ -197,6 +197,21 @@ impl Sense {
         self
     }
 
+    /// INVALID FIELD IN CDB pointing at `byte` (and `bit`) of the CDB.
+    pub fn invalid_cdb(byte: u16, bit: Option<u8>) -> Self {
+        Sense::from(SenseReason::InvalidFieldInCdb).with_field_pointer(true, byte, bit)
+    }
+
+    /// INVALID FIELD IN PARAMETER LIST pointing at `byte` (and `bit`) of the parameter list;
+    /// a byte past the field pointer's 16 bits points at its end.
+    pub fn invalid_param(byte: usize, bit: Option<u8>) -> Self {
+        Sense::from(SenseReason::InvalidFieldInParameterList).with_field_pointer(
+            false,
+            u16::try_from(byte).unwrap_or(u16::MAX),
+            bit,
+        )
+    }
+
     pub fn with_field_pointer(mut self, in_cdb: bool, byte: u16, bit: Option<u8>) -> Self {
         self.field_pointer = Some(FieldPointer { in_cdb, byte, bit });
         self
@@ -282,6 +297,22 @@ mod tests {
             .to_fixed();
         assert_eq!(b[15], 0x80 | 0x40 | 0x08 | 3);
         assert_eq!(&b[16..18], &[0, 2]);
+    }
+
+    #[test]
+    fn invalid_field_senses_point_into_the_cdb_or_the_parameter_list() {
+        let cdb = Sense::invalid_cdb(1, Some(4)).to_fixed();
+        assert_eq!((cdb[2] & 0x0f, cdb[12], cdb[13]), (0x5, 0x24, 0x00));
+        assert_eq!(cdb[15], 0x80 | 0x40 | 0x08 | 4, "C/D set: the CDB");
+        assert_eq!(&cdb[16..18], &[0, 1]);
+        let param = Sense::invalid_param(300, None).to_fixed();
+        assert_eq!((param[2] & 0x0f, param[12], param[13]), (0x5, 0x26, 0x00));
+        assert_eq!(param[15], 0x80, "C/D clear, no bit: the parameter list, whole byte");
+        assert_eq!(&param[16..18], &300u16.to_be_bytes());
+        // A byte past what the field pointer holds points at its end, not at a wrapped byte.
+        let far = Sense::invalid_param(70_000, Some(1)).to_fixed();
+        assert_eq!(&far[16..18], &[0xff, 0xff]);
+        assert_eq!(far[15], 0x80 | 0x08 | 1);
     }
 
     #[test]

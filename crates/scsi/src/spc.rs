@@ -2,7 +2,8 @@
 //! reservations, and the MAINTENANCE IN reports.
 
 use crate::cdb::{self, Command, RsocOptions, SUPPORTED_COMMANDS};
-use crate::lu::{data_out_prefix, truncated, Done, Failure, LogicalUnit, Outcome};
+use crate::lu::invalid_cdb;
+use crate::lu::{data_out_prefix, truncated, Done, LogicalUnit, Outcome};
 use crate::{mode, vpd, Request, Sense, SenseReason};
 
 /// Version descriptors (SPC-4 table 144): SAM-5, SPC-4, SBC-3, iSCSI (no version claimed).
@@ -12,12 +13,6 @@ const VERSION_DESCRIPTORS: [u16; 4] = [0x00a0, 0x0460, 0x04c0, 0x0960];
 const RECOMMENDED_TIMEOUT_SECS: u32 = 30;
 /// SANITIZE rewrites the whole volume.
 const SANITIZE_TIMEOUT_SECS: u32 = 3600;
-
-fn invalid_cdb(byte: u16, bit: Option<u8>) -> Failure {
-    Sense::from(SenseReason::InvalidFieldInCdb)
-        .with_field_pointer(true, byte, bit)
-        .into()
-}
 
 pub(crate) fn execute(lu: &LogicalUnit, req: &Request, cmd: &Command) -> Outcome {
     match *cmd {

@@ -19,6 +19,7 @@
 //! initiator that may reach the source can use a token; the token's 352 random bytes make
 //! it unguessable. Tokens expire after their inactivity timeout and are dropped with the LU.
 
+use crate::lu::{invalid_cdb, invalid_param};
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -29,8 +30,8 @@ use rand::RngCore;
 use crate::cdb::{opcode, Command};
 use crate::lu::{data_out_prefix, lock_unpoisoned, truncated, Done, Failure, LogicalUnit, Outcome};
 use crate::xcopy::{
-    at_param, be16, be32, be64, check_other_lu, copy_failure, invalid_cdb, invalid_param,
-    run_steps, Step, Target, CSCD_IDENTIFICATION,
+    at_param, be16, be32, be64, check_other_lu, copy_failure, run_steps, Step, Target,
+    CSCD_IDENTIFICATION,
 };
 use crate::{Nexus, Request, Sense, SenseReason, Status};
 
@@ -271,7 +272,7 @@ pub(crate) fn execute(lu: &LogicalUnit, req: &Request, cmd: &Command) -> Outcome
             let record = lu
                 .token_copy
                 .find(req.nexus, list_id)
-                .ok_or_else(|| invalid_cdb(2))?;
+                .ok_or_else(|| invalid_cdb(2, None))?;
             Ok(Done::data(truncated(
                 token_information(lu, &record),
                 alloc_len,

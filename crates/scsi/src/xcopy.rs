@@ -17,6 +17,7 @@
 //! other LU only through the transport's [`CopyTargets`], which answers only for LUs this
 //! nexus may access (a copy must not reach an LU its initiator could not read or write).
 
+use crate::lu::{invalid_cdb, invalid_param};
 use std::collections::VecDeque;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::{Arc, Mutex};
@@ -69,19 +70,6 @@ const IMPLEMENTED_DESCRIPTORS: [u8; 3] = [
 const DESIGNATOR_TYPE_NAA: u8 = 0x3;
 const ASSOCIATION_LU: u8 = 0x0;
 const NAA_LEN: usize = 16;
-
-pub(crate) fn invalid_cdb(byte: u16) -> Failure {
-    Sense::from(SenseReason::InvalidFieldInCdb)
-        .with_field_pointer(true, byte, None)
-        .into()
-}
-
-/// INVALID FIELD IN PARAMETER LIST pointing at `byte` of the parameter list.
-pub(crate) fn invalid_param(byte: usize, bit: Option<u8>) -> Failure {
-    Sense::from(SenseReason::InvalidFieldInParameterList)
-        .with_field_pointer(false, pointer(byte), bit)
-        .into()
-}
 
 /// A sense for a descriptor-level problem, pointing at `byte` of the parameter list. For COPY
 /// ABORTED the same bytes are the segment pointer format with SD = 0 (SPC-4 4.5.2.4.5).
@@ -748,7 +736,7 @@ fn copy_status(lu: &LogicalUnit, nexus: &Nexus, list_id: u8) -> Result<Vec<u8>, 
     let record = lu
         .copy_results
         .find(nexus, list_id)
-        .ok_or_else(|| invalid_cdb(2))?;
+        .ok_or_else(|| invalid_cdb(2, None))?;
     let mut d = vec![0u8; 12];
     d[0..4].copy_from_slice(&8u32.to_be_bytes()); // AVAILABLE DATA
     d[4] = match record.state {
@@ -799,7 +787,7 @@ fn failed_segment_details(
     let record = lu
         .copy_results
         .find(nexus, list_id)
-        .ok_or_else(|| invalid_cdb(2))?;
+        .ok_or_else(|| invalid_cdb(2, None))?;
     let (status, sense) = match record.state {
         CopyState::InProgress => return Ok(vec![0; 4]),
         CopyState::Succeeded => (Status::Good, Vec::new()),
