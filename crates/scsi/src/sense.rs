@@ -307,7 +307,10 @@ mod tests {
         assert_eq!(&cdb[16..18], &[0, 1]);
         let param = Sense::invalid_param(300, None).to_fixed();
         assert_eq!((param[2] & 0x0f, param[12], param[13]), (0x5, 0x26, 0x00));
-        assert_eq!(param[15], 0x80, "C/D clear, no bit: the parameter list, whole byte");
+        assert_eq!(
+            param[15], 0x80,
+            "C/D clear, no bit: the parameter list, whole byte"
+        );
         assert_eq!(&param[16..18], &300u16.to_be_bytes());
         // A byte past what the field pointer holds points at its end, not at a wrapped byte.
         let far = Sense::invalid_param(70_000, Some(1)).to_fixed();

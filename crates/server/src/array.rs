@@ -281,6 +281,9 @@ pub struct Array {
     engine: Arc<Engine>,
     config: RwLock<ArrayConfig>,
     units: RwLock<BTreeMap<String, Arc<LogicalUnit>>>,
+    /// Bumped whenever `config` or `units` is changed: sessions keep their LUN table until
+    /// it moves ([`Array::generation`]).
+    generation: std::sync::atomic::AtomicU64,
     /// What happened, for the API and the console (`events.jsonl`).
     events: Mutex<EventLog>,
     /// When this process opened the array (ms since the Unix epoch).
@@ -393,6 +396,7 @@ impl Array {
             engine,
             config: RwLock::new(config),
             units: RwLock::new(BTreeMap::new()),
+            generation: std::sync::atomic::AtomicU64::new(0),
             events: Mutex::new(events),
             opened_ms: now_ms(),
             replication,
@@ -598,7 +602,7 @@ impl Array {
         kind: VolumeKind,
         source_id: Option<String>,
     ) -> Result<()> {
-        let mut config = self.config.write().unwrap();
+        let mut config = self.config_mut();
         if config.volumes.iter().any(|v| v.name == name) {
             return Err(ArrayError::VolumeExists(name.into()));
         }
@@ -618,7 +622,7 @@ impl Array {
         let unit = self.open_unit(&record, &config.target_name)?;
         config.volumes.push(record);
         self.save_locked(&config)?;
-        self.units.write().unwrap().insert(name.into(), unit);
+        self.units_mut().insert(name.into(), unit);
         Ok(())
     }
 
@@ -674,7 +678,7 @@ impl Array {
 
     fn delete_volume_unrecorded(&self, name: &str) -> Result<()> {
         let record = {
-            let mut config = self.config.write().unwrap();
+            let mut config = self.config_mut();
             let hosts: Vec<String> = config
                 .connections
                 .iter()
@@ -699,7 +703,7 @@ impl Array {
                 config.volumes.insert(index, record);
                 return Err(e);
             }
-            self.units.write().unwrap().remove(name);
+            self.units_mut().remove(name);
             record
         };
         self.destroy_storage(&record)
@@ -718,7 +722,7 @@ impl Array {
 
     fn rename_volume_unrecorded(&self, name: &str, new_name: &str) -> Result<()> {
         validate_name(new_name)?;
-        let mut config = self.config.write().unwrap();
+        let mut config = self.config_mut();
         if config.volumes.iter().any(|v| v.name == new_name) {
             return Err(ArrayError::VolumeExists(new_name.into()));
         }
@@ -734,7 +738,7 @@ impl Array {
         }
         self.save_locked(&updated)?;
         *config = updated;
-        let mut units = self.units.write().unwrap();
+        let mut units = self.units_mut();
         if let Some(unit) = units.remove(name) {
             units.insert(new_name.into(), unit);
         }
@@ -754,7 +758,7 @@ impl Array {
     }
 
     fn resize_volume_unrecorded(&self, name: &str, size_bytes: u64) -> Result<()> {
-        let mut config = self.config.write().unwrap();
+        let mut config = self.config_mut();
         let index = config
             .volumes
             .iter()
@@ -797,7 +801,7 @@ impl Array {
     }
 
     fn disconnect_unrecorded(&self, volume: &str, host: &str) -> Result<()> {
-        let mut config = self.config.write().unwrap();
+        let mut config = self.config_mut();
         if !config.volumes.iter().any(|v| v.name == volume) {
             return Err(ArrayError::NoSuchVolume(volume.into()));
         }
@@ -825,7 +829,7 @@ impl Array {
     }
 
     fn delete_host_unrecorded(&self, name: &str) -> Result<()> {
-        let mut config = self.config.write().unwrap();
+        let mut config = self.config_mut();
         let volumes: Vec<String> = config
             .connections
             .iter()
@@ -858,7 +862,7 @@ impl Array {
         if name != ANY_HOST {
             validate_name(name)?;
         }
-        let mut config = self.config.write().unwrap();
+        let mut config = self.config_mut();
         let mut updated = config.clone();
         match updated.hosts.iter_mut().find(|h| h.name == name) {
             Some(h) if h.iqns == iqns && h.chap == chap => return Ok(()),
@@ -886,7 +890,7 @@ impl Array {
         iqns: Option<Vec<String>>,
         chap: ChapChange,
     ) -> Result<HostRecord> {
-        let mut config = self.config.write().unwrap();
+        let mut config = self.config_mut();
         let mut updated = config.clone();
         let host = updated
             .hosts
@@ -920,7 +924,7 @@ impl Array {
 
     /// Set (or clear) the target's own CHAP credentials (mutual CHAP).
     pub fn set_target_chap(&self, chap: Option<ChapSecret>) -> Result<()> {
-        let mut config = self.config.write().unwrap();
+        let mut config = self.config_mut();
         if config.target_chap == chap {
             return Ok(());
         }
@@ -970,7 +974,7 @@ impl Array {
 
     /// Applies `change` to the kept settings; whether they changed.
     fn update_settings(&self, change: impl FnOnce(&mut Settings)) -> Result<bool> {
-        let mut config = self.config.write().unwrap();
+        let mut config = self.config_mut();
         let mut updated = config.clone();
         change(&mut updated.settings);
         if updated.settings == config.settings {
@@ -1145,7 +1149,7 @@ impl Array {
         if name != ANY_HOST {
             validate_name(name)?;
         }
-        let mut config = self.config.write().unwrap();
+        let mut config = self.config_mut();
         if config.hosts.iter().any(|h| h.name == name) {
             return Err(ArrayError::HostExists(name.into()));
         }
@@ -1164,7 +1168,7 @@ impl Array {
 
     /// Connect `volume` to `host` at `lun` (the lowest free LUN when `None`). Returns the LUN.
     pub fn connect(&self, volume: &str, host: &str, lun: Option<u64>) -> Result<u64> {
-        let mut config = self.config.write().unwrap();
+        let mut config = self.config_mut();
         if !config.volumes.iter().any(|v| v.name == volume) {
             return Err(ArrayError::NoSuchVolume(volume.into()));
         }
@@ -1252,6 +1256,29 @@ impl Array {
 
     /// LUNs `initiator` may address, sorted by LUN. A host's own mapping wins over `*` for the
     /// same LUN number.
+    /// The configuration, to change: the generation moves first, so a session that sees the
+    /// new generation builds its LUN table after the change (the lock orders them).
+    fn config_mut(&self) -> std::sync::RwLockWriteGuard<'_, ArrayConfig> {
+        let guard = self.config.write().unwrap();
+        self.generation
+            .fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+        guard
+    }
+
+    /// The logical units, to change (see [`Array::config_mut`]).
+    fn units_mut(&self) -> std::sync::RwLockWriteGuard<'_, BTreeMap<String, Arc<LogicalUnit>>> {
+        let guard = self.units.write().unwrap();
+        self.generation
+            .fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+        guard
+    }
+
+    /// Moves whenever what [`Array::luns_for`] returns may have changed (hosts, connections,
+    /// volumes).
+    pub fn generation(&self) -> u64 {
+        self.generation.load(std::sync::atomic::Ordering::Acquire)
+    }
+
     pub fn luns_for(&self, initiator: &str) -> Vec<MappedLun> {
         let config = self.config.read().unwrap();
         let units = self.units.read().unwrap();

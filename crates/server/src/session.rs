@@ -79,6 +79,8 @@ struct Session {
     /// When a completion left nothing in flight, with `started` then: the loop may have
     /// slept through the quiet period that began there (`crate::poll::Pacing::quiet_at`).
     went_quiet: Option<(std::time::Instant, u64)>,
+    /// The LUN table and the array generation it was built at ([`Session::luns`]).
+    lun_table: Option<(u64, Arc<LunTable>)>,
 }
 
 /// What the connection loop and the threads that finish its commands share.
@@ -258,6 +260,7 @@ pub(crate) async fn drive(
         ready: Vec::new(),
         started: 0,
         went_quiet: None,
+        lun_table: None,
     };
     let shared = Arc::new(Shared {
         core: Mutex::new(Core {
@@ -639,6 +642,7 @@ impl Session {
                     relative_target_port: 1,
                 });
                 self.info = Some(info);
+                self.lun_table = None;
             }
             Event::Command(cmd) => self.start_command(conn, cmd, shared),
             Event::TaskManagement(tmf) => self.task_management(conn, tmf),
@@ -651,13 +655,37 @@ impl Session {
         }
     }
 
-    fn luns(&self) -> Vec<MappedLun> {
-        match &self.info {
+    /// The LUNs this session sees, rebuilt only when the array's configuration moved (a
+    /// command used to rebuild them: two locks, a map and a clone of every name).
+    fn luns(&mut self) -> Arc<LunTable> {
+        let generation = self.server.array.generation();
+        if let Some((seen, table)) = &self.lun_table {
+            if *seen == generation {
+                return table.clone();
+            }
+        }
+        let luns = match &self.info {
             Some(info) if matches!(info.session_type, SessionType::Normal) => {
                 self.server.array.luns_for(&info.initiator_name)
             }
             _ => vec![],
-        }
+        };
+        let table = Arc::new(LunTable {
+            numbers: luns.iter().map(|l| l.lun).collect(),
+            units: MappedUnits(luns.iter().map(|l| l.unit.clone()).collect()),
+            luns,
+        });
+        self.lun_table = Some((generation, table.clone()));
+        table
+    }
+
+    /// The logical unit at `lun`, if this session sees one there.
+    fn unit_at(table: &LunTable, lun: u64) -> Option<Arc<LogicalUnit>> {
+        table
+            .luns
+            .iter()
+            .find(|l| l.lun == lun)
+            .map(|l| l.unit.clone())
     }
 
     fn start_command(&mut self, conn: &mut Connection, cmd: Command, shared: &Arc<Shared>) {
@@ -665,12 +693,7 @@ impl Session {
             return;
         };
         let luns = self.luns();
-        let unit = luns
-            .iter()
-            .find(|l| l.lun == cmd.lun)
-            .map(|l| l.unit.clone());
-        let lun_numbers: Vec<u64> = luns.iter().map(|l| l.lun).collect();
-        let copy_targets = MappedUnits(luns.iter().map(|l| l.unit.clone()).collect());
+        let unit = Self::unit_at(&luns, cmd.lun);
         if let Some(unit) = &unit {
             self.touched.entry(cmd.lun).or_insert_with(|| unit.clone());
         }
@@ -705,8 +728,7 @@ impl Session {
             shared: shared.clone(),
             nexus,
             cmd,
-            luns: lun_numbers,
-            copy_targets,
+            luns,
             unit,
         };
         // A quick command within the budget runs from the loop (see `run_ready`); a task of
@@ -768,10 +790,7 @@ impl Session {
 
     fn task_management(&mut self, conn: &mut Connection, tmf: TaskManagement) {
         let luns = self.luns();
-        let unit = luns
-            .iter()
-            .find(|l| l.lun == tmf.lun)
-            .map(|l| l.unit.clone());
+        let unit = Self::unit_at(&luns, tmf.lun);
         let nexus = self.nexus.clone();
         let mut close_after = false;
         let waiting = match tmf.function {
@@ -803,7 +822,7 @@ impl Session {
             }
             TmfFunction::TargetWarmReset | TmfFunction::TargetColdReset => {
                 let cold = matches!(tmf.function, TmfFunction::TargetColdReset);
-                for l in &luns {
+                for l in &luns.luns {
                     l.unit.reset(if cold {
                         Reset::TargetCold
                     } else {
@@ -862,8 +881,8 @@ struct Task {
     nexus: Nexus,
     cmd: Command,
     /// LUNs the nexus may see, for REPORT LUNS.
-    luns: Vec<u64>,
-    copy_targets: MappedUnits,
+    /// What the session's LUNs were when it was received.
+    luns: Arc<LunTable>,
     unit: Option<Arc<LogicalUnit>>,
 }
 
@@ -874,8 +893,8 @@ impl Task {
             cdb: &self.cmd.cdb,
             data_out: &self.cmd.data_out,
             attr: task_attr(&self.cmd),
-            luns: &self.luns,
-            copy_targets: &self.copy_targets,
+            luns: &self.luns.numbers,
+            copy_targets: &self.luns.units,
         }
     }
 
@@ -925,6 +944,15 @@ impl Task {
         };
         self.shared.complete(self.cmd.itt, result, permit, counted);
     }
+}
+
+/// The LUNs a session sees, as the array's configuration stood at one generation.
+struct LunTable {
+    luns: Vec<MappedLun>,
+    /// For REPORT LUNS.
+    numbers: Vec<u64>,
+    /// For EXTENDED COPY's copy-target lookup.
+    units: MappedUnits,
 }
 
 /// EXTENDED COPY may only reach LUs this initiator is connected to (an XCOPY that ignored

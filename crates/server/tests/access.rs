@@ -231,3 +231,64 @@ fn live_sessions_are_listed_with_their_host() {
         std::thread::sleep(std::time::Duration::from_millis(20));
     }
 }
+
+/// A logged-in session sees the LUNs mapped and unmapped for its host from then on: the LUN
+/// table a session keeps is rebuilt whenever the array's configuration moves.
+#[test]
+fn a_live_session_sees_luns_mapped_and_unmapped_for_its_host() {
+    use sliver_initiator::{Command, Session, SessionOptions};
+    let t = start(two_hosts);
+    let url = format!("iscsi://{}/{TARGET}/0", t.addr);
+    let options = SessionOptions {
+        initiator_name: HOST_A.into(),
+        ..Default::default()
+    };
+    let mut s = Session::connect(&url, options).unwrap();
+    let luns = |s: &mut Session| -> Vec<u64> {
+        let mut cdb = vec![0u8; 12];
+        cdb[0] = 0xa0; // REPORT LUNS
+        cdb[6..10].copy_from_slice(&4096u32.to_be_bytes());
+        let c = s
+            .execute(Command::new(cdb).with_data_in(4096).on_lun(0))
+            .unwrap();
+        assert!(c.is_good(), "{:?}", c.sense);
+        let len = u32::from_be_bytes(c.data[0..4].try_into().unwrap()) as usize;
+        c.data[8..8 + len]
+            .chunks(8)
+            .map(|e| u64::from(u16::from_be_bytes([e[0] & 0x3f, e[1]])))
+            .collect()
+    };
+    // READ(10) of one block; a new LU's power-on unit attention is answered first.
+    let read = |s: &mut Session, lun: u64| {
+        let cdb = vec![0x28, 0, 0, 0, 0, 0, 0, 0, 1, 0];
+        let mut c = s
+            .execute(Command::new(cdb.clone()).with_data_in(512).on_lun(lun))
+            .unwrap();
+        for _ in 0..3 {
+            if c.sense
+                .as_ref()
+                .is_some_and(|k| k.asc == 0x29 || k.asc == 0x3f)
+            {
+                c = s
+                    .execute(Command::new(cdb.clone()).with_data_in(512).on_lun(lun))
+                    .unwrap();
+            }
+        }
+        c
+    };
+    assert_eq!(luns(&mut s), vec![0, 3]);
+    t.array.create_volume("a5", 1 << 20, 512).unwrap();
+    t.array.connect("a5", "host-a", Some(5)).unwrap();
+    assert_eq!(luns(&mut s), vec![0, 3, 5], "mapped while logged in");
+    assert!(read(&mut s, 5).is_good());
+    t.array.disconnect("a3", "host-a").unwrap();
+    assert_eq!(luns(&mut s), vec![0, 5], "unmapped while logged in");
+    let gone = read(&mut s, 3);
+    let sense = gone.sense.expect("a LUN no longer mapped fails with sense");
+    assert_eq!(
+        (sense.asc, sense.ascq),
+        (0x25, 0x00),
+        "LOGICAL UNIT NOT SUPPORTED"
+    );
+    s.logout().unwrap();
+}
