@@ -275,6 +275,7 @@ pub fn error_code(e: &ArrayError) -> (StatusCode, &'static str) {
         Shrink { .. } => (StatusCode::BAD_REQUEST, "shrink_not_supported"),
         NotSupported(_) => (StatusCode::BAD_REQUEST, "not_supported"),
         InvalidSetting(_) => (StatusCode::BAD_REQUEST, "invalid_setting"),
+        InvalidIscsiName(_) => (StatusCode::BAD_REQUEST, "invalid_iqn"),
         Engine(_) => (StatusCode::INTERNAL_SERVER_ERROR, "engine_error"),
         Volume(_) | Io { .. } => (StatusCode::INTERNAL_SERVER_ERROR, "io_error"),
         Config { .. } | Locked(_) => (StatusCode::INTERNAL_SERVER_ERROR, "internal_error"),
@@ -948,27 +949,9 @@ async fn host_create(
     Ok((StatusCode::CREATED, Json(info)))
 }
 
-/// iSCSI names: `iqn.`, `eui.` or `naa.` forms, at most 223 bytes (RFC 7143 4.2.7.1).
+/// iSCSI names as the array accepts them ([`crate::array::validate_iscsi_name`]).
 pub fn validate_initiator_name(name: &str) -> Result<(), ApiError> {
-    let lower = name.to_ascii_lowercase();
-    let ok = name.len() <= 223
-        && ["iqn.", "eui.", "naa."]
-            .iter()
-            .any(|p| lower.starts_with(p) && lower.len() > p.len())
-        && name
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b"-.:".contains(&b));
-    if ok {
-        Ok(())
-    } else {
-        Err(ApiError::new(
-            StatusCode::BAD_REQUEST,
-            "invalid_iqn",
-            format!(
-                "'{name}' is not an iSCSI name (iqn., eui. or naa. form, at most 223 characters)"
-            ),
-        ))
-    }
+    crate::array::validate_iscsi_name(name).map_err(ApiError::from)
 }
 
 /// CHAP secrets: 12 to 255 bytes (RFC 7143 recommends at least 12 for one-way CHAP).

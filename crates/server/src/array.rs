@@ -65,6 +65,8 @@ pub enum ArrayError {
     NotSupported(String),
     #[error("{0}")]
     InvalidSetting(String),
+    #[error("'{0}' is not an iSCSI name (iqn., eui. or naa. form, at most 223 characters)")]
+    InvalidIscsiName(String),
     #[error("the array in {0} is in use by another sliver process")]
     Locked(PathBuf),
     #[error("I/O error on {path}: {source}")]
@@ -890,6 +892,9 @@ impl Array {
         iqns: Option<Vec<String>>,
         chap: ChapChange,
     ) -> Result<HostRecord> {
+        for iqn in iqns.iter().flatten() {
+            validate_iscsi_name(iqn)?;
+        }
         let mut config = self.config_mut();
         let mut updated = config.clone();
         let host = updated
@@ -1148,6 +1153,9 @@ impl Array {
     ) -> Result<()> {
         if name != ANY_HOST {
             validate_name(name)?;
+        }
+        for iqn in &iqns {
+            validate_iscsi_name(iqn)?;
         }
         let mut config = self.config_mut();
         if config.hosts.iter().any(|h| h.name == name) {
@@ -1619,6 +1627,24 @@ fn naa_designator(id_hex: &str) -> [u8; 16] {
 /// digit. Names never become paths (storage files are named by random ids), and the first
 /// character rule also keeps out `.`, `..`, hidden-file names and names a command line would
 /// take for an option.
+/// iSCSI names: `iqn.`, `eui.` or `naa.` forms, at most 223 bytes (RFC 7143 4.2.7.1). The
+/// array checks every name a host is given, whoever gives it (API, configuration file, CLI).
+pub fn validate_iscsi_name(name: &str) -> Result<()> {
+    let lower = name.to_ascii_lowercase();
+    let ok = name.len() <= 223
+        && ["iqn.", "eui.", "naa."]
+            .iter()
+            .any(|p| lower.starts_with(p) && lower.len() > p.len())
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"-.:".contains(&b));
+    if ok {
+        Ok(())
+    } else {
+        Err(ArrayError::InvalidIscsiName(name.into()))
+    }
+}
+
 fn validate_name(name: &str) -> Result<()> {
     let ok = name.len() <= 63
         && name
@@ -1877,6 +1903,40 @@ mod tests {
         assert!(matches!(a.access("iqn.x"), Access::Unknown));
         a.connect("v", ANY_HOST, None).unwrap();
         assert!(matches!(a.access("iqn.x"), Access::Allowed(None)));
+    }
+
+    #[test]
+    fn a_host_is_given_only_iscsi_names() {
+        let dir = tempfile::tempdir().unwrap();
+        let a = Array::open(dir.path(), "iqn.2026-11.test:a").unwrap();
+        for bad in [
+            "host-a",
+            "iqn.",
+            "iqn.2026-11.test:a b",
+            &format!("iqn.{}", "x".repeat(220)),
+        ] {
+            assert!(
+                matches!(
+                    a.create_host("h", vec![bad.into()], None),
+                    Err(ArrayError::InvalidIscsiName(_))
+                ),
+                "{bad}"
+            );
+        }
+        assert!(a.hosts().is_empty(), "nothing stored");
+        a.create_host("h", vec!["iqn.2026-11.test:h".into()], None)
+            .unwrap();
+        assert!(matches!(
+            a.update_host("h", Some(vec!["eui.02004567A425678D".into(), "nope".into()]), ChapChange::Keep),
+            Err(ArrayError::InvalidIscsiName(name)) if name == "nope"
+        ));
+        assert_eq!(a.hosts()[0].iqns, vec!["iqn.2026-11.test:h".to_string()]);
+        a.update_host(
+            "h",
+            Some(vec!["naa.52004567BA64678D".into()]),
+            ChapChange::Keep,
+        )
+        .unwrap();
     }
 
     #[test]
