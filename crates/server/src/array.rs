@@ -1267,15 +1267,16 @@ impl Array {
     /// The configuration, to change: the generation moves first, so a session that sees the
     /// new generation builds its LUN table after the change (the lock orders them).
     fn config_mut(&self) -> std::sync::RwLockWriteGuard<'_, ArrayConfig> {
-        let guard = self.config.write().unwrap();
-        self.generation
-            .fetch_add(1, std::sync::atomic::Ordering::AcqRel);
-        guard
+        self.moved(self.config.write().unwrap())
     }
 
     /// The logical units, to change (see [`Array::config_mut`]).
     fn units_mut(&self) -> std::sync::RwLockWriteGuard<'_, BTreeMap<String, Arc<LogicalUnit>>> {
-        let guard = self.units.write().unwrap();
+        self.moved(self.units.write().unwrap())
+    }
+
+    /// Move the generation while `guard` is held, and hand it back.
+    fn moved<G>(&self, guard: G) -> G {
         self.generation
             .fetch_add(1, std::sync::atomic::Ordering::AcqRel);
         guard

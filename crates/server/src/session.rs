@@ -345,9 +345,8 @@ pub(crate) async fn drive(
                         if waiting && !kicked {
                             pacing.pipelined();
                         }
-                        note_input(&shared, &mut pacing);
                         last_input = Instant::now();
-                        receive(&shared, &buf[..n], peer);
+                        receive(&shared, &buf[..n], peer, &mut pacing);
                         if !send_output(&shared, &out_tx).await {
                             break;
                         }
@@ -391,8 +390,7 @@ pub(crate) async fn drive(
                     Ok(n) => n,
                 };
                 last_input = Instant::now();
-                note_input(&shared, &mut pacing);
-                receive(&shared, &buf[..n], peer);
+                receive(&shared, &buf[..n], peer, &mut pacing);
             }
             _ = shared.kick.notified() => woken = true,
             _ = kill.notified() => {
@@ -435,20 +433,16 @@ pub(crate) async fn drive(
 /// Inputs in a row the loop may find by polling before it goes through its select.
 const POLLED_IN_A_ROW: u32 = 32;
 
-/// Tell `pacing` that input arrived now, and when the connection went quiet before it if a
-/// completion saw that while the loop slept.
-fn note_input(shared: &Shared, pacing: &mut crate::poll::Pacing) {
-    if let Some((at, started)) = shared.lock().session.went_quiet.take() {
+/// Hand `input` to the protocol core, handle the events it yields and run the quick
+/// commands they started. `pacing` learns that input arrived now, and when the connection
+/// went quiet before it if a completion saw that while the loop slept.
+fn receive(shared: &Arc<Shared>, input: &[u8], peer: SocketAddr, pacing: &mut crate::poll::Pacing) {
+    let mut core = shared.lock();
+    let Core { session, conn, .. } = &mut *core;
+    if let Some((at, started)) = session.went_quiet.take() {
         pacing.quiet_at(at, started);
     }
     pacing.input(std::time::Instant::now());
-}
-
-/// Hand `input` to the protocol core, handle the events it yields and run the quick
-/// commands they started.
-fn receive(shared: &Arc<Shared>, input: &[u8], peer: SocketAddr) {
-    let mut core = shared.lock();
-    let Core { session, conn, .. } = &mut *core;
     if let Err(e) = conn.receive(input) {
         tracing::warn!(%peer, "protocol error, closing: {e}");
         session.close_after_output = true;
