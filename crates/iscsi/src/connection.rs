@@ -3,9 +3,13 @@
 //! task management, text, NOP and logout.
 
 use std::collections::{HashMap, VecDeque};
+use std::io::IoSlice;
 use std::sync::Arc;
 
+use bytes::Bytes;
+
 use crate::login::{Login, LoginOutcome, LoginReply, LOGIN_MAX_DATA};
+use crate::output::{self, Output};
 use crate::pdu::{
     self, AsyncMessageHeader, Bhs, DataInHeader, DataOutHeader, Digests, LoginRequestHeader,
     LoginResponseHeader, LogoutRequestHeader, LogoutResponseHeader, Opcode, Pdu,
@@ -148,7 +152,7 @@ pub struct Connection {
     rx_frame_len: Option<(usize, usize)>,
     digests: Digests,
     events: VecDeque<Event>,
-    output: Vec<u8>,
+    output: Output,
     closing: bool,
     failed: bool,
     login_started: bool,
@@ -180,7 +184,7 @@ impl Connection {
             rx_frame_len: None,
             digests: Digests::default(),
             events: VecDeque::new(),
-            output: Vec::new(),
+            output: Output::new(),
             closing: false,
             failed: false,
             login_started: false,
@@ -258,20 +262,25 @@ impl Connection {
         self.events.pop_front()
     }
 
-    /// Move all pending outgoing bytes into `out` (appending).
+    /// Move all pending outgoing bytes into `out` (appending; one copy, for tests and tools).
     pub fn take_output(&mut self, out: &mut Vec<u8>) {
-        out.append(&mut self.output);
+        self.output.drain_into(out);
     }
 
-    /// Pending outgoing bytes, for a caller that writes them in place; see
-    /// [`Connection::consume_output`].
-    pub fn output(&self) -> &[u8] {
-        &self.output
+    /// Take all pending output as it is held (READ data by reference, no copy).
+    pub fn take_output_parts(&mut self) -> Output {
+        std::mem::take(&mut self.output)
+    }
+
+    /// Fill `dst` with the pending output, front first, for a caller that writes it in place
+    /// (`writev`); returns how many slices it filled. See [`Connection::consume_output`].
+    pub fn output_slices<'a>(&'a self, dst: &mut [IoSlice<'a>]) -> usize {
+        self.output.io_slices(dst)
     }
 
     /// Drop the first `n` bytes of pending output (they were written).
     pub fn consume_output(&mut self, n: usize) {
-        self.output.drain(..n.min(self.output.len()));
+        self.output.consume(n);
     }
 
     pub fn has_output(&self) -> bool {
@@ -322,9 +331,9 @@ impl Connection {
             .max(512);
 
         let mut data_in = if task.read {
-            result.data_in
+            Bytes::from(result.data_in)
         } else {
-            Vec::new()
+            Bytes::new()
         };
         let edtl = task.edtl as usize;
         let (mut overflow, mut underflow, mut residual) = (false, false, 0u32);
@@ -375,8 +384,7 @@ impl Connection {
                 buffer_offset: clamp_u32(offset),
                 residual_count: if with_status { residual } else { 0 },
             };
-            let chunk = data_in.get(offset..end).unwrap_or_default().to_vec();
-            self.send(Pdu::with_data(header.to_bhs(), chunk));
+            self.send_shared(header.to_bhs(), data_in.slice(offset..end));
             data_sn = data_sn.wrapping_add(1);
             offset = end;
         }
@@ -533,7 +541,27 @@ impl Connection {
     }
 
     fn send(&mut self, pdu: Pdu) {
-        pdu.encode(self.digests, &mut self.output);
+        let digests = self.digests;
+        self.output.encode(|out| pdu.encode(digests, out));
+    }
+
+    /// Send a PDU without AHS whose data segment is a part of a buffer held elsewhere: a
+    /// long one goes out by reference, a short one is copied in (see [`output::SHARE_MIN`]).
+    fn send_shared(&mut self, bhs: Bhs, data: Bytes) {
+        let digests = self.digests;
+        if data.len() < output::SHARE_MIN {
+            self.output.encode(|out| {
+                pdu::encode_header(&bhs, &[], data.len(), digests, out);
+                out.extend_from_slice(&data);
+                pdu::encode_trailer(&data, digests, out);
+            });
+            return;
+        }
+        self.output
+            .encode(|out| pdu::encode_header(&bhs, &[], data.len(), digests, out));
+        self.output.share(data.clone());
+        self.output
+            .encode(|out| pdu::encode_trailer(&data, digests, out));
     }
 
     fn alloc_ttt(&mut self) -> u32 {

@@ -6,11 +6,13 @@
 //! bounds the memory an initiator can make it hold.
 //!
 //! Modules: [`pdu`] (header codec and framing), [`text`] (key=value codec and negotiation),
-//! [`chap`] (CHAP MD5), `login` (login phase), `connection` (full feature phase).
+//! [`chap`] (CHAP MD5), `login` (login phase), `connection` (full feature phase), [`output`]
+//! (what waits for the socket, READ data by reference).
 
 pub mod chap;
 mod connection;
 mod login;
+pub mod output;
 pub mod pdu;
 pub mod text;
 

@@ -254,26 +254,41 @@ impl Pdu {
 
     /// Appends the wire form to `out`: sets TotalAHSLength and DataSegmentLength, pads, adds digests.
     pub fn encode(&self, digests: Digests, out: &mut Vec<u8>) {
-        let mut bhs = self.bhs.clone();
-        // AHS we emit is always a multiple of 4 and far below 1020 bytes.
-        bhs.0[4] = (self.ahs.len() / 4) as u8;
-        bhs.set_data_segment_length(self.data.len() as u32);
-        let start = out.len();
-        out.extend_from_slice(&bhs.0);
-        out.extend_from_slice(&self.ahs);
-        if digests.header {
-            let crc = crc32c::crc32c(&out[start..]);
-            out.extend_from_slice(&crc.to_le_bytes());
-        }
-        if !self.data.is_empty() {
-            let data_start = out.len();
-            out.extend_from_slice(&self.data);
-            out.resize(data_start + padded(self.data.len()), 0);
-            if digests.data {
-                let crc = crc32c::crc32c(&out[data_start..]);
-                out.extend_from_slice(&crc.to_le_bytes());
-            }
-        }
+        encode_header(&self.bhs, &self.ahs, self.data.len(), digests, out);
+        out.extend_from_slice(&self.data);
+        encode_trailer(&self.data, digests, out);
+    }
+}
+
+/// Appends what precedes a data segment of `data_len` bytes on the wire: the BHS (with
+/// TotalAHSLength and DataSegmentLength set), the AHS and the header digest if in force. With
+/// [`encode_trailer`], a PDU whose data segment is sent from a buffer of its own.
+pub fn encode_header(bhs: &Bhs, ahs: &[u8], data_len: usize, digests: Digests, out: &mut Vec<u8>) {
+    let mut bhs = bhs.clone();
+    // AHS we emit is always a multiple of 4 and far below 1020 bytes.
+    bhs.0[4] = (ahs.len() / 4) as u8;
+    bhs.set_data_segment_length(data_len as u32);
+    let start = out.len();
+    out.extend_from_slice(&bhs.0);
+    out.extend_from_slice(ahs);
+    if digests.header {
+        let crc = crc32c::crc32c(&out[start..]);
+        out.extend_from_slice(&crc.to_le_bytes());
+    }
+}
+
+/// Appends what follows the data segment `data` on the wire: padding to 4 bytes and the data
+/// digest (over data and padding) if in force. Nothing for an empty segment.
+pub fn encode_trailer(data: &[u8], digests: Digests, out: &mut Vec<u8>) {
+    if data.is_empty() {
+        return;
+    }
+    let pad = [0u8; 3];
+    let pad = &pad[..padded(data.len()) - data.len()];
+    out.extend_from_slice(pad);
+    if digests.data {
+        let crc = crc32c::crc32c_append(crc32c::crc32c(data), pad);
+        out.extend_from_slice(&crc.to_le_bytes());
     }
 }
 

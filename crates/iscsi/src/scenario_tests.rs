@@ -886,6 +886,53 @@ fn read_is_split_into_data_in_pdus_and_sequences() {
 }
 
 #[test]
+fn read_data_held_by_reference_goes_out_padded_and_digested() {
+    // Long data segments leave by reference (not copied into the output): their padding and
+    // digests still frame them, whatever the socket takes per write.
+    let mut ini = logged_in(&[
+        ("HeaderDigest", "CRC32C"),
+        ("DataDigest", "CRC32C"),
+        ("MaxRecvDataSegmentLength", "65536"),
+    ]);
+    let len = 2 * 65536 + 3 * crate::output::SHARE_MIN + 3;
+    let (itt, cmd) = ini.command(&[0x28], len as u32, true, false);
+    ini.send(cmd).unwrap();
+    ini.command_event();
+    let data = pattern(len);
+    ini.conn.complete_command(
+        itt,
+        CommandResult {
+            data_in: data.clone(),
+            ..CommandResult::default()
+        },
+    );
+    let mut parts = ini.conn.take_output_parts();
+    assert!(!ini.conn.has_output());
+    let mut wire = Vec::new();
+    let mut take = 1000;
+    while !parts.is_empty() {
+        let mut slices = [std::io::IoSlice::new(&[]); 2];
+        let n = parts.io_slices(&mut slices);
+        let shown: Vec<u8> = slices[..n].iter().flat_map(|s| s.iter().copied()).collect();
+        let k = take.min(shown.len());
+        wire.extend_from_slice(&shown[..k]);
+        parts.consume(k);
+        take = take * 2 + 7;
+    }
+    let mut rest = &wire[..];
+    let mut joined = Vec::new();
+    while !rest.is_empty() {
+        let bhs = Bhs(rest[..BHS_LEN].try_into().unwrap());
+        let n = pdu::wire_len(&bhs, ini.digests, 1 << 24).unwrap();
+        let p = pdu::decode(&rest[..n], ini.digests).unwrap();
+        assert!(p.data_digest_ok);
+        joined.extend_from_slice(&p.data);
+        rest = &rest[n..];
+    }
+    assert_eq!(joined, data);
+}
+
+#[test]
 fn read_residuals_underflow_and_overflow() {
     let mut ini = logged_in(&[]);
     for (len, underflow, overflow, residual, sent) in [

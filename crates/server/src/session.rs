@@ -9,6 +9,7 @@ use sliver_iscsi::{
 };
 use sliver_scsi::{CopyTargets, LogicalUnit, Nexus, Request, Reset, TaskAttr};
 use std::collections::{HashMap, HashSet};
+use std::io::IoSlice;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -149,7 +150,9 @@ impl Shared {
     /// the writer task (which must go first).
     fn write_direct(&self, conn: &mut Connection) {
         if conn.has_output() && self.queued.load(Ordering::Acquire) == 0 {
-            if let Ok(n) = self.writer.try_write(conn.output()) {
+            let mut slices = [IoSlice::new(&[]); WRITE_SLICES];
+            let n = conn.output_slices(&mut slices);
+            if let Ok(n) = self.writer.try_write_vectored(&slices[..n]) {
                 conn.consume_output(n);
             }
         }
@@ -163,8 +166,7 @@ impl Shared {
         if !core.conn.has_output() {
             return None;
         }
-        let mut out = Vec::new();
-        core.conn.take_output(&mut out);
+        let out = core.conn.take_output_parts();
         self.queued.fetch_add(1, Ordering::AcqRel);
         Some((out, permits))
     }
@@ -557,11 +559,14 @@ fn next_wait(
 }
 
 /// Output smaller than this is topped up with what else is queued before it is written.
-const COALESCE_BYTES: usize = 64 * 1024;
+const COALESCE_BYTES: usize = 256 * 1024;
+
+/// Slices per `writev` (Linux takes up to 1024; a few dozen PDUs' worth is plenty per call).
+const WRITE_SLICES: usize = 64;
 
 /// Output for the socket writer, with the budget permits of the commands it answers
 /// (released once the socket has taken it).
-type Output = (Vec<u8>, Vec<OwnedSemaphorePermit>);
+type Output = (sliver_iscsi::output::Output, Vec<OwnedSemaphorePermit>);
 
 /// The socket writer: sends output chunks in order. An initiator that takes no bytes at all
 /// for `stall` (it stopped reading its socket) gets its connection reset, which ends the
@@ -575,23 +580,22 @@ async fn write_output(
     let writer = &shared.writer;
     while let Some((mut chunk, mut permits)) = out_rx.recv().await {
         let mut chunks = 1;
-        // Output queued meanwhile goes out in the same write: a copy of a few PDUs costs far
-        // less than a system call each.
+        // Output queued meanwhile goes out in the same system call (its parts are moved, not
+        // copied).
         while chunk.len() < COALESCE_BYTES {
             match out_rx.try_recv() {
-                Ok((next, more)) => {
-                    chunk.extend_from_slice(&next);
+                Ok((mut next, more)) => {
+                    chunk.append(&mut next);
                     permits.extend(more);
                     chunks += 1;
                 }
                 Err(_) => break,
             }
         }
-        let mut rest = &chunk[..];
-        while !rest.is_empty() {
-            match tokio::time::timeout(stall, write_some(writer, rest)).await {
+        while !chunk.is_empty() {
+            match tokio::time::timeout(stall, write_some(writer, &chunk)).await {
                 Ok(Ok(0)) | Ok(Err(_)) => return,
-                Ok(Ok(n)) => rest = &rest[n..],
+                Ok(Ok(n)) => chunk.consume(n),
                 Err(_) => {
                     tracing::warn!(%peer, "initiator took no output for {stall:?}, resetting the connection");
                     // Unsent data would otherwise linger in the kernel for a peer that never
@@ -608,11 +612,16 @@ async fn write_output(
     let _ = socket2::SockRef::from(writer.as_ref()).shutdown(std::net::Shutdown::Write);
 }
 
-/// Writes what the socket takes of `buf` once it is writable.
-async fn write_some(writer: &OwnedWriteHalf, buf: &[u8]) -> std::io::Result<usize> {
+/// Writes what the socket takes of `out` (one `writev`) once it is writable.
+async fn write_some(
+    writer: &OwnedWriteHalf,
+    out: &sliver_iscsi::output::Output,
+) -> std::io::Result<usize> {
+    let mut slices = [IoSlice::new(&[]); WRITE_SLICES];
+    let n = out.io_slices(&mut slices);
     loop {
         writer.writable().await?;
-        match writer.try_write(buf) {
+        match writer.try_write_vectored(&slices[..n]) {
             Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
             other => return other,
         }
