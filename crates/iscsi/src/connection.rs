@@ -331,9 +331,9 @@ impl Connection {
             .max(512);
 
         let mut data_in = if task.read {
-            Bytes::from(result.data_in)
+            result.data_in
         } else {
-            Bytes::new()
+            Vec::new()
         };
         let edtl = task.edtl as usize;
         let (mut overflow, mut underflow, mut residual) = (false, false, 0u32);
@@ -362,12 +362,16 @@ impl Connection {
         let collapse = result.sense.is_empty()
             && !data_in.is_empty()
             && matches!(result.status, 0x00 | 0x04 | 0x10);
+        let len = data_in.len();
+        // Long data leaves by reference (no copy into the output); short data is copied in,
+        // which costs less than sharing it (see [`output::SHARE_MIN`]).
+        let shared = (len >= output::SHARE_MIN).then(|| Bytes::from(std::mem::take(&mut data_in)));
         let mut data_sn = 0u32;
         let mut offset = 0usize;
-        while offset < data_in.len() {
+        while offset < len {
             let burst_end = (offset / max_burst + 1) * max_burst;
-            let end = (offset + max_segment).min(burst_end).min(data_in.len());
-            let last = end == data_in.len();
+            let end = (offset + max_segment).min(burst_end).min(len);
+            let last = end == len;
             let with_status = last && collapse;
             let header = DataInHeader {
                 final_bit: last || end == burst_end,
@@ -384,7 +388,10 @@ impl Connection {
                 buffer_offset: clamp_u32(offset),
                 residual_count: if with_status { residual } else { 0 },
             };
-            self.send_shared(header.to_bhs(), data_in.slice(offset..end));
+            match &shared {
+                Some(all) => self.send_shared(header.to_bhs(), all.slice(offset..end)),
+                None => self.send_copied(header.to_bhs(), &data_in[offset..end]),
+            }
             data_sn = data_sn.wrapping_add(1);
             offset = end;
         }
@@ -548,20 +555,25 @@ impl Connection {
     /// Send a PDU without AHS whose data segment is a part of a buffer held elsewhere: a
     /// long one goes out by reference, a short one is copied in (see [`output::SHARE_MIN`]).
     fn send_shared(&mut self, bhs: Bhs, data: Bytes) {
-        let digests = self.digests;
         if data.len() < output::SHARE_MIN {
-            self.output.encode(|out| {
-                pdu::encode_header(&bhs, &[], data.len(), digests, out);
-                out.extend_from_slice(&data);
-                pdu::encode_trailer(&data, digests, out);
-            });
-            return;
+            return self.send_copied(bhs, &data);
         }
+        let digests = self.digests;
         self.output
             .encode(|out| pdu::encode_header(&bhs, &[], data.len(), digests, out));
         self.output.share(data.clone());
         self.output
             .encode(|out| pdu::encode_trailer(&data, digests, out));
+    }
+
+    /// Send a PDU without AHS whose data segment is copied from `data`.
+    fn send_copied(&mut self, bhs: Bhs, data: &[u8]) {
+        let digests = self.digests;
+        self.output.encode(|out| {
+            pdu::encode_header(&bhs, &[], data.len(), digests, out);
+            out.extend_from_slice(data);
+            pdu::encode_trailer(data, digests, out);
+        });
     }
 
     fn alloc_ttt(&mut self) -> u32 {

@@ -13,6 +13,10 @@ use bytes::{Buf, Bytes};
 /// encoded bytes (a copy of a few KiB costs less than another iovec and a reference count).
 pub const SHARE_MIN: usize = 8 * 1024;
 
+/// Pending encoded bytes short enough to move to the front of their buffer after a partial
+/// write rather than seal it (which gives up its capacity).
+const MOVE_MAX: usize = 64 * 1024;
+
 /// Bytes waiting for the socket, in order: `parts`, then `open`.
 #[derive(Debug, Default)]
 pub struct Output {
@@ -87,17 +91,28 @@ impl Output {
     }
 
     /// Drop the first `n` pending bytes (they were written).
-    pub fn consume(&mut self, mut n: usize) {
-        n = n.min(self.len);
+    pub fn consume(&mut self, n: usize) {
+        if n >= self.len {
+            // All written (the common case): the open buffer keeps its capacity for the
+            // next responses.
+            self.parts.clear();
+            self.open.clear();
+            self.len = 0;
+            return;
+        }
         self.len -= n;
+        let mut n = n;
         while n > 0 {
-            if self.parts.is_empty() {
-                // Within the open bytes: seal them so the rest is not moved (a partial write
-                // of a large output would otherwise cost a memmove of what remains).
-                self.seal();
-            }
             let Some(front) = self.parts.front_mut() else {
-                break;
+                // Within the open bytes: a short rest moves to the front; a long one is
+                // sealed and advanced past instead (a partial write of a large output would
+                // otherwise memmove what remains, once per write).
+                if self.open.len() - n <= MOVE_MAX {
+                    self.open.drain(..n);
+                    return;
+                }
+                self.seal();
+                continue;
             };
             let k = n.min(front.len());
             front.advance(k);
@@ -148,6 +163,12 @@ mod tests {
                 .collect();
             out.encode(|v| v.extend_from_slice(&small));
             expected.extend_from_slice(&small);
+            if round == 10 {
+                // Encoded bytes longer than what a partial write moves to the front.
+                let long: Vec<u8> = (0..MOVE_MAX * 2 + 5).map(|i| (i % 251) as u8).collect();
+                out.encode(|v| v.extend_from_slice(&long));
+                expected.extend_from_slice(&long);
+            }
             if round % 3 == 0 {
                 let big = vec![round; SHARE_MIN + round as usize];
                 expected.extend_from_slice(&big);
