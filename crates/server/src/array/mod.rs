@@ -1,0 +1,2012 @@
+//! The array: volumes, hosts and the connections (LUN mappings) between them.
+//!
+//! Configuration lives in `<data-dir>/array.json`, rewritten atomically (temp file, fsync,
+//! rename, fsync of the directory) on every change, so a crash leaves either the old or the
+//! new configuration, never a torn one. Volume data lives beside it, one file per
+//! passthrough volume under `volumes/`.
+
+use crate::events::{EventLog, NewEvent};
+
+mod config_store;
+mod pool;
+
+use config_store::{lock_events, ConfigStore};
+use pool::Pool;
+use serde::{Deserialize, Serialize};
+use sliver_engine::{
+    Engine, EngineConfig, EngineSpace, EngineVolume, FileBackend, GcPriority, Tuning,
+};
+use sliver_scsi::{LogicalUnit, LuConfig};
+use sliver_volume::{FileVolume, Volume};
+use std::collections::BTreeMap;
+use std::fs;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, MutexGuard, RwLock};
+
+/// The host name that matches every initiator (labs and the demo).
+pub const ANY_HOST: &str = "*";
+const CONFIG_FILE: &str = "array.json";
+const FORMAT_VERSION: u32 = 1;
+/// The product identification reported for every LUN (ESXi requires one value across LUNs
+/// for XCOPY between them).
+pub const PRODUCT: &str = "sliver";
+pub const VENDOR: &str = "SLIVER";
+/// Locally chosen 24-bit company ID (the IEEE "CID" form: X bit set) for NAA type 6 names.
+const NAA_COMPANY_ID: u32 = 0xDA_5C_11;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ArrayError {
+    #[error("volume '{0}' does not exist")]
+    NoSuchVolume(String),
+    #[error("host '{0}' does not exist")]
+    NoSuchHost(String),
+    #[error("a volume named '{0}' already exists")]
+    VolumeExists(String),
+    #[error("a host named '{0}' already exists")]
+    HostExists(String),
+    #[error("invalid name {0:?}: use 1-63 characters from A-Z a-z 0-9 . _ -, starting with a letter or digit")]
+    InvalidName(String),
+    #[error("invalid size {0}: it must be a non-zero multiple of the block size (4096 bytes for engine volumes)")]
+    InvalidSize(u64),
+    #[error("LUN {lun} is already used for host '{host}'")]
+    LunInUse { host: String, lun: u64 },
+    #[error("volume '{volume}' is already connected to host '{host}'")]
+    AlreadyConnected { volume: String, host: String },
+    #[error("volume '{volume}' is connected to host(s) {hosts}: disconnect it first")]
+    VolumeConnected { volume: String, hosts: String },
+    #[error("host '{host}' still has volume(s) {volumes} connected: disconnect them first")]
+    HostInUse { host: String, volumes: String },
+    #[error("volume '{volume}' is not connected to host '{host}'")]
+    NotConnected { volume: String, host: String },
+    #[error("volume '{volume}' cannot shrink from {from} to {to} bytes: shrinking discards data")]
+    Shrink { volume: String, from: u64, to: u64 },
+    #[error("array configuration {path}: {message}")]
+    Config { path: PathBuf, message: String },
+    #[error("volume error: {0}")]
+    Volume(#[from] sliver_volume::VolumeError),
+    #[error("engine: {0}")]
+    Engine(String),
+    #[error("{0}")]
+    NotSupported(String),
+    #[error("{0}")]
+    InvalidSetting(String),
+    #[error("'{0}' is not an iSCSI name (iqn., eui. or naa. form, at most 223 characters)")]
+    InvalidIscsiName(String),
+    #[error("the array in {0} is in use by another sliver process")]
+    Locked(PathBuf),
+    #[error("I/O error on {path}: {source}")]
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+}
+
+pub type Result<T> = std::result::Result<T, ArrayError>;
+
+/// CHAP credentials as stored in the configuration.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct ChapSecret {
+    pub user: String,
+    pub secret: String,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum VolumeKind {
+    /// Data stored byte for byte in a file (sparse) or block device.
+    Passthrough { path: PathBuf },
+    /// A volume of the array's engine (thin, deduplicated, compressed). Snapshots are
+    /// read-only engine volumes.
+    Engine {
+        volume: u32,
+        #[serde(default)]
+        read_only: bool,
+    },
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct VolumeRecord {
+    pub name: String,
+    /// 128-bit random identity, hex; the source of the serial number and NAA designator, so
+    /// hosts see the same disk after a rename or restart.
+    pub id: String,
+    pub size_bytes: u64,
+    pub block_size: u32,
+    pub kind: VolumeKind,
+    /// When the volume was created, milliseconds since the Unix epoch (absent for volumes
+    /// made before it was recorded).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub created_ms: Option<u64>,
+    /// The `id` of the volume this one was snapshotted or cloned from; kept after that volume
+    /// is deleted, so siblings still group.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub source_id: Option<String>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct HostRecord {
+    pub name: String,
+    pub iqns: Vec<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub chap: Option<ChapSecret>,
+}
+
+/// What an edit does to a host's CHAP credentials.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ChapChange {
+    Keep,
+    Clear,
+    Set(ChapSecret),
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct ConnectionRecord {
+    pub volume: String,
+    pub host: String,
+    pub lun: u64,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct ArrayConfig {
+    format_version: u32,
+    target_name: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    target_chap: Option<ChapSecret>,
+    volumes: Vec<VolumeRecord>,
+    hosts: Vec<HostRecord>,
+    connections: Vec<ConnectionRecord>,
+    /// Tuning changed at run time (API, MODE SELECT is not saved): applied at every open.
+    #[serde(default, skip_serializing_if = "Settings::is_empty")]
+    settings: Settings,
+}
+
+/// Array settings kept across restarts.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+pub struct Settings {
+    /// Share of capacity in use that raises the thin-provisioning soft threshold.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub soft_threshold: Option<f64>,
+    /// Garbage-collection priority as `off`, `low`, `medium`, `high` or bytes per second.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gc_priority: Option<String>,
+}
+
+impl Settings {
+    fn is_empty(&self) -> bool {
+        *self == Settings::default()
+    }
+}
+
+/// `off`, `low`, `medium`, `high`, or a rate in bytes per second such as `100000000B/s`.
+pub fn gc_priority_name(p: GcPriority) -> String {
+    match p {
+        GcPriority::Off => "off".into(),
+        GcPriority::Low => "low".into(),
+        GcPriority::Medium => "medium".into(),
+        GcPriority::High => "high".into(),
+        GcPriority::Rate(r) => format!("{r}B/s"),
+    }
+}
+
+/// Parse a GC priority: `off`, `low`, `medium`, `high`, or a rate (`100MB/s`, `5000000B/s`,
+/// `1GB/s`; decimal or binary units).
+pub fn parse_gc_priority(s: &str) -> std::result::Result<GcPriority, String> {
+    match s {
+        "off" => return Ok(GcPriority::Off),
+        "low" => return Ok(GcPriority::Low),
+        "medium" => return Ok(GcPriority::Medium),
+        "high" => return Ok(GcPriority::High),
+        _ => {}
+    }
+    let bad =
+        || format!("'{s}' is not a GC priority (off, low, medium, high or a rate such as 100MB/s)");
+    let amount = s.strip_suffix("/s").ok_or_else(bad)?;
+    let digits = amount.trim_end_matches(|c: char| c.is_ascii_alphabetic());
+    let unit = &amount[digits.len()..];
+    let n: f64 = digits.trim().parse().map_err(|_| bad())?;
+    let scale: f64 = match unit {
+        "" | "B" => 1.0,
+        "KB" | "kB" => 1e3,
+        "MB" => 1e6,
+        "GB" => 1e9,
+        "K" | "KiB" => 1024.0,
+        "M" | "MiB" => 1024.0 * 1024.0,
+        "G" | "GiB" => 1024.0 * 1024.0 * 1024.0,
+        _ => return Err(bad()),
+    };
+    let rate = n * scale;
+    if !(1.0..=1e12).contains(&rate) {
+        return Err(bad());
+    }
+    Ok(GcPriority::Rate(rate as u64))
+}
+
+/// How a new array's engine is laid out, and where its off-site copy goes.
+#[derive(Debug, Clone, Default)]
+pub struct ArrayOptions {
+    /// Log capacity in bytes; `None`: 90% of the free space of the data directory's file
+    /// system at creation (the log file is sparse and grows segment by segment).
+    pub capacity_bytes: Option<u64>,
+    pub engine: EngineConfig,
+    pub tuning: Tuning,
+    /// Ship every write to an object store (RFC 0003); `None`: no off-site copy.
+    pub replication: Option<ReplicationOptions>,
+    /// A restored array whose data is still in the store: how it fetches the rest.
+    pub hydrate: sliver_replica::hydrate::HydrateConfig,
+}
+
+/// The off-site copy: the store and the shipper's settings.
+#[derive(Debug, Clone)]
+pub struct ReplicationOptions {
+    pub s3: sliver_replica::store::S3Config,
+    pub ship: sliver_replica::ship::ShipConfig,
+}
+
+/// A running off-site copy.
+struct Replication {
+    backend: Arc<sliver_replica::ship::ShippingBackend>,
+    shipper: Mutex<Option<sliver_replica::ship::Shipper>>,
+    target: String,
+}
+
+/// A restored array fetching its data from the store (RFC 0003, "Hydration on demand").
+struct Hydration {
+    handle: sliver_replica::hydrate::HydrationHandle,
+    hydrator: Mutex<Option<sliver_replica::hydrate::Hydrator>>,
+}
+
+/// What the API reports of the off-site copy.
+#[derive(Debug, Clone)]
+pub struct ReplicationReport {
+    /// `s3://BUCKET/PREFIX`.
+    pub target: String,
+    pub status: sliver_replica::ship::ShipStatus,
+}
+
+const ENGINE_DIR: &str = "engine";
+
+/// A mapped LUN as one initiator sees it.
+#[derive(Clone)]
+pub struct MappedLun {
+    pub lun: u64,
+    pub volume: String,
+    pub unit: Arc<LogicalUnit>,
+}
+
+/// How an initiator may log in.
+pub enum Access {
+    /// No host matches the initiator.
+    Unknown,
+    /// Allowed; CHAP required when credentials are present.
+    Allowed(Option<ChapSecret>),
+}
+
+pub struct Array {
+    dir: PathBuf,
+    /// Exclusive lock on the data directory: two processes must never write one array.
+    _lock: fs::File,
+    engine: Arc<Engine>,
+    /// The configuration and its file (shared with the pool's settings owner).
+    config: Arc<ConfigStore>,
+    units: RwLock<BTreeMap<String, Arc<LogicalUnit>>>,
+    /// The pool's settings and their one owner (the soft threshold and the GC priority):
+    /// the API, the configuration file and MODE SELECT change them through it.
+    pool: Arc<Pool>,
+    /// What happened, for the API and the console (`events.jsonl`).
+    events: Arc<Mutex<EventLog>>,
+    /// When this process opened the array (ms since the Unix epoch).
+    opened_ms: u64,
+    replication: Option<Replication>,
+    hydration: Option<Hydration>,
+}
+
+impl Array {
+    /// Open the array in `dir`, creating an empty one with `target_name` if none exists.
+    pub fn open(dir: &Path, target_name: &str) -> Result<Self> {
+        Self::open_with(dir, target_name, ArrayOptions::default())
+    }
+
+    /// Open or create the array in `dir`; `options` shape a new array's engine (an existing
+    /// engine keeps its geometry; its tuning is replaced).
+    pub fn open_with(dir: &Path, target_name: &str, options: ArrayOptions) -> Result<Self> {
+        let io = |path: &Path| {
+            let path = path.to_path_buf();
+            move |source| ArrayError::Io { path, source }
+        };
+        fs::create_dir_all(dir.join("volumes")).map_err(io(dir))?;
+        let lock = lock_data_dir(dir)?;
+        let path = dir.join(CONFIG_FILE);
+        let config = match fs::read(&path) {
+            Ok(bytes) => {
+                let config: ArrayConfig =
+                    serde_json::from_slice(&bytes).map_err(|e| ArrayError::Config {
+                        path: path.clone(),
+                        message: e.to_string(),
+                    })?;
+                if config.format_version != FORMAT_VERSION {
+                    return Err(ArrayError::Config {
+                        path,
+                        message: format!(
+                            "format version {} is not supported (expected {FORMAT_VERSION})",
+                            config.format_version
+                        ),
+                    });
+                }
+                config
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => ArrayConfig {
+                format_version: FORMAT_VERSION,
+                target_name: target_name.to_string(),
+                target_chap: None,
+                volumes: vec![],
+                hosts: vec![],
+                connections: vec![],
+                settings: Settings::default(),
+            },
+            Err(e) => return Err(io(&path)(e)),
+        };
+        let mut options = options;
+        if let Some(t) = config.settings.soft_threshold {
+            pool::check_soft_threshold(t).map_err(|e| ArrayError::Config {
+                path: path.clone(),
+                message: e.to_string(),
+            })?;
+            options.tuning.soft_threshold = t;
+        }
+        if let Some(p) = &config.settings.gc_priority {
+            options.tuning.gc = parse_gc_priority(p).map_err(|message| ArrayError::Config {
+                path: path.clone(),
+                message,
+            })?;
+        }
+        let config_bytes = serde_json::to_vec_pretty(&config).expect("config serialises");
+        let (engine, replication, hydration) =
+            open_engine(&dir.join(ENGINE_DIR), &options, config_bytes)?;
+        let engine = Arc::new(engine);
+        // Volumes the configuration does not know were created or half-deleted when a crash
+        // interrupted an operation (the engine commits first on create, last on delete).
+        let known: Vec<u32> = config
+            .volumes
+            .iter()
+            .filter_map(|v| match v.kind {
+                VolumeKind::Engine { volume, .. } => Some(volume),
+                _ => None,
+            })
+            .collect();
+        for (id, _) in engine.volumes() {
+            if !known.contains(&id) {
+                tracing::warn!("deleting engine volume {id}, which no configured volume uses");
+                engine.delete_volume(id).map_err(engine_error)?;
+            }
+        }
+        // A crash between the engine's resize and the configuration's leaves the engine's
+        // size, which is the one the data lives in.
+        let mut config = config;
+        for record in config.volumes.iter_mut() {
+            if let VolumeKind::Engine { volume, .. } = record.kind {
+                match engine.volume_size(volume) {
+                    Ok(size) if size != record.size_bytes => {
+                        tracing::warn!(
+                            "volume '{}': size {} in the configuration, {size} in the engine; using the engine's",
+                            record.name,
+                            record.size_bytes
+                        );
+                        record.size_bytes = size;
+                    }
+                    _ => {}
+                }
+            }
+        }
+        engine.start_background();
+        let (events, skipped) = EventLog::open(dir).map_err(io(dir))?;
+        if skipped > 0 {
+            tracing::warn!("{skipped} damaged lines of the event log skipped");
+        }
+        let config = Arc::new(ConfigStore::new(
+            dir,
+            config,
+            replication.as_ref().map(|r| r.backend.clone()),
+        ));
+        let events = Arc::new(Mutex::new(events));
+        let array = Array {
+            dir: dir.to_path_buf(),
+            _lock: lock,
+            pool: Arc::new(Pool::new(engine.clone(), config.clone(), events.clone())),
+            engine,
+            config,
+            units: RwLock::new(BTreeMap::new()),
+            events,
+            opened_ms: now_ms(),
+            replication,
+            hydration,
+        };
+        let (volumes, target) = {
+            let config = array.config.read();
+            (config.volumes.clone(), config.target_name.clone())
+        };
+        for record in &volumes {
+            let unit = array.open_unit(record, &target)?;
+            array
+                .units
+                .write()
+                .unwrap()
+                .insert(record.name.clone(), unit);
+        }
+        array.save()?;
+        Ok(array)
+    }
+
+    pub fn data_dir(&self) -> &Path {
+        &self.dir
+    }
+
+    pub fn target_name(&self) -> String {
+        self.config.read().target_name.clone()
+    }
+
+    pub fn target_chap(&self) -> Option<ChapSecret> {
+        self.config.read().target_chap.clone()
+    }
+
+    pub fn volumes(&self) -> Vec<VolumeRecord> {
+        self.config.read().volumes.clone()
+    }
+
+    pub fn hosts(&self) -> Vec<HostRecord> {
+        self.config.read().hosts.clone()
+    }
+
+    pub fn connections(&self) -> Vec<ConnectionRecord> {
+        self.config.read().connections.clone()
+    }
+
+    pub fn unit(&self, volume: &str) -> Option<Arc<LogicalUnit>> {
+        self.units.read().unwrap().get(volume).cloned()
+    }
+
+    /// Create a thin engine volume of `size_bytes` (a multiple of the engine's chunk size).
+    pub fn create_volume(&self, name: &str, size_bytes: u64, block_size: u32) -> Result<()> {
+        self.create_volume_unrecorded(name, size_bytes, block_size)
+            .inspect(|_| {
+                self.volume_event(
+                    "volume_created",
+                    name,
+                    format!("volume {name} created ({})", size_text(size_bytes)),
+                )
+            })
+    }
+
+    fn create_volume_unrecorded(&self, name: &str, size_bytes: u64, block_size: u32) -> Result<()> {
+        self.check_new_volume(name, size_bytes, block_size)?;
+        let chunk = self.engine.chunk_size() as u64;
+        if !size_bytes.is_multiple_of(chunk) || !chunk.is_multiple_of(block_size as u64) {
+            return Err(ArrayError::InvalidSize(size_bytes));
+        }
+        let volume = self
+            .engine
+            .create_volume(size_bytes)
+            .map_err(engine_error)?;
+        self.add_volume(
+            name,
+            size_bytes,
+            block_size,
+            VolumeKind::Engine {
+                volume,
+                read_only: false,
+            },
+            None,
+        )
+        .inspect_err(|_| {
+            let _ = self.engine.delete_volume(volume);
+        })
+    }
+
+    /// Create a passthrough volume: data stored as is in a sparse file under the data dir.
+    pub fn create_passthrough_volume(
+        &self,
+        name: &str,
+        size_bytes: u64,
+        block_size: u32,
+    ) -> Result<()> {
+        self.create_passthrough_volume_unrecorded(name, size_bytes, block_size)
+            .inspect(|_| {
+                self.volume_event(
+                    "volume_created",
+                    name,
+                    format!(
+                        "passthrough volume {name} created ({})",
+                        size_text(size_bytes)
+                    ),
+                )
+            })
+    }
+
+    fn create_passthrough_volume_unrecorded(
+        &self,
+        name: &str,
+        size_bytes: u64,
+        block_size: u32,
+    ) -> Result<()> {
+        self.check_new_volume(name, size_bytes, block_size)?;
+        let path = PathBuf::from("volumes").join(format!("{:032x}.img", rand::random::<u128>()));
+        self.add_volume(
+            name,
+            size_bytes,
+            block_size,
+            VolumeKind::Passthrough { path },
+            None,
+        )
+    }
+
+    /// A read-only, point-in-time copy of `source` named `name`, sharing all its data.
+    pub fn snapshot_volume(&self, source: &str, name: &str) -> Result<()> {
+        self.snapshot_volume_unrecorded(source, name).inspect(|_| {
+            self.volume_event(
+                "snapshot_created",
+                name,
+                format!("snapshot {name} of {source} created"),
+            )
+        })
+    }
+
+    fn snapshot_volume_unrecorded(&self, source: &str, name: &str) -> Result<()> {
+        self.clone_engine_volume(source, name, true)
+    }
+
+    /// A writable copy of `source` named `name`, sharing all its data until either changes.
+    pub fn clone_volume(&self, source: &str, name: &str) -> Result<()> {
+        self.clone_volume_unrecorded(source, name).inspect(|_| {
+            self.volume_event(
+                "clone_created",
+                name,
+                format!("clone {name} of {source} created"),
+            )
+        })
+    }
+
+    fn clone_volume_unrecorded(&self, source: &str, name: &str) -> Result<()> {
+        self.clone_engine_volume(source, name, false)
+    }
+
+    fn clone_engine_volume(&self, source: &str, name: &str, read_only: bool) -> Result<()> {
+        let record = self
+            .volumes()
+            .into_iter()
+            .find(|v| v.name == source)
+            .ok_or_else(|| ArrayError::NoSuchVolume(source.into()))?;
+        let VolumeKind::Engine { volume: src, .. } = record.kind else {
+            return Err(ArrayError::NotSupported(format!(
+                "volume '{source}' is a passthrough volume: snapshots and clones need engine volumes"
+            )));
+        };
+        self.check_new_volume(name, record.size_bytes, record.block_size)?;
+        let volume = self.engine.clone_volume(src).map_err(engine_error)?;
+        self.add_volume(
+            name,
+            record.size_bytes,
+            record.block_size,
+            VolumeKind::Engine { volume, read_only },
+            Some(record.id.clone()),
+        )
+        .inspect_err(|_| {
+            let _ = self.engine.delete_volume(volume);
+        })
+    }
+
+    fn check_new_volume(&self, name: &str, size_bytes: u64, block_size: u32) -> Result<()> {
+        validate_name(name)?;
+        if size_bytes == 0 || !size_bytes.is_multiple_of(block_size as u64) {
+            return Err(ArrayError::InvalidSize(size_bytes));
+        }
+        if self
+            .config
+            .read()
+            .unwrap()
+            .volumes
+            .iter()
+            .any(|v| v.name == name)
+        {
+            return Err(ArrayError::VolumeExists(name.into()));
+        }
+        Ok(())
+    }
+
+    /// Record a volume whose storage exists and open its logical unit.
+    fn add_volume(
+        &self,
+        name: &str,
+        size_bytes: u64,
+        block_size: u32,
+        kind: VolumeKind,
+        source_id: Option<String>,
+    ) -> Result<()> {
+        let mut config = self.config_mut();
+        if config.volumes.iter().any(|v| v.name == name) {
+            return Err(ArrayError::VolumeExists(name.into()));
+        }
+        let created_ms = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .ok()
+            .map(|d| d.as_millis() as u64);
+        let record = VolumeRecord {
+            name: name.into(),
+            id: format!("{:032x}", rand::random::<u128>()),
+            size_bytes,
+            block_size,
+            kind,
+            created_ms,
+            source_id,
+        };
+        let unit = self.open_unit(&record, &config.target_name)?;
+        config.volumes.push(record);
+        self.save_locked(&config)?;
+        self.units_mut().insert(name.into(), unit);
+        Ok(())
+    }
+
+    /// Release a volume's storage after its record left the configuration (engine: delete the
+    /// volume, freeing what nothing else shares; passthrough: remove the file).
+    pub fn destroy_storage(&self, record: &VolumeRecord) -> Result<()> {
+        match &record.kind {
+            VolumeKind::Engine { volume, .. } => {
+                self.engine.delete_volume(*volume).map_err(engine_error)
+            }
+            VolumeKind::Passthrough { path } => {
+                let path = self.dir.join(path);
+                match fs::remove_file(&path) {
+                    Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                        Err(ArrayError::Io { path, source: e })
+                    }
+                    _ => Ok(()),
+                }
+            }
+        }
+    }
+
+    /// Resize a volume's storage (engine volumes only; passthrough files keep their size).
+    pub fn resize_storage(&self, record: &VolumeRecord, size_bytes: u64) -> Result<()> {
+        match &record.kind {
+            VolumeKind::Engine {
+                volume,
+                read_only: false,
+            } => {
+                if !size_bytes.is_multiple_of(self.engine.chunk_size() as u64) {
+                    return Err(ArrayError::InvalidSize(size_bytes));
+                }
+                self.engine
+                    .resize_volume(*volume, size_bytes)
+                    .map_err(engine_error)
+            }
+            VolumeKind::Engine { .. } => Err(ArrayError::NotSupported(
+                "snapshots cannot be resized".into(),
+            )),
+            VolumeKind::Passthrough { .. } => Err(ArrayError::NotSupported(
+                "passthrough volumes cannot be resized".into(),
+            )),
+        }
+    }
+
+    /// Delete a volume (or snapshot): refused while it is connected to a host. Shared data
+    /// stays with the volumes that still reference it.
+    pub fn delete_volume(&self, name: &str) -> Result<()> {
+        self.delete_volume_unrecorded(name).inspect(|_| {
+            self.volume_event("volume_deleted", name, format!("volume {name} deleted"))
+        })
+    }
+
+    fn delete_volume_unrecorded(&self, name: &str) -> Result<()> {
+        let record = {
+            let mut config = self.config_mut();
+            let hosts: Vec<String> = config
+                .connections
+                .iter()
+                .filter(|c| c.volume == name)
+                .map(|c| format!("'{}'", c.host))
+                .collect();
+            if !hosts.is_empty() {
+                return Err(ArrayError::VolumeConnected {
+                    volume: name.into(),
+                    hosts: hosts.join(", "),
+                });
+            }
+            let index = config
+                .volumes
+                .iter()
+                .position(|v| v.name == name)
+                .ok_or_else(|| ArrayError::NoSuchVolume(name.into()))?;
+            let record = config.volumes.remove(index);
+            // The record leaves the configuration first: a crash before the engine delete
+            // leaves an orphan engine volume, which the next open deletes.
+            if let Err(e) = self.save_locked(&config) {
+                config.volumes.insert(index, record);
+                return Err(e);
+            }
+            self.units_mut().remove(name);
+            record
+        };
+        self.destroy_storage(&record)
+    }
+
+    /// Rename a volume; hosts keep seeing the same disk (serial and NAA derive from its id).
+    pub fn rename_volume(&self, name: &str, new_name: &str) -> Result<()> {
+        self.rename_volume_unrecorded(name, new_name).inspect(|_| {
+            self.volume_event(
+                "volume_renamed",
+                new_name,
+                format!("volume {name} renamed {new_name}"),
+            )
+        })
+    }
+
+    fn rename_volume_unrecorded(&self, name: &str, new_name: &str) -> Result<()> {
+        validate_name(new_name)?;
+        let mut config = self.config_mut();
+        if config.volumes.iter().any(|v| v.name == new_name) {
+            return Err(ArrayError::VolumeExists(new_name.into()));
+        }
+        let mut updated = config.clone();
+        let record = updated
+            .volumes
+            .iter_mut()
+            .find(|v| v.name == name)
+            .ok_or_else(|| ArrayError::NoSuchVolume(name.into()))?;
+        record.name = new_name.into();
+        for c in updated.connections.iter_mut().filter(|c| c.volume == name) {
+            c.volume = new_name.into();
+        }
+        self.save_locked(&updated)?;
+        *config = updated;
+        let mut units = self.units_mut();
+        if let Some(unit) = units.remove(name) {
+            units.insert(new_name.into(), unit);
+        }
+        Ok(())
+    }
+
+    /// Grow a volume to `size_bytes`; connected hosts get CAPACITY DATA HAS CHANGED.
+    pub fn resize_volume(&self, name: &str, size_bytes: u64) -> Result<()> {
+        self.resize_volume_unrecorded(name, size_bytes)
+            .inspect(|_| {
+                self.volume_event(
+                    "volume_resized",
+                    name,
+                    format!("volume {name} resized to {}", size_text(size_bytes)),
+                )
+            })
+    }
+
+    fn resize_volume_unrecorded(&self, name: &str, size_bytes: u64) -> Result<()> {
+        let mut config = self.config_mut();
+        let index = config
+            .volumes
+            .iter()
+            .position(|v| v.name == name)
+            .ok_or_else(|| ArrayError::NoSuchVolume(name.into()))?;
+        let record = config.volumes[index].clone();
+        if size_bytes == record.size_bytes {
+            return Ok(());
+        }
+        if size_bytes < record.size_bytes {
+            return Err(ArrayError::Shrink {
+                volume: name.into(),
+                from: record.size_bytes,
+                to: size_bytes,
+            });
+        }
+        if !size_bytes.is_multiple_of(record.block_size as u64) {
+            return Err(ArrayError::InvalidSize(size_bytes));
+        }
+        // Engine first: the open reconciles the configured size with the engine's.
+        self.resize_storage(&record, size_bytes)?;
+        config.volumes[index].size_bytes = size_bytes;
+        self.save_locked(&config)?;
+        if let Some(unit) = self.units.read().unwrap().get(name) {
+            unit.capacity_changed();
+        }
+        Ok(())
+    }
+
+    /// Remove the connection of `volume` to `host`.
+    pub fn disconnect(&self, volume: &str, host: &str) -> Result<()> {
+        self.disconnect_unrecorded(volume, host).inspect(|_| {
+            self.host_event(
+                "volume_disconnected",
+                host,
+                Some(volume),
+                format!("volume {volume} disconnected from {host}"),
+            )
+        })
+    }
+
+    fn disconnect_unrecorded(&self, volume: &str, host: &str) -> Result<()> {
+        let mut config = self.config_mut();
+        if !config.volumes.iter().any(|v| v.name == volume) {
+            return Err(ArrayError::NoSuchVolume(volume.into()));
+        }
+        let before = config.connections.len();
+        let mut updated = config.clone();
+        updated
+            .connections
+            .retain(|c| !(c.volume == volume && c.host == host));
+        if updated.connections.len() == before {
+            return Err(ArrayError::NotConnected {
+                volume: volume.into(),
+                host: host.into(),
+            });
+        }
+        self.save_locked(&updated)?;
+        *config = updated;
+        Ok(())
+    }
+
+    /// Delete a host: refused while volumes are connected to it.
+    pub fn delete_host(&self, name: &str) -> Result<()> {
+        self.delete_host_unrecorded(name).inspect(|_| {
+            self.host_event("host_deleted", name, None, format!("host {name} deleted"))
+        })
+    }
+
+    fn delete_host_unrecorded(&self, name: &str) -> Result<()> {
+        let mut config = self.config_mut();
+        let volumes: Vec<String> = config
+            .connections
+            .iter()
+            .filter(|c| c.host == name)
+            .map(|c| format!("'{}'", c.volume))
+            .collect();
+        if !volumes.is_empty() {
+            return Err(ArrayError::HostInUse {
+                host: name.into(),
+                volumes: volumes.join(", "),
+            });
+        }
+        let mut updated = config.clone();
+        updated.hosts.retain(|h| h.name != name);
+        if updated.hosts.len() == config.hosts.len() {
+            return Err(ArrayError::NoSuchHost(name.into()));
+        }
+        self.save_locked(&updated)?;
+        *config = updated;
+        Ok(())
+    }
+
+    /// Create `name` or make an existing host match (the configuration file declares hosts).
+    pub fn ensure_host(
+        &self,
+        name: &str,
+        iqns: Vec<String>,
+        chap: Option<ChapSecret>,
+    ) -> Result<()> {
+        if name != ANY_HOST {
+            validate_name(name)?;
+        }
+        let mut config = self.config_mut();
+        let mut updated = config.clone();
+        match updated.hosts.iter_mut().find(|h| h.name == name) {
+            Some(h) if h.iqns == iqns && h.chap == chap => return Ok(()),
+            Some(h) => {
+                h.iqns = iqns;
+                h.chap = chap;
+            }
+            None => updated.hosts.push(HostRecord {
+                name: name.into(),
+                iqns,
+                chap,
+            }),
+        }
+        self.save_locked(&updated)?;
+        *config = updated;
+        Ok(())
+    }
+
+    /// Edit a host in place: its initiator names (when `iqns` is given) and its CHAP
+    /// credentials. Connections stay; sessions already logged in keep running until they
+    /// log out (the names are checked at login). Returns the host as saved.
+    pub fn update_host(
+        &self,
+        name: &str,
+        iqns: Option<Vec<String>>,
+        chap: ChapChange,
+    ) -> Result<HostRecord> {
+        for iqn in iqns.iter().flatten() {
+            validate_iscsi_name(iqn)?;
+        }
+        let mut config = self.config_mut();
+        let mut updated = config.clone();
+        let host = updated
+            .hosts
+            .iter_mut()
+            .find(|h| h.name == name)
+            .ok_or_else(|| ArrayError::NoSuchHost(name.into()))?;
+        if let Some(iqns) = iqns {
+            host.iqns = iqns;
+        }
+        match chap {
+            ChapChange::Keep => {}
+            ChapChange::Clear => host.chap = None,
+            ChapChange::Set(c) => host.chap = Some(c),
+        }
+        let saved = host.clone();
+        self.save_locked(&updated)?;
+        *config = updated;
+        drop(config);
+        let chap_text = if saved.chap.is_some() {
+            "CHAP"
+        } else {
+            "no CHAP"
+        };
+        let message = format!(
+            "host {name} changed ({} initiators, {chap_text})",
+            saved.iqns.len()
+        );
+        self.host_admitted(name, &saved.iqns, "host_updated", message);
+        Ok(saved)
+    }
+
+    /// Set (or clear) the target's own CHAP credentials (mutual CHAP).
+    pub fn set_target_chap(&self, chap: Option<ChapSecret>) -> Result<()> {
+        let mut config = self.config_mut();
+        if config.target_chap == chap {
+            return Ok(());
+        }
+        let mut updated = config.clone();
+        updated.target_chap = chap;
+        self.save_locked(&updated)?;
+        *config = updated;
+        Ok(())
+    }
+
+    /// Change the soft threshold (a share of capacity in use, in
+    /// [`sliver_volume::SOFT_THRESHOLD_RANGE`]) and keep it.
+    pub fn set_soft_threshold(&self, share: f64) -> Result<()> {
+        self.pool.change_soft_threshold(share)
+    }
+
+    /// Change the garbage collector's priority and keep it.
+    pub fn set_gc_priority(&self, priority: GcPriority) -> Result<()> {
+        self.pool.change_gc_priority(priority)
+    }
+
+    /// The event log (RFC 0002): the API reads it, the target reports refused logins to it.
+    pub fn events(&self) -> MutexGuard<'_, EventLog> {
+        lock_events(&self.events)
+    }
+
+    /// Records one event now.
+    pub fn record_event(&self, e: NewEvent) {
+        self.events().record(now_ms(), e);
+    }
+
+    fn volume_event(&self, kind: &'static str, volume: &str, message: String) {
+        self.record_event(NewEvent {
+            kind,
+            message,
+            volume: Some(volume.into()),
+            ..NewEvent::default()
+        });
+    }
+
+    /// A host that now lists `iqns`: they leave the refused list, and the change is an event.
+    fn host_admitted(&self, host: &str, iqns: &[String], kind: &'static str, message: String) {
+        let mut events = self.events();
+        for iqn in iqns {
+            events.forget_refused(iqn);
+        }
+        drop(events);
+        self.host_event(kind, host, None, message);
+    }
+
+    fn host_event(&self, kind: &'static str, host: &str, volume: Option<&str>, message: String) {
+        self.record_event(NewEvent {
+            kind,
+            message,
+            host: Some(host.into()),
+            volume: volume.map(str::to_string),
+            ..NewEvent::default()
+        });
+    }
+
+    /// Space figures of one volume.
+    pub fn volume_space(&self, name: &str) -> Result<sliver_volume::VolumeSpace> {
+        let unit = self
+            .unit(name)
+            .ok_or_else(|| ArrayError::NoSuchVolume(name.into()))?;
+        Ok(unit.volume().space()?)
+    }
+
+    /// The engine behind engine volumes.
+    /// When this process opened the array (ms since the Unix epoch).
+    pub fn opened_ms(&self) -> u64 {
+        self.opened_ms
+    }
+
+    pub fn engine(&self) -> &Arc<Engine> {
+        &self.engine
+    }
+
+    /// Array-wide space figures from the engine.
+    pub fn engine_space(&self) -> EngineSpace {
+        self.engine.space()
+    }
+
+    /// Flush and checkpoint the engine (clean shutdown makes the next start fast), then ship
+    /// what is left to the off-site copy (up to 30 s), so that the next start continues it.
+    pub fn shutdown(&self) -> Result<()> {
+        let result = self.engine.shutdown().map_err(engine_error);
+        if let Some(h) = &self.hydration {
+            // What was fetched stays; the rest is fetched after the next start.
+            if let Some(hydrator) = h.hydrator.lock().unwrap().take() {
+                hydrator.stop();
+            }
+        }
+        if let Some(r) = &self.replication {
+            if let Some(shipper) = r.shipper.lock().unwrap().take() {
+                let s = shipper.stop(std::time::Duration::from_secs(30));
+                tracing::info!(
+                    "replication stopped: {} objects shipped through number {}, {} bytes left",
+                    s.objects,
+                    s.shipped_through,
+                    s.backlog_bytes
+                );
+            }
+        }
+        result
+    }
+
+    /// A restored array's progress fetching its data from the store (`None`: the array's
+    /// data was all local when it opened).
+    pub fn hydration(&self) -> Option<sliver_replica::hydrate::HydrationStatus> {
+        Some(self.hydration.as_ref()?.handle.status())
+    }
+
+    /// The off-site copy's target and progress, when one is configured.
+    pub fn replication(&self) -> Option<ReplicationReport> {
+        let r = self.replication.as_ref()?;
+        let shipper = r.shipper.lock().unwrap();
+        Some(ReplicationReport {
+            target: r.target.clone(),
+            status: shipper.as_ref()?.status(),
+        })
+    }
+
+    /// The off-site copy's restore points, oldest first (`None`: no copy configured).
+    pub fn replication_points(&self) -> Option<Vec<sliver_replica::catalog::Point>> {
+        let r = self.replication.as_ref()?;
+        let shipper = r.shipper.lock().unwrap();
+        Some(shipper.as_ref()?.points())
+    }
+
+    /// Run `f` on a handle of the running shipper (an error when no copy is configured or it
+    /// stopped), without holding the shipper's lock: `f` may wait for the store.
+    fn with_shipper<T>(
+        &self,
+        f: impl FnOnce(&sliver_replica::ship::ShipHandle) -> std::result::Result<T, String>,
+    ) -> std::result::Result<T, String> {
+        let r = self
+            .replication
+            .as_ref()
+            .ok_or("replication is not configured")?;
+        let handle = r
+            .shipper
+            .lock()
+            .unwrap()
+            .as_ref()
+            .map(|s| s.handle())
+            .ok_or("replication has stopped")?;
+        f(&handle)
+    }
+
+    /// Ask for a restore point named `name`; the receiver answers once the store holds it.
+    /// The engine is flushed first, so every write acknowledged to a host before this call is
+    /// in the point (scheduled points hold what was durable when they were taken). Blocks on
+    /// the flush.
+    pub fn take_replication_point(
+        &self,
+        name: &str,
+    ) -> std::result::Result<
+        std::sync::mpsc::Receiver<std::result::Result<sliver_replica::catalog::Point, String>>,
+        String,
+    > {
+        sliver_replica::catalog::check_name(name)?;
+        self.engine
+            .flush()
+            .map_err(|e| format!("flushing the engine before the point: {e}"))?;
+        self.with_shipper(|s| s.take_point(name))
+    }
+
+    /// Delete the restore point `name` (`Ok(None)`: there is none).
+    pub fn delete_replication_point(
+        &self,
+        name: &str,
+    ) -> std::result::Result<Option<sliver_replica::catalog::Point>, String> {
+        self.with_shipper(|s| s.delete_point(name).map_err(|e| e.to_string()))
+    }
+
+    pub fn create_host(
+        &self,
+        name: &str,
+        iqns: Vec<String>,
+        chap: Option<ChapSecret>,
+    ) -> Result<()> {
+        if name != ANY_HOST {
+            validate_name(name)?;
+        }
+        for iqn in &iqns {
+            validate_iscsi_name(iqn)?;
+        }
+        let mut config = self.config_mut();
+        if config.hosts.iter().any(|h| h.name == name) {
+            return Err(ArrayError::HostExists(name.into()));
+        }
+        let chap_text = if chap.is_some() { ", with CHAP" } else { "" };
+        let message = format!("host {name} created ({} initiators{chap_text})", iqns.len());
+        config.hosts.push(HostRecord {
+            name: name.into(),
+            iqns: iqns.clone(),
+            chap,
+        });
+        self.save_locked(&config)?;
+        drop(config);
+        self.host_admitted(name, &iqns, "host_created", message);
+        Ok(())
+    }
+
+    /// Connect `volume` to `host` at `lun` (the lowest free LUN when `None`). Returns the LUN.
+    pub fn connect(&self, volume: &str, host: &str, lun: Option<u64>) -> Result<u64> {
+        let mut config = self.config_mut();
+        if !config.volumes.iter().any(|v| v.name == volume) {
+            return Err(ArrayError::NoSuchVolume(volume.into()));
+        }
+        if host != ANY_HOST && !config.hosts.iter().any(|h| h.name == host) {
+            return Err(ArrayError::NoSuchHost(host.into()));
+        }
+        let used: Vec<u64> = config
+            .connections
+            .iter()
+            .filter(|c| c.host == host)
+            .map(|c| c.lun)
+            .collect();
+        if config
+            .connections
+            .iter()
+            .any(|c| c.host == host && c.volume == volume)
+        {
+            return Err(ArrayError::AlreadyConnected {
+                volume: volume.into(),
+                host: host.into(),
+            });
+        }
+        let lun = match lun {
+            Some(l) if used.contains(&l) => {
+                return Err(ArrayError::LunInUse {
+                    host: host.into(),
+                    lun: l,
+                })
+            }
+            Some(l) => l,
+            None => (0..).find(|l| !used.contains(l)).unwrap_or(0),
+        };
+        config.connections.push(ConnectionRecord {
+            volume: volume.into(),
+            host: host.into(),
+            lun,
+        });
+        self.save_locked(&config)?;
+        drop(config);
+        self.host_event(
+            "volume_connected",
+            host,
+            Some(volume),
+            format!("volume {volume} connected to {host} as LUN {lun}"),
+        );
+        Ok(lun)
+    }
+
+    /// How `initiator` may log in: through a host listing its IQN, or the `*` host.
+    pub fn access(&self, initiator: &str) -> Access {
+        let config = self.config.read();
+        if let Some(host) = config
+            .hosts
+            .iter()
+            .find(|h| h.iqns.iter().any(|i| i == initiator))
+        {
+            return Access::Allowed(host.chap.clone());
+        }
+        let any_host = config.hosts.iter().find(|h| h.name == ANY_HOST);
+        let any_connected = config.connections.iter().any(|c| c.host == ANY_HOST);
+        match any_host {
+            Some(h) => Access::Allowed(h.chap.clone()),
+            None if any_connected => Access::Allowed(None),
+            None => Access::Unknown,
+        }
+    }
+
+    /// The host `initiator` logs in as: the one listing it, else `*` when the wildcard host
+    /// would admit it; `None` when no host would.
+    pub fn host_of(&self, initiator: &str) -> Option<String> {
+        let config = self.config.read();
+        if let Some(h) = config
+            .hosts
+            .iter()
+            .find(|h| h.iqns.iter().any(|i| i == initiator))
+        {
+            return Some(h.name.clone());
+        }
+        drop(config);
+        match self.access(initiator) {
+            Access::Allowed(_) => Some(ANY_HOST.into()),
+            Access::Unknown => None,
+        }
+    }
+
+    /// LUNs `initiator` may address, sorted by LUN. A host's own mapping wins over `*` for the
+    /// same LUN number.
+    /// The configuration, to change: the generation moves first, so a session that sees the
+    /// new generation builds its LUN table after the change (the lock orders them).
+    fn config_mut(&self) -> std::sync::RwLockWriteGuard<'_, ArrayConfig> {
+        self.config.write()
+    }
+
+    /// The logical units, to change (see [`Array::config_mut`]).
+    fn units_mut(&self) -> std::sync::RwLockWriteGuard<'_, BTreeMap<String, Arc<LogicalUnit>>> {
+        self.moved(self.units.write().unwrap())
+    }
+
+    /// Move the generation while `guard` is held, and hand it back.
+    fn moved<G>(&self, guard: G) -> G {
+        self.config.moved(guard)
+    }
+
+    /// Moves whenever what [`Array::luns_for`] returns may have changed (hosts, connections,
+    /// volumes).
+    pub fn generation(&self) -> u64 {
+        self.config.generation()
+    }
+
+    pub fn luns_for(&self, initiator: &str) -> Vec<MappedLun> {
+        let config = self.config.read();
+        let units = self.units.read().unwrap();
+        let own_hosts: Vec<&str> = config
+            .hosts
+            .iter()
+            .filter(|h| h.iqns.iter().any(|i| i == initiator))
+            .map(|h| h.name.as_str())
+            .collect();
+        let mut map: BTreeMap<u64, MappedLun> = BTreeMap::new();
+        for pass_own in [false, true] {
+            for c in &config.connections {
+                let matches = if pass_own {
+                    own_hosts.contains(&c.host.as_str())
+                } else {
+                    c.host == ANY_HOST
+                };
+                if let (true, Some(unit)) = (matches, units.get(&c.volume)) {
+                    map.insert(
+                        c.lun,
+                        MappedLun {
+                            lun: c.lun,
+                            volume: c.volume.clone(),
+                            unit: unit.clone(),
+                        },
+                    );
+                }
+            }
+        }
+        map.into_values().collect()
+    }
+
+    fn open_unit(&self, record: &VolumeRecord, target_name: &str) -> Result<Arc<LogicalUnit>> {
+        let volume: Arc<dyn Volume> = match &record.kind {
+            VolumeKind::Passthrough { path } => Arc::new(FileVolume::open(
+                &self.dir.join(path),
+                record.size_bytes,
+                record.block_size,
+            )?),
+            VolumeKind::Engine { volume, read_only } => Arc::new(
+                EngineVolume::new(self.engine.clone(), *volume, record.block_size, *read_only)
+                    .map_err(engine_error)?,
+            ),
+        };
+        let state_dir = self.dir.join("units").join(&record.id);
+        fs::create_dir_all(&state_dir).map_err(|source| ArrayError::Io {
+            path: state_dir.clone(),
+            source,
+        })?;
+        let config = LuConfig {
+            vendor: VENDOR.into(),
+            product: PRODUCT.into(),
+            revision: env!("CARGO_PKG_VERSION").chars().take(4).collect(),
+            serial: record.id[..16].to_string(),
+            naa: naa_designator(&record.id),
+            target_name: target_name.to_string(),
+            target_port_group: 1,
+            state_dir: Some(state_dir),
+        };
+        let unit = LogicalUnit::new(volume, config);
+        // An engine volume lives in the array's pool; a passthrough file has none.
+        Ok(Arc::new(match record.kind {
+            VolumeKind::Engine { .. } => unit.with_pool(self.pool.clone()),
+            VolumeKind::Passthrough { .. } => unit,
+        }))
+    }
+
+    fn save(&self) -> Result<()> {
+        let config = self.config.read();
+        self.save_locked(&config)
+    }
+
+    fn save_locked(&self, config: &ArrayConfig) -> Result<()> {
+        self.config.save(config)
+    }
+}
+
+/// Restore an array from its off-site copy into `dir`, a new data directory: the engine's
+/// files and the configuration (RFC 0003). The copy's pool stays with the source: the restored
+/// array ships nowhere until it is given a prefix of its own.
+pub fn restore(
+    store: &Arc<dyn sliver_replica::store::ObjectStore>,
+    dir: &Path,
+    target: &sliver_replica::restore::Target,
+    mode: &sliver_replica::restore::Mode,
+) -> std::result::Result<sliver_replica::restore::RestoreReport, String> {
+    // A configuration without an engine root is what a restore that stopped leaves: it is
+    // written again.
+    if sliver_engine::holds_engine(&dir.join(ENGINE_DIR)) {
+        return Err(format!(
+            "{} already holds an array: restore into a new directory",
+            dir.display()
+        ));
+    }
+    fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    sliver_replica::restore::restore(
+        store,
+        &dir.join(ENGINE_DIR),
+        Some(&dir.join(CONFIG_FILE)),
+        target,
+        mode,
+    )
+    .map_err(|e| e.to_string())
+}
+
+/// Milliseconds since the Unix epoch.
+pub(crate) fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+/// A size as events show it: GiB or MiB.
+fn size_text(bytes: u64) -> String {
+    if bytes >= 1 << 30 {
+        format!("{:.1} GiB", bytes as f64 / (1u64 << 30) as f64)
+    } else {
+        format!("{:.1} MiB", bytes as f64 / (1u64 << 20) as f64)
+    }
+}
+
+fn engine_error(e: sliver_engine::EngineError) -> ArrayError {
+    ArrayError::Engine(e.to_string())
+}
+
+/// Open the engine in `dir`, creating it when the directory holds none; with replication
+/// configured, under a backend that ships every write (the store probed first).
+/// `array_config` is the configuration as saved now, for the copy's base.
+fn open_engine(
+    dir: &Path,
+    options: &ArrayOptions,
+    array_config: Vec<u8>,
+) -> Result<(Engine, Option<Replication>, Option<Hydration>)> {
+    let io = |source| ArrayError::Io {
+        path: dir.to_path_buf(),
+        source,
+    };
+    fs::create_dir_all(dir).map_err(io)?;
+    let exists = sliver_engine::holds_engine(dir);
+    let capacity = match (exists, options.capacity_bytes) {
+        (true, _) => 0,
+        (false, Some(c)) => c,
+        (false, None) => free_space(dir).map_err(io)? / 10 * 9,
+    };
+    if !exists && sliver_replica::hydrate::folder_exists(dir) {
+        // Creating an array here would later have the old map's bytes fetched over it.
+        return Err(ArrayError::Config {
+            path: dir.to_path_buf(),
+            message: "holds a restore that stopped before it finished (hydration state but no root): run `sliver restore` into this directory again, or remove it".into(),
+        });
+    }
+    let files = FileBackend::open(dir, capacity).map_err(io)?;
+    let source = if exists {
+        sliver_replica::hydrate::pending(dir).map_err(io)?
+    } else {
+        None
+    };
+    if let Some(source) = source {
+        return open_hydrating(dir, options, files, source);
+    }
+    if options.hydrate.rate_limit > 0 {
+        tracing::warn!(
+            "--hydrate-rate ignored: the array holds every byte locally (nothing to fetch)"
+        );
+    }
+    let (backend, replication): (Arc<dyn sliver_engine::Backend>, _) = match &options.replication {
+        None => (Arc::new(files), None),
+        Some(r) => {
+            use sliver_replica::{ship, store};
+            let replication = |m: String| ArrayError::Config {
+                path: dir.to_path_buf(),
+                message: format!("replication to {}: {m}", r.s3.url),
+            };
+            let s3 = store::S3Store::connect(&r.s3).map_err(|e| replication(e.to_string()))?;
+            let s3: Arc<dyn store::ObjectStore> = Arc::new(s3);
+            let files = migrate_unshipped(dir, files, options).map_err(|e| match e {
+                ArrayError::Io { source, .. } => io(source),
+                other => other,
+            })?;
+            // The store is probed first; one that cannot be reached does not keep the array
+            // from serving (the copy waits for it and says so).
+            let (b, shipper) = ship::ShippingBackend::start_or_wait(
+                dir,
+                files,
+                s3,
+                r.ship.clone(),
+                Some(array_config),
+            )
+            .map_err(|e| replication(e.to_string()))?;
+            let b = Arc::new(b);
+            (
+                b.clone() as Arc<dyn sliver_engine::Backend>,
+                Some(Replication {
+                    backend: b,
+                    shipper: Mutex::new(Some(shipper)),
+                    target: r.s3.url.clone(),
+                }),
+            )
+        }
+    };
+    let engine = if exists {
+        Engine::open(backend, options.tuning, false)
+    } else {
+        Engine::create(backend, options.engine, options.tuning)
+    }
+    .map_err(engine_error)?;
+    log_recovery(&engine);
+    Ok((engine, replication, None))
+}
+
+fn log_recovery(engine: &Engine) {
+    let r = engine.recovery();
+    if r.records_replayed > 0 {
+        tracing::info!(
+            "engine recovered: {} log records ({} bytes) replayed in {:?}{}",
+            r.records_replayed,
+            r.bytes_replayed,
+            r.duration,
+            if r.torn_tail {
+                ", torn tail repaired"
+            } else {
+                ""
+            }
+        );
+    }
+}
+
+/// Open a restored array whose data is partly still in the store it was restored from: the
+/// engine over a backend that fetches what a read needs, and a thread that fetches the rest.
+fn open_hydrating(
+    dir: &Path,
+    options: &ArrayOptions,
+    files: FileBackend,
+    source: sliver_replica::hydrate::Source,
+) -> Result<(Engine, Option<Replication>, Option<Hydration>)> {
+    use sliver_replica::{hydrate, store};
+    let config = |message: String| ArrayError::Config {
+        path: dir.to_path_buf(),
+        message,
+    };
+    if options.replication.is_some() {
+        // A base read now would copy holes where the data is still in the store.
+        return Err(config(format!(
+            "the array is still fetching its data from {} (restored on demand): serve it without an off-site copy until GET /api/v1/hydration says done, then turn the copy on",
+            source.url
+        )));
+    }
+    let s3 = store::S3Store::connect(&store::S3Config {
+        url: source.url.clone(),
+        endpoint: source.endpoint.clone(),
+        ..store::S3Config::default()
+    })
+    .map_err(|e| config(format!("the store the array was restored from: {e}")))?;
+    let backend = hydrate::HydratingBackend::open(dir, files, Arc::new(s3), options.hydrate)
+        .map_err(|source| ArrayError::Io {
+            path: dir.to_path_buf(),
+            source,
+        })?;
+    let backend = Arc::new(backend);
+    let handle = backend.handle();
+    let left = handle.status().bytes_left;
+    tracing::info!(
+        "restored array: {} still in {}, fetched on demand and in the background",
+        size_text(left),
+        source.url
+    );
+    let engine = Engine::open(
+        backend.clone() as Arc<dyn sliver_engine::Backend>,
+        options.tuning,
+        false,
+    )
+    .map_err(engine_error)?;
+    log_recovery(&engine);
+    let hydrator = backend.start();
+    Ok((
+        engine,
+        None,
+        Some(Hydration {
+            handle,
+            hydrator: Mutex::new(Some(hydrator)),
+        }),
+    ))
+}
+
+/// An array still in format 2 keeps its metadata in a checkpoint file that the copy does not
+/// ship (the shipping backend copies format 4's metadata, root and log): it is migrated first,
+/// opened and shut down without shipping, so the copy's base holds format 4's files and no
+/// prefix of the stream depends on the old checkpoint. Other arrays are returned as they are.
+fn migrate_unshipped(
+    dir: &Path,
+    files: FileBackend,
+    options: &ArrayOptions,
+) -> Result<FileBackend> {
+    use sliver_engine::Backend;
+    let io = |source| ArrayError::Io {
+        path: dir.to_path_buf(),
+        source,
+    };
+    let format_2 =
+        files.load_root().map_err(io)?.is_none() && files.load_checkpoint().map_err(io)?.is_some();
+    if !format_2 {
+        return Ok(files);
+    }
+    tracing::info!(
+        "the array in {} is in format 2: migrating it before its off-site copy starts",
+        dir.display()
+    );
+    let engine = Engine::open(Arc::new(files), options.tuning, false).map_err(engine_error)?;
+    engine.shutdown().map_err(engine_error)?;
+    drop(engine);
+    FileBackend::open(dir, 0).map_err(io)
+}
+
+/// Bytes available to unprivileged users on the file system holding `dir`.
+pub fn free_space(dir: &Path) -> std::io::Result<u64> {
+    use std::os::unix::ffi::OsStrExt;
+    let path = std::ffi::CString::new(dir.as_os_str().as_bytes())
+        .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?;
+    // SAFETY: statvfs fills the zeroed struct; the path is a valid C string.
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    if unsafe { libc::statvfs(path.as_ptr(), &mut st) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(st.f_bavail as u64 * st.f_frsize as u64)
+}
+
+/// NAA IEEE Registered Extended designator: NAA=6, 24-bit company ID, then 100 bits taken from
+/// the volume's random id.
+fn naa_designator(id_hex: &str) -> [u8; 16] {
+    let id = u128::from_str_radix(id_hex, 16).unwrap_or(0);
+    let vendor = id >> 28; // 100 bits of vendor-specific identifier + extension
+    let value = (6u128 << 124) | ((NAA_COMPANY_ID as u128) << 100) | vendor;
+    value.to_be_bytes()
+}
+
+/// Volume and host names: 1-63 characters from `A-Z a-z 0-9 . _ -`, starting with a letter or
+/// digit. Names never become paths (storage files are named by random ids), and the first
+/// character rule also keeps out `.`, `..`, hidden-file names and names a command line would
+/// take for an option.
+/// iSCSI names: `iqn.`, `eui.` or `naa.` forms, at most 223 bytes (RFC 7143 4.2.7.1). The
+/// array checks every name a host is given, whoever gives it (API, configuration file, CLI).
+pub fn validate_iscsi_name(name: &str) -> Result<()> {
+    let lower = name.to_ascii_lowercase();
+    let ok = name.len() <= 223
+        && ["iqn.", "eui.", "naa."]
+            .iter()
+            .any(|p| lower.starts_with(p) && lower.len() > p.len())
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"-.:".contains(&b));
+    if ok {
+        Ok(())
+    } else {
+        Err(ArrayError::InvalidIscsiName(name.into()))
+    }
+}
+
+fn validate_name(name: &str) -> Result<()> {
+    let ok = name.len() <= 63
+        && name
+            .bytes()
+            .next()
+            .is_some_and(|b| b.is_ascii_alphanumeric())
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b));
+    if ok {
+        Ok(())
+    } else {
+        Err(ArrayError::InvalidName(name.into()))
+    }
+}
+
+/// Take the data directory's lock (`<dir>/lock`, flock), refusing when another process holds it.
+pub fn lock_data_dir(dir: &Path) -> Result<fs::File> {
+    use std::os::unix::io::AsRawFd;
+    let path = dir.join("lock");
+    let file = fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&path)
+        .map_err(|source| ArrayError::Io {
+            path: path.clone(),
+            source,
+        })?;
+    // SAFETY: flock on a descriptor we own.
+    if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+        return Err(ArrayError::Locked(dir.to_path_buf()));
+    }
+    Ok(file)
+}
+
+/// Verify an array offline: the engine (reference counts, segment usage, every stored chunk)
+/// and the configuration's references into it. Returns the problems found (empty: healthy).
+pub fn check_array(dir: &Path, progress: &mut dyn FnMut(u64, u64)) -> Result<Vec<String>> {
+    if !dir.join(CONFIG_FILE).exists() {
+        return Err(ArrayError::Config {
+            path: dir.join(CONFIG_FILE),
+            message: "no array here".into(),
+        });
+    }
+    let _lock = lock_data_dir(dir)?;
+    let bytes = fs::read(dir.join(CONFIG_FILE)).map_err(|source| ArrayError::Io {
+        path: dir.join(CONFIG_FILE),
+        source,
+    })?;
+    let config: ArrayConfig = serde_json::from_slice(&bytes).map_err(|e| ArrayError::Config {
+        path: dir.join(CONFIG_FILE),
+        message: e.to_string(),
+    })?;
+    let engine_dir = dir.join(ENGINE_DIR);
+    if sliver_replica::hydrate::folder_exists(&engine_dir) {
+        // Its files still have holes where the data is in the store: they would read as
+        // damage that is not there.
+        return Err(ArrayError::Config {
+            path: engine_dir,
+            message: "the array is still fetching its data from the store it was restored from: check it once GET /api/v1/hydration says done".into(),
+        });
+    }
+    let backend = Arc::new(
+        FileBackend::open(&engine_dir, 0).map_err(|source| ArrayError::Io {
+            path: engine_dir.clone(),
+            source,
+        })?,
+    );
+    let engine = Engine::open(backend, Tuning::default(), true).map_err(engine_error)?;
+    let mut problems = engine.check(progress);
+    let engine_volumes: Vec<u32> = engine.volumes().into_iter().map(|(id, _)| id).collect();
+    for v in &config.volumes {
+        if let VolumeKind::Engine { volume, .. } = v.kind {
+            match engine.volume_size(volume) {
+                Err(_) => problems.push(format!(
+                    "volume '{}' refers to missing engine volume {volume}",
+                    v.name
+                )),
+                Ok(size) if size != v.size_bytes => problems.push(format!(
+                    "volume '{}' is {} bytes in the configuration but {size} in the engine",
+                    v.name, v.size_bytes
+                )),
+                Ok(_) => {}
+            }
+        }
+    }
+    for id in engine_volumes {
+        let used = config
+            .volumes
+            .iter()
+            .any(|v| matches!(v.kind, VolumeKind::Engine { volume, .. } if volume == id));
+        if !used {
+            // Left by a crash between the engine and the configuration update: not damage.
+            tracing::warn!(
+                "engine volume {id} is not in the configuration; the next start deletes it"
+            );
+        }
+    }
+    if engine.recovery().torn_tail {
+        // Not damage: the tail after the last flush was incomplete, as after any crash.
+        tracing::info!("the log ends in a torn record (unflushed writes at a crash); the next start repairs it");
+    }
+    Ok(problems)
+}
+
+/// Replace `dir/name` with `bytes` so that a crash leaves the old or the new content.
+fn write_atomically(dir: &Path, name: &str, bytes: &[u8]) -> Result<()> {
+    let tmp = dir.join(format!(".{name}.tmp"));
+    let target = dir.join(name);
+    let io = |path: &Path| {
+        let path = path.to_path_buf();
+        move |source| ArrayError::Io { path, source }
+    };
+    // The configuration holds CHAP secrets: owner-only, like /etc/shadow's spirit.
+    let mut f = {
+        use std::os::unix::fs::OpenOptionsExt;
+        fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o600)
+            .open(&tmp)
+            .map_err(io(&tmp))?
+    };
+    f.write_all(bytes).map_err(io(&tmp))?;
+    f.sync_all().map_err(io(&tmp))?;
+    fs::rename(&tmp, &target).map_err(io(&target))?;
+    fs::File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(io(dir))?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A format 2 array (the committed fixture of the engine's tests) is migrated before its
+    /// copy starts: afterwards its files are format 4's (a root, no checkpoint), which the
+    /// shipping backend copies whole; a format 4 array is left as it is.
+    #[test]
+    fn a_format_2_array_is_migrated_before_it_is_shipped() {
+        use sliver_engine::Backend;
+        let dir = tempfile::tempdir().unwrap();
+        let fixture = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../engine/tests/fixtures/engine-v2-d8313b3.tar.gz");
+        let status = std::process::Command::new("tar")
+            .arg("-xzf")
+            .arg(&fixture)
+            .arg("-C")
+            .arg(dir.path())
+            .status()
+            .unwrap();
+        assert!(status.success());
+        let engine_dir = dir.path().join("engine");
+        let files = FileBackend::open(&engine_dir, 0).unwrap();
+        assert!(files.load_root().unwrap().is_none());
+        assert!(files.load_checkpoint().unwrap().is_some());
+        let options = ArrayOptions::default();
+        let files = migrate_unshipped(&engine_dir, files, &options).unwrap();
+        assert!(
+            files.load_root().unwrap().is_some(),
+            "no root after the migration"
+        );
+        assert!(
+            files.load_checkpoint().unwrap().is_none(),
+            "the old checkpoint is still there"
+        );
+        // The migrated array opens and holds its volumes; a second call changes nothing.
+        let root = files.load_root().unwrap();
+        let files = migrate_unshipped(&engine_dir, files, &options).unwrap();
+        assert_eq!(files.load_root().unwrap(), root);
+        let engine = Engine::open(Arc::new(files), options.tuning, false).unwrap();
+        assert!(!engine.volumes().is_empty());
+        engine.shutdown().unwrap();
+    }
+
+    #[test]
+    fn the_configuration_is_readable_by_its_owner_only() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let a = Array::open(dir.path(), "iqn.2026-11.test:a").unwrap();
+        a.create_host(
+            "h",
+            vec!["iqn.2026-11.test:h".into()],
+            Some(ChapSecret {
+                user: "h".into(),
+                secret: "a-chap-secret".into(),
+            }),
+        )
+        .unwrap();
+        let mode = fs::metadata(dir.path().join(CONFIG_FILE))
+            .unwrap()
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o777, 0o600);
+    }
+
+    /// THRESHOLD COUNT of the LBP mode page (1Ch/02h) of `lu`, and the page as MODE SENSE(10)
+    /// returned it.
+    fn threshold_page(lu: &LogicalUnit) -> (u32, Vec<u8>) {
+        let mut cdb = [0u8; 10];
+        cdb[0] = 0x5a;
+        cdb[1] = 0x08; // DBD
+        cdb[2] = 0x1c;
+        cdb[3] = 0x02;
+        cdb[7..9].copy_from_slice(&1024u16.to_be_bytes());
+        let r = scsi(lu, &cdb, &[]);
+        assert_eq!(r.status, sliver_scsi::Status::Good, "{:02x?}", r.sense);
+        let page = r.data_in[8..].to_vec();
+        (u32::from_be_bytes(page[20..24].try_into().unwrap()), page)
+    }
+
+    fn scsi(lu: &LogicalUnit, cdb: &[u8], data_out: &[u8]) -> sliver_scsi::Response {
+        let nexus = sliver_scsi::Nexus {
+            initiator_port: "iqn.2026-11.test:h,i,0x1".into(),
+            initiator_name: "iqn.2026-11.test:h".into(),
+            relative_target_port: 1,
+        };
+        lu.execute(&sliver_scsi::Request {
+            nexus: &nexus,
+            cdb,
+            data_out,
+            attr: sliver_scsi::TaskAttr::Simple,
+            luns: &[0],
+            copy_targets: &sliver_scsi::NoCopyTargets,
+        })
+    }
+
+    /// MODE SELECT of the LBP page with THRESHOLD COUNT `count`.
+    fn select_threshold(lu: &LogicalUnit, page: &[u8], count: u32) -> sliver_scsi::Response {
+        let mut params = vec![0u8; 8];
+        params.extend_from_slice(page);
+        params[8] &= 0x7f; // PS is not settable
+        params[8 + 20..8 + 24].copy_from_slice(&count.to_be_bytes());
+        let mut cdb = [0u8; 10];
+        cdb[0] = 0x55;
+        cdb[1] = 0x10; // PF
+        cdb[7..9].copy_from_slice(&(params.len() as u16).to_be_bytes());
+        scsi(lu, &cdb, &params)
+    }
+
+    #[test]
+    fn a_soft_threshold_set_by_mode_select_or_the_api_survives_a_restart() {
+        let dir = tempfile::tempdir().unwrap();
+        let (count, sets) = {
+            let a = Array::open(dir.path(), "iqn.2026-11.test:a").unwrap();
+            a.create_volume("v", 1 << 20, 512).unwrap();
+            let lu = a.unit("v").unwrap();
+            scsi(&lu, &[0; 6], &[]); // the power-on unit attention
+            let (count, page) = threshold_page(&lu);
+            let sets = a.engine.capacity_bytes() >> 20;
+            assert_eq!(count as u64, (sets as f64 * 0.8).round() as u64);
+            // MODE SELECT halves it: the pool's owner applies and keeps it.
+            let half = count / 2;
+            let r = select_threshold(&lu, &page, half);
+            assert_eq!(r.status, sliver_scsi::Status::Good, "{:02x?}", r.sense);
+            let share = a.engine.tuning().soft_threshold;
+            assert!((share - half as f64 / sets as f64).abs() < 1e-9, "{share}");
+            // Under 1 % of the pool is refused here as the API refuses it.
+            let r = select_threshold(&lu, &page, (sets / 200).max(1) as u32);
+            assert_eq!(r.status, sliver_scsi::Status::CheckCondition);
+            assert_eq!((r.sense[2] & 0x0f, r.sense[12]), (0x5, 0x26));
+            assert!(matches!(
+                a.set_soft_threshold(0.005),
+                Err(ArrayError::InvalidSetting(_))
+            ));
+            (half, sets)
+        };
+        let a = Array::open(dir.path(), "ignored").unwrap();
+        let lu = a.unit("v").unwrap();
+        assert_eq!(threshold_page(&lu).0, count, "of {sets} sets");
+        // The API's change, too, survives, and MODE SENSE reports it.
+        a.set_soft_threshold(0.3).unwrap();
+        drop((lu, a));
+        let a = Array::open(dir.path(), "ignored").unwrap();
+        assert!((a.engine.tuning().soft_threshold - 0.3).abs() < 1e-9);
+        let lu = a.unit("v").unwrap();
+        assert_eq!(
+            threshold_page(&lu).0 as u64,
+            (sets as f64 * 0.3).round() as u64
+        );
+    }
+
+    #[test]
+    fn volumes_hosts_and_luns_persist() {
+        let dir = tempfile::tempdir().unwrap();
+        {
+            let a = Array::open(dir.path(), "iqn.2026-11.test:a").unwrap();
+            a.create_volume("v1", 1 << 20, 512).unwrap();
+            a.create_volume("v2", 1 << 20, 512).unwrap();
+            a.create_host("esx1", vec!["iqn.1998-01.com.vmware:esx1".into()], None)
+                .unwrap();
+            assert_eq!(a.connect("v1", "*", None).unwrap(), 0);
+            assert_eq!(a.connect("v2", "esx1", Some(5)).unwrap(), 5);
+            assert!(matches!(
+                a.connect("v1", "esx1", Some(5)),
+                Err(ArrayError::LunInUse { .. })
+            ));
+        }
+        let a = Array::open(dir.path(), "ignored").unwrap();
+        assert_eq!(a.target_name(), "iqn.2026-11.test:a");
+        let esx: Vec<u64> = a
+            .luns_for("iqn.1998-01.com.vmware:esx1")
+            .iter()
+            .map(|l| l.lun)
+            .collect();
+        assert_eq!(esx, vec![0, 5]);
+        let other: Vec<String> = a
+            .luns_for("iqn.other")
+            .into_iter()
+            .map(|l| l.volume)
+            .collect();
+        assert_eq!(other, vec!["v1".to_string()]);
+    }
+
+    #[test]
+    fn bad_names_and_sizes_are_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let a = Array::open(dir.path(), "iqn.2026-11.test:a").unwrap();
+        assert!(matches!(
+            a.create_volume("a/b", 1 << 20, 512),
+            Err(ArrayError::InvalidName(_))
+        ));
+        assert!(matches!(
+            a.create_volume("ok", 1000, 512),
+            Err(ArrayError::InvalidSize(1000))
+        ));
+        a.create_volume("ok", 4096, 512).unwrap();
+        assert!(matches!(
+            a.create_volume("ok", 4096, 512),
+            Err(ArrayError::VolumeExists(_))
+        ));
+    }
+
+    #[test]
+    fn unknown_initiator_without_any_host_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let a = Array::open(dir.path(), "iqn.2026-11.test:a").unwrap();
+        a.create_volume("v", 4096, 512).unwrap();
+        assert!(matches!(a.access("iqn.x"), Access::Unknown));
+        a.connect("v", ANY_HOST, None).unwrap();
+        assert!(matches!(a.access("iqn.x"), Access::Allowed(None)));
+    }
+
+    #[test]
+    fn a_host_is_given_only_iscsi_names() {
+        let dir = tempfile::tempdir().unwrap();
+        let a = Array::open(dir.path(), "iqn.2026-11.test:a").unwrap();
+        for bad in [
+            "host-a",
+            "iqn.",
+            "iqn.2026-11.test:a b",
+            &format!("iqn.{}", "x".repeat(220)),
+        ] {
+            assert!(
+                matches!(
+                    a.create_host("h", vec![bad.into()], None),
+                    Err(ArrayError::InvalidIscsiName(_))
+                ),
+                "{bad}"
+            );
+        }
+        assert!(a.hosts().is_empty(), "nothing stored");
+        a.create_host("h", vec!["iqn.2026-11.test:h".into()], None)
+            .unwrap();
+        assert!(matches!(
+            a.update_host("h", Some(vec!["eui.02004567A425678D".into(), "nope".into()]), ChapChange::Keep),
+            Err(ArrayError::InvalidIscsiName(name)) if name == "nope"
+        ));
+        assert_eq!(a.hosts()[0].iqns, vec!["iqn.2026-11.test:h".to_string()]);
+        a.update_host(
+            "h",
+            Some(vec!["naa.52004567BA64678D".into()]),
+            ChapChange::Keep,
+        )
+        .unwrap();
+    }
+
+    #[test]
+    fn naa_designator_is_type_6_and_stable() {
+        let d = naa_designator("0123456789abcdef0123456789abcdef");
+        assert_eq!(d[0] >> 4, 6);
+        assert_eq!(d, naa_designator("0123456789abcdef0123456789abcdef"));
+        assert_ne!(d, naa_designator("f123456789abcdef0123456789abcdef"));
+    }
+}
