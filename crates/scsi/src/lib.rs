@@ -10,6 +10,7 @@
 //! results), `sense` is the single table of sense codes.
 
 pub mod cdb;
+pub mod dispatch;
 mod lu;
 mod mode;
 pub mod pr;
@@ -23,6 +24,7 @@ mod token;
 mod vpd;
 mod xcopy;
 
+pub use dispatch::{dispatch, Dispatch};
 pub use lu::{execute_without_lu, LogicalUnit, LuConfig, Reset};
 pub use sense::{Sense, SenseKey, SenseReason, Status};
 pub use stats::{
@@ -30,8 +32,7 @@ pub use stats::{
     LATENCY_BOUNDS_US,
 };
 pub use xcopy::{
-    copy_bytes_at_most, MAX_CSCD_DESCRIPTORS, MAX_DESCRIPTOR_LIST_BYTES, MAX_SEGMENT_BYTES,
-    MAX_SEGMENT_DESCRIPTORS,
+    MAX_CSCD_DESCRIPTORS, MAX_DESCRIPTOR_LIST_BYTES, MAX_SEGMENT_BYTES, MAX_SEGMENT_DESCRIPTORS,
 };
 
 #[doc(hidden)]

@@ -113,7 +113,7 @@ pub(crate) fn be64(b: &[u8], at: usize) -> u64 {
 /// where to run the command before it runs: `None` when the list does not parse (the command
 /// then fails at once). Block counts are taken at the largest block size a volume may have
 /// (4096 bytes), so the bound holds whichever volumes the descriptors name.
-pub fn copy_bytes_at_most(param_list: &[u8]) -> Option<u64> {
+pub(crate) fn copy_bytes_at_most(param_list: &[u8]) -> Option<u64> {
     const LARGEST_BLOCK: u64 = 4096;
     let list = parse_parameter_list(param_list).ok()?;
     Some(

@@ -36,7 +36,6 @@ const WRITE_QUEUE: usize = 4;
 /// bounds the memory of a connection whose initiator queues many large reads and then reads
 /// its socket slowly.
 const EXECUTION_BUDGET_KIB: u32 = 64 * 1024;
-const SANITIZE: u8 = 0x48;
 
 struct InFlight {
     lun: u64,
@@ -715,18 +714,20 @@ impl Session {
             return;
         }
         self.started += 1;
+        let bytes = (cmd.data_out.len() as u64).max(cmd.expected_data_transfer_length as u64);
+        // The SCSI core decides what the command is; the session only reads it.
+        let facts = sliver_scsi::dispatch(&cmd.cdb, bytes, &cmd.data_out);
         self.in_flight.insert(
             cmd.itt,
             InFlight {
                 lun: cmd.lun,
-                survives_abort: cmd.cdb.first() == Some(&SANITIZE),
+                survives_abort: facts.survives_abort,
                 aborted: false,
             },
         );
         let budget = self.budget.clone();
-        let bytes = (cmd.data_out.len() as u64).max(cmd.expected_data_transfer_length as u64);
         let cost = (bytes / 1024 + 1).min(EXECUTION_BUDGET_KIB as u64) as u32;
-        let quick = crate::executor::is_quick(&cmd.cdb, bytes, &cmd.data_out);
+        let quick = facts.quick;
         let task = Task {
             shared: shared.clone(),
             nexus,
