@@ -210,20 +210,6 @@ impl Volume for EngineVolume {
         Some(self.engine.available_bytes())
     }
 
-    fn soft_threshold(&self) -> Option<(f64, u64)> {
-        Some((
-            self.engine.tuning().soft_threshold,
-            self.engine.capacity_bytes(),
-        ))
-    }
-
-    fn set_soft_threshold(&self, share: f64) -> sliver_volume::Result<()> {
-        let mut tuning = self.engine.tuning();
-        tuning.soft_threshold = share.clamp(0.0, 1.0);
-        self.engine.set_tuning(tuning);
-        Ok(())
-    }
-
     fn as_any(&self) -> Option<&dyn std::any::Any> {
         Some(self)
     }

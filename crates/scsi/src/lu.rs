@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, Weak};
 
-use sliver_volume::{Volume, VolumeError};
+use sliver_volume::{PoolSettings, Volume, VolumeError};
 
 use crate::cdb::{self, Command};
 use crate::mode::ModeParams;
@@ -334,6 +334,9 @@ pub struct LogicalUnit {
     /// ROD tokens made from this LU, and the outcomes of recent token commands.
     pub(crate) token_copy: TokenCopy,
     pub(crate) stats: LuStats,
+    /// The pool behind the volume, whose soft threshold MODE SENSE reports and MODE SELECT
+    /// changes (through its owner, which keeps it); `None`: no pool, no LBP mode page.
+    pub(crate) pool: Option<Arc<dyn PoolSettings>>,
 }
 
 impl LogicalUnit {
@@ -354,7 +357,14 @@ impl LogicalUnit {
             copy_results: CopyResults::default(),
             token_copy: TokenCopy::default(),
             stats: LuStats::default(),
+            pool: None,
         }
+    }
+
+    /// This LU with its volume in `pool`, whose settings it reports and changes through it.
+    pub fn with_pool(mut self, pool: Arc<dyn PoolSettings>) -> Self {
+        self.pool = Some(pool);
+        self
     }
 
     /// The NAA designator (VPD 0x83) that names this LU, also in EXTENDED COPY descriptors.

@@ -19,7 +19,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 
 use crate::cdb::PageControl;
-use crate::lu::{data_out_prefix, lock_unpoisoned, truncated, Done, LogicalUnit, Outcome};
+use crate::lu::{data_out_prefix, lock_unpoisoned, truncated, Done, Failure, LogicalUnit, Outcome};
 use crate::{Nexus, SenseReason};
 
 const PAGE_ERROR_RECOVERY: u8 = 0x01;
@@ -142,7 +142,7 @@ fn threshold_set_bytes(lu: &LogicalUnit) -> u64 {
 /// Current (or default) values of every page.
 fn values(lu: &LogicalUnit, control: PageControl) -> Values {
     let set_bytes = threshold_set_bytes(lu);
-    let pool = lu.volume.soft_threshold();
+    let pool = lu.pool.as_ref().map(|p| p.soft_threshold());
     if control == PageControl::Default {
         return Values {
             wce: true,
@@ -411,7 +411,12 @@ pub(crate) fn mode_select(
                 let mut t = current.threshold.expect("the page exists only with a pool");
                 t.enabled = sent[16] & THRESHOLD_ENABLED != 0;
                 t.count = u32::from_be_bytes([sent[20], sent[21], sent[22], sent[23]]);
-                if t.enabled && (t.count == 0 || t.count as u64 > t.sets) {
+                // The pool takes the same range from here as from the API.
+                if t.enabled
+                    && (t.count == 0
+                        || t.count as u64 > t.sets
+                        || !sliver_volume::SOFT_THRESHOLD_RANGE.contains(&t.share()))
+                {
                     return Err(invalid_param(at + 20, None));
                 }
                 if !t.enabled {
@@ -425,6 +430,15 @@ pub(crate) fn mode_select(
     }
 
     if new != current {
+        // The pool's owner keeps the threshold (a write of the array's configuration): done
+        // first, so that a failure leaves every other parameter as it was.
+        if let Some(t) = new.threshold.filter(|_| new.threshold != current.threshold) {
+            let pool = lu.pool.as_ref().expect("the page exists only with a pool");
+            pool.set_soft_threshold(t.share()).map_err(|e| {
+                tracing::error!("MODE SELECT: the soft threshold was not changed: {e}");
+                Failure::from(SenseReason::InternalTargetFailure)
+            })?;
+        }
         lu.mode.write_cache.store(new.wce, Ordering::Relaxed);
         lu.mode
             .descriptor_sense
@@ -433,11 +447,6 @@ pub(crate) fn mode_select(
         if !new.wce {
             // Turning the write cache off must not leave earlier writes volatile.
             lu.volume.flush().map_err(crate::lu::write_failure)?;
-        }
-        if let Some(t) = new.threshold.filter(|_| new.threshold != current.threshold) {
-            lu.volume
-                .set_soft_threshold(t.share())
-                .map_err(crate::lu::write_failure)?;
         }
         lu.unit_attention_all(SenseReason::ModeParametersChanged, Some(nexus));
     }

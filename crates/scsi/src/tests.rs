@@ -1097,45 +1097,34 @@ fn statistics_count_each_command_once_by_class_and_outcome() {
     }
 }
 
-/// A file volume in a pool of `capacity` bytes whose soft threshold can be read and set.
-struct PooledVolume {
-    inner: FileVolume,
+/// A pool of `capacity` bytes whose soft threshold can be read and set; `keeps: false` makes
+/// every change fail as an owner that cannot write its configuration would.
+struct TestPool {
     capacity: u64,
     share: std::sync::Mutex<f64>,
+    keeps: bool,
 }
 
-impl sliver_volume::Volume for PooledVolume {
-    fn block_size(&self) -> u32 {
-        self.inner.block_size()
+impl sliver_volume::PoolSettings for TestPool {
+    fn soft_threshold(&self) -> (f64, u64) {
+        (*self.share.lock().unwrap(), self.capacity)
     }
-    fn num_blocks(&self) -> u64 {
-        self.inner.num_blocks()
-    }
-    fn read(&self, lba: u64, buf: &mut [u8]) -> sliver_volume::Result<()> {
-        self.inner.read(lba, buf)
-    }
-    fn write(&self, lba: u64, data: &[u8]) -> sliver_volume::Result<()> {
-        self.inner.write(lba, data)
-    }
-    fn flush(&self) -> sliver_volume::Result<()> {
-        self.inner.flush()
-    }
-    fn unmap(&self, lba: u64, blocks: u64) -> sliver_volume::Result<()> {
-        self.inner.unmap(lba, blocks)
-    }
-    fn block_status(&self, lba: u64) -> sliver_volume::Result<sliver_volume::BlockStatus> {
-        self.inner.block_status(lba)
-    }
-    fn space(&self) -> sliver_volume::Result<sliver_volume::VolumeSpace> {
-        self.inner.space()
-    }
-    fn soft_threshold(&self) -> Option<(f64, u64)> {
-        Some((*self.share.lock().unwrap(), self.capacity))
-    }
-    fn set_soft_threshold(&self, share: f64) -> sliver_volume::Result<()> {
+    fn set_soft_threshold(&self, share: f64) -> Result<(), sliver_volume::SettingError> {
+        if !sliver_volume::SOFT_THRESHOLD_RANGE.contains(&share) {
+            return Err(sliver_volume::SettingError::SoftThresholdOutOfRange(share));
+        }
+        if !self.keeps {
+            return Err(sliver_volume::SettingError::NotKept("disk full".into()));
+        }
         *self.share.lock().unwrap() = share;
         Ok(())
     }
+}
+
+/// An LU on a file volume in `pool`.
+fn pooled_unit(dir: &std::path::Path, pool: Arc<TestPool>) -> LogicalUnit {
+    let volume = Arc::new(FileVolume::open(&dir.join("v"), BLOCKS * BS as u64, BS as u32).unwrap());
+    LogicalUnit::new(volume, fixture().lu.config.clone()).with_pool(pool)
 }
 
 fn mode_sense10(lu: &LogicalUnit, n: &Nexus, page: u8, subpage: u8, pc: u8) -> Response {
@@ -1148,15 +1137,43 @@ fn mode_sense10(lu: &LogicalUnit, n: &Nexus, page: u8, subpage: u8, pc: u8) -> R
     run(lu, n, &c, &[])
 }
 
+/// A pool of `sets` threshold sets at 80 % (`keeps`: see [`TestPool`]) and an LU in it whose
+/// power-on unit attention `nexus(1)` has seen.
+fn pool_of(sets: u64, keeps: bool) -> (Arc<TestPool>, LogicalUnit, tempfile::TempDir) {
+    let dir = tempfile::tempdir().unwrap();
+    let pool = Arc::new(TestPool {
+        capacity: sets << 20,
+        share: std::sync::Mutex::new(0.8),
+        keeps,
+    });
+    let lu = pooled_unit(dir.path(), pool.clone());
+    run(&lu, &nexus(1), &[0; 6], &[]);
+    (pool, lu, dir)
+}
+
+/// MODE SELECT(10) of the LBP page as MODE SENSE returns it, with THRESHOLD COUNT `count`.
+fn select_threshold_count(lu: &LogicalUnit, n: &Nexus, count: u32) -> Response {
+    let page = mode_sense10(lu, n, 0x1c, 0x02, 0).data_in[8..].to_vec();
+    let mut params = vec![0u8; 8];
+    params.extend_from_slice(&page);
+    params[8] &= 0x7f; // PS is not settable
+    params[8 + 20..8 + 24].copy_from_slice(&count.to_be_bytes());
+    let mut c = [0u8; 10];
+    c[0] = 0x55;
+    c[1] = 0x10; // PF
+    c[7..9].copy_from_slice(&(params.len() as u16).to_be_bytes());
+    run(lu, n, &c, &params)
+}
+
 #[test]
 fn the_logical_block_provisioning_mode_page_reads_and_sets_the_pool_threshold() {
     let dir = tempfile::tempdir().unwrap();
-    let pool = Arc::new(PooledVolume {
-        inner: FileVolume::open(&dir.path().join("v"), BLOCKS * BS as u64, BS as u32).unwrap(),
+    let pool = Arc::new(TestPool {
         capacity: 100 << 20, // 100 threshold sets of 1 MiB
         share: std::sync::Mutex::new(0.8),
+        keeps: true,
     });
-    let lu = LogicalUnit::new(pool.clone(), fixture().lu.config.clone());
+    let lu = pooled_unit(dir.path(), pool.clone());
     let n = nexus(1);
     run(&lu, &n, &[0; 6], &[]); // absorb the power-on unit attention
     let other = nexus(2);
@@ -1218,6 +1235,27 @@ fn the_logical_block_provisioning_mode_page_reads_and_sets_the_pool_threshold() 
     params[8 + 16] &= !0x80;
     good(&run(&lu, &n, &c, &params));
     assert_eq!(*pool.share.lock().unwrap(), 1.0);
+
+    // A threshold under 1 % of the pool is refused as the API refuses it, pointing at the
+    // count (1000 sets: 9 is 0.9 %, 10 is 1 %).
+    let (big, lu, dir) = pool_of(1000, true);
+    let r = select_threshold_count(&lu, &n, 9);
+    assert_eq!(sense_codes(&r), (0x5, 0x26, 0x00));
+    assert_eq!(
+        r.sense[15], 0x80,
+        "SKSV, C/D = 0 (parameter list), no bit pointer"
+    );
+    assert_eq!(u16::from_be_bytes([r.sense[16], r.sense[17]]), 8 + 20);
+    assert_eq!(*big.share.lock().unwrap(), 0.8);
+    good(&select_threshold_count(&lu, &n, 10));
+    assert!((*big.share.lock().unwrap() - 0.01).abs() < 1e-9);
+    drop(dir);
+
+    // An owner that cannot keep the change: the command fails and changes nothing else.
+    let (stuck, lu, _dir) = pool_of(100, false);
+    let r = select_threshold_count(&lu, &n, 50);
+    assert_eq!(sense_codes(&r), (0x4, 0x44, 0x00));
+    assert_eq!(*stuck.share.lock().unwrap(), 0.8);
 
     // A volume without a pool has no such page.
     let f = fixture();

@@ -28,6 +28,33 @@ pub fn io_buffer(len: usize) -> Vec<u8> {
     buf
 }
 
+/// The soft thresholds a pool accepts, as a share of its capacity in use: from 1 % (below
+/// that every write would report it) to 1 (never raised). The API, the configuration file and
+/// MODE SELECT all take this range.
+pub const SOFT_THRESHOLD_RANGE: std::ops::RangeInclusive<f64> = 0.01..=1.0;
+
+/// Settings of the pool behind volumes rather than of one volume (the thin-provisioning soft
+/// threshold). One owner keeps them: the array applies them to its engine and persists them,
+/// whichever way they change (the API, the configuration file, MODE SELECT), so a change
+/// from any of them survives a restart and is seen by every volume of the pool.
+pub trait PoolSettings: Send + Sync {
+    /// (share of capacity in use that raises the soft threshold, pool capacity in bytes).
+    fn soft_threshold(&self) -> (f64, u64);
+
+    /// Change the soft threshold and keep it; `share` must lie in [`SOFT_THRESHOLD_RANGE`].
+    fn set_soft_threshold(&self, share: f64) -> std::result::Result<(), SettingError>;
+}
+
+/// Why a pool setting was not changed.
+#[derive(Debug, thiserror::Error)]
+pub enum SettingError {
+    #[error("soft threshold {0} is not between 0.01 and 1")]
+    SoftThresholdOutOfRange(f64),
+    /// Valid, but it could not be kept (the configuration could not be written).
+    #[error("the setting could not be kept: {0}")]
+    NotKept(String),
+}
+
 /// Why a volume operation failed. The SCSI layer maps each variant to one sense code.
 #[derive(Debug, thiserror::Error)]
 pub enum VolumeError {
@@ -214,18 +241,6 @@ pub trait Volume: Send + Sync {
     /// Bytes the pool behind this volume can still allocate, if it knows.
     fn available_bytes(&self) -> Option<u64> {
         None
-    }
-
-    /// The pool's thin-provisioning soft threshold: (share of capacity in use that raises
-    /// it, pool capacity in bytes); `None` when the volume has no pool.
-    fn soft_threshold(&self) -> Option<(f64, u64)> {
-        None
-    }
-
-    /// Change the pool's soft threshold (a share of capacity in 0..=1; 1 never triggers).
-    /// The pool is shared: every volume of it sees the change.
-    fn set_soft_threshold(&self, _share: f64) -> Result<()> {
-        Err(VolumeError::ReadOnly)
     }
 
     /// Current space figures. Engines compute them from metadata; this may walk the volume's

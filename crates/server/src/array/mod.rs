@@ -599,14 +599,7 @@ impl Array {
         if size_bytes == 0 || !size_bytes.is_multiple_of(block_size as u64) {
             return Err(ArrayError::InvalidSize(size_bytes));
         }
-        if self
-            .config
-            .read()
-            .unwrap()
-            .volumes
-            .iter()
-            .any(|v| v.name == name)
-        {
+        if self.config.read().volumes.iter().any(|v| v.name == name) {
             return Err(ArrayError::VolumeExists(name.into()));
         }
         Ok(())
@@ -1894,6 +1887,7 @@ mod tests {
         };
         let a = Array::open(dir.path(), "ignored").unwrap();
         let lu = a.unit("v").unwrap();
+        scsi(&lu, &[0; 6], &[]);
         assert_eq!(threshold_page(&lu).0, count, "of {sets} sets");
         // The API's change, too, survives, and MODE SENSE reports it.
         a.set_soft_threshold(0.3).unwrap();
@@ -1901,6 +1895,7 @@ mod tests {
         let a = Array::open(dir.path(), "ignored").unwrap();
         assert!((a.engine.tuning().soft_threshold - 0.3).abs() < 1e-9);
         let lu = a.unit("v").unwrap();
+        scsi(&lu, &[0; 6], &[]);
         assert_eq!(
             threshold_page(&lu).0 as u64,
             (sets as f64 * 0.3).round() as u64
