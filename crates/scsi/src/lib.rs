@@ -2,7 +2,11 @@
 //!
 //! Transport-independent: the iSCSI layer hands over a CDB, the gathered Data-Out bytes and
 //! the I_T nexus, and gets back a status, sense data and Data-In bytes. Storage is reached only
-//! through [`sliver_volume::Volume`].
+//! through [`sliver_volume::Volume`] (and the pool's settings through
+//! [`sliver_volume::PoolSettings`]). What a transport must know before a command runs comes
+//! from [`dispatch`] (which pool, whether task management leaves it running), and task
+//! management's semantics from [`tmf::TaskSet`]: the transport reads and routes, it never
+//! decodes a CDB.
 //!
 //! Layout follows the standards: `cdb` parses (no I/O), `spc` / `sbc` / `pr` / `xcopy` /
 //! `token` execute one command family each, `vpd` and `mode` build INQUIRY pages and mode pages,
@@ -20,6 +24,7 @@ mod spc;
 pub mod stats;
 #[cfg(test)]
 mod tests;
+pub mod tmf;
 mod token;
 mod vpd;
 mod xcopy;

@@ -9,12 +9,12 @@ use crate::{LogicalUnit, LuConfig, Nexus, Request, Response, Status, TaskAttr};
 const BS: usize = 512;
 const BLOCKS: u64 = 2048; // 1 MiB
 
-struct Fixture {
+pub(crate) struct Fixture {
     _dir: tempfile::TempDir,
-    lu: LogicalUnit,
+    pub(crate) lu: LogicalUnit,
 }
 
-fn fixture() -> Fixture {
+pub(crate) fn fixture() -> Fixture {
     fixture_with(|v| Arc::new(v))
 }
 

@@ -7,8 +7,9 @@ use sliver_iscsi::{
     Command, CommandResult, Connection, Event, SessionInfo, SessionType, TaskManagement,
     TmfFunction, TmfResponse,
 };
-use sliver_scsi::{CopyTargets, LogicalUnit, Nexus, Request, Reset, TaskAttr};
-use std::collections::{HashMap, HashSet};
+use sliver_scsi::tmf::{self, TaskSet};
+use sliver_scsi::{CopyTargets, LogicalUnit, Nexus, Request, TaskAttr};
+use std::collections::HashMap;
 use std::io::IoSlice;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -37,28 +38,13 @@ const WRITE_QUEUE: usize = 4;
 /// its socket slowly.
 const EXECUTION_BUDGET_KIB: u32 = 64 * 1024;
 
-struct InFlight {
-    lun: u64,
-    /// SANITIZE continues through aborts and resets (SBC-3 4.11): task management does not
-    /// wait for it, and its eventual response is dropped.
-    survives_abort: bool,
-    /// Set when a task management function aborted this task: its result is dropped.
-    aborted: bool,
-}
-
-/// A task management response waiting for aborted tasks to finish.
-struct PendingTmf {
-    itt: u32,
-    waiting: HashSet<u32>,
-    close_after: bool,
-}
-
 struct Session {
     server: Arc<Server>,
     info: Option<SessionInfo>,
     nexus: Option<Nexus>,
-    in_flight: HashMap<u32, InFlight>,
-    pending_tmfs: Vec<PendingTmf>,
+    /// Commands started and not finished, and task management waiting for them (the SCSI
+    /// core's state machine; this session only routes to it).
+    tasks: TaskSet,
     /// Logical units this session touched, told about nexus loss at the end.
     touched: HashMap<u64, Arc<LogicalUnit>>,
     budget: Arc<Semaphore>,
@@ -193,13 +179,13 @@ impl Shared {
             ..
         } = &mut *core;
         session.finish(conn, itt, result);
-        if session.in_flight.is_empty() {
+        if session.tasks.is_empty() {
             session.went_quiet = Some((std::time::Instant::now(), session.started));
         }
         // With other commands of this connection still running, the loop writes: it gathers
         // the responses that complete meanwhile into one write instead of a system call per
         // response on the I/O threads.
-        if session.in_flight.is_empty() && !conn.is_closing() {
+        if session.tasks.is_empty() && !conn.is_closing() {
             self.write_direct(conn);
         }
         if conn.has_output() {
@@ -213,7 +199,7 @@ impl Shared {
             || conn.is_closing()
             || session.close_after_output
             || conn.is_waiting_for_initiator()
-            || (session.in_flight.is_empty() && self.poll_soon.load(Ordering::Relaxed))
+            || (session.tasks.is_empty() && self.poll_soon.load(Ordering::Relaxed))
         {
             self.kick.notify_one();
         }
@@ -252,8 +238,7 @@ pub(crate) async fn drive(
         server: server.clone(),
         info: None,
         nexus: None,
-        in_flight: HashMap::new(),
-        pending_tmfs: Vec::new(),
+        tasks: TaskSet::new(),
         touched: HashMap::new(),
         budget: Arc::new(Semaphore::new(EXECUTION_BUDGET_KIB as usize)),
         close_after_output: false,
@@ -317,7 +302,7 @@ pub(crate) async fn drive(
                 pacing.quiet_at(at, started);
             }
             (s.info.is_some()
-                && s.in_flight.is_empty()
+                && s.tasks.is_empty()
                 && !conn.has_output()
                 && !conn.is_closing()
                 && shared.queued.load(Ordering::Acquire) == 0)
@@ -543,7 +528,7 @@ fn next_wait(
     if conn.is_waiting_for_initiator() {
         return stall;
     }
-    if !s.in_flight.is_empty() {
+    if !s.tasks.is_empty() {
         // Commands are executing: the next thing to happen is ours. Keep pinging a silent
         // initiator, but do not call it idle.
         return Wait::Ping(last_input.max(last_ping) + t.ping_after);
@@ -699,7 +684,7 @@ impl Session {
         if let Some(unit) = &unit {
             self.touched.entry(cmd.lun).or_insert_with(|| unit.clone());
         }
-        if self.in_flight.contains_key(&cmd.itt) {
+        if self.tasks.contains(cmd.itt) {
             // An initiator reusing a live ITT is broken; answer without running anything.
             tracing::warn!(itt = cmd.itt, "duplicate initiator task tag");
             conn.complete_command(
@@ -717,14 +702,7 @@ impl Session {
         let bytes = (cmd.data_out.len() as u64).max(cmd.expected_data_transfer_length as u64);
         // The SCSI core decides what the command is; the session only reads it.
         let facts = sliver_scsi::dispatch(&cmd.cdb, bytes, &cmd.data_out);
-        self.in_flight.insert(
-            cmd.itt,
-            InFlight {
-                lun: cmd.lun,
-                survives_abort: facts.survives_abort,
-                aborted: false,
-            },
-        );
+        self.tasks.start(cmd.itt, cmd.lun, facts);
         let budget = self.budget.clone();
         let cost = (bytes / 1024 + 1).min(EXECUTION_BUDGET_KIB as u64) as u32;
         let quick = facts.quick;
@@ -755,89 +733,27 @@ impl Session {
     }
 
     fn finish(&mut self, conn: &mut Connection, itt: u32, result: CommandResult) {
-        let Some(task) = self.in_flight.remove(&itt) else {
-            return;
-        };
-        if !task.aborted {
+        let finished = self.tasks.finish(itt);
+        if finished.deliver {
             conn.complete_command(itt, result);
-            return;
         }
-        let mut done = Vec::new();
-        for (i, tmf) in self.pending_tmfs.iter_mut().enumerate() {
-            tmf.waiting.remove(&itt);
-            if tmf.waiting.is_empty() {
-                done.push(i);
-            }
-        }
-        for i in done.into_iter().rev() {
-            let tmf = self.pending_tmfs.remove(i);
-            conn.complete_task_management(tmf.itt, TmfResponse::FunctionComplete);
-            if tmf.close_after {
-                self.close_after_output = true;
-            }
+        for answer in finished.answers {
+            self.answer(conn, answer);
         }
     }
 
-    /// Abort this session's tasks matching `filter`; returns the ITTs still executing.
-    fn abort_where(&mut self, filter: impl Fn(u32, &InFlight) -> bool) -> HashSet<u32> {
-        let mut waiting = HashSet::new();
-        for (itt, task) in self.in_flight.iter_mut() {
-            if filter(*itt, task) {
-                task.aborted = true;
-                if !task.survives_abort {
-                    waiting.insert(*itt);
-                }
-            }
-        }
-        waiting
-    }
-
+    /// Route a task management request to the SCSI core's task set; answer what iSCSI
+    /// decides alone (functions the core does not know).
     fn task_management(&mut self, conn: &mut Connection, tmf: TaskManagement) {
-        let luns = self.luns();
-        let unit = Self::unit_at(&luns, tmf.lun);
-        let nexus = self.nexus.clone();
-        let mut close_after = false;
-        let waiting = match tmf.function {
-            // ESXi drops the connection when ABORT TASK is refused: a task that already
-            // finished (or that the protocol core dropped) is reported aborted as well.
-            TmfFunction::AbortTask => {
-                let referenced = tmf.referenced_task_tag;
-                self.abort_where(|itt, _| itt == referenced)
-            }
-            TmfFunction::AbortTaskSet | TmfFunction::ClearTaskSet => {
-                let Some(unit) = unit else {
-                    conn.complete_task_management(tmf.itt, TmfResponse::LunDoesNotExist);
-                    return;
-                };
-                if let (TmfFunction::ClearTaskSet, Some(n)) = (&tmf.function, &nexus) {
-                    unit.task_set_cleared(n);
-                }
-                let lun = tmf.lun;
-                self.abort_where(|_, t| t.lun == lun)
-            }
-            TmfFunction::LogicalUnitReset => {
-                let Some(unit) = unit else {
-                    conn.complete_task_management(tmf.itt, TmfResponse::LunDoesNotExist);
-                    return;
-                };
-                unit.reset(Reset::LogicalUnit);
-                let lun = tmf.lun;
-                self.abort_where(|_, t| t.lun == lun)
-            }
-            TmfFunction::TargetWarmReset | TmfFunction::TargetColdReset => {
-                let cold = matches!(tmf.function, TmfFunction::TargetColdReset);
-                for l in &luns.luns {
-                    l.unit.reset(if cold {
-                        Reset::TargetCold
-                    } else {
-                        Reset::TargetWarm
-                    });
-                }
-                // A cold reset ends every connection of the target's nexus; ours after the
-                // response is sent.
-                close_after = cold;
-                self.abort_where(|_, _| true)
-            }
+        let function = match tmf.function {
+            TmfFunction::AbortTask => tmf::Function::AbortTask {
+                tag: tmf.referenced_task_tag,
+            },
+            TmfFunction::AbortTaskSet => tmf::Function::AbortTaskSet,
+            TmfFunction::ClearTaskSet => tmf::Function::ClearTaskSet,
+            TmfFunction::LogicalUnitReset => tmf::Function::LogicalUnitReset,
+            TmfFunction::TargetWarmReset => tmf::Function::TargetWarmReset,
+            TmfFunction::TargetColdReset => tmf::Function::TargetColdReset,
             TmfFunction::TaskReassign => {
                 conn.complete_task_management(tmf.itt, TmfResponse::ReassignNotSupported);
                 return;
@@ -847,17 +763,32 @@ impl Session {
                 return;
             }
         };
-        if waiting.is_empty() {
-            conn.complete_task_management(tmf.itt, TmfResponse::FunctionComplete);
-            if close_after {
-                self.close_after_output = true;
-            }
-        } else {
-            self.pending_tmfs.push(PendingTmf {
-                itt: tmf.itt,
-                waiting,
-                close_after,
-            });
+        let Some(nexus) = self.nexus.clone() else {
+            // Task management comes in the full feature phase, after the login that made the
+            // nexus; answered all the same, so that nothing waits for a response.
+            conn.complete_task_management(tmf.itt, TmfResponse::NotSupported);
+            return;
+        };
+        let luns = self.luns();
+        let unit = Self::unit_at(&luns, tmf.lun);
+        let units: Vec<Arc<LogicalUnit>> = luns.luns.iter().map(|l| l.unit.clone()).collect();
+        if let Some(answer) =
+            self.tasks
+                .manage(tmf.itt, function, tmf.lun, unit.as_deref(), &units, &nexus)
+        {
+            self.answer(conn, answer);
+        }
+    }
+
+    /// Send a task management response the core decided.
+    fn answer(&mut self, conn: &mut Connection, answer: tmf::Answer) {
+        let response = match answer.outcome {
+            tmf::Outcome::Complete => TmfResponse::FunctionComplete,
+            tmf::Outcome::NoSuchLun => TmfResponse::LunDoesNotExist,
+        };
+        conn.complete_task_management(answer.tag, response);
+        if answer.ends_nexus {
+            self.close_after_output = true;
         }
     }
 

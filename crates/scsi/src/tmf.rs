@@ -1,0 +1,351 @@
+//! Task management (SAM-5 7.1): which of a nexus's tasks a function aborts, what it resets, and
+//! when its response may go. A transport feeds a [`TaskSet`] the commands it starts and
+//! finishes and the functions it receives, and sends what comes back; the semantics live here
+//! once (as in LIO's target_core_tmr.c), so a second transport reuses them. No sockets, no
+//! clocks: the state machine is tested on its own.
+//!
+//! Our commands run to completion on their own threads (a synchronous device server cannot
+//! stop one halfway), so "aborting" a task means: its result is dropped, and the function's
+//! response waits until it has finished, so the initiator never sees the task's effect after
+//! being told it was aborted. SANITIZE continues through aborts and resets (SBC-3 4.11):
+//! nothing waits for it, and its eventual response is dropped.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+
+use crate::{Dispatch, LogicalUnit, Nexus, Reset};
+
+/// A task management function, as a transport decodes it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Function {
+    /// ABORT TASK of the task tagged `tag`.
+    AbortTask {
+        tag: u32,
+    },
+    AbortTaskSet,
+    ClearTaskSet,
+    LogicalUnitReset,
+    TargetWarmReset,
+    TargetColdReset,
+}
+
+/// How a function ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    /// FUNCTION COMPLETE. ABORT TASK of a task that already finished (or that the transport
+    /// dropped) completes too: ESXi drops the connection when it is refused.
+    Complete,
+    /// The function names a logical unit the nexus cannot address.
+    NoSuchLun,
+}
+
+/// A function's response, ready to send.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Answer {
+    /// The function's own tag.
+    pub tag: u32,
+    pub outcome: Outcome,
+    /// The nexus ends once the response is sent (TARGET COLD RESET ends every connection).
+    pub ends_nexus: bool,
+}
+
+/// What [`TaskSet::finish`] says about a finished task.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Finished {
+    /// Its response goes to the initiator (it was not aborted).
+    pub deliver: bool,
+    /// Functions that were waiting for it and may be answered now.
+    pub answers: Vec<Answer>,
+}
+
+#[derive(Debug)]
+struct Task {
+    lun: u64,
+    survives_abort: bool,
+    aborted: bool,
+}
+
+/// A function waiting for aborted tasks to finish.
+#[derive(Debug)]
+struct Pending {
+    tag: u32,
+    waiting: HashSet<u32>,
+    ends_nexus: bool,
+}
+
+/// One nexus's tasks that have started and not finished, and the functions waiting for them.
+#[derive(Debug, Default)]
+pub struct TaskSet {
+    tasks: HashMap<u32, Task>,
+    pending: Vec<Pending>,
+}
+
+impl TaskSet {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// No task is running (nor waiting to be dropped).
+    pub fn is_empty(&self) -> bool {
+        self.tasks.is_empty()
+    }
+
+    /// A task tagged `tag` is running (a new command reusing the tag is the initiator's error).
+    pub fn contains(&self, tag: u32) -> bool {
+        self.tasks.contains_key(&tag)
+    }
+
+    /// The command tagged `tag` for `lun` starts, with the facts its parser gave.
+    pub fn start(&mut self, tag: u32, lun: u64, facts: Dispatch) {
+        self.tasks.insert(
+            tag,
+            Task {
+                lun,
+                survives_abort: facts.survives_abort,
+                aborted: false,
+            },
+        );
+    }
+
+    /// The command tagged `tag` finished. Unknown tags (never started here) are neither
+    /// delivered nor waited for.
+    pub fn finish(&mut self, tag: u32) -> Finished {
+        let Some(task) = self.tasks.remove(&tag) else {
+            return Finished::default();
+        };
+        if !task.aborted {
+            return Finished {
+                deliver: true,
+                answers: Vec::new(),
+            };
+        }
+        let mut answers = Vec::new();
+        self.pending.retain_mut(|p| {
+            p.waiting.remove(&tag);
+            if !p.waiting.is_empty() {
+                return true;
+            }
+            answers.push(Answer {
+                tag: p.tag,
+                outcome: Outcome::Complete,
+                ends_nexus: p.ends_nexus,
+            });
+            false
+        });
+        Finished {
+            deliver: false,
+            answers,
+        }
+    }
+
+    /// Carry out `function` (tagged `tag`) from `nexus` on `lun`: `unit` is the LU at `lun`
+    /// for this nexus (`None`: not mapped) and `units` every LU the nexus can address (a target
+    /// reset resets them all). Returns the response when it may go now; `None` when it waits
+    /// for aborted tasks, and [`TaskSet::finish`] hands it back once they have finished.
+    pub fn manage(
+        &mut self,
+        tag: u32,
+        function: Function,
+        lun: u64,
+        unit: Option<&LogicalUnit>,
+        units: &[Arc<LogicalUnit>],
+        nexus: &Nexus,
+    ) -> Option<Answer> {
+        let answer = |outcome, ends_nexus| {
+            Some(Answer {
+                tag,
+                outcome,
+                ends_nexus,
+            })
+        };
+        let (waiting, ends_nexus) = match function {
+            Function::AbortTask { tag: referenced } => (self.abort(|t, _| t == referenced), false),
+            Function::AbortTaskSet | Function::ClearTaskSet | Function::LogicalUnitReset => {
+                let Some(unit) = unit else {
+                    return answer(Outcome::NoSuchLun, false);
+                };
+                match function {
+                    Function::ClearTaskSet => unit.task_set_cleared(nexus),
+                    Function::LogicalUnitReset => unit.reset(Reset::LogicalUnit),
+                    _ => {}
+                }
+                (self.abort(|_, t| t.lun == lun), false)
+            }
+            Function::TargetWarmReset | Function::TargetColdReset => {
+                let cold = function == Function::TargetColdReset;
+                for unit in units {
+                    unit.reset(if cold {
+                        Reset::TargetCold
+                    } else {
+                        Reset::TargetWarm
+                    });
+                }
+                (self.abort(|_, _| true), cold)
+            }
+        };
+        if waiting.is_empty() {
+            return answer(Outcome::Complete, ends_nexus);
+        }
+        self.pending.push(Pending {
+            tag,
+            waiting,
+            ends_nexus,
+        });
+        None
+    }
+
+    /// Mark the tasks matching `filter` aborted; returns the tags of those the function must
+    /// wait for (all but the ones that survive aborts).
+    fn abort(&mut self, filter: impl Fn(u32, &Task) -> bool) -> HashSet<u32> {
+        let mut waiting = HashSet::new();
+        for (&tag, task) in self.tasks.iter_mut() {
+            if filter(tag, task) {
+                task.aborted = true;
+                if !task.survives_abort {
+                    waiting.insert(tag);
+                }
+            }
+        }
+        waiting
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const PLAIN: Dispatch = Dispatch {
+        quick: true,
+        survives_abort: false,
+    };
+    const SANITIZE: Dispatch = Dispatch {
+        quick: false,
+        survives_abort: true,
+    };
+
+    fn nexus() -> Nexus {
+        Nexus {
+            initiator_port: "iqn.2026-11.test:i,i,0x1".into(),
+            initiator_name: "iqn.2026-11.test:i".into(),
+            relative_target_port: 1,
+        }
+    }
+
+    fn complete(tag: u32) -> Option<Answer> {
+        Some(Answer {
+            tag,
+            outcome: Outcome::Complete,
+            ends_nexus: false,
+        })
+    }
+
+    #[test]
+    fn abort_task_answers_once_the_task_has_finished_and_drops_its_result() {
+        let mut set = TaskSet::new();
+        set.start(1, 0, PLAIN);
+        set.start(2, 0, PLAIN);
+        let n = nexus();
+        let f = Function::AbortTask { tag: 1 };
+        assert_eq!(set.manage(100, f, 0, None, &[], &n), None);
+        // The other task is untouched; the aborted one's end releases the answer.
+        assert_eq!(
+            set.finish(2),
+            Finished {
+                deliver: true,
+                answers: vec![]
+            }
+        );
+        let done = set.finish(1);
+        assert!(!done.deliver);
+        assert_eq!(done.answers, vec![complete(100).unwrap()]);
+        assert!(set.is_empty());
+    }
+
+    #[test]
+    fn abort_task_of_a_finished_or_unknown_task_completes_at_once() {
+        let mut set = TaskSet::new();
+        let n = nexus();
+        let f = Function::AbortTask { tag: 7 };
+        assert_eq!(set.manage(100, f, 0, None, &[], &n), complete(100));
+        assert_eq!(set.finish(7), Finished::default(), "never started");
+    }
+
+    #[test]
+    fn a_task_set_abort_waits_for_its_lun_only_and_sanitize_runs_on() {
+        let mut set = TaskSet::new();
+        set.start(1, 0, PLAIN);
+        set.start(2, 1, PLAIN);
+        set.start(3, 0, SANITIZE);
+        let n = nexus();
+        let fixture = crate::tests::fixture();
+        let unit = &fixture.lu;
+        let answer = set.manage(100, Function::AbortTaskSet, 0, Some(unit), &[], &n);
+        assert_eq!(answer, None, "task 1 still runs");
+        assert!(set.finish(2).deliver, "another LUN's task");
+        assert_eq!(set.finish(1).answers, vec![complete(100).unwrap()]);
+        // SANITIZE was aborted (its result is dropped) but nothing waited for it.
+        assert_eq!(set.finish(3), Finished::default());
+    }
+
+    #[test]
+    fn a_function_on_a_lun_the_nexus_cannot_address_says_so() {
+        let mut set = TaskSet::new();
+        set.start(1, 5, PLAIN);
+        let n = nexus();
+        for f in [
+            Function::AbortTaskSet,
+            Function::ClearTaskSet,
+            Function::LogicalUnitReset,
+        ] {
+            let answer = set.manage(100, f, 5, None, &[], &n).unwrap();
+            assert_eq!(answer.outcome, Outcome::NoSuchLun);
+        }
+        assert!(set.finish(1).deliver, "nothing was aborted");
+    }
+
+    #[test]
+    fn a_cold_reset_aborts_everything_and_ends_the_nexus_once_answered() {
+        let mut set = TaskSet::new();
+        set.start(1, 0, PLAIN);
+        set.start(2, 3, PLAIN);
+        let n = nexus();
+        let units = [Arc::new(crate::tests::fixture().lu)]; // its file stays open
+        assert_eq!(
+            set.manage(100, Function::TargetColdReset, 0, None, &units, &n),
+            None
+        );
+        assert!(set.finish(1).answers.is_empty());
+        assert_eq!(
+            set.finish(2).answers,
+            vec![Answer {
+                tag: 100,
+                outcome: Outcome::Complete,
+                ends_nexus: true
+            }]
+        );
+        // A warm reset with nothing running answers at once and keeps the nexus.
+        assert_eq!(
+            set.manage(101, Function::TargetWarmReset, 0, None, &units, &n),
+            complete(101)
+        );
+    }
+
+    #[test]
+    fn two_functions_waiting_for_one_task_are_both_answered() {
+        let mut set = TaskSet::new();
+        set.start(1, 0, PLAIN);
+        let n = nexus();
+        let fixture = crate::tests::fixture();
+        let unit = &fixture.lu;
+        assert_eq!(
+            set.manage(100, Function::AbortTask { tag: 1 }, 0, None, &[], &n),
+            None
+        );
+        assert_eq!(
+            set.manage(101, Function::LogicalUnitReset, 0, Some(unit), &[], &n),
+            None
+        );
+        let tags: Vec<u32> = set.finish(1).answers.iter().map(|a| a.tag).collect();
+        assert_eq!(tags, vec![100, 101]);
+    }
+}
