@@ -4,7 +4,7 @@
 //! the I_T nexus, and gets back a status, sense data and Data-In bytes. Storage is reached only
 //! through [`sliver_volume::Volume`] (and the pool's settings through
 //! [`sliver_volume::PoolSettings`]). What a transport must know before a command runs comes
-//! from [`dispatch`] (which pool, whether task management leaves it running), and task
+//! from [`dispatch()`] (which pool, whether task management leaves it running), and task
 //! management's semantics from [`tmf::TaskSet`]: the transport reads and routes, it never
 //! decodes a CDB.
 //!
@@ -46,7 +46,7 @@ pub use lu::fuzz_cdb;
 /// An I_T nexus: one SCSI initiator port talking through one SCSI target port.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct Nexus {
-    /// SCSI initiator port name; for iSCSI "<initiator name>,i,0x<ISID as 12 hex digits>".
+    /// SCSI initiator port name; for iSCSI `<initiator name>,i,0x<ISID as 12 hex digits>`.
     pub initiator_port: String,
     /// iSCSI initiator name alone (PR TransportIDs may name it without ISID).
     pub initiator_name: String,
