@@ -10,8 +10,8 @@
 pub use crate::allowed_hosts::AllowedHosts;
 use crate::array::now_ms;
 use crate::array::{
-    gc_priority_name, parse_gc_priority, Array, ArrayError, ChapChange, ChapSecret, VolumeKind,
-    VolumeRecord,
+    gc_priority_name, parse_gc_priority, validate_iscsi_name, Array, ArrayError, ChapChange,
+    ChapSecret, VolumeKind, VolumeRecord,
 };
 use crate::history::{self, Counters, History, Point, SpaceReading, Step};
 use crate::metrics;
@@ -276,6 +276,7 @@ pub fn error_code(e: &ArrayError) -> (StatusCode, &'static str) {
         NotSupported(_) => (StatusCode::BAD_REQUEST, "not_supported"),
         InvalidSetting(_) => (StatusCode::BAD_REQUEST, "invalid_setting"),
         InvalidIscsiName(_) => (StatusCode::BAD_REQUEST, "invalid_iqn"),
+        InvalidChap(_) => (StatusCode::BAD_REQUEST, "invalid_chap"),
         Engine(_) => (StatusCode::INTERNAL_SERVER_ERROR, "engine_error"),
         Volume(_) | Io { .. } => (StatusCode::INTERNAL_SERVER_ERROR, "io_error"),
         Config { .. } | Locked(_) => (StatusCode::INTERNAL_SERVER_ERROR, "internal_error"),
@@ -923,14 +924,11 @@ async fn host_create(
 ) -> ApiResult<(StatusCode, Json<HostInfo>)> {
     let Json(req) = body?;
     for iqn in &req.iqns {
-        validate_initiator_name(iqn)?;
+        validate_iscsi_name(iqn)?;
     }
     let chap = match (req.chap_user, req.chap_secret) {
         (None, None) => None,
-        (Some(user), Some(secret)) => {
-            validate_chap(&user, &secret)?;
-            Some(ChapSecret { user, secret })
-        }
+        (Some(user), Some(secret)) => Some(ChapSecret::new(user, secret)?),
         _ => {
             return Err(ApiError::new(
                 StatusCode::BAD_REQUEST,
@@ -947,30 +945,6 @@ async fn host_create(
     };
     blocking(move || ctx.array.create_host(&req.name, req.iqns, chap)).await?;
     Ok((StatusCode::CREATED, Json(info)))
-}
-
-/// iSCSI names as the array accepts them ([`crate::array::validate_iscsi_name`]).
-pub fn validate_initiator_name(name: &str) -> Result<(), ApiError> {
-    crate::array::validate_iscsi_name(name).map_err(ApiError::from)
-}
-
-/// CHAP secrets: 12 to 255 bytes (RFC 7143 recommends at least 12 for one-way CHAP).
-pub fn validate_chap(user: &str, secret: &str) -> Result<(), ApiError> {
-    if user.is_empty() || user.len() > 255 || user.chars().any(|c| c.is_control()) {
-        return Err(ApiError::new(
-            StatusCode::BAD_REQUEST,
-            "invalid_chap",
-            "the CHAP user name must be 1 to 255 printable characters",
-        ));
-    }
-    if secret.len() < 12 || secret.len() > 255 {
-        return Err(ApiError::new(
-            StatusCode::BAD_REQUEST,
-            "invalid_chap",
-            "the CHAP secret must be 12 to 255 bytes long",
-        ));
-    }
-    Ok(())
 }
 
 /// `PATCH /api/v1/hosts/{name}`: what is given changes, the rest stays. CHAP: both
@@ -995,16 +969,13 @@ async fn host_update(
 ) -> ApiResult<Json<HostInfo>> {
     let Json(req) = body?;
     for iqn in req.iqns.iter().flatten() {
-        validate_initiator_name(iqn)?;
+        validate_iscsi_name(iqn)?;
     }
     let invalid_chap = |m: &str| ApiError::new(StatusCode::BAD_REQUEST, "invalid_chap", m);
     let chap = match (req.chap_user, req.chap_secret, req.clear_chap) {
         (None, None, false) => ChapChange::Keep,
         (None, None, true) => ChapChange::Clear,
-        (Some(user), Some(secret), false) => {
-            validate_chap(&user, &secret)?;
-            ChapChange::Set(ChapSecret { user, secret })
-        }
+        (Some(user), Some(secret), false) => ChapChange::Set(ChapSecret::new(user, secret)?),
         (_, _, true) => {
             return Err(invalid_chap(
                 "give clear_chap, or chap_user and chap_secret, not both",

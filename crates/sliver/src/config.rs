@@ -160,8 +160,8 @@ impl Config {
                 .unwrap_or_default()
         };
         if let Some(chap) = &self.chap {
-            sliver_server::api::validate_chap(&chap.user, &chap.secret)
-                .map_err(|e| format!("{}[chap]: {}", line_of("[chap]"), api_message(e)))?;
+            sliver_server::array::ChapSecret::new(chap.user.as_str(), chap.secret.as_str())
+                .map_err(|e| format!("{}[chap]: {e}", line_of("[chap]")))?;
         }
         if self.api.token.is_some() && self.api.token_file.is_some() {
             return Err(format!(
@@ -181,13 +181,14 @@ impl Config {
                 ));
             }
             for iqn in &host.iqns {
-                sliver_server::api::validate_initiator_name(iqn)
-                    .map_err(|e| format!("{at}[[hosts]] '{}': {}", host.name, api_message(e)))?;
+                sliver_server::array::validate_iscsi_name(iqn)
+                    .map_err(|e| format!("{at}[[hosts]] '{}': {e}", host.name))?;
             }
             match (&host.chap_user, &host.chap_secret) {
                 (None, None) => {}
-                (Some(u), Some(s)) => sliver_server::api::validate_chap(u, s)
-                    .map_err(|e| format!("{at}[[hosts]] '{}': {}", host.name, api_message(e)))?,
+                (Some(u), Some(s)) => sliver_server::array::ChapSecret::new(u.as_str(), s.as_str())
+                    .map(drop)
+                    .map_err(|e| format!("{at}[[hosts]] '{}': {e}", host.name))?,
                 _ => {
                     return Err(format!(
                         "{at}[[hosts]] '{}': give both chap_user and chap_secret, or neither",
@@ -234,10 +235,6 @@ fn first_line(path: &Path, what: &str) -> Result<String, String> {
         return Err(format!("the {what} file {} is empty", path.display()));
     }
     Ok(line)
-}
-
-fn api_message(e: sliver_server::api::ApiError) -> String {
-    e.message().to_string()
 }
 
 /// toml's errors span several lines (with a caret under the value); keep the location and

@@ -73,6 +73,8 @@ pub enum ArrayError {
     InvalidSetting(String),
     #[error("'{0}' is not an iSCSI name (iqn., eui. or naa. form, at most 223 characters)")]
     InvalidIscsiName(String),
+    #[error("{0}")]
+    InvalidChap(&'static str),
     #[error("the array in {0} is in use by another sliver process")]
     Locked(PathBuf),
     #[error("I/O error on {path}: {source}")]
@@ -89,6 +91,37 @@ pub type Result<T> = std::result::Result<T, ArrayError>;
 pub struct ChapSecret {
     pub user: String,
     pub secret: String,
+}
+
+impl ChapSecret {
+    /// Credentials as the array takes them from anyone (the API, the configuration file):
+    /// see [`ChapSecret::check`].
+    pub fn new(user: impl Into<String>, secret: impl Into<String>) -> Result<Self> {
+        let chap = ChapSecret {
+            user: user.into(),
+            secret: secret.into(),
+        };
+        chap.check()?;
+        Ok(chap)
+    }
+
+    /// A user name of 1 to 255 printable characters and a secret of 12 to 255 bytes (RFC
+    /// 7143 recommends at least 12 for one-way CHAP). The array checks every credential it
+    /// is given, however it was made.
+    pub fn check(&self) -> Result<()> {
+        if self.user.is_empty() || self.user.len() > 255 || self.user.chars().any(char::is_control)
+        {
+            return Err(ArrayError::InvalidChap(
+                "the CHAP user name must be 1 to 255 printable characters",
+            ));
+        }
+        if self.secret.len() < 12 || self.secret.len() > 255 {
+            return Err(ArrayError::InvalidChap(
+                "the CHAP secret must be 12 to 255 bytes long",
+            ));
+        }
+        Ok(())
+    }
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
@@ -905,6 +938,9 @@ impl Array {
         for iqn in iqns.iter().flatten() {
             validate_iscsi_name(iqn)?;
         }
+        if let ChapChange::Set(c) = &chap {
+            c.check()?;
+        }
         let mut config = self.config_mut();
         let mut updated = config.clone();
         let host = updated
@@ -939,6 +975,9 @@ impl Array {
 
     /// Set (or clear) the target's own CHAP credentials (mutual CHAP).
     pub fn set_target_chap(&self, chap: Option<ChapSecret>) -> Result<()> {
+        if let Some(c) = &chap {
+            c.check()?;
+        }
         let mut config = self.config_mut();
         if config.target_chap == chap {
             return Ok(());
@@ -1127,6 +1166,9 @@ impl Array {
         }
         for iqn in &iqns {
             validate_iscsi_name(iqn)?;
+        }
+        if let Some(c) = &chap {
+            c.check()?;
         }
         let mut config = self.config_mut();
         if config.hosts.iter().any(|h| h.name == name) {
@@ -1995,6 +2037,46 @@ mod tests {
             ChapChange::Keep,
         )
         .unwrap();
+    }
+
+    #[test]
+    fn chap_credentials_are_checked_by_the_array_however_they_were_made() {
+        let dir = tempfile::tempdir().unwrap();
+        let a = Array::open(dir.path(), "iqn.2026-11.test:a").unwrap();
+        let short = ChapSecret {
+            user: "h".into(),
+            secret: "eleven-byte".into(),
+        };
+        let unnamed = ChapSecret {
+            user: String::new(),
+            secret: "a-chap-secret".into(),
+        };
+        for bad in [&short, &unnamed] {
+            assert!(matches!(
+                a.create_host("h", vec!["iqn.2026-11.test:h".into()], Some(bad.clone())),
+                Err(ArrayError::InvalidChap(_))
+            ));
+            assert!(matches!(
+                a.set_target_chap(Some(bad.clone())),
+                Err(ArrayError::InvalidChap(_))
+            ));
+        }
+        assert!(
+            a.hosts().is_empty() && a.target_chap().is_none(),
+            "nothing stored"
+        );
+        assert!(ChapSecret::new("h", "eleven-byte").is_err());
+        let good = ChapSecret::new("h", "twelve-bytes").unwrap();
+        a.create_host("h", vec!["iqn.2026-11.test:h".into()], None)
+            .unwrap();
+        assert!(matches!(
+            a.update_host("h", None, ChapChange::Set(short.clone())),
+            Err(ArrayError::InvalidChap(_))
+        ));
+        assert_eq!(a.hosts()[0].chap, None);
+        a.update_host("h", None, ChapChange::Set(good.clone()))
+            .unwrap();
+        assert_eq!(a.hosts()[0].chap, Some(good));
     }
 
     #[test]
