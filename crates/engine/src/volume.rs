@@ -202,14 +202,6 @@ impl Volume for EngineVolume {
             .saturating_sub(self.engine.chunk_size() as u64)
     }
 
-    fn soft_threshold_exceeded(&self) -> bool {
-        self.engine.soft_threshold_exceeded()
-    }
-
-    fn available_bytes(&self) -> Option<u64> {
-        Some(self.engine.available_bytes())
-    }
-
     fn as_any(&self) -> Option<&dyn std::any::Any> {
         Some(self)
     }

@@ -2,9 +2,9 @@
 //!
 //! Transport-independent: the iSCSI layer hands over a CDB, the gathered Data-Out bytes and
 //! the I_T nexus, and gets back a status, sense data and Data-In bytes. Storage is reached only
-//! through [`sliver_volume::Volume`] (and the pool's settings through
-//! [`sliver_volume::PoolSettings`]). What a transport must know before a command runs comes
-//! from [`dispatch()`] (which pool, whether task management leaves it running), and task
+//! through [`sliver_volume::Volume`] (and the pool behind it through
+//! [`sliver_volume::Pool`]). What a transport must know before a command runs comes
+//! from [`dispatch()`] (which thread pool, whether task management leaves it running), and task
 //! management's semantics from [`tmf::TaskSet`]: the transport reads and routes, it never
 //! decodes a CDB.
 //!

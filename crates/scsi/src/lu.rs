@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, Weak};
 
-use sliver_volume::{PoolSettings, Volume, VolumeError};
+use sliver_volume::{Pool, Volume, VolumeError};
 
 use crate::cdb::{self, Command};
 use crate::mode::ModeParams;
@@ -334,9 +334,10 @@ pub struct LogicalUnit {
     /// ROD tokens made from this LU, and the outcomes of recent token commands.
     pub(crate) token_copy: TokenCopy,
     pub(crate) stats: LuStats,
-    /// The pool behind the volume, whose soft threshold MODE SENSE reports and MODE SELECT
-    /// changes (through its owner, which keeps it); `None`: no pool, no LBP mode page.
-    pub(crate) pool: Option<Arc<dyn PoolSettings>>,
+    /// The pool behind the volume: its soft threshold raises 38/07, LOG SENSE reports its
+    /// free space, MODE SENSE its threshold and MODE SELECT changes it (through its owner,
+    /// which keeps it); `None`: no pool, none of that.
+    pub(crate) pool: Option<Arc<dyn Pool>>,
 }
 
 impl LogicalUnit {
@@ -362,7 +363,7 @@ impl LogicalUnit {
     }
 
     /// This LU with its volume in `pool`, whose settings it reports and changes through it.
-    pub fn with_pool(mut self, pool: Arc<dyn PoolSettings>) -> Self {
+    pub fn with_pool(mut self, pool: Arc<dyn Pool>) -> Self {
         self.pool = Some(pool);
         self
     }
@@ -654,7 +655,11 @@ impl LogicalUnit {
     /// segments and writes fill them, and every crossing would fail a command of every
     /// initiator (a load run saw a dozen per session in 90 seconds).
     fn check_soft_threshold(&self, nexus: &Nexus) {
-        if !self.volume.soft_threshold_exceeded() {
+        if !self
+            .pool
+            .as_ref()
+            .is_some_and(|p| p.soft_threshold_exceeded())
+        {
             let mut told = lock_unpoisoned(&self.soft_threshold_told);
             if !told.is_empty() {
                 told.retain(|_, at| at.elapsed() < SOFT_THRESHOLD_REPEAT);

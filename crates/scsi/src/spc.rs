@@ -255,7 +255,7 @@ fn log_sense(
             let mut p = Vec::new();
             // (parameter code, resource count, scope: 01b dedicated to this LU, 10b shared)
             let mut entries = Vec::new();
-            if let Some(available) = lu.volume.available_bytes() {
+            if let Some(available) = lu.pool.as_ref().map(|p| p.available_bytes()) {
                 entries.push((0x0001u16, mib(available), 0x02u8));
             }
             let space = lu.volume.space().map_err(crate::lu::read_failure)?;

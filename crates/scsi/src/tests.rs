@@ -919,6 +919,16 @@ fn log_sense_lists_and_reports_logical_block_provisioning() {
     // A passthrough volume knows no pool: only the used count (code 0002h) is reported.
     assert_eq!(&params[..4], &[0x00, 0x02, 0x03, 0x08]);
     assert_eq!(u32::from_be_bytes(params[4..8].try_into().unwrap()), 1);
+    // An LU in a pool reports the pool's free space first (code 0001h, scope 10b: shared).
+    let (_pool, pooled, _dir) = pool_of(100, true);
+    run(&pooled, &n, &[0; 6], &[]);
+    let r = run(&pooled, &n, &[0x4d, 0, 0x4c, 0, 0, 0, 0, 0, 0xff, 0], &[]);
+    good(&r);
+    let params = &r.data_in[4..];
+    assert_eq!(&params[..4], &[0x00, 0x01, 0x03, 0x08]);
+    assert_eq!(u32::from_be_bytes(params[4..8].try_into().unwrap()), 50);
+    assert_eq!(params[11], 0x02);
+    assert_eq!(&params[12..16], &[0x00, 0x02, 0x03, 0x08]);
     // Threshold values, unknown pages and SP are refused.
     assert_eq!(
         sense_codes(&run(
@@ -949,47 +959,11 @@ fn log_sense_lists_and_reports_logical_block_provisioning() {
     );
 }
 
-/// A volume whose pool is past its soft threshold (while the flag is set).
-struct FullPool(FileVolume, std::sync::atomic::AtomicBool);
-
-impl sliver_volume::Volume for FullPool {
-    fn block_size(&self) -> u32 {
-        self.0.block_size()
-    }
-    fn num_blocks(&self) -> u64 {
-        self.0.num_blocks()
-    }
-    fn read(&self, lba: u64, buf: &mut [u8]) -> sliver_volume::Result<()> {
-        self.0.read(lba, buf)
-    }
-    fn write(&self, lba: u64, data: &[u8]) -> sliver_volume::Result<()> {
-        self.0.write(lba, data)
-    }
-    fn flush(&self) -> sliver_volume::Result<()> {
-        self.0.flush()
-    }
-    fn unmap(&self, lba: u64, blocks: u64) -> sliver_volume::Result<()> {
-        self.0.unmap(lba, blocks)
-    }
-    fn block_status(&self, lba: u64) -> sliver_volume::Result<sliver_volume::BlockStatus> {
-        self.0.block_status(lba)
-    }
-    fn space(&self) -> sliver_volume::Result<sliver_volume::VolumeSpace> {
-        self.0.space()
-    }
-    fn soft_threshold_exceeded(&self) -> bool {
-        self.1.load(std::sync::atomic::Ordering::SeqCst)
-    }
-}
-
 #[test]
 fn soft_threshold_raises_one_unit_attention_per_nexus() {
-    let dir = tempfile::tempdir().unwrap();
-    let volume = FileVolume::open(&dir.path().join("v"), BLOCKS * BS as u64, BS as u32).unwrap();
-    let lu = LogicalUnit::new(
-        Arc::new(FullPool(volume, true.into())),
-        fixture().lu.config.clone(),
-    );
+    let (pool, lu, _dir) = pool_of(100, true);
+    pool.exceeded
+        .store(true, std::sync::atomic::Ordering::SeqCst);
     let (a, b) = (nexus(1), nexus(2));
     // Both nexuses first see power-on; the threshold is raised on the first command.
     assert_eq!(sense_codes(&run(&lu, &a, &[0; 6], &[])), (0x6, 0x29, 0x00));
@@ -1003,20 +977,17 @@ fn soft_threshold_raises_one_unit_attention_per_nexus() {
 #[test]
 fn a_pool_hovering_at_its_soft_threshold_tells_each_nexus_once() {
     use std::sync::atomic::Ordering::SeqCst;
-    let dir = tempfile::tempdir().unwrap();
-    let volume = FileVolume::open(&dir.path().join("v"), BLOCKS * BS as u64, BS as u32).unwrap();
-    let pool = Arc::new(FullPool(volume, false.into()));
-    let lu = LogicalUnit::new(pool.clone(), fixture().lu.config.clone());
+    let (pool, lu, _dir) = pool_of(100, true);
     let n = nexus(1);
     assert_eq!(sense_codes(&run(&lu, &n, &[0; 6], &[])), (0x6, 0x29, 0x00));
     good(&run(&lu, &n, &[0; 6], &[]));
-    pool.1.store(true, SeqCst);
+    pool.exceeded.store(true, SeqCst);
     assert_eq!(sense_codes(&run(&lu, &n, &[0; 6], &[])), (0x6, 0x38, 0x07));
     // The collector frees segments, writes fill them: below, above, below, above.
     for _ in 0..5 {
-        pool.1.store(false, SeqCst);
+        pool.exceeded.store(false, SeqCst);
         good(&run(&lu, &n, &[0; 6], &[]));
-        pool.1.store(true, SeqCst);
+        pool.exceeded.store(true, SeqCst);
         good(&run(&lu, &n, &[0; 6], &[]));
     }
     // A nexus that was not told yet still is.
@@ -1097,15 +1068,23 @@ fn statistics_count_each_command_once_by_class_and_outcome() {
     }
 }
 
-/// A pool of `capacity` bytes whose soft threshold can be read and set; `keeps: false` makes
-/// every change fail as an owner that cannot write its configuration would.
+/// A pool of `capacity` bytes whose soft threshold can be read and set, past it while
+/// `exceeded`; `keeps: false` makes every change fail as an owner that cannot write its
+/// configuration would.
 struct TestPool {
     capacity: u64,
     share: std::sync::Mutex<f64>,
     keeps: bool,
+    exceeded: std::sync::atomic::AtomicBool,
 }
 
-impl sliver_volume::PoolSettings for TestPool {
+impl sliver_volume::Pool for TestPool {
+    fn soft_threshold_exceeded(&self) -> bool {
+        self.exceeded.load(std::sync::atomic::Ordering::SeqCst)
+    }
+    fn available_bytes(&self) -> u64 {
+        self.capacity / 2
+    }
     fn soft_threshold(&self) -> (f64, u64) {
         (*self.share.lock().unwrap(), self.capacity)
     }
@@ -1137,17 +1116,16 @@ fn mode_sense10(lu: &LogicalUnit, n: &Nexus, page: u8, subpage: u8, pc: u8) -> R
     run(lu, n, &c, &[])
 }
 
-/// A pool of `sets` threshold sets at 80 % (`keeps`: see [`TestPool`]) and an LU in it whose
-/// power-on unit attention `nexus(1)` has seen.
+/// A pool of `sets` threshold sets at 80 % (`keeps`: see [`TestPool`]) and an LU in it.
 fn pool_of(sets: u64, keeps: bool) -> (Arc<TestPool>, LogicalUnit, tempfile::TempDir) {
     let dir = tempfile::tempdir().unwrap();
     let pool = Arc::new(TestPool {
         capacity: sets << 20,
         share: std::sync::Mutex::new(0.8),
         keeps,
+        exceeded: false.into(),
     });
     let lu = pooled_unit(dir.path(), pool.clone());
-    run(&lu, &nexus(1), &[0; 6], &[]);
     (pool, lu, dir)
 }
 
@@ -1172,6 +1150,7 @@ fn the_logical_block_provisioning_mode_page_reads_and_sets_the_pool_threshold() 
         capacity: 100 << 20, // 100 threshold sets of 1 MiB
         share: std::sync::Mutex::new(0.8),
         keeps: true,
+        exceeded: false.into(),
     });
     let lu = pooled_unit(dir.path(), pool.clone());
     let n = nexus(1);
@@ -1239,6 +1218,7 @@ fn the_logical_block_provisioning_mode_page_reads_and_sets_the_pool_threshold() 
     // A threshold under 1 % of the pool is refused as the API refuses it, pointing at the
     // count (1000 sets: 9 is 0.9 %, 10 is 1 %).
     let (big, lu, dir) = pool_of(1000, true);
+    run(&lu, &n, &[0; 6], &[]); // the power-on unit attention
     let r = select_threshold_count(&lu, &n, 9);
     assert_eq!(sense_codes(&r), (0x5, 0x26, 0x00));
     assert_eq!(
@@ -1253,6 +1233,7 @@ fn the_logical_block_provisioning_mode_page_reads_and_sets_the_pool_threshold() 
 
     // An owner that cannot keep the change: the command fails and changes nothing else.
     let (stuck, lu, _dir) = pool_of(100, false);
+    run(&lu, &n, &[0; 6], &[]);
     let r = select_threshold_count(&lu, &n, 50);
     assert_eq!(sense_codes(&r), (0x4, 0x44, 0x00));
     assert_eq!(*stuck.share.lock().unwrap(), 0.8);

@@ -33,11 +33,19 @@ pub fn io_buffer(len: usize) -> Vec<u8> {
 /// MODE SELECT all take this range.
 pub const SOFT_THRESHOLD_RANGE: std::ops::RangeInclusive<f64> = 0.01..=1.0;
 
-/// Settings of the pool behind volumes rather than of one volume (the thin-provisioning soft
-/// threshold). One owner keeps them: the array applies them to its engine and persists them,
-/// whichever way they change (the API, the configuration file, MODE SELECT), so a change
-/// from any of them survives a restart and is seen by every volume of the pool.
-pub trait PoolSettings: Send + Sync {
+/// The pool behind volumes: what belongs to it rather than to one volume (its free space, its
+/// thin-provisioning soft threshold). One owner keeps its settings: the array applies them to
+/// its engine and persists them, whichever way they change (the API, the configuration file,
+/// MODE SELECT), so a change from any of them survives a restart and is seen by every volume
+/// of the pool. A volume without a pool (a passthrough file) has none of this.
+pub trait Pool: Send + Sync {
+    /// Whether the pool has crossed its soft threshold. Called for every command: must be
+    /// cheap.
+    fn soft_threshold_exceeded(&self) -> bool;
+
+    /// Bytes the pool can still allocate.
+    fn available_bytes(&self) -> u64;
+
     /// (share of capacity in use that raises the soft threshold, pool capacity in bytes).
     fn soft_threshold(&self) -> (f64, u64);
 
@@ -230,17 +238,6 @@ pub trait Volume: Send + Sync {
     /// atomically against concurrent writes (WRITE ATOMIC); 0 when it cannot promise that.
     fn max_atomic_write_bytes(&self) -> u64 {
         0
-    }
-
-    /// Whether the pool behind this volume has crossed its thin-provisioning soft threshold.
-    /// Called for every command: must be cheap.
-    fn soft_threshold_exceeded(&self) -> bool {
-        false
-    }
-
-    /// Bytes the pool behind this volume can still allocate, if it knows.
-    fn available_bytes(&self) -> Option<u64> {
-        None
     }
 
     /// Current space figures. Engines compute them from metadata; this may walk the volume's

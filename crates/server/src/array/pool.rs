@@ -1,13 +1,13 @@
 //! The pool's settings and their one owner: the soft threshold and the garbage collector's
 //! priority belong to the engine's pool, not to one volume. The API, the configuration file
-//! (at start) and MODE SELECT (through [`sliver_volume::PoolSettings`], which every engine
+//! (at start) and MODE SELECT (through [`sliver_volume::Pool`], which every engine
 //! LU holds) all change them here: checked against one range, applied to the engine, saved in
 //! the array's configuration, announced in the event log.
 
 use std::sync::{Arc, Mutex};
 
 use sliver_engine::{Engine, GcPriority, Tuning};
-use sliver_volume::{PoolSettings, SettingError, SOFT_THRESHOLD_RANGE};
+use sliver_volume::{SettingError, SOFT_THRESHOLD_RANGE};
 
 use super::config_store::{lock_events, ConfigStore};
 use super::{gc_priority_name, now_ms, ArrayError, Result, Settings};
@@ -96,7 +96,15 @@ pub(super) fn check_soft_threshold(share: f64) -> Result<()> {
     }
 }
 
-impl PoolSettings for Pool {
+impl sliver_volume::Pool for Pool {
+    fn soft_threshold_exceeded(&self) -> bool {
+        self.engine.soft_threshold_exceeded()
+    }
+
+    fn available_bytes(&self) -> u64 {
+        self.engine.available_bytes()
+    }
+
     fn soft_threshold(&self) -> (f64, u64) {
         (
             self.engine.tuning().soft_threshold,
