@@ -1,7 +1,6 @@
 //! CHAP with MD5 (RFC 1994, RFC 7143 §12.1.3): response = MD5(identifier || secret || challenge).
 
 use md5::{Digest, Md5};
-use rand::RngCore;
 
 /// CHAP_A value for MD5, the only algorithm we offer.
 pub const ALGORITHM_MD5: &str = "5";
@@ -33,13 +32,12 @@ pub struct Challenge {
 }
 
 impl Challenge {
-    pub fn random() -> Self {
-        let mut rng = rand::thread_rng();
-        let mut challenge = vec![0; CHALLENGE_LEN];
-        rng.fill_bytes(&mut challenge);
+    /// A challenge drawn from `random`: the identifier from its first byte, the challenge
+    /// from the rest ([`crate::Authority::fill_random`] fills it).
+    pub fn drawn(random: &[u8; CHALLENGE_LEN + 1]) -> Self {
         Self {
-            identifier: (rng.next_u32() & 0xff) as u8,
-            challenge,
+            identifier: random[0],
+            challenge: random[1..].to_vec(),
         }
     }
 
@@ -77,8 +75,12 @@ mod tests {
             user: "alice".into(),
             secret: b"0123456789ab".to_vec(),
         };
-        let c = Challenge::random();
-        assert!(c.challenge.len() >= 16);
+        let mut random = [0u8; CHALLENGE_LEN + 1];
+        for (i, b) in random.iter_mut().enumerate() {
+            *b = (i * 37 + 11) as u8;
+        }
+        let c = Challenge::drawn(&random);
+        assert_eq!((c.identifier, c.challenge.len()), (11, CHALLENGE_LEN));
         let good = response(c.identifier, &creds.secret, &c.challenge);
         assert!(c.verify(&creds, "alice", &good));
         assert!(!c.verify(&creds, "bob", &good));

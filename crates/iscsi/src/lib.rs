@@ -100,6 +100,13 @@ pub trait Authority: Send + Sync {
     /// the server reinstates (closes) any existing session with the same initiator name + ISID.
     /// Err = fail the login with that status.
     fn register_session(&self, info: &SessionInfo) -> Result<u16, LoginStatus>;
+    /// Fill `buf` with unpredictable bytes: CHAP identifiers and challenges. The core draws no
+    /// randomness of its own (as rustls takes its randomness from the provider it is given):
+    /// the server's authority uses the operating system's generator, tests a deterministic
+    /// one, so a login is reproducible byte for byte.
+    fn fill_random(&self, buf: &mut [u8]) {
+        rand::RngCore::fill_bytes(&mut rand::rngs::OsRng, buf)
+    }
 }
 
 /// A logged-in session as the server sees it.

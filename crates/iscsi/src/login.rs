@@ -222,7 +222,9 @@ impl Login {
                     if !value.split(',').any(|a| a == chap::ALGORITHM_MD5) {
                         return Err(LoginStatus::AuthenticationFailure);
                     }
-                    let challenge = Challenge::random();
+                    let mut random = [0u8; chap::CHALLENGE_LEN + 1];
+                    authority.fill_random(&mut random);
+                    let challenge = Challenge::drawn(&random);
                     reply.push((key.clone(), chap::ALGORITHM_MD5.to_owned()));
                     reply.push(("CHAP_I".into(), challenge.identifier.to_string()));
                     reply.push(("CHAP_C".into(), text::encode_hex(&challenge.challenge)));

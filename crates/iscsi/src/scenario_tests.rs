@@ -17,6 +17,8 @@ struct TestAuthority {
     chap: Option<ChapCredentials>,
     decision: Option<Authorization>,
     registered: Mutex<Vec<SessionInfo>>,
+    /// The next byte of the deterministic random source.
+    random: Mutex<u8>,
 }
 
 impl TestAuthority {
@@ -25,6 +27,7 @@ impl TestAuthority {
             chap: None,
             decision: None,
             registered: Mutex::new(Vec::new()),
+            random: Mutex::new(0x40),
         }
     }
     fn with_chap(user: &str, secret: &str) -> Self {
@@ -66,6 +69,13 @@ impl Authority for TestAuthority {
         let mut r = self.registered.lock().unwrap();
         r.push(info.clone());
         Ok(0x100 + r.len() as u16)
+    }
+    fn fill_random(&self, buf: &mut [u8]) {
+        let mut next = self.random.lock().unwrap();
+        for b in buf {
+            *b = *next;
+            *next = next.wrapping_add(1);
+        }
     }
 }
 
@@ -457,6 +467,20 @@ fn chap_challenge(ini: &mut Initiator) -> (u8, Vec<u8>) {
     let challenge = text::decode_binary(get(&reply, "CHAP_C").unwrap()).unwrap();
     assert!(challenge.len() >= 16);
     (id, challenge)
+}
+
+#[test]
+fn a_chap_challenge_is_drawn_from_the_authority_s_random_source() {
+    // The core has no randomness of its own: with the test authority's counter, the
+    // identifier is its first byte and the challenge the next 32, byte for byte.
+    let mut ini = Initiator::new(
+        TargetSettings::default(),
+        TestAuthority::with_chap("alice", "secret-of-alice"),
+    );
+    let (id, challenge) = chap_challenge(&mut ini);
+    assert_eq!(id, 0x40);
+    let expected: Vec<u8> = (0x41..0x41 + chap::CHALLENGE_LEN as u8).collect();
+    assert_eq!(challenge, expected);
 }
 
 #[test]
