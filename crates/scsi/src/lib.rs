@@ -10,14 +10,17 @@
 //!
 //! Layout follows the standards: `cdb` parses (no I/O), `spc` / `sbc` / `pr` / `xcopy` /
 //! `token` execute one command family each, `vpd` and `mode` build INQUIRY pages and mode pages,
-//! `lu` holds the per-LU state (unit attentions, mode parameters, LBA range locks, copy
-//! results), `sense` is the single table of sense codes.
+//! `lu` holds the per-LU state (unit attentions, mode parameters, copy results) and the
+//! dispatcher, `outcome` how a command ends (and the helpers every family shares),
+//! `range_lock` the LBA range locks, `sense` is the single table of sense codes.
 
 pub mod cdb;
 pub mod dispatch;
 mod lu;
 mod mode;
+mod outcome;
 pub mod pr;
+mod range_lock;
 mod sbc;
 pub mod sense;
 mod spc;

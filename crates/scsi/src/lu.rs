@@ -1,16 +1,19 @@
 //! The logical unit: state shared by every nexus (unit attentions, mode parameters, LBA
-//! range locks, reservations) and the dispatcher that runs one command.
+//! range locks, reservations) and the dispatcher that runs one command. How a command ends
+//! and the helpers the families share are in `outcome`, the LBA range locks in
+//! `range_lock`: a family needs this module only for the LU's state.
 
 use std::collections::{HashMap, VecDeque};
 use std::path::PathBuf;
-use std::sync::atomic::AtomicBool;
-use std::sync::{Arc, Condvar, Mutex, MutexGuard, Weak};
+use std::sync::{Arc, Mutex};
 
-use sliver_volume::{Pool, Volume, VolumeError};
+use sliver_volume::{Pool, Volume};
 
 use crate::cdb::{self, Command};
 use crate::mode::ModeParams;
-use crate::pr::{PendingUa, PrError, Reservations};
+use crate::outcome::{Failure, Outcome};
+use crate::pr::{PendingUa, Reservations};
+use crate::range_lock::{lock_unpoisoned, RangeLocks};
 use crate::stats::{CommandClass, LuStats, StatsSnapshot};
 use crate::token::TokenCopy;
 use crate::xcopy::CopyResults;
@@ -46,120 +49,6 @@ pub enum Reset {
     TargetCold,
 }
 
-/// How a command that did not fail ended.
-pub(crate) struct Done {
-    pub status: Status,
-    pub data_in: Vec<u8>,
-    /// Bytes of the medium a write, WRITE SAME, UNMAP or EXTENDED COPY affected (statistics).
-    pub affected_bytes: u64,
-}
-
-impl Done {
-    pub fn good() -> Self {
-        Done {
-            status: Status::Good,
-            data_in: Vec::new(),
-            affected_bytes: 0,
-        }
-    }
-
-    pub fn data(data_in: Vec<u8>) -> Self {
-        Done {
-            status: Status::Good,
-            data_in,
-            affected_bytes: 0,
-        }
-    }
-
-    /// GOOD, having affected `bytes` of the medium.
-    pub fn affected(bytes: u64) -> Self {
-        Done {
-            affected_bytes: bytes,
-            ..Done::good()
-        }
-    }
-}
-
-/// How a command failed.
-pub(crate) enum Failure {
-    Check(Sense),
-    Conflict,
-}
-
-/// INVALID FIELD IN CDB for a command's outcome ([`Sense::invalid_cdb`]).
-pub(crate) fn invalid_cdb(byte: u16, bit: Option<u8>) -> Failure {
-    Sense::invalid_cdb(byte, bit).into()
-}
-
-/// INVALID FIELD IN PARAMETER LIST for a command's outcome ([`Sense::invalid_param`]).
-pub(crate) fn invalid_param(byte: usize, bit: Option<u8>) -> Failure {
-    Sense::invalid_param(byte, bit).into()
-}
-
-impl From<Sense> for Failure {
-    fn from(s: Sense) -> Self {
-        Failure::Check(s)
-    }
-}
-
-impl From<SenseReason> for Failure {
-    fn from(r: SenseReason) -> Self {
-        Failure::Check(r.into())
-    }
-}
-
-impl From<PrError> for Failure {
-    fn from(e: PrError) -> Self {
-        match e {
-            PrError::Conflict => Failure::Conflict,
-            PrError::Sense(s) => Failure::Check(s),
-        }
-    }
-}
-
-pub(crate) type Outcome = Result<Done, Failure>;
-
-/// Sense for a failed volume read.
-pub(crate) fn read_failure(e: VolumeError) -> Failure {
-    volume_failure(e, SenseReason::UnrecoveredReadError)
-}
-
-/// Sense for a failed volume write (or unmap / flush).
-pub(crate) fn write_failure(e: VolumeError) -> Failure {
-    volume_failure(e, SenseReason::WriteError)
-}
-
-fn volume_failure(e: VolumeError, io_reason: SenseReason) -> Failure {
-    let reason = match e {
-        // Also for a write: a partial-chunk write that cannot read what it merges with.
-        VolumeError::Unreadable { lba, .. } => {
-            return Failure::Check(
-                Sense::from(SenseReason::UnrecoveredReadError).with_information(lba),
-            )
-        }
-        VolumeError::OutOfRange { .. } => SenseReason::LbaOutOfRange,
-        VolumeError::NoSpace => SenseReason::SpaceAllocationFailedWriteProtect,
-        VolumeError::ReadOnly => SenseReason::WriteProtected,
-        VolumeError::Poisoned(_) => SenseReason::InternalTargetFailure,
-        VolumeError::Io(_) => io_reason,
-    };
-    reason.into()
-}
-
-/// The first `needed` bytes of Data-Out, or INVALID FIELD IN INFORMATION UNIT when the
-/// initiator sent fewer than the CDB asks for (we never act on a partial buffer).
-pub(crate) fn data_out_prefix(data_out: &[u8], needed: usize) -> Result<&[u8], Failure> {
-    data_out
-        .get(..needed)
-        .ok_or_else(|| SenseReason::InvalidFieldInInformationUnit.into())
-}
-
-/// Limit parameter data to the allocation length.
-pub(crate) fn truncated(mut data: Vec<u8>, alloc_len: usize) -> Vec<u8> {
-    data.truncate(alloc_len);
-    data
-}
-
 /// Unit attention conditions are queued per I_T nexus.
 type NexusKey = (String, u16);
 
@@ -186,116 +75,6 @@ impl UnitAttentions {
             queue.push_back(reason);
         }
     }
-}
-
-/// Exclusive locks on LBA ranges, so COMPARE AND WRITE, ORWRITE and other read-modify-write
-/// sequences are atomic against every write to overlapping blocks.
-///
-/// Every command that changes blocks takes the lock on them first, which makes the lock also
-/// the place where point-in-time ROD tokens (`token.rs`) learn that their data changed: a
-/// lock taken over a watched range revokes the token before the change happens.
-#[derive(Default)]
-pub(crate) struct RangeLocks {
-    held: Mutex<Held>,
-    released: Condvar,
-    next_ticket: std::sync::atomic::AtomicU64,
-}
-
-#[derive(Default)]
-struct Held {
-    ranges: Vec<(u64, u64, u64)>, // (start, end exclusive, ticket)
-    /// Ranges a live token represents. The flag is the token's; a token that is gone leaves
-    /// a dead `Weak`, dropped at the next look.
-    watches: Vec<(u64, u64, Weak<AtomicBool>)>,
-}
-
-impl Held {
-    fn overlaps(&self, lba: u64, end: u64) -> bool {
-        self.ranges.iter().any(|&(s, e, _)| s < end && lba < e)
-    }
-}
-
-pub(crate) struct RangeGuard<'a> {
-    locks: &'a RangeLocks,
-    ticket: Option<u64>,
-}
-
-impl RangeLocks {
-    /// Wait until no held range overlaps `[lba, lba + blocks)` and take it. Tokens watching
-    /// an overlapping range are revoked.
-    pub fn lock(&self, lba: u64, blocks: u64) -> RangeGuard<'_> {
-        if blocks == 0 {
-            return RangeGuard {
-                locks: self,
-                ticket: None,
-            };
-        }
-        let end = lba.saturating_add(blocks);
-        let ticket = self
-            .next_ticket
-            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let mut held = lock_unpoisoned(&self.held);
-        while held.overlaps(lba, end) {
-            held = self.released.wait(held).unwrap_or_else(|e| e.into_inner());
-        }
-        if !held.watches.is_empty() {
-            held.watches.retain(|(s, e, token)| {
-                let Some(revoked) = token.upgrade() else {
-                    return false;
-                };
-                if *s < end && lba < *e {
-                    // SeqCst, and set before the caller changes a block: a copy that saw
-                    // the change sees the flag when it checks afterwards.
-                    revoked.store(true, std::sync::atomic::Ordering::SeqCst);
-                    return false;
-                }
-                true
-            });
-        }
-        held.ranges.push((lba, end, ticket));
-        RangeGuard {
-            locks: self,
-            ticket: Some(ticket),
-        }
-    }
-
-    /// Watch `ranges` ((lba, blocks) pairs) for `revoked`: the next lock over any of them
-    /// sets it. Waits for commands already changing them, so the watch starts from settled
-    /// data.
-    pub fn watch(&self, ranges: &[(u64, u64)], revoked: &Arc<AtomicBool>) {
-        let spans: Vec<(u64, u64)> = ranges
-            .iter()
-            .filter(|r| r.1 > 0)
-            .map(|&(lba, blocks)| (lba, lba.saturating_add(blocks)))
-            .collect();
-        let mut held = lock_unpoisoned(&self.held);
-        while spans.iter().any(|&(s, e)| held.overlaps(s, e)) {
-            held = self.released.wait(held).unwrap_or_else(|e| e.into_inner());
-        }
-        held.watches.retain(|w| w.2.strong_count() > 0);
-        held.watches.extend(
-            spans
-                .into_iter()
-                .map(|(s, e)| (s, e, Arc::downgrade(revoked))),
-        );
-    }
-}
-
-impl Drop for RangeGuard<'_> {
-    fn drop(&mut self) {
-        if let Some(ticket) = self.ticket {
-            let mut held = lock_unpoisoned(&self.locks.held);
-            held.ranges.retain(|&(_, _, t)| t != ticket);
-            drop(held);
-            self.locks.released.notify_all();
-        }
-    }
-}
-
-/// A panic in one command must not wedge the LU for everyone else: the protected data
-/// (queues, lock lists) stays consistent across our critical sections.
-pub(crate) fn lock_unpoisoned<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// The statistics class of a command.

@@ -14,12 +14,14 @@
 //!
 //! Parameters are shared by all nexuses and not saveable.
 
-use crate::lu::{invalid_cdb, invalid_param};
+use crate::outcome::{invalid_cdb, invalid_param};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 
 use crate::cdb::PageControl;
-use crate::lu::{data_out_prefix, lock_unpoisoned, truncated, Done, Failure, LogicalUnit, Outcome};
+use crate::lu::LogicalUnit;
+use crate::outcome::{data_out_prefix, truncated, Done, Failure, Outcome};
+use crate::range_lock::lock_unpoisoned;
 use crate::{Nexus, SenseReason};
 
 const PAGE_ERROR_RECOVERY: u8 = 0x01;
@@ -446,7 +448,7 @@ pub(crate) fn mode_select(
         lu.mode.write_protect.store(new.swp, Ordering::Relaxed);
         if !new.wce {
             // Turning the write cache off must not leave earlier writes volatile.
-            lu.volume.flush().map_err(crate::lu::write_failure)?;
+            lu.volume.flush().map_err(crate::outcome::write_failure)?;
         }
         lu.unit_attention_all(SenseReason::ModeParametersChanged, Some(nexus));
     }

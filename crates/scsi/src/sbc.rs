@@ -4,12 +4,13 @@
 //! limits, Data-Out size) before touching the volume. Writes hold an LBA range lock so
 //! read-modify-write commands (COMPARE AND WRITE, ORWRITE) are atomic against them.
 
-use crate::lu::{invalid_cdb, invalid_param};
+use crate::outcome::{invalid_cdb, invalid_param};
 use sliver_volume::{BlockStatus, ProvisioningState};
 
 use crate::cdb::{BlockRange, Command, SanitizeAction, StartStop};
-use crate::lu::{
-    data_out_prefix, read_failure, truncated, write_failure, Done, Failure, LogicalUnit, Outcome,
+use crate::lu::LogicalUnit;
+use crate::outcome::{
+    data_out_prefix, read_failure, truncated, write_failure, Done, Failure, Outcome,
 };
 use crate::vpd::{
     max_transfer_blocks, MAX_COMPARE_AND_WRITE_BLOCKS, MAX_UNMAP_BLOCKS, MAX_UNMAP_DESCRIPTORS,

@@ -2,8 +2,9 @@
 //! reservations, and the MAINTENANCE IN reports.
 
 use crate::cdb::{self, Command, RsocOptions, SUPPORTED_COMMANDS};
-use crate::lu::invalid_cdb;
-use crate::lu::{data_out_prefix, truncated, Done, LogicalUnit, Outcome};
+use crate::lu::LogicalUnit;
+use crate::outcome::invalid_cdb;
+use crate::outcome::{data_out_prefix, truncated, Done, Outcome};
 use crate::{mode, vpd, Request, Sense, SenseReason};
 
 /// Version descriptors (SPC-4 table 144): SAM-5, SPC-4, SBC-3, iSCSI (no version claimed).
@@ -258,7 +259,7 @@ fn log_sense(
             if let Some(available) = lu.pool.as_ref().map(|p| p.available_bytes()) {
                 entries.push((0x0001u16, mib(available), 0x02u8));
             }
-            let space = lu.volume.space().map_err(crate::lu::read_failure)?;
+            let space = lu.volume.space().map_err(crate::outcome::read_failure)?;
             entries.push((0x0002, mib(space.unique_bytes + space.shared_bytes), 0x01));
             for (code, count, scope) in entries {
                 p.extend_from_slice(&code.to_be_bytes());

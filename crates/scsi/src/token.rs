@@ -19,7 +19,7 @@
 //! initiator that may reach the source can use a token; the token's 352 random bytes make
 //! it unguessable. Tokens expire after their inactivity timeout and are dropped with the LU.
 
-use crate::lu::{invalid_cdb, invalid_param};
+use crate::outcome::{invalid_cdb, invalid_param};
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -28,7 +28,9 @@ use std::time::{Duration, Instant};
 use rand::RngCore;
 
 use crate::cdb::{opcode, Command};
-use crate::lu::{data_out_prefix, lock_unpoisoned, truncated, Done, Failure, LogicalUnit, Outcome};
+use crate::lu::LogicalUnit;
+use crate::outcome::{data_out_prefix, truncated, Done, Failure, Outcome};
+use crate::range_lock::lock_unpoisoned;
 use crate::xcopy::{
     at_param, be16, be32, be64, check_other_lu, copy_failure, run_steps, Step, Target,
     CSCD_IDENTIFICATION,

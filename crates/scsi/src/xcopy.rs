@@ -17,7 +17,7 @@
 //! other LU only through the transport's [`CopyTargets`], which answers only for LUs this
 //! nexus may access (a copy must not reach an LU its initiator could not read or write).
 
-use crate::lu::{invalid_cdb, invalid_param};
+use crate::outcome::{invalid_cdb, invalid_param};
 use std::collections::VecDeque;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::{Arc, Mutex};
@@ -25,7 +25,9 @@ use std::sync::{Arc, Mutex};
 use sliver_volume::VolumeError;
 
 use crate::cdb::{opcode, Command, CopyResultsAction};
-use crate::lu::{data_out_prefix, lock_unpoisoned, truncated, Done, Failure, LogicalUnit, Outcome};
+use crate::lu::LogicalUnit;
+use crate::outcome::{data_out_prefix, truncated, Done, Failure, Outcome};
+use crate::range_lock::lock_unpoisoned;
 use crate::{CopyTargets, Nexus, Request, Sense, SenseReason, Status};
 
 /// MAXIMUM CSCD DESCRIPTOR COUNT we advertise and accept.

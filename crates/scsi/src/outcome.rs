@@ -1,0 +1,124 @@
+//! How a command ends: [`Done`] (GOOD, or a status with data) or [`Failure`] (CHECK
+//! CONDITION with its sense), and the helpers every command family uses to say so: one
+//! `invalid_cdb` / `invalid_param` carrying the field pointer, the volume errors' senses, the
+//! Data-Out and allocation-length bounds. Families and the dispatcher share them without
+//! importing each other.
+
+use sliver_volume::VolumeError;
+
+use crate::pr::PrError;
+use crate::{Sense, SenseReason, Status};
+
+/// How a command that did not fail ended.
+pub(crate) struct Done {
+    pub status: Status,
+    pub data_in: Vec<u8>,
+    /// Bytes of the medium a write, WRITE SAME, UNMAP or EXTENDED COPY affected (statistics).
+    pub affected_bytes: u64,
+}
+
+impl Done {
+    pub fn good() -> Self {
+        Done {
+            status: Status::Good,
+            data_in: Vec::new(),
+            affected_bytes: 0,
+        }
+    }
+
+    pub fn data(data_in: Vec<u8>) -> Self {
+        Done {
+            status: Status::Good,
+            data_in,
+            affected_bytes: 0,
+        }
+    }
+
+    /// GOOD, having affected `bytes` of the medium.
+    pub fn affected(bytes: u64) -> Self {
+        Done {
+            affected_bytes: bytes,
+            ..Done::good()
+        }
+    }
+}
+
+/// How a command failed.
+pub(crate) enum Failure {
+    Check(Sense),
+    Conflict,
+}
+
+/// INVALID FIELD IN CDB for a command's outcome ([`Sense::invalid_cdb`]).
+pub(crate) fn invalid_cdb(byte: u16, bit: Option<u8>) -> Failure {
+    Sense::invalid_cdb(byte, bit).into()
+}
+
+/// INVALID FIELD IN PARAMETER LIST for a command's outcome ([`Sense::invalid_param`]).
+pub(crate) fn invalid_param(byte: usize, bit: Option<u8>) -> Failure {
+    Sense::invalid_param(byte, bit).into()
+}
+
+impl From<Sense> for Failure {
+    fn from(s: Sense) -> Self {
+        Failure::Check(s)
+    }
+}
+
+impl From<SenseReason> for Failure {
+    fn from(r: SenseReason) -> Self {
+        Failure::Check(r.into())
+    }
+}
+
+impl From<PrError> for Failure {
+    fn from(e: PrError) -> Self {
+        match e {
+            PrError::Conflict => Failure::Conflict,
+            PrError::Sense(s) => Failure::Check(s),
+        }
+    }
+}
+
+pub(crate) type Outcome = Result<Done, Failure>;
+
+/// Sense for a failed volume read.
+pub(crate) fn read_failure(e: VolumeError) -> Failure {
+    volume_failure(e, SenseReason::UnrecoveredReadError)
+}
+
+/// Sense for a failed volume write (or unmap / flush).
+pub(crate) fn write_failure(e: VolumeError) -> Failure {
+    volume_failure(e, SenseReason::WriteError)
+}
+
+fn volume_failure(e: VolumeError, io_reason: SenseReason) -> Failure {
+    let reason = match e {
+        // Also for a write: a partial-chunk write that cannot read what it merges with.
+        VolumeError::Unreadable { lba, .. } => {
+            return Failure::Check(
+                Sense::from(SenseReason::UnrecoveredReadError).with_information(lba),
+            )
+        }
+        VolumeError::OutOfRange { .. } => SenseReason::LbaOutOfRange,
+        VolumeError::NoSpace => SenseReason::SpaceAllocationFailedWriteProtect,
+        VolumeError::ReadOnly => SenseReason::WriteProtected,
+        VolumeError::Poisoned(_) => SenseReason::InternalTargetFailure,
+        VolumeError::Io(_) => io_reason,
+    };
+    reason.into()
+}
+
+/// The first `needed` bytes of Data-Out, or INVALID FIELD IN INFORMATION UNIT when the
+/// initiator sent fewer than the CDB asks for (we never act on a partial buffer).
+pub(crate) fn data_out_prefix(data_out: &[u8], needed: usize) -> Result<&[u8], Failure> {
+    data_out
+        .get(..needed)
+        .ok_or_else(|| SenseReason::InvalidFieldInInformationUnit.into())
+}
+
+/// Limit parameter data to the allocation length.
+pub(crate) fn truncated(mut data: Vec<u8>, alloc_len: usize) -> Vec<u8> {
+    data.truncate(alloc_len);
+    data
+}
