@@ -325,6 +325,13 @@ pub fn render(ctx: &ApiContext) -> Result<String, ArrayError> {
             "Longest hold of the engine's metadata lock since the process started.",
             engine.longest_lock_hold_us() as f64 / 1e6,
         ),
+        (
+            "sliver_engine_metadata_lock_held_seconds_total",
+            "counter",
+            "Time the engine's metadata lock was held in all, since the process started: \
+             its rate is the share of one core the engine's serial part takes.",
+            engine.lock_held_ns() as f64 / 1e9,
+        ),
     ] {
         out.help(metric, kind, help);
         out.sample(metric, &[], value);

@@ -430,9 +430,17 @@ fn a_token_protects_every_route_and_metrics_name_the_counters() {
         "sliver_engine_metadata_cache_pages ",
         "sliver_engine_dedup_chunks_total 0",
         "sliver_engine_metadata_lock_longest_hold_seconds ",
+        "# TYPE sliver_engine_metadata_lock_held_seconds_total counter",
     ] {
         assert!(text.contains(needle), "missing {needle:?} in\n{text}");
     }
+    // Creating the volume held the metadata lock: the total counts it.
+    let held: f64 = text
+        .lines()
+        .find_map(|l| l.strip_prefix("sliver_engine_metadata_lock_held_seconds_total "))
+        .and_then(|v| v.trim().parse().ok())
+        .expect("the lock's total hold");
+    assert!(held > 0.0, "{held}");
 }
 
 /// One request written by hand, so the `Host` header is exactly what a browser tricked by

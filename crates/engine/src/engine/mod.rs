@@ -373,6 +373,7 @@ struct MetaGuard<'a> {
     since: Instant,
     at: &'static std::panic::Location<'static>,
     longest: &'a AtomicU64,
+    total: &'a AtomicU64,
 }
 
 impl std::ops::Deref for MetaGuard<'_> {
@@ -390,7 +391,10 @@ impl std::ops::DerefMut for MetaGuard<'_> {
 
 impl Drop for MetaGuard<'_> {
     fn drop(&mut self) {
-        let held = self.since.elapsed().as_micros() as u64;
+        let elapsed = self.since.elapsed();
+        self.total
+            .fetch_add(elapsed.as_nanos() as u64, Ordering::Relaxed);
+        let held = elapsed.as_micros() as u64;
         if held > self.longest.load(Ordering::Relaxed) {
             self.longest.fetch_max(held, Ordering::Relaxed);
         }
@@ -517,6 +521,10 @@ pub struct Engine {
     metadata_written: AtomicU64,
     /// The longest hold of `meta` since open (microseconds).
     longest_hold: AtomicU64,
+    /// Nanoseconds the metadata lock was held in all, since open: with the commands served
+    /// meanwhile, the serial part of each (what bounds the engine's rate however many cores
+    /// it has).
+    total_hold_ns: AtomicU64,
     /// Data chunks hosts wrote since open, and how many of them dedup found stored.
     data_chunks_written: AtomicU64,
     dedup_chunks: AtomicU64,
@@ -712,6 +720,7 @@ impl Engine {
             since: Instant::now(),
             at: std::panic::Location::caller(),
             longest: &self.longest_hold,
+            total: &self.total_hold_ns,
         }
     }
 
@@ -728,6 +737,7 @@ impl Engine {
             since: Instant::now(),
             at: std::panic::Location::caller(),
             longest: &self.longest_hold,
+            total: &self.total_hold_ns,
         })
     }
 
@@ -735,6 +745,11 @@ impl Engine {
     /// command may wait that long for metadata work.
     pub fn longest_lock_hold_us(&self) -> u64 {
         self.longest_hold.load(Ordering::Relaxed)
+    }
+
+    /// How long the metadata lock was held in all since open, in nanoseconds.
+    pub fn lock_held_ns(&self) -> u64 {
+        self.total_hold_ns.load(Ordering::Relaxed)
     }
 
     fn check_writable(&self) -> Result<()> {

@@ -283,6 +283,7 @@ impl Engine {
             usage: Mutex::new(HashMap::new()),
             metadata_written: AtomicU64::new(0),
             longest_hold: AtomicU64::new(0),
+            total_hold_ns: AtomicU64::new(0),
             data_chunks_written: AtomicU64::new(0),
             dedup_chunks: AtomicU64::new(0),
             read_pins: Default::default(),
