@@ -41,7 +41,7 @@ pub fn dispatch(cdb: &[u8], transfer_bytes: u64, data_out: &[u8]) -> Dispatch {
             // With FUA they wait for a flush.
             Ok(Command::Write { fua, .. } | Command::CompareAndWrite { fua, .. }) => !fua,
             // LID1 only: a token copy's list says nothing about its size.
-            Ok(Command::ExtendedCopy { .. }) => crate::xcopy::copy_bytes_at_most(data_out)
+            Ok(Command::ExtendedCopy { .. }) => crate::tpc::copy_bytes_at_most(data_out)
                 .is_some_and(|bytes| bytes <= QUICK_MAX_COPY_BYTES),
             _ => false,
         };

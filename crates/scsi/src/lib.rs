@@ -8,9 +8,10 @@
 //! management's semantics from [`tmf::TaskSet`]: the transport reads and routes, it never
 //! decodes a CDB.
 //!
-//! Layout follows the standards: `cdb` parses (no I/O), `spc` / `sbc` / `pr` / `xcopy` /
-//! `token` execute one command family each, `vpd` and `mode` build INQUIRY pages and mode pages,
-//! `lu` holds the per-LU state (unit attentions, mode parameters, copy results) and the
+//! Layout follows the standards: `cdb` parses (no I/O), `spc` / `sbc` / `pr` / `tpc` execute
+//! one command family each (`tpc` is third-party copy: EXTENDED COPY and ROD tokens), `vpd`
+//! and `mode` build INQUIRY pages and mode pages, `lu` holds the per-LU state (unit
+//! attentions, mode parameters, the copy manager's results and tokens) and the
 //! dispatcher, `outcome` how a command ends (and the helpers every family shares),
 //! `range_lock` the LBA range locks, `sense` is the single table of sense codes.
 
@@ -28,9 +29,8 @@ pub mod stats;
 #[cfg(test)]
 mod tests;
 pub mod tmf;
-mod token;
+mod tpc;
 mod vpd;
-mod xcopy;
 
 pub use dispatch::{dispatch, Dispatch};
 pub use lu::{execute_without_lu, LogicalUnit, LuConfig, Reset};
@@ -39,7 +39,7 @@ pub use stats::{
     latency_bucket, ClassStats, CommandClass, LuStats, StatsSnapshot, VaaiCounters,
     LATENCY_BOUNDS_US,
 };
-pub use xcopy::{
+pub use tpc::{
     MAX_CSCD_DESCRIPTORS, MAX_DESCRIPTOR_LIST_BYTES, MAX_SEGMENT_BYTES, MAX_SEGMENT_DESCRIPTORS,
 };
 

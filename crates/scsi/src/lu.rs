@@ -15,9 +15,8 @@ use crate::outcome::{Failure, Outcome};
 use crate::pr::{PendingUa, Reservations};
 use crate::range_lock::{lock_unpoisoned, RangeLocks};
 use crate::stats::{CommandClass, LuStats, StatsSnapshot};
-use crate::token::TokenCopy;
-use crate::xcopy::CopyResults;
-use crate::{sbc, spc, token, xcopy, Nexus, Request, Response, Sense, SenseReason, Status};
+use crate::tpc::CopyManager;
+use crate::{sbc, spc, tpc, Nexus, Request, Response, Sense, SenseReason, Status};
 
 /// Identity and naming of one logical unit.
 #[derive(Debug, Clone)]
@@ -108,10 +107,9 @@ pub struct LogicalUnit {
     /// Set while a SANITIZE runs: media access commands then get NOT READY, SANITIZE IN
     /// PROGRESS (SBC-3 4.11), while INQUIRY, REPORT LUNS and REQUEST SENSE still work.
     pub(crate) sanitizing: std::sync::atomic::AtomicBool,
-    /// Status of recent EXTENDED COPY commands, for RECEIVE COPY RESULTS.
-    pub(crate) copy_results: CopyResults,
-    /// ROD tokens made from this LU, and the outcomes of recent token commands.
-    pub(crate) token_copy: TokenCopy,
+    /// Third-party copy: outcomes of recent EXTENDED COPY and token commands, and the ROD
+    /// tokens made from this LU.
+    pub(crate) copy_manager: CopyManager,
     pub(crate) stats: LuStats,
     /// The pool behind the volume: its soft threshold raises 38/07, LOG SENSE reports its
     /// free space, MODE SENSE its threshold and MODE SELECT changes it (through its owner,
@@ -134,8 +132,7 @@ impl LogicalUnit {
             unit_attentions: Mutex::new(UnitAttentions::default()),
             soft_threshold_told: Mutex::new(HashMap::new()),
             sanitizing: std::sync::atomic::AtomicBool::new(false),
-            copy_results: CopyResults::default(),
-            token_copy: TokenCopy::default(),
+            copy_manager: CopyManager::default(),
             stats: LuStats::default(),
             pool: None,
         }
@@ -295,12 +292,11 @@ impl LogicalUnit {
             | Command::ReportSupportedTmfs { .. }
             | Command::LogSense { .. }
             | Command::Unsupported { .. } => spc::execute(self, req, &cmd),
-            Command::ExtendedCopy { .. } | Command::ReceiveCopyResults { .. } => {
-                xcopy::execute(self, req, &cmd)
-            }
-            Command::PopulateToken { .. }
+            Command::ExtendedCopy { .. }
+            | Command::ReceiveCopyResults { .. }
+            | Command::PopulateToken { .. }
             | Command::WriteUsingToken { .. }
-            | Command::ReceiveRodTokenInformation { .. } => token::execute(self, req, &cmd),
+            | Command::ReceiveRodTokenInformation { .. } => tpc::execute(self, req, &cmd),
             _ => sbc::execute(self, req, &cmd),
         }
     }
@@ -398,8 +394,7 @@ impl LogicalUnit {
             Reset::TargetCold => SenseReason::PowerOnOccurred,
         };
         self.reservations.reset();
-        self.copy_results.clear();
-        self.token_copy.clear_results();
+        self.copy_manager.reset();
         let mut uas = lock_unpoisoned(&self.unit_attentions);
         for queue in uas.pending.values_mut() {
             queue.clear();
@@ -419,8 +414,7 @@ impl LogicalUnit {
     /// login gets POWER ON, RESET again, and drop what it held by RESERVE(6).
     pub fn nexus_lost(&self, nexus: &Nexus) {
         self.reservations.nexus_lost(nexus);
-        self.copy_results.nexus_lost(nexus);
-        self.token_copy.nexus_lost(nexus);
+        self.copy_manager.nexus_lost(nexus);
         lock_unpoisoned(&self.unit_attentions)
             .pending
             .remove(&key(nexus));

@@ -8,7 +8,7 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard, Weak};
 /// sequences are atomic against every write to overlapping blocks.
 ///
 /// Every command that changes blocks takes the lock on them first, which makes the lock also
-/// the place where point-in-time ROD tokens (`token.rs`) learn that their data changed: a
+/// the place where point-in-time ROD tokens (`tpc/rod.rs`) learn that their data changed: a
 /// lock taken over a watched range revokes the token before the change happens.
 #[derive(Default)]
 pub(crate) struct RangeLocks {

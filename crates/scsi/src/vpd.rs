@@ -59,7 +59,7 @@ pub(crate) fn page(lu: &LogicalUnit, nexus: &Nexus, code: u8) -> Option<Vec<u8>>
         PAGE_SERIAL => lu.config.serial.as_bytes().to_vec(),
         PAGE_DEVICE_ID => device_identification(lu, nexus),
         PAGE_EXTENDED_INQUIRY => extended_inquiry(),
-        PAGE_THIRD_PARTY_COPY => crate::xcopy::third_party_copy_page(lu),
+        PAGE_THIRD_PARTY_COPY => crate::tpc::third_party_copy_page(lu),
         PAGE_BLOCK_LIMITS => block_limits(lu),
         PAGE_BLOCK_CHARACTERISTICS => block_characteristics(),
         PAGE_LOGICAL_BLOCK_PROVISIONING => logical_block_provisioning(lu),
