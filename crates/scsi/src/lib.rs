@@ -20,6 +20,7 @@ pub mod dispatch;
 mod lu;
 mod mode;
 mod outcome;
+mod param;
 pub mod pr;
 mod range_lock;
 mod sbc;

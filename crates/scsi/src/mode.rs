@@ -14,13 +14,14 @@
 //!
 //! Parameters are shared by all nexuses and not saveable.
 
-use crate::outcome::{invalid_cdb, invalid_param};
+use crate::outcome::invalid_cdb;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 
 use crate::cdb::PageControl;
 use crate::lu::LogicalUnit;
 use crate::outcome::{data_out_prefix, truncated, Done, Failure, Outcome};
+use crate::param::ParamList;
 use crate::range_lock::lock_unpoisoned;
 use crate::{Nexus, SenseReason};
 
@@ -331,37 +332,29 @@ pub(crate) fn mode_select(
     if param_len == 0 {
         return Ok(Done::good());
     }
-    let params = data_out_prefix(data_out, param_len)?;
+    let params = ParamList::new(data_out_prefix(data_out, param_len)?);
     let header_len = if ten { 8 } else { 4 };
-    if params.len() < header_len {
-        return Err(SenseReason::ParameterListLengthError.into());
-    }
+    let header = params.sub(0, header_len)?;
     let (descriptor_len, long_lba) = if ten {
-        (
-            u16::from_be_bytes([params[6], params[7]]) as usize,
-            params[4] & 1 != 0,
-        )
+        (usize::from(header.be16(6)?), header.u8(4)? & 1 != 0)
     } else {
-        (params[3] as usize, false)
+        (usize::from(header.u8(3)?), false)
     };
     let expected_descriptor = if long_lba { 16 } else { 8 };
     if descriptor_len != 0 && descriptor_len != expected_descriptor {
-        return Err(invalid_param(if ten { 6 } else { 3 }, None));
+        return Err(header.invalid(if ten { 6 } else { 3 }, None));
     }
     let pages_at = header_len + descriptor_len;
-    if params.len() < pages_at {
-        return Err(SenseReason::ParameterListLengthError.into());
-    }
     if descriptor_len != 0 {
         // The block length must stay ours (we cannot reformat); 0 means "unchanged".
-        let d = &params[header_len..pages_at];
-        let block_len = if long_lba {
-            u32::from_be_bytes([d[12], d[13], d[14], d[15]])
+        let d = params.sub(header_len, descriptor_len)?;
+        let (block_len, field) = if long_lba {
+            (d.be32(12)?, 12)
         } else {
-            u32::from_be_bytes([0, d[5], d[6], d[7]])
+            (d.be24(5)?, 5)
         };
         if block_len != 0 && block_len != lu.volume.block_size() {
-            return Err(invalid_param(header_len + descriptor_len - 3, None));
+            return Err(d.invalid(field, None));
         }
     }
 
@@ -370,37 +363,31 @@ pub(crate) fn mode_select(
     let mut new = current;
     let mut at = pages_at;
     while at < params.len() {
-        let rest = &params[at..];
-        let code = rest[0] & 0x3f;
+        let first = params.u8(at)?;
+        let code = first & 0x3f;
         // SPF: subpage format, with a 2-byte page length.
-        let (subpage, total) = if rest[0] & 0x40 != 0 {
-            let Some(h) = rest.get(..4) else {
-                return Err(SenseReason::ParameterListLengthError.into());
-            };
-            (h[1], u16::from_be_bytes([h[2], h[3]]) as usize + 4)
+        let (subpage, total) = if first & 0x40 != 0 {
+            let h = params.sub(at, 4)?;
+            (h.u8(1)?, usize::from(h.be16(2)?) + 4)
         } else {
-            let Some(&len) = rest.get(1) else {
-                return Err(SenseReason::ParameterListLengthError.into());
-            };
-            (0, len as usize + 2)
+            (0, usize::from(params.u8(at + 1)?) + 2)
         };
-        let Some(sent) = rest.get(..total) else {
-            return Err(SenseReason::ParameterListLengthError.into());
-        };
+        let page_list = params.sub(at, total)?;
+        let sent = page_list.bytes();
         let (Some(ours), Some(mask)) = (
             page(code, subpage, PageControl::Current, current),
             page(code, subpage, PageControl::Changeable, current),
         ) else {
-            return Err(invalid_param(at, None));
+            return Err(page_list.invalid(0, None));
         };
-        let header = if subpage != 0 { 4 } else { 2 };
+        let page_header = if subpage != 0 { 4 } else { 2 };
         if sent.len() != ours.len() {
-            return Err(invalid_param(at + 1, None));
+            return Err(page_list.invalid(1, None));
         }
         // Every bit that is not changeable must equal its current value (PS is ignored).
-        for i in header..ours.len() {
+        for i in page_header..ours.len() {
             if (sent[i] ^ ours[i]) & !mask[i] != 0 {
-                return Err(invalid_param(at + i, None));
+                return Err(page_list.invalid(i, None));
             }
         }
         match (code, subpage) {
@@ -419,7 +406,7 @@ pub(crate) fn mode_select(
                         || t.count as u64 > t.sets
                         || !sliver_volume::SOFT_THRESHOLD_RANGE.contains(&t.share()))
                 {
-                    return Err(invalid_param(at + 20, None));
+                    return Err(page_list.invalid(20, None));
                 }
                 if !t.enabled {
                     t.count = 0;

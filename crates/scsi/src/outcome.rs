@@ -44,6 +44,7 @@ impl Done {
 }
 
 /// How a command failed.
+#[derive(Debug)]
 pub(crate) enum Failure {
     Check(Sense),
     Conflict,

@@ -4,7 +4,8 @@
 //! limits, Data-Out size) before touching the volume. Writes hold an LBA range lock so
 //! read-modify-write commands (COMPARE AND WRITE, ORWRITE) are atomic against them.
 
-use crate::outcome::{invalid_cdb, invalid_param};
+use crate::outcome::invalid_cdb;
+use crate::param::ParamList;
 use sliver_volume::{BlockStatus, ProvisioningState};
 
 use crate::cdb::{BlockRange, Command, SanitizeAction, StartStop};
@@ -380,31 +381,28 @@ fn unmap(lu: &LogicalUnit, anchor: bool, param_len: usize, data_out: &[u8]) -> O
     if param_len < 8 {
         return Err(SenseReason::ParameterListLengthError.into());
     }
-    let params = data_out_prefix(data_out, param_len)?;
-    let descriptors_len = u16::from_be_bytes([params[2], params[3]]) as usize;
-    let Some(descriptor_bytes) = params.get(8..8 + descriptors_len) else {
-        return Err(SenseReason::ParameterListLengthError.into());
-    };
+    let params = ParamList::new(data_out_prefix(data_out, param_len)?);
+    let descriptors_len = usize::from(params.be16(2)?);
+    let descriptors = params.sub(8, descriptors_len)?;
     // A trailing partial descriptor is ignored (SBC-3 5.28.2).
     let count = descriptors_len / 16;
     if count > MAX_UNMAP_DESCRIPTORS {
-        return Err(invalid_param(2, None));
+        return Err(params.invalid(2, None));
     }
     let capacity = lu.volume.num_blocks();
     let mut ranges = Vec::with_capacity(count);
     let mut total = 0u64;
-    for (i, d) in descriptor_bytes.chunks_exact(16).enumerate() {
-        let mut lba = [0u8; 8];
-        lba.copy_from_slice(&d[0..8]);
-        let lba = u64::from_be_bytes(lba);
-        let blocks = u32::from_be_bytes([d[8], d[9], d[10], d[11]]) as u64;
+    for i in 0..count {
+        let d = descriptors.sub(i * 16, 16)?;
+        let lba = d.be64(0)?;
+        let blocks = u64::from(d.be32(8)?);
         match lba.checked_add(blocks) {
             Some(end) if end <= capacity => {}
             _ => return Err(SenseReason::LbaOutOfRange.into()),
         }
         total += blocks; // at most 1024 * u32::MAX: cannot overflow u64
         if total > MAX_UNMAP_BLOCKS {
-            return Err(invalid_param(8 + i * 16 + 8, None));
+            return Err(d.invalid(8, None));
         }
         if blocks > 0 {
             ranges.push(BlockRange { lba, blocks });
@@ -563,22 +561,23 @@ fn sanitize(
             if param_len <= 4 || param_len > bs + 4 {
                 return Err(invalid_cdb(7, None));
             }
-            let params = data_out_prefix(data_out, param_len)?;
-            let invert = params[0] & 0x80 != 0;
-            let test = (params[0] >> 5) & 0x03;
-            let passes = params[0] & 0x1f;
-            let pattern_len = u16::from_be_bytes([params[2], params[3]]) as usize;
+            let params = ParamList::new(data_out_prefix(data_out, param_len)?);
+            let flags = params.u8(0)?;
+            let invert = flags & 0x80 != 0;
+            let test = (flags >> 5) & 0x03;
+            let passes = flags & 0x1f;
+            let pattern_len = usize::from(params.be16(2)?);
             if test != 0 {
-                return Err(invalid_param(0, None));
+                return Err(params.invalid(0, Some(6))); // TEST, bits 6..5
             }
             if passes == 0 {
-                return Err(invalid_param(0, None));
+                return Err(params.invalid(0, Some(4))); // PASSES, bits 4..0
             }
             if pattern_len == 0 || pattern_len > bs || pattern_len + 4 != param_len {
-                return Err(invalid_param(2, None));
+                return Err(params.invalid(2, None));
             }
             check_writable(lu)?;
-            let pattern = &params[4..];
+            let pattern = params.sub(4, pattern_len)?.bytes();
             let mut block: Vec<u8> = pattern.iter().copied().cycle().take(bs).collect();
             // With INVERT the pattern alternates between passes; only the last pass is
             // observable, and it is inverted when the pass count is even.

@@ -1246,3 +1246,57 @@ fn the_logical_block_provisioning_mode_page_reads_and_sets_the_pool_threshold() 
         (0x5, 0x24, 0x00)
     );
 }
+
+/// SENSE-KEY SPECIFIC of an INVALID FIELD IN PARAMETER LIST: (byte, bit) of the list.
+fn parameter_pointer(r: &Response) -> (u16, Option<u8>) {
+    assert_eq!(sense_codes(r), (0x5, 0x26, 0x00));
+    let sks = &r.sense[15..18];
+    assert_eq!(sks[0] & 0xc0, 0x80, "SKSV set, C/D = 0 (parameter list)");
+    let bit = (sks[0] & 0x08 != 0).then_some(sks[0] & 0x07);
+    (u16::from_be_bytes([sks[1], sks[2]]), bit)
+}
+
+#[test]
+fn invalid_parameter_fields_are_pointed_at_by_byte_and_bit() {
+    let (f, n) = ready();
+    let sanitize = |params: &[u8]| {
+        let mut c = [0u8; 10];
+        c[0] = 0x48;
+        c[1] = 0x01; // OVERWRITE
+        c[8] = params.len() as u8;
+        run(&f.lu, &n, &c, params)
+    };
+    // TEST (bits 6..5) set; PASSES (bits 4..0) zero; a pattern length that disagrees.
+    let r = sanitize(&[0x21, 0, 0, 4, 1, 2, 3, 4]);
+    assert_eq!(parameter_pointer(&r), (0, Some(6)));
+    let r = sanitize(&[0x00, 0, 0, 4, 1, 2, 3, 4]);
+    assert_eq!(parameter_pointer(&r), (0, Some(4)));
+    let r = sanitize(&[0x01, 0, 0, 3, 1, 2, 3, 4]);
+    assert_eq!(parameter_pointer(&r), (2, None));
+
+    // MODE SELECT(10) with a long LBA block descriptor whose block length is not ours: the
+    // pointer names the BLOCK LENGTH field, 8 (header) + 12.
+    let mut params = vec![0u8; 8 + 16];
+    params[4] = 0x01; // LONGLBA
+    params[6..8].copy_from_slice(&16u16.to_be_bytes());
+    params[8 + 12..8 + 16].copy_from_slice(&4096u32.to_be_bytes());
+    let mut c = [0u8; 10];
+    c[0] = 0x55;
+    c[1] = 0x10; // PF
+    c[7..9].copy_from_slice(&(params.len() as u16).to_be_bytes());
+    let r = run(&f.lu, &n, &c, &params);
+    assert_eq!(parameter_pointer(&r), (20, None));
+    // The same in a short descriptor: BLOCK LENGTH is bytes 5..8 of it.
+    let mut params = vec![0u8; 8 + 8];
+    params[6..8].copy_from_slice(&8u16.to_be_bytes());
+    params[8 + 5..8 + 8].copy_from_slice(&4096u32.to_be_bytes()[1..]);
+    c[7..9].copy_from_slice(&(params.len() as u16).to_be_bytes());
+    let r = run(&f.lu, &n, &c, &params);
+    assert_eq!(parameter_pointer(&r), (13, None));
+    // A page whose length runs past the list is a length error, not a field.
+    let mut params = vec![0u8; 8 + 4];
+    params[8] = 0x08; // caching page
+    params[9] = 0x12;
+    c[7..9].copy_from_slice(&(params.len() as u16).to_be_bytes());
+    assert_eq!(sense_codes(&run(&f.lu, &n, &c, &params)), (0x5, 0x1a, 0x00));
+}

@@ -9,24 +9,13 @@ use sliver_volume::VolumeError;
 use crate::cdb::opcode;
 use crate::lu::LogicalUnit;
 use crate::outcome::Failure;
-use crate::{Nexus, Sense, SenseReason};
-
-/// A sense for a descriptor-level problem, pointing at `byte` of the parameter list. For COPY
-/// ABORTED the same bytes are the segment pointer format with SD = 0 (SPC-4 4.5.2.4.5).
-pub(crate) fn at_param(reason: SenseReason, byte: usize) -> Failure {
-    Sense::from(reason)
-        .with_field_pointer(false, pointer(byte), None)
-        .into()
-}
+use crate::param::fail_at;
+use crate::{Nexus, SenseReason};
 
 /// COPY ABORTED, COPY TARGET DEVICE NOT REACHABLE: hosts fall back to copying themselves.
 /// libiscsi (like LIO) also expects it for segments whose ranges do not fit.
 pub(super) fn unreachable(byte: usize) -> Failure {
-    at_param(SenseReason::CopyTargetDeviceNotReachable, byte)
-}
-
-fn pointer(byte: usize) -> u16 {
-    u16::try_from(byte).unwrap_or(u16::MAX)
+    fail_at(SenseReason::CopyTargetDeviceNotReachable, byte)
 }
 
 /// A copy target: the LU that received the command, or one found through [`CopyTargets`].

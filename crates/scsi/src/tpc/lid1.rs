@@ -12,10 +12,10 @@
 //! COPY ABORTED when a copy target cannot be reached or a range does not fit. Every segment is
 //! resolved and range-checked before the first block moves.
 
-use super::copy::{at_param, check_other_lu, run_steps, unreachable, Step, Target};
-use super::{be16, be32, be64};
+use super::copy::{check_other_lu, run_steps, unreachable, Step, Target};
 use crate::lu::LogicalUnit;
 use crate::outcome::{data_out_prefix, invalid_param, Done, Failure, Outcome};
+use crate::param::ParamList;
 use crate::{CopyTargets, Request, SenseReason};
 
 /// MAXIMUM CSCD DESCRIPTOR COUNT we advertise and accept.
@@ -136,19 +136,18 @@ struct ParameterList {
 }
 
 /// Parse and check the whole parameter list (SPC-4 6.4.3). Errors are ILLEGAL REQUEST.
-fn parse_parameter_list(p: &[u8]) -> Result<ParameterList, Failure> {
-    let Some(header) = p.get(..HEADER_LEN) else {
-        return Err(SenseReason::ParameterListLengthError.into());
-    };
-    let list_id = header[0];
-    let tracked = match (header[1] >> 3) & 0x3 {
+fn parse_parameter_list(bytes: &[u8]) -> Result<ParameterList, Failure> {
+    let p = ParamList::new(bytes);
+    let header = p.sub(0, HEADER_LEN)?;
+    let list_id = header.u8(0)?;
+    let tracked = match (header.u8(1)? >> 3) & 0x3 {
         0b00 | 0b10 => true,
         0b11 => false,
-        _ => return Err(invalid_param(1, Some(4))), // 01b is reserved
+        _ => return Err(header.invalid(1, Some(4))), // 01b is reserved
     };
-    let cscd_list_len = be16(header, 2) as usize;
-    let segment_list_len = be32(header, 8) as usize;
-    let inline_len = be32(header, 12) as usize;
+    let cscd_list_len = usize::from(header.be16(2)?);
+    let segment_list_len = header.be32(8)? as usize;
+    let inline_len = header.be32(12)? as usize;
     // Both lengths come from at most 48 bits of input: no overflow in usize on 64-bit, and
     // checked anyway so 32-bit targets stay correct.
     let descriptors_len = cscd_list_len
@@ -165,128 +164,116 @@ fn parse_parameter_list(p: &[u8]) -> Result<ParameterList, Failure> {
         return Err(SenseReason::ParameterListLengthError.into());
     }
     if inline_len != 0 {
-        return Err(invalid_param(12, None)); // MAXIMUM INLINE DATA LENGTH is 0
+        return Err(header.invalid(12, None)); // MAXIMUM INLINE DATA LENGTH is 0
     }
     let segments_at = HEADER_LEN + cscd_list_len;
-    let cscd_bytes = p.get(HEADER_LEN..segments_at).unwrap_or_default();
-    let segment_bytes = p
-        .get(segments_at..segments_at + segment_list_len)
-        .unwrap_or_default();
     Ok(ParameterList {
         list_id,
         tracked,
-        cscds: parse_cscds(cscd_bytes, HEADER_LEN)?,
-        segments: parse_segments(segment_bytes, segments_at)?,
+        cscds: parse_cscds(p.sub(HEADER_LEN, cscd_list_len)?, header)?,
+        segments: parse_segments(p.sub(segments_at, segment_list_len)?, header)?,
     })
 }
 
-/// The CSCD descriptor list; `base` is its offset in the parameter list.
-fn parse_cscds(list: &[u8], base: usize) -> Result<Vec<Cscd>, Failure> {
+/// The CSCD descriptor list. A list length that ends inside a descriptor points at the CSCD
+/// DESCRIPTOR LIST LENGTH in the `header`.
+fn parse_cscds(list: ParamList, header: ParamList) -> Result<Vec<Cscd>, Failure> {
     let mut cscds = Vec::new();
     let mut at = 0;
     while at < list.len() {
         if cscds.len() >= MAX_CSCD_DESCRIPTORS as usize {
-            return Err(at_param(SenseReason::TooManyTargetDescriptors, base + at));
+            return Err(list.fail_at(SenseReason::TooManyTargetDescriptors, at));
         }
-        let code = list[at];
+        let code = list.u8(at)?;
         let len = match code {
             CSCD_IPV6 | CSCD_IP_COPY_SERVICE => CSCD_LONG_LEN,
             _ => CSCD_LEN,
         };
         if code != CSCD_IDENTIFICATION {
-            return Err(at_param(
-                SenseReason::UnsupportedTargetDescriptorType,
-                base + at,
-            ));
+            return Err(list.fail_at(SenseReason::UnsupportedTargetDescriptorType, at));
         }
-        let Some(d) = list.get(at..at + len) else {
-            // The list length ends inside a descriptor.
-            return Err(invalid_param(2, None));
+        let Ok(d) = list.sub(at, len) else {
+            return Err(header.invalid(2, None));
         };
         // Only block devices: segment types 02h and 0Ah copy between them. LU ID TYPE is
         // ignored (SPC-4) and so is the obsolete NUL bit.
-        if d[CSCD_DEVICE_TYPE] & 0x1f != 0 {
-            return Err(invalid_param(base + at + CSCD_DEVICE_TYPE, Some(4)));
+        if d.u8(CSCD_DEVICE_TYPE)? & 0x1f != 0 {
+            return Err(d.invalid(CSCD_DEVICE_TYPE, Some(4)));
         }
         // The designation descriptor occupies bytes 4..24: a 4-byte header and at most 16
         // bytes of designator.
-        let designator = &d[CSCD_DESIGNATOR..CSCD_DESIGNATOR + 20];
-        let designator_len = designator[3] as usize;
+        let designator = d.sub(CSCD_DESIGNATOR, 20)?;
+        let designator_len = usize::from(designator.u8(3)?);
         if designator_len > 16 {
-            return Err(invalid_param(base + at + CSCD_DESIGNATOR + 3, None));
+            return Err(designator.invalid(3, None));
         }
-        let association = (designator[1] >> 4) & 0x3;
-        let designator_type = designator[1] & 0x0f;
-        let naa = (designator_type == DESIGNATOR_TYPE_NAA
+        let association = (designator.u8(1)? >> 4) & 0x3;
+        let designator_type = designator.u8(1)? & 0x0f;
+        let naa = if designator_type == DESIGNATOR_TYPE_NAA
             && association == ASSOCIATION_LU
-            && designator_len == NAA_LEN)
-            .then(|| <[u8; NAA_LEN]>::try_from(&designator[4..4 + NAA_LEN]).ok())
-            .flatten();
-        let block_length = u32::from_be_bytes([
-            0,
-            d[CSCD_BLOCK_LENGTH],
-            d[CSCD_BLOCK_LENGTH + 1],
-            d[CSCD_BLOCK_LENGTH + 2],
-        ]);
+            && designator_len == NAA_LEN
+        {
+            Some(designator.array::<NAA_LEN>(4)?)
+        } else {
+            None
+        };
         cscds.push(Cscd {
-            at: base + at,
+            at: d.offset(0),
             naa,
-            block_length,
+            block_length: d.be24(CSCD_BLOCK_LENGTH)?,
         });
         at += len;
     }
     Ok(cscds)
 }
 
-/// The segment descriptor list; `base` is its offset in the parameter list.
-fn parse_segments(list: &[u8], base: usize) -> Result<Vec<Segment>, Failure> {
+/// The segment descriptor list. A list length that ends inside a descriptor points at the
+/// SEGMENT DESCRIPTOR LIST LENGTH in the `header`.
+fn parse_segments(list: ParamList, header: ParamList) -> Result<Vec<Segment>, Failure> {
     let mut segments = Vec::new();
     let mut at = 0;
     while at < list.len() {
         if segments.len() >= MAX_SEGMENT_DESCRIPTORS as usize {
-            return Err(at_param(SenseReason::TooManySegmentDescriptors, base + at));
+            return Err(list.fail_at(SenseReason::TooManySegmentDescriptors, at));
         }
-        let code = list[at];
+        let code = list.u8(at)?;
         let expected_len = match code {
             SEGMENT_BLOCK_TO_BLOCK => BLOCK_TO_BLOCK_LEN,
             SEGMENT_BLOCK_TO_BLOCK_OFFSETS => BLOCK_TO_BLOCK_OFFSETS_LEN,
             _ => {
-                return Err(at_param(
-                    SenseReason::UnsupportedSegmentDescriptorType,
-                    base + at,
-                ))
+                return Err(list.fail_at(SenseReason::UnsupportedSegmentDescriptorType, at));
             }
         };
-        if list.len() - at < SEGMENT_HEADER_LEN {
-            return Err(invalid_param(8, None)); // list length ends inside a descriptor
+        let Ok(descriptor_header) = list.sub(at, SEGMENT_HEADER_LEN) else {
+            return Err(header.invalid(8, None));
+        };
+        if descriptor_header.be16(2)? != expected_len {
+            return Err(descriptor_header.invalid(2, None));
         }
-        if be16(list, at + 2) != expected_len {
-            return Err(invalid_param(base + at + 2, None));
-        }
-        let len = SEGMENT_HEADER_LEN + expected_len as usize;
-        let Some(d) = list.get(at..at + len) else {
-            return Err(invalid_param(8, None));
+        let len = SEGMENT_HEADER_LEN + usize::from(expected_len);
+        let Ok(d) = list.sub(at, len) else {
+            return Err(header.invalid(8, None));
         };
         let length = if code == SEGMENT_BLOCK_TO_BLOCK {
-            SegmentLength::Blocks(be16(d, SEG_BLOCKS))
+            SegmentLength::Blocks(d.be16(SEG_BLOCKS)?)
         } else {
-            let bytes = be32(d, SEG_BYTES);
+            let bytes = d.be32(SEG_BYTES)?;
             if bytes > MAX_SEGMENT_BYTES {
-                return Err(invalid_param(base + at + SEG_BYTES, None));
+                return Err(d.invalid(SEG_BYTES, None));
             }
             SegmentLength::Bytes {
                 bytes,
-                src_offset: be16(d, SEG_SRC_OFFSET),
-                dst_offset: be16(d, SEG_DST_OFFSET),
+                src_offset: d.be16(SEG_SRC_OFFSET)?,
+                dst_offset: d.be16(SEG_DST_OFFSET)?,
             }
         };
         segments.push(Segment {
-            at: base + at,
-            src: be16(d, SEG_SRC_INDEX),
-            dst: be16(d, SEG_DST_INDEX),
+            at: d.offset(0),
+            src: d.be16(SEG_SRC_INDEX)?,
+            dst: d.be16(SEG_DST_INDEX)?,
             length,
-            src_lba: be64(d, SEG_SRC_LBA),
-            dst_lba: be64(d, SEG_DST_LBA),
+            src_lba: d.be64(SEG_SRC_LBA)?,
+            dst_lba: d.be64(SEG_DST_LBA)?,
         });
         at += len;
     }

@@ -71,25 +71,3 @@ pub(crate) fn execute(lu: &LogicalUnit, req: &Request, cmd: &Command) -> Outcome
         _ => Err(SenseReason::InvalidOpcode.into()),
     }
 }
-
-/// Big-endian fields of a parameter list; a field past its end reads as zero (callers check
-/// lengths first).
-pub(super) fn be16(b: &[u8], at: usize) -> u16 {
-    match b.get(at..at + 2) {
-        Some(&[x, y]) => u16::from_be_bytes([x, y]),
-        _ => 0,
-    }
-}
-
-pub(super) fn be32(b: &[u8], at: usize) -> u32 {
-    match b.get(at..at + 4) {
-        Some(&[w, x, y, z]) => u32::from_be_bytes([w, x, y, z]),
-        _ => 0,
-    }
-}
-
-pub(super) fn be64(b: &[u8], at: usize) -> u64 {
-    b.get(at..at + 8)
-        .and_then(|s| <[u8; 8]>::try_from(s).ok())
-        .map_or(0, u64::from_be_bytes)
-}

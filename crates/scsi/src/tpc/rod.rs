@@ -26,14 +26,14 @@ use std::time::{Duration, Instant};
 
 use rand::RngCore;
 
-use super::copy::{at_param, check_other_lu, copy_failure, run_steps, Step, Target};
+use super::copy::{check_other_lu, copy_failure, run_steps, Step, Target};
 use super::lid1::CSCD_IDENTIFICATION;
-use super::{be16, be32, be64};
 use crate::cdb::{opcode, Command};
 use crate::lu::LogicalUnit;
 use crate::outcome::{
     data_out_prefix, invalid_cdb, invalid_param, truncated, Done, Failure, Outcome,
 };
+use crate::param::ParamList;
 use crate::range_lock::lock_unpoisoned;
 use crate::{Nexus, Request, Sense, SenseReason, Status};
 
@@ -301,14 +301,14 @@ fn tracked(
     list_id: u32,
     service_action: u8,
     param_len: usize,
-    run: impl FnOnce(&[u8]) -> Result<Completed, Failure>,
+    run: impl FnOnce(ParamList) -> Result<Completed, Failure>,
 ) -> Outcome {
     if param_len == 0 {
         return Ok(Done::good());
     }
     // The list is already in memory (the transport bounds it); only the header and the
     // range descriptors it announces are read.
-    let params = data_out_prefix(req.data_out, param_len)?;
+    let params = ParamList::new(data_out_prefix(req.data_out, param_len)?);
     lu.copy_manager
         .tokens
         .record(req.nexus, list_id, service_action)?;
@@ -329,21 +329,22 @@ fn tracked(
 
 /// Range descriptors (LBA, NUMBER OF LOGICAL BLOCKS), checked against `capacity`: each fits
 /// (LBA OUT OF RANGE otherwise) and none overlaps another (INVALID FIELD IN PARAMETER LIST,
-/// pointing at the later one). `at` is where the list starts in the parameter list.
-fn parse_ranges(list: &[u8], at: usize, capacity: u64) -> Result<Vec<(u64, u64)>, Failure> {
-    let mut ranges: Vec<(u64, u64)> = Vec::with_capacity(list.len() / RANGE_LEN);
-    for (i, d) in list.chunks_exact(RANGE_LEN).enumerate() {
-        let here = at + i * RANGE_LEN;
-        let (lba, blocks) = (be64(d, 0), u64::from(be32(d, 8)));
+/// pointing at the later one).
+fn parse_ranges(list: ParamList, capacity: u64) -> Result<Vec<(u64, u64)>, Failure> {
+    let count = list.len() / RANGE_LEN;
+    let mut ranges: Vec<(u64, u64)> = Vec::with_capacity(count);
+    for i in 0..count {
+        let d = list.sub(i * RANGE_LEN, RANGE_LEN)?;
+        let (lba, blocks) = (d.be64(0)?, u64::from(d.be32(8)?));
         if lba.checked_add(blocks).is_none_or(|end| end > capacity) {
-            return Err(at_param(SenseReason::LbaOutOfRange, here));
+            return Err(d.fail_at(SenseReason::LbaOutOfRange, 0));
         }
         if blocks > 0
             && ranges
                 .iter()
                 .any(|&(l, b)| b > 0 && l < lba + blocks && lba < l + b)
         {
-            return Err(invalid_param(here, None));
+            return Err(d.invalid(0, None));
         }
         ranges.push((lba, blocks));
     }
@@ -353,46 +354,46 @@ fn parse_ranges(list: &[u8], at: usize, capacity: u64) -> Result<Vec<(u64, u64)>
 /// The RANGE DESCRIPTOR LENGTH at `field`, checked: whole descriptors (INVALID FIELD IN
 /// PARAMETER LIST), at most the advertised number (TOO MANY SEGMENT DESCRIPTORS, as SBC-3
 /// asks and Windows recognises), inside the parameter list.
-fn ranges_in(params: &[u8], field: usize, start: usize) -> Result<&[u8], Failure> {
-    let len = be16(params, field) as usize;
+fn ranges_in<'a>(
+    params: ParamList<'a>,
+    field: usize,
+    start: usize,
+) -> Result<ParamList<'a>, Failure> {
+    let len = usize::from(params.be16(field)?);
     if !len.is_multiple_of(RANGE_LEN) {
-        return Err(invalid_param(field, None));
+        return Err(params.invalid(field, None));
     }
     if len / RANGE_LEN > MAX_RANGE_DESCRIPTORS as usize {
-        return Err(at_param(SenseReason::TooManySegmentDescriptors, field));
+        return Err(params.fail_at(SenseReason::TooManySegmentDescriptors, field));
     }
-    params
-        .get(start..start + len)
-        .ok_or_else(|| SenseReason::ParameterListLengthError.into())
+    params.sub(start, len)
 }
 
-fn populate_token(lu: &LogicalUnit, params: &[u8]) -> Result<Completed, Failure> {
-    if params.len() < PT_HEADER_LEN {
-        return Err(SenseReason::ParameterListLengthError.into());
-    }
-    let flags = params[PT_FLAGS];
+fn populate_token(lu: &LogicalUnit, params: ParamList) -> Result<Completed, Failure> {
+    let header = params.sub(0, PT_HEADER_LEN)?;
+    let flags = header.u8(PT_FLAGS)?;
     let rod_type = if flags & PT_RTV != 0 {
-        match be32(params, PT_ROD_TYPE) {
+        match header.be32(PT_ROD_TYPE)? {
             ROD_POINT_IN_TIME_DEFAULT
             | ROD_POINT_IN_TIME_CHANGE_VULNERABLE
             | ROD_POINT_IN_TIME_ANY => ROD_POINT_IN_TIME_CHANGE_VULNERABLE,
             ROD_ACCESS_UPON_REFERENCE => ROD_ACCESS_UPON_REFERENCE,
-            _ => return Err(invalid_param(PT_ROD_TYPE, None)),
+            _ => return Err(header.invalid(PT_ROD_TYPE, None)),
         }
     } else {
         ROD_POINT_IN_TIME_CHANGE_VULNERABLE
     };
-    let timeout = match be32(params, PT_INACTIVITY) {
+    let timeout = match header.be32(PT_INACTIVITY)? {
         0 => DEFAULT_INACTIVITY_SECS,
-        s if s > MAX_INACTIVITY_SECS => return Err(invalid_param(PT_INACTIVITY, None)),
+        s if s > MAX_INACTIVITY_SECS => return Err(header.invalid(PT_INACTIVITY, None)),
         s => s,
     };
     let list = ranges_in(params, PT_RANGES_LEN, PT_HEADER_LEN)?;
-    let ranges = parse_ranges(list, PT_HEADER_LEN, lu.volume.num_blocks())?;
+    let ranges = parse_ranges(list, lu.volume.num_blocks())?;
     let block_size = lu.volume.block_size();
     let blocks: u64 = ranges.iter().map(|r| r.1).sum();
     if blocks.saturating_mul(u64::from(block_size)) > MAX_TOKEN_TRANSFER_BYTES {
-        return Err(invalid_param(PT_RANGES_LEN, None));
+        return Err(header.invalid(PT_RANGES_LEN, None));
     }
     let id = lu
         .copy_manager
@@ -469,20 +470,24 @@ fn creator_naa(token: &[u8]) -> Option<[u8; 16]> {
         .flatten()
 }
 
-fn write_using_token(lu: &LogicalUnit, req: &Request, params: &[u8]) -> Result<Completed, Failure> {
-    if params.len() < WUT_HEADER_LEN {
-        return Err(SenseReason::ParameterListLengthError.into());
-    }
+fn write_using_token(
+    lu: &LogicalUnit,
+    req: &Request,
+    params: ParamList,
+) -> Result<Completed, Failure> {
+    let header = params.sub(0, WUT_HEADER_LEN)?;
     let list = ranges_in(params, WUT_RANGES_LEN, WUT_HEADER_LEN)?;
-    let ranges = parse_ranges(list, WUT_HEADER_LEN, lu.volume.num_blocks())?;
+    let ranges = parse_ranges(list, lu.volume.num_blocks())?;
     if lu.mode.write_protected() {
         return Err(SenseReason::WriteProtected.into());
     }
-    let token = &params[WUT_TOKEN..WUT_TOKEN + TOKEN_LEN];
-    if be32(token, 0) == ROD_BLOCK_DEVICE_ZERO {
+    let token_field = header.sub(WUT_TOKEN, TOKEN_LEN)?;
+    if token_field.be32(0)? == ROD_BLOCK_DEVICE_ZERO {
         return write_zero_token(lu, &ranges);
     }
-    let offset = be64(params, WUT_OFFSET);
+    let token = token_field.bytes();
+    let offset = header.be64(WUT_OFFSET)?;
+    let delete = header.u8(WUT_FLAGS)? & WUT_DEL_TKN != 0;
     let source: Target = match creator_naa(token) {
         Some(naa) if naa == lu.naa() => Target::Receiving(lu),
         Some(naa) => req
@@ -494,10 +499,7 @@ fn write_using_token(lu: &LogicalUnit, req: &Request, params: &[u8]) -> Result<C
     };
     let rod = source.copy_manager.tokens.take(token)?;
     let outcome = copy_from_token(lu, req, &source, &rod, offset, &ranges);
-    source
-        .copy_manager
-        .tokens
-        .release(&rod, params[WUT_FLAGS] & WUT_DEL_TKN != 0);
+    source.copy_manager.tokens.release(&rod, delete);
     outcome
 }
 

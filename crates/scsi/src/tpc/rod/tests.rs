@@ -6,6 +6,18 @@ use crate::tpc::test_kit::{
 use crate::{CopyTargets, NoCopyTargets};
 use sliver_volume::FileVolume;
 
+fn be16(b: &[u8], at: usize) -> u16 {
+    ParamList::new(b).be16(at).unwrap()
+}
+
+fn be32(b: &[u8], at: usize) -> u32 {
+    ParamList::new(b).be32(at).unwrap()
+}
+
+fn be64(b: &[u8], at: usize) -> u64 {
+    ParamList::new(b).be64(at).unwrap()
+}
+
 const INVALID_FIELD_IN_PARAMETER_LIST: (u8, u8, u8) = (0x5, 0x26, 0x00);
 const TOKEN_UNKNOWN: (u8, u8, u8) = (0x5, 0x23, 0x04);
 const TOKEN_REVOKED: (u8, u8, u8) = (0x5, 0x23, 0x06);
