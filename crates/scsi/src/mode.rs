@@ -399,7 +399,7 @@ pub(crate) fn mode_select(
             (PAGE_INFO_EXCEPTIONS, SUBPAGE_LBP) => {
                 let mut t = current.threshold.expect("the page exists only with a pool");
                 t.enabled = sent[16] & THRESHOLD_ENABLED != 0;
-                t.count = u32::from_be_bytes([sent[20], sent[21], sent[22], sent[23]]);
+                t.count = page_list.be32(20)?;
                 // The pool takes the same range from here as from the API.
                 if t.enabled
                     && (t.count == 0

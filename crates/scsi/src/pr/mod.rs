@@ -47,6 +47,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use crate::cdb::opcode;
+use crate::outcome::Failure;
+use crate::param::ParamList;
 use crate::{Nexus, Sense, SenseReason};
 
 use access::{access_class, spc2_allows_non_holder, AccessClass};
@@ -69,6 +71,15 @@ pub enum PrError {
 impl From<SenseReason> for PrError {
     fn from(reason: SenseReason) -> Self {
         PrError::Sense(reason.into())
+    }
+}
+
+impl From<Failure> for PrError {
+    fn from(failure: Failure) -> Self {
+        match failure {
+            Failure::Check(sense) => PrError::Sense(sense),
+            Failure::Conflict => PrError::Conflict,
+        }
     }
 }
 
@@ -217,7 +228,8 @@ impl Reservations {
         cdb: &[u8],
         params: &[u8],
     ) -> Result<Vec<PendingUa>, PrError> {
-        let request = ProutRequest::parse(cdb, params, self.persist_path.is_some())?;
+        let request =
+            ProutRequest::parse(cdb, ParamList::new(params), self.persist_path.is_some())?;
         self.update(|state| {
             if state.reserved_by.is_some() {
                 return Err(PrError::Conflict);

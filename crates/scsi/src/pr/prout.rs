@@ -2,10 +2,12 @@
 //! [`ProutRequest`], and the iSCSI TransportIDs they carry (parsed, and encoded for READ FULL
 //! STATUS).
 
-use crate::{Sense, SenseReason};
+use crate::outcome::{invalid_cdb, Failure};
+use crate::param::ParamList;
+use crate::SenseReason;
 
 use super::model::{find_ignore_ascii_case, Initiator, PrType, ISID_SEPARATOR, SCOPE_LU};
-use super::{PrError, MAX_REGISTRATIONS};
+use super::MAX_REGISTRATIONS;
 
 /// Longest iSCSI name (RFC 7143).
 const MAX_ISCSI_NAME_LEN: usize = 223;
@@ -61,43 +63,29 @@ pub(super) enum ProutAction {
     },
 }
 
-fn invalid_cdb_field(byte: u16, bit: u8) -> PrError {
-    PrError::Sense(Sense::invalid_cdb(byte, Some(bit)))
-}
-
-pub(super) fn invalid_parameter(byte: usize) -> PrError {
-    PrError::Sense(Sense::invalid_param(byte, None))
-}
-
-fn parameter_list_length_error() -> PrError {
+fn parameter_list_length_error() -> Failure {
     SenseReason::ParameterListLengthError.into()
-}
-
-fn be_u64(bytes: &[u8], at: usize) -> Option<u64> {
-    let field = bytes.get(at..at.checked_add(8)?)?;
-    Some(u64::from_be_bytes(field.try_into().ok()?))
-}
-
-fn be_u32(bytes: &[u8], at: usize) -> Option<u32> {
-    let field = bytes.get(at..at.checked_add(4)?)?;
-    Some(u32::from_be_bytes(field.try_into().ok()?))
 }
 
 impl ProutRequest {
     /// Validates the CDB and parameter list (SPC-4). `persist_capable`: APTPL=1 can be
     /// honoured.
-    pub(super) fn parse(cdb: &[u8], params: &[u8], persist_capable: bool) -> Result<Self, PrError> {
-        let service_action = cdb.get(1).ok_or_else(|| invalid_cdb_field(1, 4))? & 0x1f;
+    pub(super) fn parse(
+        cdb: &[u8],
+        params: ParamList,
+        persist_capable: bool,
+    ) -> Result<Self, Failure> {
+        let service_action = cdb.get(1).ok_or_else(|| invalid_cdb(1, Some(4)))? & 0x1f;
         let scope_type = cdb.get(2).copied().unwrap_or(0);
         let (scope, type_code) = (scope_type >> 4, scope_type & 0x0f);
         if service_action > PROUT_REGISTER_AND_MOVE {
-            return Err(invalid_cdb_field(1, 4));
+            return Err(invalid_cdb(1, Some(4)));
         }
         if params.len() < BASIC_PARAMETER_LIST_LEN {
             return Err(parameter_list_length_error());
         }
-        let key = be_u64(params, 0).ok_or_else(parameter_list_length_error)?;
-        let service_action_key = be_u64(params, 8).ok_or_else(parameter_list_length_error)?;
+        let key = params.be64(0)?;
+        let service_action_key = params.be64(8)?;
 
         if service_action == PROUT_REGISTER_AND_MOVE {
             let action = parse_register_and_move(params, persist_capable)?;
@@ -108,18 +96,18 @@ impl ProutRequest {
             });
         }
 
-        let flags = params.get(20).copied().unwrap_or(0);
+        let flags = params.u8(20)?;
         let spec_i_pt = flags & 0x08 != 0;
         let all_target_ports = flags & 0x04 != 0;
         let aptpl = flags & 0x01 != 0;
         let is_register = service_action == PROUT_REGISTER;
         if spec_i_pt && !is_register {
             // SPEC_I_PT is defined for REGISTER only (SPC-4).
-            return Err(invalid_parameter(20));
+            return Err(params.invalid(20, Some(3)));
         }
         if spec_i_pt {
             // A TRANSPORTID PARAMETER DATA LENGTH and the TransportIDs follow.
-            let ids_len = be_u32(params, 24).ok_or_else(parameter_list_length_error)?;
+            let ids_len = params.be32(24)?;
             let expected = usize::try_from(ids_len)
                 .ok()
                 .and_then(|n| n.checked_add(BASIC_PARAMETER_LIST_LEN + 4));
@@ -130,22 +118,23 @@ impl ProutRequest {
             return Err(parameter_list_length_error());
         }
 
-        let valid_type = || PrType::from_code(type_code).ok_or_else(|| invalid_cdb_field(2, 3));
+        let valid_type = || PrType::from_code(type_code).ok_or_else(|| invalid_cdb(2, Some(3)));
         let valid_scope = || {
             if scope == SCOPE_LU {
                 Ok(())
             } else {
-                Err(invalid_cdb_field(2, 7))
+                Err(invalid_cdb(2, Some(7)))
             }
         };
         let action = match service_action {
             PROUT_REGISTER | PROUT_REGISTER_AND_IGNORE_EXISTING_KEY => {
                 if aptpl && !persist_capable {
-                    return Err(invalid_parameter(20));
+                    return Err(params.invalid(20, Some(0)));
                 }
                 let also_register = if spec_i_pt {
-                    let ids = params.get(BASIC_PARAMETER_LIST_LEN + 4..).unwrap_or(&[]);
-                    Some(parse_transport_ids(ids, BASIC_PARAMETER_LIST_LEN + 4)?)
+                    let at = BASIC_PARAMETER_LIST_LEN + 4;
+                    let ids = params.sub(at, params.len() - at)?;
+                    Some(parse_transport_ids(ids)?)
                 } else {
                     None
                 };
@@ -166,7 +155,7 @@ impl ProutRequest {
                 valid_scope()?;
                 ProutAction::Preempt(valid_type()?)
             }
-            _ => return Err(invalid_cdb_field(1, 4)),
+            _ => return Err(invalid_cdb(1, Some(4))),
         };
         Ok(ProutRequest {
             key,
@@ -178,15 +167,15 @@ impl ProutRequest {
 
 /// The REGISTER AND MOVE parameter list (SPC-4): the basic header with UNREG, APTPL
 /// and RELATIVE TARGET PORT IDENTIFIER, then exactly one TransportID.
-fn parse_register_and_move(params: &[u8], persist_capable: bool) -> Result<ProutAction, PrError> {
-    let flags = params.get(17).copied().unwrap_or(0);
+fn parse_register_and_move(
+    params: ParamList,
+    persist_capable: bool,
+) -> Result<ProutAction, Failure> {
+    let flags = params.u8(17)?;
     let unregister = flags & 0x02 != 0;
     let aptpl = flags & 0x01 != 0;
-    let target_port = match params.get(18..20) {
-        Some(&[hi, lo]) => u16::from_be_bytes([hi, lo]),
-        _ => return Err(parameter_list_length_error()),
-    };
-    let ids_len = be_u32(params, 20).ok_or_else(parameter_list_length_error)?;
+    let target_port = params.be16(18)?;
+    let ids_len = params.be32(20)?;
     let expected = usize::try_from(ids_len)
         .ok()
         .and_then(|n| n.checked_add(BASIC_PARAMETER_LIST_LEN));
@@ -194,20 +183,23 @@ fn parse_register_and_move(params: &[u8], persist_capable: bool) -> Result<Prout
         return Err(parameter_list_length_error());
     }
     if aptpl && !persist_capable {
-        return Err(invalid_parameter(17));
+        return Err(params.invalid(17, Some(0)));
     }
     if target_port == 0 {
         // Relative target port identifier 0 is reserved (SPC-4).
-        return Err(invalid_parameter(18));
+        return Err(params.invalid(18, None));
     }
-    let ids = params.get(BASIC_PARAMETER_LIST_LEN..).unwrap_or(&[]);
-    let (destination, used) = parse_transport_id(ids, BASIC_PARAMETER_LIST_LEN)?;
+    let ids = params.sub(
+        BASIC_PARAMETER_LIST_LEN,
+        params.len() - BASIC_PARAMETER_LIST_LEN,
+    )?;
+    let (destination, used) = parse_transport_id(ids)?;
     if used != ids.len() {
-        return Err(invalid_parameter(BASIC_PARAMETER_LIST_LEN + used));
+        return Err(ids.invalid(used, None));
     }
     // The destination is an I_T nexus: a name without ISID names no single port.
     if !matches!(destination, Initiator::Port(_)) {
-        return Err(invalid_parameter(BASIC_PARAMETER_LIST_LEN));
+        return Err(ids.invalid(0, None));
     }
     Ok(ProutAction::RegisterAndMove {
         destination,
@@ -217,71 +209,65 @@ fn parse_register_and_move(params: &[u8], persist_capable: bool) -> Result<Prout
     })
 }
 
-/// iSCSI TransportIDs packed back to back; `base` is their offset in the parameter list
-/// (for the sense field pointer).
-pub(super) fn parse_transport_ids(
-    mut bytes: &[u8],
-    base: usize,
-) -> Result<Vec<Initiator>, PrError> {
-    let mut ids = Vec::new();
-    let mut offset = base;
-    while !bytes.is_empty() {
-        if ids.len() >= MAX_REGISTRATIONS {
+/// iSCSI TransportIDs packed back to back, filling `ids`.
+pub(super) fn parse_transport_ids(ids: ParamList) -> Result<Vec<Initiator>, Failure> {
+    let mut found = Vec::new();
+    let mut at = 0;
+    while at < ids.len() {
+        if found.len() >= MAX_REGISTRATIONS {
             return Err(SenseReason::InsufficientRegistrationResources.into());
         }
-        let (id, used) = parse_transport_id(bytes, offset)?;
-        ids.push(id);
-        bytes = bytes.get(used..).unwrap_or(&[]);
-        offset = offset.saturating_add(used);
+        let (id, used) = parse_transport_id(ids.sub(at, ids.len() - at)?)?;
+        found.push(id);
+        at += used;
     }
-    Ok(ids)
+    Ok(found)
 }
 
-/// One iSCSI TransportID (SPC-4): returns it and its length in bytes.
-pub(super) fn parse_transport_id(
-    bytes: &[u8],
-    offset: usize,
-) -> Result<(Initiator, usize), PrError> {
-    let &[format_protocol, _, len_hi, len_lo, ..] = bytes else {
-        return Err(invalid_parameter(offset));
+/// The iSCSI TransportID (SPC-4) at the start of `list`: returns it and its length in bytes.
+/// Anything malformed, a TransportID cut short included, is an invalid field pointing at the
+/// TransportID's first byte, its ADDITIONAL LENGTH or its name.
+pub(super) fn parse_transport_id(list: ParamList) -> Result<(Initiator, usize), Failure> {
+    let (Ok(format_protocol), Ok(additional_len)) = (list.u8(0), list.be16(2)) else {
+        return Err(list.invalid(0, None));
     };
     if format_protocol & 0x0f != PROTOCOL_ID_ISCSI {
-        return Err(invalid_parameter(offset));
+        return Err(list.invalid(0, None));
     }
-    let additional_len = usize::from(u16::from_be_bytes([len_hi, len_lo]));
+    let additional_len = usize::from(additional_len);
     if additional_len == 0 || additional_len % 4 != 0 {
-        return Err(invalid_parameter(offset.saturating_add(2)));
+        return Err(list.invalid(2, None));
     }
     let total = additional_len + 4;
-    let body = bytes
-        .get(4..total)
-        .ok_or_else(|| invalid_parameter(offset.saturating_add(2)))?;
-    let name_field = offset.saturating_add(4);
+    let Ok(name) = list.sub(4, additional_len) else {
+        return Err(list.invalid(2, None));
+    };
+    let body = name.bytes();
     // The text is NUL-terminated and NUL-padded.
     let text_len = body
         .iter()
         .position(|&b| b == 0)
-        .ok_or_else(|| invalid_parameter(name_field))?;
-    let text = std::str::from_utf8(&body[..text_len]).map_err(|_| invalid_parameter(name_field))?;
+        .ok_or_else(|| name.invalid(0, None))?;
+    let text = std::str::from_utf8(&body[..text_len]).map_err(|_| name.invalid(0, None))?;
     let initiator = match format_protocol >> 6 {
         0b00 => {
-            validate_iscsi_name(text).ok_or_else(|| invalid_parameter(name_field))?;
+            validate_iscsi_name(text).ok_or_else(|| name.invalid(0, None))?;
             Initiator::Node(text.to_string())
         }
         0b01 => {
             let at = find_ignore_ascii_case(text, ISID_SEPARATOR)
-                .ok_or_else(|| invalid_parameter(name_field))?;
-            let name = &text[..at];
+                .ok_or_else(|| name.invalid(0, None))?;
+            let node = &text[..at];
             let isid = &text[at + ISID_SEPARATOR.len()..];
-            validate_iscsi_name(name).ok_or_else(|| invalid_parameter(name_field))?;
+            validate_iscsi_name(node).ok_or_else(|| name.invalid(0, None))?;
             if isid.is_empty() || isid.len() > 12 || !isid.bytes().all(|b| b.is_ascii_hexdigit()) {
-                return Err(invalid_parameter(name_field));
+                return Err(name.invalid(0, None));
             }
             // The form the iSCSI layer builds nexus names in: 12 lower-case hex digits.
             let isid = format!("{:0>12}", isid.to_ascii_lowercase());
-            Initiator::Port(format!("{name}{ISID_SEPARATOR}{isid}"))
+            Initiator::Port(format!("{node}{ISID_SEPARATOR}{isid}"))
         }
-        _ => return Err(invalid_parameter(offset)),
+        _ => return Err(list.invalid(0, None)),
     };
     Ok((initiator, total))
 }

@@ -2,10 +2,11 @@
 //! RESERVE OUT service action does to registrations and the reservation, and the unit
 //! attentions it establishes.
 
+use crate::outcome::invalid_param;
 use crate::{Nexus, SenseReason};
 
 use super::model::{Initiator, PrType, Registrant, Registration, Reservation, SCOPE_LU};
-use super::prout::{invalid_parameter, ProutAction, ProutRequest, BASIC_PARAMETER_LIST_LEN};
+use super::prout::{ProutAction, ProutRequest, BASIC_PARAMETER_LIST_LEN};
 use super::{PendingUa, PrError, MAX_REGISTRATIONS};
 
 /// Persistent reservation state. Invariants: registrations do not overlap, keys are
@@ -151,7 +152,10 @@ impl PrState {
                     continue;
                 }
                 if registrants.iter().any(|r| r.overlaps(&registrant)) {
-                    return Err(invalid_parameter(BASIC_PARAMETER_LIST_LEN + 4));
+                    return Err(PrError::from(invalid_param(
+                        BASIC_PARAMETER_LIST_LEN + 4,
+                        None,
+                    )));
                 }
                 registrants.push(registrant);
             }
@@ -162,9 +166,9 @@ impl PrState {
             });
             if clash {
                 return Err(if also_register.is_some() {
-                    invalid_parameter(BASIC_PARAMETER_LIST_LEN + 4)
+                    PrError::from(invalid_param(BASIC_PARAMETER_LIST_LEN + 4, None))
                 } else {
-                    invalid_parameter(20) // ALL_TG_PT over another port's registration
+                    PrError::from(invalid_param(20, None)) // ALL_TG_PT over another port's registration
                 });
             }
             if self.registrations.len() + registrants.len() > MAX_REGISTRATIONS {
@@ -184,7 +188,7 @@ impl PrState {
         }
         if also_register.is_some() {
             // SPEC_I_PT from a registered nexus (SPC-4).
-            return Err(invalid_parameter(20));
+            return Err(PrError::from(invalid_param(20, None)));
         }
         let unit_attentions = if new_key == 0 {
             self.unregister(nexus, own)
@@ -327,7 +331,7 @@ impl PrState {
         if !takes_reservation {
             // Only registrations go; the reservation (if any) stays as it is.
             if preempted_key == 0 {
-                return Err(invalid_parameter(8));
+                return Err(PrError::from(invalid_param(8, None)));
             }
             let removed = self.remove_registrations(|_, r| r.key == preempted_key && not_own(r));
             if removed.is_empty() {
@@ -378,12 +382,12 @@ impl PrState {
             return Err(PrError::Conflict);
         }
         if new_key == 0 {
-            return Err(invalid_parameter(8));
+            return Err(PrError::from(invalid_param(8, None)));
         }
         let destination_is_sender = destination.initiator.matches(nexus)
             && destination.target_port == Some(nexus.relative_target_port);
         if destination_is_sender {
-            return Err(invalid_parameter(BASIC_PARAMETER_LIST_LEN));
+            return Err(PrError::from(invalid_param(BASIC_PARAMETER_LIST_LEN, None)));
         }
         let new_holder = match self
             .registrations
@@ -397,7 +401,7 @@ impl PrState {
             {
                 existing.registrant.clone()
             }
-            Some(_) => return Err(invalid_parameter(BASIC_PARAMETER_LIST_LEN)),
+            Some(_) => return Err(PrError::from(invalid_param(BASIC_PARAMETER_LIST_LEN, None))),
             None => {
                 if self.registrations.len() >= MAX_REGISTRATIONS {
                     return Err(SenseReason::InsufficientRegistrationResources.into());

@@ -7,6 +7,7 @@ use super::prout::{
     PROUT_REGISTER_AND_MOVE, PROUT_RELEASE, PROUT_RESERVE,
 };
 use super::*;
+use crate::param::ParamList;
 
 const WE: u8 = 1;
 const EA: u8 = 3;
@@ -1103,8 +1104,8 @@ fn transport_id_round_trip() {
         assert_eq!(encoded.len() % 4, 0);
         assert!(encoded.len() >= 24);
         assert_eq!(
-            parse_transport_id(&encoded, 0),
-            Ok((initiator, encoded.len()))
+            parse_transport_id(ParamList::new(&encoded)).ok(),
+            Some((initiator, encoded.len()))
         );
     }
 }
@@ -1165,7 +1166,7 @@ proptest::proptest! {
         let _ = r.persistent_reserve_out(&nexus(1), &cdb, &params);
         let _ = r.persistent_reserve_in(&nexus(1), &cdb);
         let _ = r.check_access(&nexus(2), &cdb);
-        let _ = parse_transport_ids(&params, 0);
+        let _ = parse_transport_ids(ParamList::new(&params));
         assert_consistent(&r);
     }
 }
