@@ -341,7 +341,11 @@ impl Connection {
             if data_in.len() > edtl {
                 overflow = true;
                 residual = clamp_u32(data_in.len() - edtl);
-                data_in.truncate(edtl);
+                // A copy, not `truncate`: the data leaves by reference, and a `Bytes` made
+                // from a truncated Vec keeps its whole allocation alive until the socket has
+                // taken the short part. A READ of 32 MiB with an expected length of 8 KiB
+                // would otherwise hold 32 MiB against a memory budget charged for 8 KiB.
+                data_in = data_in[..edtl].to_vec();
             } else if data_in.len() < edtl {
                 underflow = true;
                 residual = clamp_u32(edtl - data_in.len());

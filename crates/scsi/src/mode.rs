@@ -433,11 +433,13 @@ pub(crate) fn mode_select(
             .descriptor_sense
             .store(new.d_sense, Ordering::Relaxed);
         lu.mode.write_protect.store(new.swp, Ordering::Relaxed);
+        // The parameters are in effect now: the other initiators learn of it even if the
+        // flush below fails.
+        lu.unit_attention_all(SenseReason::ModeParametersChanged, Some(nexus));
         if !new.wce {
             // Turning the write cache off must not leave earlier writes volatile.
             lu.volume.flush().map_err(crate::outcome::write_failure)?;
         }
-        lu.unit_attention_all(SenseReason::ModeParametersChanged, Some(nexus));
     }
     Ok(Done::good())
 }

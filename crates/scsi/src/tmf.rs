@@ -32,8 +32,10 @@ pub enum Function {
 /// How a function ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Outcome {
-    /// FUNCTION COMPLETE. ABORT TASK of a task that already finished (or that the transport
-    /// dropped) completes too: ESXi drops the connection when it is refused.
+    /// FUNCTION COMPLETE: every task the function names has ended. For ABORT TASK of a task
+    /// that had already finished this is all the core knows; the transport, which knows
+    /// whether the task's response went out, answers TASK DOES NOT EXIST then (iSCSI:
+    /// `Connection::complete_task_management`).
     Complete,
     /// The function names a logical unit the nexus cannot address.
     NoSuchLun,

@@ -65,21 +65,66 @@ impl ConfigStore {
         Ok(())
     }
 
-    /// Apply `change` to the kept settings and save them; whether they changed.
-    pub(super) fn update_settings(&self, change: impl FnOnce(&mut Settings)) -> Result<bool> {
-        let mut config = self.write();
+    /// Apply `change` to the kept settings and save them, then `apply` them (to the engine)
+    /// while the configuration is still locked, so that concurrent changes reach the engine
+    /// in the order they were saved and the value in effect is the one in `array.json`.
+    /// Returns whether the kept settings changed. Settings do not move the generation: no
+    /// session's LUN table depends on them.
+    pub(super) fn update_settings(
+        &self,
+        change: impl FnOnce(&mut Settings),
+        apply: impl FnOnce(),
+    ) -> Result<bool> {
+        let mut config = self.current.write().unwrap_or_else(|e| e.into_inner());
         let mut updated = config.clone();
         change(&mut updated.settings);
-        if updated.settings == config.settings {
-            return Ok(false);
+        let changed = updated.settings != config.settings;
+        if changed {
+            self.save(&updated)?;
+            *config = updated;
         }
-        self.save(&updated)?;
-        *config = updated;
-        Ok(true)
+        apply();
+        Ok(changed)
     }
 }
 
 /// The event log, locked; a panic under the lock leaves it usable.
 pub(super) fn lock_events(events: &Mutex<EventLog>) -> MutexGuard<'_, EventLog> {
     events.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn settings_are_applied_under_the_lock_they_are_saved_under_and_keep_the_generation() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = ConfigStore::new(dir.path(), ArrayConfig::new("iqn.2026-11.test:a"), None);
+        let before = store.generation();
+        let mut applied = 0;
+        let changed = store
+            .update_settings(
+                |s| s.soft_threshold = Some(0.5),
+                || {
+                    // A second change (or a reader) waits until this one is in effect.
+                    assert!(store.current.try_write().is_err(), "applied under the lock");
+                    applied += 1;
+                },
+            )
+            .unwrap();
+        assert!(changed);
+        assert_eq!(applied, 1);
+        assert_eq!(store.read().settings.soft_threshold, Some(0.5));
+        let saved = std::fs::read_to_string(dir.path().join(CONFIG_FILE)).unwrap();
+        assert!(saved.contains("\"soft_threshold\": 0.5"), "{saved}");
+        // The same value again: nothing saved, applied all the same (the engine may have
+        // been tuned from elsewhere), and the LUN tables' generation never moved.
+        let changed = store
+            .update_settings(|s| s.soft_threshold = Some(0.5), || applied += 1)
+            .unwrap();
+        assert!(!changed);
+        assert_eq!(applied, 2);
+        assert_eq!(store.generation(), before);
+    }
 }

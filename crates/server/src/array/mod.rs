@@ -189,9 +189,24 @@ struct ArrayConfig {
     volumes: Vec<VolumeRecord>,
     hosts: Vec<HostRecord>,
     connections: Vec<ConnectionRecord>,
-    /// Tuning changed at run time (API, MODE SELECT is not saved): applied at every open.
+    /// Tuning changed at run time (API, MODE SELECT): applied at every open.
     #[serde(default, skip_serializing_if = "Settings::is_empty")]
     settings: Settings,
+}
+
+impl ArrayConfig {
+    /// A new array's configuration: no volumes, hosts or connections yet.
+    fn new(target_name: &str) -> Self {
+        ArrayConfig {
+            format_version: FORMAT_VERSION,
+            target_name: target_name.to_string(),
+            target_chap: None,
+            volumes: vec![],
+            hosts: vec![],
+            connections: vec![],
+            settings: Settings::default(),
+        }
+    }
 }
 
 /// Array settings kept across restarts.
@@ -368,15 +383,7 @@ impl Array {
                 }
                 config
             }
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => ArrayConfig {
-                format_version: FORMAT_VERSION,
-                target_name: target_name.to_string(),
-                target_chap: None,
-                volumes: vec![],
-                hosts: vec![],
-                connections: vec![],
-                settings: Settings::default(),
-            },
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => ArrayConfig::new(target_name),
             Err(e) => return Err(io(&path)(e)),
         };
         let mut options = options;

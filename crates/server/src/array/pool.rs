@@ -54,8 +54,8 @@ impl Pool {
         )
     }
 
-    /// Keep a setting (`kept`), then apply it to the engine (`tuned`); an event of `kind`
-    /// when the kept value changed.
+    /// Keep a setting (`kept`), then apply it to the engine (`tuned`) under the same lock;
+    /// an event of `kind` when the kept value changed.
     fn change(
         &self,
         kept: impl FnOnce(&mut Settings),
@@ -63,10 +63,11 @@ impl Pool {
         kind: &'static str,
         message: impl FnOnce() -> String,
     ) -> Result<()> {
-        let changed = self.config.update_settings(kept)?;
-        let mut tuning = self.engine.tuning();
-        tuned(&mut tuning);
-        self.engine.set_tuning(tuning);
+        let changed = self.config.update_settings(kept, || {
+            let mut tuning = self.engine.tuning();
+            tuned(&mut tuning);
+            self.engine.set_tuning(tuning);
+        })?;
         if changed {
             self.record(kind, message());
         }
