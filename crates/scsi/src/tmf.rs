@@ -7,8 +7,12 @@
 //! Our commands run to completion on their own threads (a synchronous device server cannot
 //! stop one halfway), so "aborting" a task means: its result is dropped, and the function's
 //! response waits until it has finished, so the initiator never sees the task's effect after
-//! being told it was aborted. SANITIZE continues through aborts and resets (SBC-3 4.11):
-//! nothing waits for it, and its eventual response is dropped.
+//! being told it was aborted. What a function changes in the logical units (a reset's
+//! reservations, mode pages and unit attentions; a cleared task set's unit attention for the
+//! other initiators) happens only after the tasks it aborted have ended, as LIO drains a LUN
+//! before it resets it: a RESERVE still running when the reset came must not leave the LU
+//! reserved after it. SANITIZE continues through aborts and resets (SBC-3 4.11): nothing waits
+//! for it, and its eventual response is dropped.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
@@ -67,12 +71,43 @@ struct Task {
     aborted: bool,
 }
 
+/// What a function changes in the logical units, once the tasks it aborted have ended.
+enum Effect {
+    Nothing,
+    /// CLEAR TASK SET: the other initiators learn that their commands were cleared.
+    TaskSetCleared(Arc<LogicalUnit>, Nexus),
+    /// LOGICAL UNIT RESET, or a target reset of every unit the nexus can address.
+    Reset(Vec<Arc<LogicalUnit>>, Reset),
+}
+
+impl Effect {
+    fn apply(self) {
+        match self {
+            Effect::Nothing => {}
+            Effect::TaskSetCleared(unit, by) => unit.task_set_cleared(&by),
+            Effect::Reset(units, kind) => units.iter().for_each(|unit| unit.reset(kind)),
+        }
+    }
+}
+
+impl std::fmt::Debug for Effect {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Effect::Nothing => f.write_str("Nothing"),
+            Effect::TaskSetCleared(..) => f.write_str("TaskSetCleared"),
+            Effect::Reset(units, kind) => write!(f, "Reset({} units, {kind:?})", units.len()),
+        }
+    }
+}
+
 /// A function waiting for aborted tasks to finish.
 #[derive(Debug)]
 struct Pending {
     tag: u32,
     waiting: HashSet<u32>,
     ends_nexus: bool,
+    /// Applied when `waiting` empties, before the answer goes.
+    effect: Effect,
 }
 
 /// One nexus's tasks that have started and not finished, and the functions waiting for them.
@@ -122,6 +157,7 @@ impl TaskSet {
             };
         }
         let mut answers = Vec::new();
+        let mut ready = Vec::new();
         self.pending.retain_mut(|p| {
             p.waiting.remove(&tag);
             if !p.waiting.is_empty() {
@@ -132,8 +168,10 @@ impl TaskSet {
                 outcome: Outcome::Complete,
                 ends_nexus: p.ends_nexus,
             });
+            ready.push(std::mem::replace(&mut p.effect, Effect::Nothing));
             false
         });
+        ready.into_iter().for_each(Effect::apply);
         Finished {
             deliver: false,
             answers,
@@ -149,7 +187,7 @@ impl TaskSet {
         tag: u32,
         function: Function,
         lun: u64,
-        unit: Option<&LogicalUnit>,
+        unit: Option<&Arc<LogicalUnit>>,
         units: &[Arc<LogicalUnit>],
         nexus: &Nexus,
     ) -> Option<Answer> {
@@ -160,38 +198,46 @@ impl TaskSet {
                 ends_nexus,
             })
         };
-        let (waiting, ends_nexus) = match function {
-            Function::AbortTask { tag: referenced } => (self.abort(|t, _| t == referenced), false),
+        let (waiting, ends_nexus, effect) = match function {
+            Function::AbortTask { tag: referenced } => {
+                (self.abort(|t, _| t == referenced), false, Effect::Nothing)
+            }
             Function::AbortTaskSet | Function::ClearTaskSet | Function::LogicalUnitReset => {
                 let Some(unit) = unit else {
                     return answer(Outcome::NoSuchLun, false);
                 };
-                match function {
-                    Function::ClearTaskSet => unit.task_set_cleared(nexus),
-                    Function::LogicalUnitReset => unit.reset(Reset::LogicalUnit),
-                    _ => {}
-                }
-                (self.abort(|_, t| t.lun == lun), false)
+                let effect = match function {
+                    Function::ClearTaskSet => Effect::TaskSetCleared(unit.clone(), nexus.clone()),
+                    Function::LogicalUnitReset => {
+                        Effect::Reset(vec![unit.clone()], Reset::LogicalUnit)
+                    }
+                    _ => Effect::Nothing,
+                };
+                (self.abort(|_, t| t.lun == lun), false, effect)
             }
             Function::TargetWarmReset | Function::TargetColdReset => {
                 let cold = function == Function::TargetColdReset;
-                for unit in units {
-                    unit.reset(if cold {
-                        Reset::TargetCold
-                    } else {
-                        Reset::TargetWarm
-                    });
-                }
-                (self.abort(|_, _| true), cold)
+                let kind = if cold {
+                    Reset::TargetCold
+                } else {
+                    Reset::TargetWarm
+                };
+                (
+                    self.abort(|_, _| true),
+                    cold,
+                    Effect::Reset(units.to_vec(), kind),
+                )
             }
         };
         if waiting.is_empty() {
+            effect.apply();
             return answer(Outcome::Complete, ends_nexus);
         }
         self.pending.push(Pending {
             tag,
             waiting,
             ends_nexus,
+            effect,
         });
         None
     }
@@ -279,9 +325,8 @@ mod tests {
         set.start(2, 1, PLAIN);
         set.start(3, 0, SANITIZE);
         let n = nexus();
-        let fixture = crate::tests::fixture();
-        let unit = &fixture.lu;
-        let answer = set.manage(100, Function::AbortTaskSet, 0, Some(unit), &[], &n);
+        let unit = Arc::new(crate::tests::fixture().lu); // its file stays open
+        let answer = set.manage(100, Function::AbortTaskSet, 0, Some(&unit), &[], &n);
         assert_eq!(answer, None, "task 1 still runs");
         assert!(set.finish(2).deliver, "another LUN's task");
         assert_eq!(set.finish(1).answers, vec![complete(100).unwrap()]);
@@ -337,17 +382,82 @@ mod tests {
         let mut set = TaskSet::new();
         set.start(1, 0, PLAIN);
         let n = nexus();
-        let fixture = crate::tests::fixture();
-        let unit = &fixture.lu;
+        let unit = Arc::new(crate::tests::fixture().lu); // its file stays open
         assert_eq!(
             set.manage(100, Function::AbortTask { tag: 1 }, 0, None, &[], &n),
             None
         );
         assert_eq!(
-            set.manage(101, Function::LogicalUnitReset, 0, Some(unit), &[], &n),
+            set.manage(101, Function::LogicalUnitReset, 0, Some(&unit), &[], &n),
             None
         );
         let tags: Vec<u32> = set.finish(1).answers.iter().map(|a| a.tag).collect();
         assert_eq!(tags, vec![100, 101]);
+    }
+
+    /// Runs `cdb` on `unit` from `nexus`, as a transport would, past the power-on attention.
+    fn run(unit: &LogicalUnit, nexus: &Nexus, cdb: &[u8]) -> crate::Response {
+        let req = crate::Request {
+            nexus,
+            cdb,
+            data_out: &[],
+            attr: crate::TaskAttr::Simple,
+            luns: &[0],
+            copy_targets: &crate::NoCopyTargets,
+        };
+        let r = unit.execute(&req);
+        if r.sense.get(12) == Some(&0x29) {
+            return unit.execute(&req);
+        }
+        r
+    }
+
+    #[test]
+    fn a_reset_takes_effect_after_the_tasks_it_aborted_have_ended() {
+        let mut set = TaskSet::new();
+        let n = nexus();
+        let other = Nexus {
+            initiator_port: "iqn.2026-11.test:j,i,0x2".into(),
+            initiator_name: "iqn.2026-11.test:j".into(),
+            relative_target_port: 1,
+        };
+        let unit = Arc::new(crate::tests::fixture().lu); // its file stays open
+        let test_unit_ready = [0u8; 6];
+        assert_eq!(
+            run(&unit, &other, &test_unit_ready).status,
+            crate::Status::Good
+        );
+        // A RESERVE(6) is running when the LOGICAL UNIT RESET arrives.
+        set.start(1, 0, PLAIN);
+        assert_eq!(
+            set.manage(100, Function::LogicalUnitReset, 0, Some(&unit), &[], &n),
+            None
+        );
+        // Nothing is reset while it runs; then it reserves the unit and ends.
+        assert_eq!(
+            run(&unit, &other, &test_unit_ready).status,
+            crate::Status::Good
+        );
+        let reserve = [0x16, 0, 0, 0, 0, 0];
+        assert_eq!(run(&unit, &n, &reserve).status, crate::Status::Good);
+        let finished = set.finish(1);
+        assert_eq!(finished.answers, vec![complete(100).unwrap()]);
+        // The reset came after it: the reservation is gone, and the other initiator sees
+        // BUS DEVICE RESET FUNCTION OCCURRED before its next command runs.
+        let r = unit.execute(&crate::Request {
+            nexus: &other,
+            cdb: &test_unit_ready,
+            data_out: &[],
+            attr: crate::TaskAttr::Simple,
+            luns: &[0],
+            copy_targets: &crate::NoCopyTargets,
+        });
+        assert_eq!((r.sense[12], r.sense[13]), (0x29, 0x03), "{r:?}");
+        let write = [0x2a, 0, 0, 0, 0, 0, 0, 0, 0, 0];
+        assert_eq!(
+            run(&unit, &other, &write).status,
+            crate::Status::Good,
+            "not reserved"
+        );
     }
 }

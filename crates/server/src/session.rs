@@ -774,7 +774,7 @@ impl Session {
         let units: Vec<Arc<LogicalUnit>> = luns.luns.iter().map(|l| l.unit.clone()).collect();
         if let Some(answer) =
             self.tasks
-                .manage(tmf.itt, function, tmf.lun, unit.as_deref(), &units, &nexus)
+                .manage(tmf.itt, function, tmf.lun, unit.as_ref(), &units, &nexus)
         {
             self.answer(conn, answer);
         }
