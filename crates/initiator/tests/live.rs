@@ -5,69 +5,22 @@ use sliver_initiator::cdb;
 use sliver_initiator::sense::status;
 use sliver_initiator::{Error, Provisioning, Residual, SenseKey, Session, SessionOptions};
 use sliver_server::array::ChapSecret;
-use sliver_server::{Array, Server, ServerOptions};
+use sliver_server::Array;
+use sliver_test_support::data::unique as pattern;
+use sliver_test_support::target::Running;
 use sliver_volume::Volume;
-use std::net::SocketAddr;
 use std::sync::Arc;
 
 const TARGET: &str = "iqn.2026-11.test.sliver:initiator";
 const MIB: usize = 1 << 20;
 
-struct Running {
-    addr: SocketAddr,
-    array: Arc<Array>,
-    server: Arc<Server>,
-    thread: Option<std::thread::JoinHandle<()>>,
-    _dir: tempfile::TempDir,
-}
-
-impl Drop for Running {
-    fn drop(&mut self) {
-        self.server.shutdown();
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
-    }
-}
-
-impl Running {
-    fn url(&self, lun: u64) -> String {
-        format!("iscsi://{}/{TARGET}/{lun}", self.addr)
-    }
-    fn volume(&self, name: &str) -> Arc<dyn Volume> {
-        self.array
-            .unit(name)
-            .expect("volume exists")
-            .volume()
-            .clone()
-    }
+/// The volume `name` of the running target's array.
+fn volume(t: &Running, name: &str) -> Arc<dyn Volume> {
+    t.array.unit(name).expect("volume exists").volume().clone()
 }
 
 fn start(setup: impl FnOnce(&Array)) -> Running {
-    let dir = tempfile::tempdir().unwrap();
-    let array = Arc::new(Array::open(dir.path(), TARGET).unwrap());
-    setup(&array);
-    let server = Server::new(array.clone());
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
-    let listeners = runtime
-        .block_on(server.bind(&ServerOptions {
-            portals: vec!["127.0.0.1:0".parse().unwrap()],
-        }))
-        .unwrap();
-    let addr = server.portals()[0];
-    let s = server.clone();
-    let thread = std::thread::spawn(move || runtime.block_on(s.run(listeners)));
-    Running {
-        addr,
-        array,
-        server,
-        thread: Some(thread),
-        _dir: dir,
-    }
+    Running::start(TARGET, setup)
 }
 
 fn one_volume(size: u64) -> impl FnOnce(&Array) {
@@ -75,19 +28,6 @@ fn one_volume(size: u64) -> impl FnOnce(&Array) {
         array.create_volume("v", size, 512).unwrap();
         array.connect("v", "*", Some(0)).unwrap();
     }
-}
-
-fn pattern(seed: u64, len: usize) -> Vec<u8> {
-    // xorshift: distinct, non-repeating content per seed.
-    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect()
 }
 
 #[test]
@@ -202,7 +142,7 @@ fn many_commands_are_outstanding_at_once() {
 #[test]
 fn unmap_and_write_same_deallocate() {
     let t = start(one_volume(64 * MIB as u64));
-    let vol = t.volume("v");
+    let vol = volume(&t, "v");
     let mut s = Session::connect(&t.url(0), SessionOptions::default()).unwrap();
     s.write16(0, pattern(7, 8 * MIB)).unwrap();
     s.synchronize_cache16(0, 0).unwrap();

@@ -3,10 +3,9 @@
 use sliver_initiator::{Provisioning, Session, SessionOptions};
 use sliver_reclaim::limiter::{Clock, Limiter, RateSpec, RealClock};
 use sliver_reclaim::raw::{self, RawRequest};
-use sliver_server::{Array, Server, ServerOptions};
+use sliver_test_support::target::Running;
 use sliver_volume::Volume;
 use std::cell::Cell;
-use std::net::SocketAddr;
 use std::os::unix::fs::MetadataExt;
 use std::rc::Rc;
 use std::sync::atomic::AtomicBool;
@@ -17,71 +16,36 @@ const TARGET: &str = "iqn.2026-11.test.sliver:reclaim";
 const MIB: u64 = 1 << 20;
 static NEVER: AtomicBool = AtomicBool::new(false);
 
-struct Running {
-    addr: SocketAddr,
-    array: Arc<Array>,
-    server: Arc<Server>,
-    thread: Option<std::thread::JoinHandle<()>>,
-    dir: tempfile::TempDir,
-}
-
-impl Drop for Running {
-    fn drop(&mut self) {
-        self.server.shutdown();
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
-    }
-}
+/// A target whose volume `v` is LUN 0.
+struct Target(Running);
 
 /// A passthrough volume: its backing file's allocation shows what UNMAP freed.
-fn start(size: u64) -> Running {
+fn start(size: u64) -> Target {
     start_with(size, false)
 }
 
-fn start_with(size: u64, engine: bool) -> Running {
-    let dir = tempfile::tempdir().unwrap();
-    let array = Arc::new(Array::open(dir.path(), TARGET).unwrap());
-    if engine {
-        array.create_volume("v", size, 512).unwrap();
-    } else {
-        array.create_passthrough_volume("v", size, 512).unwrap();
-    }
-    array.connect("v", "*", Some(0)).unwrap();
-    let server = Server::new(array.clone());
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
-    let listeners = runtime
-        .block_on(server.bind(&ServerOptions {
-            portals: vec!["127.0.0.1:0".parse().unwrap()],
-        }))
-        .unwrap();
-    let addr = server.portals()[0];
-    let s = server.clone();
-    let thread = std::thread::spawn(move || runtime.block_on(s.run(listeners)));
-    Running {
-        addr,
-        array,
-        server,
-        thread: Some(thread),
-        dir,
-    }
+fn start_with(size: u64, engine: bool) -> Target {
+    Target(Running::start(TARGET, |array| {
+        if engine {
+            array.create_volume("v", size, 512).unwrap();
+        } else {
+            array.create_passthrough_volume("v", size, 512).unwrap();
+        }
+        array.connect("v", "*", Some(0)).unwrap();
+    }))
 }
 
-impl Running {
+impl Target {
     fn url(&self) -> String {
-        format!("iscsi://{}/{TARGET}/0", self.addr)
+        self.0.url(0)
     }
     fn volume(&self) -> Arc<dyn Volume> {
-        self.array.unit("v").unwrap().volume().clone()
+        self.0.array.unit("v").unwrap().volume().clone()
     }
     /// Bytes allocated to the volume's backing file.
     fn allocated(&self) -> u64 {
         let mut total = 0;
-        for e in std::fs::read_dir(self.dir.path().join("volumes")).unwrap() {
+        for e in std::fs::read_dir(self.0.dir().join("volumes")).unwrap() {
             total += e.unwrap().metadata().unwrap().blocks() * 512;
         }
         total
@@ -100,7 +64,7 @@ impl Running {
     }
 }
 
-fn request(t: &Running, lba: u64, count: u64, bpc: u64, qd: u32) -> RawRequest {
+fn request(t: &Target, lba: u64, count: u64, bpc: u64, qd: u32) -> RawRequest {
     RawRequest {
         url: t.url(),
         lba,
@@ -198,7 +162,7 @@ fn raw_mode_errors_are_clear() {
     let e = raw::run(&request(&t, 0, 10, 0, 1), &mut limiter, &NEVER).unwrap_err();
     assert!(e.contains("--blocks-per-command"), "{e}");
     let mut bad = request(&t, 0, 10, 5, 1);
-    bad.url = format!("iscsi://{}/iqn.2026-11.test:nosuchtarget/0", t.addr);
+    bad.url = format!("iscsi://{}/iqn.2026-11.test:nosuchtarget/0", t.0.addr);
     let e = raw::run(&bad, &mut limiter, &NEVER).unwrap_err();
     assert!(e.contains("login") && e.contains("no such target"), "{e}");
 }

@@ -79,17 +79,7 @@ impl ObjectStore for MemStore {
     }
 }
 
-pub fn noise(seed: u64, len: usize) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect()
-}
+pub use sliver_test_support::data::unique as noise;
 
 const CAPACITY: u64 = 64 << 20;
 const VOLUME: u64 = 16 << 20;

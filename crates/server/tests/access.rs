@@ -1,48 +1,17 @@
 //! Access control and CHAP, judged by an independent initiator (libiscsi's command-line
 //! tools from Debian's libiscsi-bin) against a real listener on loopback.
 
-mod support;
-
 use sliver_server::array::ChapSecret;
-use sliver_server::{Array, Server};
-use std::net::SocketAddr;
+use sliver_server::Array;
+use sliver_test_support::target::Running;
 use std::process::{Command, Output};
-use std::sync::Arc;
 
 const TARGET: &str = "iqn.2026-11.test.sliver:access";
 const HOST_A: &str = "iqn.2026-11.test:host-a";
 const HOST_B: &str = "iqn.2026-11.test:host-b";
 
-struct Running {
-    addr: SocketAddr,
-    array: Arc<Array>,
-    server: Arc<Server>,
-    thread: Option<std::thread::JoinHandle<()>>,
-    _dir: tempfile::TempDir,
-}
-
-impl Drop for Running {
-    fn drop(&mut self) {
-        self.server.shutdown();
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
-    }
-}
-
 fn start(setup: impl FnOnce(&Array)) -> Running {
-    let dir = tempfile::tempdir().unwrap();
-    let array = Arc::new(Array::open(dir.path(), TARGET).unwrap());
-    setup(&array);
-    let server = Server::new(array.clone());
-    let (addr, thread) = support::serve_on_loopback(&server, "sliver-test");
-    Running {
-        addr,
-        array,
-        server,
-        thread: Some(thread),
-        _dir: dir,
-    }
+    Running::start(TARGET, setup)
 }
 
 fn run(tool: &str, args: &[&str]) -> Output {

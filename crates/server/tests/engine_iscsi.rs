@@ -1,62 +1,32 @@
 //! The engine's data reduction and copy offload, judged through iSCSI by QEMU's block
 //! driver (qemu-img, qemu-io from Debian's qemu-utils and qemu-block-extra).
 
-mod support;
-
 use sliver_server::array::{ArrayOptions, ANY_HOST};
-use sliver_server::{Array, Server};
-use std::net::SocketAddr;
+use sliver_test_support::target::{Running, Start};
 use std::process::Command;
-use std::sync::Arc;
 
 const TARGET: &str = "iqn.2026-11.test.sliver:engine";
 const MIB: u64 = 1 << 20;
 /// Data written per step: big enough that metadata noise is small next to it.
 const DATA: u64 = 128 * MIB;
 
-struct Running {
-    addr: SocketAddr,
-    array: Arc<Array>,
-    server: Arc<Server>,
-    thread: Option<std::thread::JoinHandle<()>>,
-    dir: tempfile::TempDir,
-}
-
-impl Drop for Running {
-    fn drop(&mut self) {
-        self.server.shutdown();
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
-    }
-}
-
-impl Running {
-    fn url(&self, lun: u64) -> String {
-        format!("iscsi://{}/{TARGET}/{lun}", self.addr)
-    }
-}
-
 fn start(volumes: &[&str]) -> Running {
-    let dir = tempfile::tempdir().unwrap();
     let options = ArrayOptions {
         capacity_bytes: Some(4 << 30),
         ..ArrayOptions::default()
     };
-    let array = Arc::new(Array::open_with(dir.path(), TARGET, options).unwrap());
-    for (lun, name) in volumes.iter().enumerate() {
-        array.create_volume(name, 1 << 30, 512).unwrap();
-        array.connect(name, ANY_HOST, Some(lun as u64)).unwrap();
-    }
-    let server = Server::new(array.clone());
-    let (addr, thread) = support::serve_on_loopback(&server, "sliver-engine-iscsi");
-    Running {
-        addr,
-        array,
-        server,
-        thread: Some(thread),
-        dir,
-    }
+    Start::new(TARGET)
+        .options(options)
+        .thread_name("sliver-engine-iscsi")
+        .run(
+            |array| {
+                for (lun, name) in volumes.iter().enumerate() {
+                    array.create_volume(name, 1 << 30, 512).unwrap();
+                    array.connect(name, ANY_HOST, Some(lun as u64)).unwrap();
+                }
+            },
+            |_| {},
+        )
 }
 
 fn run(tool: &str, args: &[&str]) -> String {
@@ -96,7 +66,7 @@ fn live(r: &Running) -> u64 {
 #[test]
 fn identical_data_is_stored_once_zeros_never_and_discard_returns_space() {
     let r = start(&["a", "b"]);
-    let file = random_file(r.dir.path(), DATA);
+    let file = random_file(r.dir(), DATA);
     let before = live(&r);
     run(
         "qemu-img",
@@ -164,7 +134,7 @@ fn identical_data_is_stored_once_zeros_never_and_discard_returns_space() {
 #[test]
 fn qemu_copy_offload_shares_data_instead_of_copying_it() {
     let r = start(&["src", "dst"]);
-    let file = random_file(r.dir.path(), DATA);
+    let file = random_file(r.dir(), DATA);
     run(
         "qemu-img",
         &["convert", "-n", "-f", "raw", "-O", "raw", &file, &r.url(0)],

@@ -7,8 +7,6 @@
 //! - On a file system without fallocate, where ENOSPC shows up on the log write itself (a
 //!   model backend, no root needed): the same 27/07, with nothing half-written left behind.
 
-mod support;
-
 use sliver_engine::{
     Backend, Compression, Engine, EngineConfig, EngineVolume, GcPriority, MemBackend, Tuning,
 };
@@ -17,6 +15,8 @@ use sliver_initiator::{Error, Session, SessionOptions};
 use sliver_scsi::{LogicalUnit, LuConfig, Nexus, Request, Response, Status, TaskAttr};
 use sliver_server::array::{check_array, ArrayOptions, ANY_HOST};
 use sliver_server::{Array, Server};
+use sliver_test_support::data::unique;
+use sliver_test_support::target::serve_on_loopback;
 use std::collections::BTreeSet;
 use std::io;
 use std::path::{Path, PathBuf};
@@ -25,19 +25,6 @@ use std::sync::{Arc, Mutex};
 
 const TARGET: &str = "iqn.2026-11.test.sliver:enospc";
 const MIB: u64 = 1 << 20;
-
-/// `len` bytes unique to `seed` (no two 4 KiB chunks alike, incompressible).
-fn unique(seed: u64, len: usize) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect()
-}
 
 // ---------------------------------------------------------------- real ext4 (root)
 
@@ -125,7 +112,7 @@ struct Running {
 fn serve(dir: &Path, options: ArrayOptions) -> Running {
     let array = Arc::new(Array::open_with(dir, TARGET, options).unwrap());
     let server = Server::new(array.clone());
-    let (addr, thread) = support::serve_on_loopback(&server, "sliver-test");
+    let (addr, thread) = serve_on_loopback(&server, "sliver-test");
     let url = format!("iscsi://{}/{TARGET}/0", addr);
     Running {
         array,

@@ -10,8 +10,6 @@
 //! `SLIVER_HOSTILE_SEED=S` changes the seed; the ignored test `stateful_fuzzer_long` runs 200
 //! rounds of four connections.
 
-mod support;
-
 use sliver_initiator::{cdb, Command, Error, RawConnection, SenseKey, Session, SessionOptions};
 use sliver_iscsi::pdu::{
     self, Bhs, DataOutHeader, Digests, LogoutRequestHeader, Opcode, Pdu, ReadyToTransferHeader,
@@ -20,8 +18,9 @@ use sliver_iscsi::pdu::{
 };
 use sliver_server::array::ArrayError;
 use sliver_server::{Array, Server, Timeouts};
+use sliver_test_support::target::{Running, Start};
 use std::io::{ErrorKind, Read, Write};
-use std::net::{Shutdown, SocketAddr, TcpStream};
+use std::net::{Shutdown, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering::SeqCst};
 use std::sync::{mpsc, Arc, Mutex, Once};
 use std::time::{Duration, Instant};
@@ -60,29 +59,24 @@ fn watch_for_server_panics() {
     });
 }
 
-struct Running {
-    addr: SocketAddr,
-    server: Arc<Server>,
-    array: Arc<Array>,
-    thread: Option<std::thread::JoinHandle<()>>,
-    _dir: tempfile::TempDir,
+/// The target under attack, and what the tests ask of it.
+struct Target(Running);
+
+impl std::ops::Deref for Target {
+    type Target = Running;
+    fn deref(&self) -> &Running {
+        &self.0
+    }
 }
 
-impl Running {
+impl Target {
     /// The server task is still running and no server thread panicked.
     fn assert_healthy(&self) {
         assert!(
             !SERVER_PANICKED.load(SeqCst),
             "a server thread panicked (see the output above)"
         );
-        assert!(
-            !self.thread.as_ref().is_some_and(|t| t.is_finished()),
-            "the server stopped"
-        );
-    }
-
-    fn url(&self, lun: u64) -> String {
-        format!("iscsi://{}/{TARGET}/{lun}", self.addr)
+        assert!(!self.stopped(), "the server stopped");
     }
 
     /// Waits until the server holds at most `n` connections.
@@ -111,30 +105,13 @@ impl Running {
     }
 }
 
-impl Drop for Running {
-    fn drop(&mut self) {
-        self.server.shutdown();
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
-    }
-}
-
-fn start(setup: impl FnOnce(&Array), tune: impl FnOnce(&Server)) -> Running {
+fn start(setup: impl FnOnce(&Array), tune: impl FnOnce(&Server)) -> Target {
     watch_for_server_panics();
-    let dir = tempfile::tempdir().unwrap();
-    let array = Arc::new(Array::open(dir.path(), TARGET).unwrap());
-    setup(&array);
-    let server = Server::new(array.clone());
-    tune(&server);
-    let (addr, thread) = support::serve_on_loopback(&server, SERVER_THREAD);
-    Running {
-        addr,
-        server,
-        array,
-        thread: Some(thread),
-        _dir: dir,
-    }
+    Target(
+        Start::new(TARGET)
+            .thread_name(SERVER_THREAD)
+            .run(setup, tune),
+    )
 }
 
 /// `fuzz` for the hostile initiator at LUN 0, `check` for the good one at LUN 0.
@@ -158,7 +135,7 @@ fn options(initiator: &str) -> SessionOptions {
 }
 
 /// A fresh, well-behaved session writes a pattern and reads it back.
-fn well_behaved_session(t: &Running, seed: u64) {
+fn well_behaved_session(t: &Target, seed: u64) {
     let mut s = Session::connect(&t.url(0), options(GOOD))
         .unwrap_or_else(|e| panic!("a well-behaved initiator cannot log in: {e}"));
     let mut rng = Rng::new(seed);
@@ -173,7 +150,7 @@ fn well_behaved_session(t: &Running, seed: u64) {
     s.logout().unwrap();
 }
 
-fn raw_login(t: &Running, initiator: &str) -> RawConnection {
+fn raw_login(t: &Target, initiator: &str) -> RawConnection {
     let mut s = Session::connect(&t.url(0), options(initiator)).unwrap();
     // Take the nexus's unit attention here, so raw commands later get plain answers.
     s.test_unit_ready().unwrap();
@@ -915,7 +892,7 @@ impl Fuzzer {
 }
 
 /// Hostile connections one after the other until `steps` fuzz steps are done.
-fn hostile_initiator(t: &Running, seed: u64, steps: usize) -> Result<Stats, String> {
+fn hostile_initiator(t: &Target, seed: u64, steps: usize) -> Result<Stats, String> {
     let mut total = Stats {
         steps: 0,
         pdus: 0,
@@ -941,7 +918,7 @@ fn hostile_initiator(t: &Running, seed: u64, steps: usize) -> Result<Stats, Stri
 }
 
 /// One hostile connection: logs in properly, then runs at most `steps` fuzz steps.
-fn hostile_connection(t: &Running, seed: u64, steps: usize) -> Result<Stats, String> {
+fn hostile_connection(t: &Target, seed: u64, steps: usize) -> Result<Stats, String> {
     let raw = Session::connect(&t.url(0), options(HOSTILE))
         .and_then(Session::into_raw)
         .map_err(|e| format!("hostile login failed: {e}"))?;
@@ -1198,7 +1175,7 @@ fn read_until(raw: &mut RawConnection, want: impl Fn(&Pdu) -> bool) -> Pdu {
 }
 
 /// A target over the `fuzz` and `check` volumes whose stall timeout is `stall`.
-fn start_with_stall(stall: Duration) -> Running {
+fn start_with_stall(stall: Duration) -> Target {
     start(fuzz_and_check_volumes, |s| {
         s.set_timeouts(Timeouts {
             stall,
@@ -1627,7 +1604,7 @@ fn check(c: &sliver_initiator::Completion) -> (SenseKey, u8, u8) {
 
 const COPY_TARGET_NOT_REACHABLE: (SenseKey, u8, u8) = (SenseKey::CopyAborted, 0x0d, 0x02);
 
-fn session_as(t: &Running, initiator: &str, lun: u64) -> Session {
+fn session_as(t: &Target, initiator: &str, lun: u64) -> Session {
     let mut s = Session::connect(&t.url(lun), options(initiator)).unwrap();
     s.test_unit_ready().unwrap();
     s

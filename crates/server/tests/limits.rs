@@ -1,9 +1,8 @@
 //! Resource limits against hostile or broken initiators, on a real listener.
 
-mod support;
-
 use sliver_server::array::ANY_HOST;
 use sliver_server::{Array, Server, ServerOptions};
+use sliver_test_support::target::serve_on_loopback;
 use std::io::Read;
 use std::net::TcpStream;
 use std::sync::Arc;
@@ -18,7 +17,7 @@ fn a_connection_that_never_logs_in_is_closed_and_others_still_work() {
     array.connect("v", ANY_HOST, Some(0)).unwrap();
     let server = Server::new(array);
     server.set_login_timeout(Duration::from_millis(300));
-    let (addr, thread) = support::serve_on_loopback(&server, "sliver-test");
+    let (addr, thread) = serve_on_loopback(&server, "sliver-test");
 
     // A slow-loris peer: connects, sends half a header, then nothing.
     let mut idle = TcpStream::connect(addr).unwrap();

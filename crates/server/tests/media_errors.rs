@@ -240,15 +240,7 @@ const INTERNAL_TARGET_FAILURE: (u8, u8, u8) = (0x4, 0x44, 0x00);
 
 /// `blocks` blocks of content unique to `seed` (no two 4 KiB chunks alike).
 fn pattern(seed: u64, blocks: usize) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-    (0..blocks * BS)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect()
+    sliver_test_support::data::unique(seed, blocks * BS)
 }
 
 /// Where `needle` is stored in the log (chunks are stored verbatim without compression).

@@ -3,28 +3,20 @@
 //! data already stored keep working; after freeing space writes succeed
 //! again, and the offline checker finds the array consistent.
 
-mod support;
-
 use sliver_engine::{EngineConfig, Tuning};
 use sliver_initiator::sense::SenseKey;
 use sliver_initiator::{cdb, Error, Provisioning, Session, SessionOptions};
 use sliver_server::array::{check_array, ArrayOptions, ANY_HOST};
 use sliver_server::{Array, Server};
+use sliver_test_support::target::serve_on_loopback;
 use std::sync::Arc;
 
 const TARGET: &str = "iqn.2026-11.test.sliver:full";
 const MIB: u64 = 1 << 20;
 
+/// A MiB unique to `seed`.
 fn unique(seed: u64) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-    (0..MIB)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect()
+    sliver_test_support::data::unique(seed, MIB as usize)
 }
 
 /// (sense key, ASC, ASCQ) of a failed command.
@@ -81,7 +73,7 @@ fn start() -> Running {
     array.connect("big", ANY_HOST, Some(0)).unwrap();
     array.connect("other", ANY_HOST, Some(1)).unwrap();
     let server = Server::new(array.clone());
-    let (addr, thread) = support::serve_on_loopback(&server, "sliver-test");
+    let (addr, thread) = serve_on_loopback(&server, "sliver-test");
     Running {
         dir,
         array,

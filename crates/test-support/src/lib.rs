@@ -1,0 +1,12 @@
+//! What the integration tests of every sliver crate share, so that each test file says what it
+//! checks and not how to start a target:
+//!
+//! - [`target`]: an array in a temporary directory served by an in-process target on an
+//!   ephemeral loopback port, stopped when dropped;
+//! - [`data`]: test data that dedup and compression cannot shrink, different per seed.
+//!
+//! Only integration tests (`tests/*.rs`) use it: it links the server, so a crate's own unit
+//! tests would get a second copy of the crate they test.
+
+pub mod data;
+pub mod target;
