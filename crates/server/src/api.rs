@@ -22,8 +22,12 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::{Json, Router};
-use serde::{Deserialize, Serialize};
-use serde_json::json;
+use sliver_api_types::{
+    ArrayInfo, ClassStats, Connect, ConnectionInfo, CreateHost, CreateVolume, ErrorBody,
+    ErrorDetail, EventsInfo, EventsQuery, GcInfo, HistoryInfo, HistoryQuery, HostInfo,
+    HydrationInfo, NewName, PointInfo, ReplicationInfo, Stats, UpdateArray, UpdateHost,
+    UpdateVolume, VaaiCounters, VolumeInfo, VolumeStats,
+};
 use std::net::SocketAddr;
 use std::sync::Arc;
 
@@ -252,7 +256,12 @@ impl ApiError {
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        let body = json!({ "error": { "code": self.code, "message": self.message } });
+        let body = ErrorBody {
+            error: ErrorDetail {
+                code: self.code.into(),
+                message: self.message,
+            },
+        };
         (self.status, Json(body)).into_response()
     }
 }
@@ -435,60 +444,8 @@ async fn openapi() -> Response {
 
 // ---- array ----
 
-/// `GET /api/v1/array`.
-#[derive(Debug, Serialize, Deserialize)]
-pub struct ArrayInfo {
-    pub version: String,
-    pub target_name: String,
-    pub portals: Vec<String>,
-    pub capacity_bytes: u64,
-    pub physical_used_bytes: u64,
-    /// Log space held for anchored blocks (SBC ANCHOR).
-    #[serde(default)]
-    pub anchored_bytes: u64,
-    pub live_bytes: u64,
-    pub reclaimable_bytes: u64,
-    pub provisioned_bytes: u64,
-    pub mapped_bytes: u64,
-    pub data_reduction: f64,
-    pub total_reduction: f64,
-    pub soft_threshold: f64,
-    pub soft_threshold_exceeded: bool,
-    pub gc: GcInfo,
-    pub volumes: usize,
-    pub hosts: usize,
-    /// When this process opened the array (ms since the Unix epoch).
-    #[serde(default)]
-    pub started_ms: u64,
-    /// Why the engine stopped accepting writes, if it did (a failed write or sync of the
-    /// log): the array then serves reads only until it is restarted.
-    #[serde(default)]
-    pub poisoned: Option<String>,
-}
-
-#[derive(Debug, Serialize, Deserialize)]
-pub struct GcInfo {
-    pub priority: String,
-    pub write_amplification: f64,
-    pub host_written_bytes: u64,
-    pub relocated_bytes: u64,
-}
-
 async fn array_show(State(ctx): State<Ctx>) -> Json<ArrayInfo> {
     Json(array_info(&ctx))
-}
-
-/// `PATCH /api/v1/array`: settings kept across restarts.
-#[derive(Debug, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct UpdateArray {
-    /// Share of capacity in use that raises the thin-provisioning soft threshold (0.01..=1;
-    /// 1 disables it).
-    #[serde(default)]
-    pub soft_threshold: Option<f64>,
-    /// `off`, `low`, `medium`, `high` or a rate such as `100MB/s`.
-    #[serde(default)]
-    pub gc_priority: Option<String>,
 }
 
 async fn array_update(
@@ -548,47 +505,6 @@ pub(crate) fn array_info(ctx: &ApiContext) -> ArrayInfo {
 
 // ---- volumes ----
 
-/// One volume as the API shows it.
-#[derive(Debug, Serialize, Deserialize)]
-pub struct VolumeInfo {
-    pub name: String,
-    pub id: String,
-    /// `engine`, `snapshot` (read-only engine volume) or `passthrough`.
-    pub kind: String,
-    pub read_only: bool,
-    pub block_size: u32,
-    pub provisioned_bytes: u64,
-    /// Bytes hosts wrote and did not unmap (zeros excluded).
-    pub mapped_bytes: u64,
-    /// Share of the volume never written, 0..1.
-    pub thin_provisioning: f64,
-    /// Physical bytes this volume alone references: what deleting it frees.
-    pub physical_bytes: u64,
-    /// Physical bytes shared with other volumes (snapshots, clones, dedup).
-    pub shared_bytes: u64,
-    /// Host bytes per physical byte referenced (dedup x compression).
-    pub data_reduction: f64,
-    pub connections: Vec<ConnectionInfo>,
-    pub vaai: sliver_scsi::VaaiCounters,
-    /// Milliseconds since the Unix epoch; null for volumes made before it was recorded.
-    #[serde(default)]
-    pub created_ms: Option<u64>,
-    /// The id of the volume this one was snapshotted or cloned from (kept after it is deleted).
-    #[serde(default)]
-    pub source_id: Option<String>,
-    /// That volume's current name; null once it is deleted.
-    #[serde(default)]
-    pub source: Option<String>,
-}
-
-#[derive(Debug, Serialize, Deserialize)]
-pub struct ConnectionInfo {
-    pub host: String,
-    pub lun: u64,
-    /// iSCSI URL of the LUN on the first portal (libiscsi / QEMU syntax).
-    pub url: String,
-}
-
 pub(crate) fn volume_info(
     ctx: &ApiContext,
     record: &VolumeRecord,
@@ -631,7 +547,7 @@ fn volume_info_among(
     let vaai = ctx
         .array
         .unit(&record.name)
-        .map(|u| u.stats().vaai)
+        .map(|u| vaai_counters(&u.stats().vaai))
         .unwrap_or_default();
     Ok(VolumeInfo {
         name: record.name.clone(),
@@ -698,20 +614,6 @@ async fn volume_show(
         .map(Json)
 }
 
-/// `POST /api/v1/volumes`.
-#[derive(Debug, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct CreateVolume {
-    pub name: String,
-    pub size_bytes: u64,
-    /// 512 (default) or 4096.
-    #[serde(default)]
-    pub block_size: Option<u32>,
-    /// `engine` (default) or `passthrough`.
-    #[serde(default)]
-    pub kind: Option<String>,
-}
-
 async fn volume_create(
     State(ctx): State<Ctx>,
     body: Result<Json<CreateVolume>, JsonRejection>,
@@ -750,16 +652,6 @@ async fn volume_create(
     Ok((StatusCode::CREATED, Json(info)))
 }
 
-/// `PATCH /api/v1/volumes/{name}`: grow and/or rename.
-#[derive(Debug, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct UpdateVolume {
-    #[serde(default)]
-    pub name: Option<String>,
-    #[serde(default)]
-    pub size_bytes: Option<u64>,
-}
-
 async fn volume_update(
     State(ctx): State<Ctx>,
     Path(name): Path<String>,
@@ -789,13 +681,6 @@ async fn volume_delete(State(ctx): State<Ctx>, Path(name): Path<String>) -> ApiR
     Ok(StatusCode::NO_CONTENT)
 }
 
-/// Body of snapshot and clone requests.
-#[derive(Debug, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct NewName {
-    pub name: String,
-}
-
 async fn volume_snapshot(
     State(ctx): State<Ctx>,
     Path(source): Path<String>,
@@ -822,16 +707,6 @@ async fn volume_clone(
     })
     .await?;
     Ok((StatusCode::CREATED, Json(info)))
-}
-
-/// `POST /api/v1/volumes/{name}/connections`.
-#[derive(Debug, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct Connect {
-    /// A host name, or `*` for every initiator.
-    pub host: String,
-    #[serde(default)]
-    pub lun: Option<u64>,
 }
 
 async fn volume_connect(
@@ -869,15 +744,6 @@ async fn volume_disconnect(
 
 // ---- hosts ----
 
-/// A host as the API shows it (CHAP secrets are never returned).
-#[derive(Debug, Serialize, Deserialize)]
-pub struct HostInfo {
-    pub name: String,
-    pub iqns: Vec<String>,
-    pub chap_user: Option<String>,
-    pub volumes: Vec<String>,
-}
-
 /// A host as the API shows it (never its secret), with the volumes connected to it.
 fn host_info(
     h: crate::array::HostRecord,
@@ -904,18 +770,6 @@ async fn host_list(State(ctx): State<Ctx>) -> Json<Vec<HostInfo>> {
             .map(|h| host_info(h, &connections))
             .collect(),
     )
-}
-
-/// `POST /api/v1/hosts`.
-#[derive(Debug, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct CreateHost {
-    pub name: String,
-    pub iqns: Vec<String>,
-    #[serde(default)]
-    pub chap_user: Option<String>,
-    #[serde(default)]
-    pub chap_secret: Option<String>,
 }
 
 async fn host_create(
@@ -945,21 +799,6 @@ async fn host_create(
     };
     blocking(move || ctx.array.create_host(&req.name, req.iqns, chap)).await?;
     Ok((StatusCode::CREATED, Json(info)))
-}
-
-/// `PATCH /api/v1/hosts/{name}`: what is given changes, the rest stays. CHAP: both
-/// `chap_user` and `chap_secret` to set them, `clear_chap: true` to remove them.
-#[derive(Debug, Default, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct UpdateHost {
-    #[serde(default)]
-    pub iqns: Option<Vec<String>>,
-    #[serde(default)]
-    pub chap_user: Option<String>,
-    #[serde(default)]
-    pub chap_secret: Option<String>,
-    #[serde(default)]
-    pub clear_chap: bool,
 }
 
 async fn host_update(
@@ -999,24 +838,33 @@ async fn host_delete(State(ctx): State<Ctx>, Path(name): Path<String>) -> ApiRes
 
 // ---- statistics ----
 
-/// `GET /api/v1/stats`: cumulative counters per volume; clients compute rates from deltas.
-#[derive(Debug, Serialize)]
-pub struct Stats {
-    /// Milliseconds since the Unix epoch when the counters were read.
-    pub time_ms: u64,
-    /// Upper bounds of the latency histogram buckets (one more bucket holds the rest).
-    pub latency_bounds_us: &'static [u64],
-    pub volumes: Vec<VolumeStats>,
+/// An LU's VAAI counters as the API shows them (a test keeps the two JSON forms equal).
+fn vaai_counters(v: &sliver_scsi::VaaiCounters) -> VaaiCounters {
+    VaaiCounters {
+        ats: v.ats,
+        ats_failed: v.ats_failed,
+        clone_read: v.clone_read,
+        clone_write: v.clone_write,
+        clone_failed: v.clone_failed,
+        zero: v.zero,
+        zero_failed: v.zero_failed,
+        delete: v.delete,
+        delete_failed: v.delete_failed,
+        deleted_bytes: v.deleted_bytes,
+        cloned_bytes: v.cloned_bytes,
+        zeroed_bytes: v.zeroed_bytes,
+    }
 }
 
-#[derive(Debug, Serialize)]
-pub struct VolumeStats {
-    pub name: String,
-    pub data_reduction: f64,
-    /// By command class name (`read`, `write`, `compare_and_write`, `write_same`, `unmap`,
-    /// `extended_copy`, `other`).
-    pub classes: std::collections::BTreeMap<&'static str, sliver_scsi::ClassStats>,
-    pub vaai: sliver_scsi::VaaiCounters,
+/// A command class's counters as the API shows them.
+fn class_stats(s: &sliver_scsi::ClassStats) -> ClassStats {
+    ClassStats {
+        commands: s.commands,
+        errors: s.errors,
+        bytes: s.bytes,
+        latency_sum_us: s.latency_sum_us,
+        latency_buckets: s.latency_buckets.clone(),
+    }
 }
 
 async fn stats(State(ctx): State<Ctx>) -> ApiResult<Json<Stats>> {
@@ -1035,9 +883,9 @@ async fn stats(State(ctx): State<Ctx>) -> ApiResult<Json<Stats>> {
                 classes: stats
                     .classes
                     .iter()
-                    .map(|(c, s)| (c.name(), s.clone()))
+                    .map(|(c, s)| (c.name(), class_stats(s)))
                     .collect(),
-                vaai: stats.vaai,
+                vaai: vaai_counters(&stats.vaai),
             });
         }
         Ok(Stats {
@@ -1048,25 +896,6 @@ async fn stats(State(ctx): State<Ctx>) -> ApiResult<Json<Stats>> {
     })
     .await
     .map(Json)
-}
-
-/// `?after=SEQ&limit=N` of `GET /api/v1/events`.
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct EventsQuery {
-    /// Only events with a larger sequence number (default 0: all kept).
-    #[serde(default)]
-    pub after: Option<u64>,
-    /// At most this many, oldest first (default and maximum 1000).
-    #[serde(default)]
-    pub limit: Option<usize>,
-}
-
-/// Events, oldest first; `next` is the `after` to poll with for what follows.
-#[derive(Debug, Serialize)]
-pub struct EventsInfo {
-    pub events: Vec<crate::events::Event>,
-    pub next: u64,
 }
 
 async fn events_list(
@@ -1097,27 +926,6 @@ async fn refused_initiators(State(ctx): State<Ctx>) -> Json<Vec<crate::events::R
     Json(ctx.array.events().refused())
 }
 
-/// A restored array fetching its data from the store (RFC 0003, "Hydration on demand").
-#[derive(Debug, Default, Serialize)]
-pub struct HydrationInfo {
-    /// Whether the array was opened with data still in the store.
-    pub active: bool,
-    /// Every byte is local (the hydration state is gone); also true when none was active.
-    pub done: bool,
-    /// The store the data comes from.
-    pub source: Option<String>,
-    pub bytes_left: u64,
-    /// Entries of the map of what is still in the store (runs of its objects).
-    pub ranges: u64,
-    pub bytes_at_start: u64,
-    pub fetched_bytes: u64,
-    pub on_demand_fetches: u64,
-    pub on_demand_bytes: u64,
-    /// Background fetch rate, bytes per second.
-    pub rate: u64,
-    pub error: Option<String>,
-}
-
 async fn hydration_show(State(ctx): State<Ctx>) -> Json<HydrationInfo> {
     Json(match ctx.array.hydration() {
         None => HydrationInfo {
@@ -1140,61 +948,15 @@ async fn hydration_show(State(ctx): State<Ctx>) -> Json<HydrationInfo> {
     })
 }
 
-/// The off-site copy (RFC 0003).
-#[derive(Debug, Serialize)]
-pub struct ReplicationInfo {
-    pub configured: bool,
-    /// `s3://BUCKET/PREFIX`.
-    pub target: Option<String>,
-    /// `base` (copying the whole array while following it), `streaming`, `waiting` (the store
-    /// cannot be used yet: the array serves and the copy starts once it answers), `fenced`,
-    /// `broken` (a base could not be read, or the store turned out unusable), `stopped`.
-    pub state: Option<&'static str>,
-    /// Why it is fenced or broken, or the store's last error while it retries.
-    pub error: Option<String>,
-    pub pool: Option<String>,
-    /// Number of the newest object in the store.
-    pub shipped_through: u64,
-    pub shipped_objects: u64,
-    pub shipped_bytes: u64,
-    pub backlog_bytes: u64,
-    /// Age of the oldest write the store does not hold yet; 0 when it holds every write.
-    pub lag_seconds: f64,
-    /// Times the copy started over (a base): the backlog bound was passed, or the store lost
-    /// objects the copy needs (a bucket deleted or emptied).
-    pub resyncs: u64,
-    /// Why it last started over.
-    pub last_restart: Option<String>,
-    /// The newest restore point.
-    pub newest_point: Option<PointInfo>,
-    /// Objects retention deleted since the array started (no restore point needed them).
-    pub deleted_objects: u64,
-}
-
-/// A restore point of the off-site copy.
-#[derive(Debug, Serialize)]
-pub struct PointInfo {
-    pub name: String,
-    /// Taken on the schedule (and deleted by retention), not by a user.
-    pub scheduled: bool,
-    /// UTC, RFC 3339: every write acknowledged before it is in the point.
-    pub time: String,
-    pub time_ms: u64,
-    /// The last stream object it needs, and the first (its base's start).
-    pub through: u64,
-    pub base: u64,
-}
-
-impl From<&sliver_replica::catalog::Point> for PointInfo {
-    fn from(p: &sliver_replica::catalog::Point) -> Self {
-        PointInfo {
-            name: p.name.clone(),
-            scheduled: p.scheduled,
-            time: sliver_replica::catalog::utc(p.time_ms),
-            time_ms: p.time_ms,
-            through: p.through,
-            base: p.base,
-        }
+/// A restore point as the API shows it.
+fn point_info(p: &sliver_replica::catalog::Point) -> PointInfo {
+    PointInfo {
+        name: p.name.clone(),
+        scheduled: p.scheduled,
+        time: sliver_replica::catalog::utc(p.time_ms),
+        time_ms: p.time_ms,
+        through: p.through,
+        base: p.base,
     }
 }
 
@@ -1208,7 +970,7 @@ fn no_replication() -> ApiError {
 
 async fn points_list(State(ctx): State<Ctx>) -> ApiResult<Json<Vec<PointInfo>>> {
     let points = ctx.array.replication_points().ok_or_else(no_replication)?;
-    Ok(Json(points.iter().map(PointInfo::from).collect()))
+    Ok(Json(points.iter().map(point_info).collect()))
 }
 
 /// How long `POST /api/v1/replication/points` waits for the store before it answers that the
@@ -1239,7 +1001,7 @@ async fn point_take(
         })?;
     let answer = off_workers(move || rx.recv_timeout(POINT_WAIT)).await?;
     match answer {
-        Ok(Ok(p)) => Ok((StatusCode::CREATED, Json(PointInfo::from(&p)))),
+        Ok(Ok(p)) => Ok((StatusCode::CREATED, Json(point_info(&p)))),
         Ok(Err(m)) => Err(ApiError::new(StatusCode::CONFLICT, "point_refused", m)),
         Err(std::sync::mpsc::RecvTimeoutError::Timeout) => Err(ApiError::new(
             StatusCode::SERVICE_UNAVAILABLE,
@@ -1320,7 +1082,7 @@ async fn replication_show(State(ctx): State<Ctx>) -> Json<ReplicationInfo> {
             .map_or(0.0, |t| t.elapsed().as_secs_f64()),
         resyncs: s.resyncs,
         last_restart: s.last_restart.clone(),
-        newest_point: s.newest_point.as_ref().map(PointInfo::from),
+        newest_point: s.newest_point.as_ref().map(point_info),
         deleted_objects: s.deleted_objects,
     })
 }
@@ -1333,28 +1095,6 @@ async fn sessions_list(State(ctx): State<Ctx>) -> Json<Vec<crate::SessionSummary
             .map(|s| s.sessions())
             .unwrap_or_default(),
     )
-}
-
-/// `?since=MS&step=5|60` of the history routes.
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct HistoryQuery {
-    /// Only points after this time (milliseconds since the Unix epoch); default all.
-    #[serde(default)]
-    pub since: Option<u64>,
-    /// Seconds per point: 5 (the last hour for the array, five minutes for a volume) or 60
-    /// (the last day, the last hour); default 5.
-    #[serde(default)]
-    pub step: Option<u64>,
-}
-
-/// Points of rates, oldest first.
-#[derive(Debug, Serialize)]
-pub struct HistoryInfo {
-    pub step_seconds: u64,
-    /// Upper bounds of the latency histogram buckets the percentiles are taken from.
-    pub latency_bounds_us: &'static [u64],
-    pub points: Vec<Point>,
 }
 
 /// The points a history query asks for, from the array's history or one volume's.
@@ -1414,4 +1154,45 @@ async fn metrics_text(State(ctx): State<Ctx>) -> ApiResult<Response> {
         text,
     )
         .into_response())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The API's copies of the LU's counters serialise exactly as the counters themselves
+    /// did when the API sent those: same names, same order. Every field is set, so a counter
+    /// added to the LU stops this compiling until the API shows it too.
+    #[test]
+    fn counters_keep_their_json_in_the_api_types() {
+        let vaai = sliver_scsi::VaaiCounters {
+            ats: 1,
+            ats_failed: 2,
+            clone_read: 3,
+            clone_write: 4,
+            clone_failed: 5,
+            zero: 6,
+            zero_failed: 7,
+            delete: 8,
+            delete_failed: 9,
+            deleted_bytes: 10,
+            cloned_bytes: 11,
+            zeroed_bytes: 12,
+        };
+        assert_eq!(
+            serde_json::to_string(&vaai_counters(&vaai)).unwrap(),
+            serde_json::to_string(&vaai).unwrap()
+        );
+        let class = sliver_scsi::ClassStats {
+            commands: 1,
+            errors: 2,
+            bytes: 3,
+            latency_sum_us: 4,
+            latency_buckets: vec![5, 6],
+        };
+        assert_eq!(
+            serde_json::to_string(&class_stats(&class)).unwrap(),
+            serde_json::to_string(&class).unwrap()
+        );
+    }
 }

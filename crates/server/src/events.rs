@@ -10,7 +10,9 @@
 //! number of attempts folded into the next one. The file is written without fsync: an event
 //! lost in a crash costs a line of history, never data, and the I/O path never waits for it.
 
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
+// An event is the API's JSON type; the events file holds the same lines.
+pub use sliver_api_types::{Event, Severity};
 use std::collections::{HashMap, VecDeque};
 use std::fs::{File, OpenOptions};
 use std::io::{BufRead, BufReader, Read, Write};
@@ -27,33 +29,6 @@ pub const REFUSED_KEPT: usize = 64;
 
 const FILE: &str = "events.jsonl";
 const OLD_FILE: &str = "events.1.jsonl";
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Severity {
-    Info,
-    Warning,
-    Error,
-}
-
-/// One event.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct Event {
-    /// Increasing, never reused within one file's history (continued from the file at open).
-    pub seq: u64,
-    pub time_ms: u64,
-    /// A stable name: `volume_created`, `login_refused`, `soft_threshold_crossed`, ...
-    pub kind: String,
-    pub severity: Severity,
-    /// One sentence.
-    pub message: String,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub volume: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub host: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub initiator: Option<String>,
-}
 
 /// What a caller records: an [`Event`] without its sequence number and time.
 #[derive(Clone, Debug, Default)]

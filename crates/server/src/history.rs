@@ -14,7 +14,8 @@
 //! not persisted: an idle array writes nothing (RFC 0001), and long-term history belongs in
 //! the Prometheus that scrapes `/metrics`.
 
-use serde::Serialize;
+// The points are the API's JSON types (`GET /api/v1/stats/history`).
+pub use sliver_api_types::{Point, SpaceReading};
 use sliver_scsi::{ClassStats, CommandClass, VaaiCounters, LATENCY_BOUNDS_US};
 use std::collections::{BTreeMap, VecDeque};
 
@@ -37,64 +38,6 @@ pub struct Counters {
     pub vaai: VaaiCounters,
     /// Array only: space and GC (cumulative where the name says so).
     pub space: Option<SpaceReading>,
-}
-
-/// The array's space figures at a reading.
-#[derive(Clone, Debug, Default, PartialEq, Serialize)]
-pub struct SpaceReading {
-    pub physical_used_bytes: u64,
-    pub live_bytes: u64,
-    pub reclaimable_bytes: u64,
-    pub mapped_bytes: u64,
-    pub provisioned_bytes: u64,
-    pub data_reduction: f64,
-    /// Cumulative.
-    pub host_written_bytes: u64,
-    /// Cumulative.
-    pub gc_relocated_bytes: u64,
-}
-
-/// Rates over one interval, ending at `time_ms`.
-#[derive(Clone, Debug, Default, PartialEq, Serialize)]
-pub struct Point {
-    /// Milliseconds since the Unix epoch at the end of the interval.
-    pub time_ms: u64,
-    /// Length of the interval.
-    pub seconds: f64,
-    pub read_iops: f64,
-    pub write_iops: f64,
-    /// Every other class (COMPARE AND WRITE, WRITE SAME, UNMAP, EXTENDED COPY, other).
-    pub other_iops: f64,
-    pub read_bytes_per_s: f64,
-    pub write_bytes_per_s: f64,
-    /// Mean latency of the reads / writes completed in the interval (0 when none).
-    pub read_latency_us: f64,
-    pub write_latency_us: f64,
-    /// The 99th percentile of every command completed in the interval: the upper bound of
-    /// the histogram bucket it falls in (`None` when none completed; the last bound when it
-    /// is above it).
-    pub p99_latency_us: Option<u64>,
-    pub errors_per_s: f64,
-    /// VAAI rates, esxtop's names: ATS, CLONE_WR (segments), ZERO, DELETE per second, and
-    /// the bytes behind them.
-    pub ats_per_s: f64,
-    pub ats_failed_per_s: f64,
-    pub clone_write_per_s: f64,
-    pub zero_per_s: f64,
-    pub delete_per_s: f64,
-    pub deleted_bytes_per_s: f64,
-    pub zeroed_bytes_per_s: f64,
-    pub cloned_bytes_per_s: f64,
-    /// Array only: space at the end of the interval and GC rates over it.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub space: Option<SpaceReading>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub host_written_bytes_per_s: Option<f64>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub gc_relocated_bytes_per_s: Option<f64>,
-    /// (host + relocated) / host over the interval; `None` without host writes.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub write_amplification: Option<f64>,
 }
 
 /// The rates between two readings of one scope. Counters that went backwards (a volume
