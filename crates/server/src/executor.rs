@@ -35,8 +35,11 @@ struct QuickPool {
 #[derive(Default)]
 struct Queue {
     jobs: VecDeque<Job>,
-    /// Threads asleep on `work`.
+    /// Threads asleep on `work` that no push has woken yet.
     idle: usize,
+    /// Wake-ups sent and not yet taken by a thread: a burst of pushes wakes as many threads
+    /// as are asleep, then no more (each `notify_one` is a system call).
+    woken: usize,
 }
 
 impl QuickPool {
@@ -53,7 +56,12 @@ impl QuickPool {
             }
             queue.idle += 1;
             queue = self.work.wait(queue).unwrap_or_else(|e| e.into_inner());
-            queue.idle -= 1;
+            if queue.woken > 0 {
+                queue.woken -= 1;
+            } else {
+                // Woken by no push (spurious): still asleep as far as pushes know.
+                queue.idle -= 1;
+            }
         }
     }
 
@@ -61,6 +69,10 @@ impl QuickPool {
         let mut queue = self.lock();
         queue.jobs.push_back(job);
         let wake = queue.idle > 0;
+        if wake {
+            queue.idle -= 1;
+            queue.woken += 1;
+        }
         drop(queue);
         if wake {
             self.work.notify_one();
