@@ -2,7 +2,7 @@
 //!
 //! The device server is synchronous: a command may wait for the engine's lock, the page cache
 //! or the disk, so it runs on a tokio worker only when it cannot wait (a READ served from
-//! cache, on its connection's task: `session::run_ready`). Two kinds of thread take the rest:
+//! cache, on its connection's task: `connection::task::run_ready`). Two kinds of thread take the rest:
 //!
 //! - a small fixed pool (one thread per core, at least two) for the commands that carry the
 //!   load, those the SCSI core calls quick ([`sliver_scsi::Dispatch::quick`]): reads, writes

@@ -8,13 +8,13 @@
 mod allowed_hosts;
 pub mod api;
 pub mod array;
+mod connection;
 pub mod console;
 pub mod events;
 pub mod executor;
 pub mod history;
 mod metrics;
 pub mod poll;
-mod session;
 mod target;
 
 pub use array::{Array, ArrayError};
