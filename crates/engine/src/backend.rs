@@ -712,6 +712,8 @@ struct MemInner {
     fail_next_sync: bool,
     fail_next_root: bool,
     fail_reads_at: Option<(u64, u64)>,
+    /// Reads `fail_reads_at` failed so far.
+    reads_failed: u64,
 }
 
 impl MemBackend {
@@ -733,6 +735,7 @@ impl MemBackend {
                 fail_next_sync: false,
                 fail_next_root: false,
                 fail_reads_at: None,
+                reads_failed: 0,
             }),
         }
     }
@@ -750,6 +753,11 @@ impl MemBackend {
     /// Make log reads touching `offset..offset+len` fail with EIO.
     pub fn fail_reads(&self, offset: u64, len: u64) {
         self.inner.lock().unwrap().fail_reads_at = Some((offset, len));
+    }
+
+    /// Reads that [`MemBackend::fail_reads`] made fail so far.
+    pub fn reads_failed(&self) -> u64 {
+        self.inner.lock().unwrap().reads_failed
     }
 
     /// Log space allocated now (allocation units in use).
@@ -832,6 +840,7 @@ impl MemBackend {
                 fail_next_sync: false,
                 fail_next_root: false,
                 fail_reads_at: None,
+                reads_failed: 0,
             }),
         }
     }
@@ -887,9 +896,10 @@ impl Backend for MemBackend {
     }
 
     fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
-        let m = self.inner.lock().unwrap();
+        let mut m = self.inner.lock().unwrap();
         if let Some((o, l)) = m.fail_reads_at {
             if offset < o + l && o < offset + buf.len() as u64 {
+                m.reads_failed += 1;
                 return Err(eio("read"));
             }
         }

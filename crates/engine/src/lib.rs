@@ -11,6 +11,7 @@
 //! - [`legacy`]: format 2, read to migrate arrays it wrote.
 
 pub mod backend;
+pub mod clock;
 pub mod engine;
 pub mod format;
 pub mod legacy;

@@ -5,6 +5,7 @@ use sliver_engine::{
     MemBackend, Tuning, STATUS_SCAN_CHUNKS,
 };
 use std::sync::Arc;
+use std::time::Duration;
 
 const CS: usize = 4096;
 
@@ -404,6 +405,48 @@ fn collector_reads_an_unreadable_segment_again_after_its_retry() {
         }
     }
     assert!(engine.check(&mut |_, _| {}).is_empty());
+}
+
+/// The collector leaves a segment it could not read for the tuning's retry, doubled for every
+/// failure, by the engine's clock: moved by hand here, so the hour-long waits take no time.
+#[test]
+fn the_wait_for_an_unreadable_segment_doubles_with_every_failure() {
+    let (backend, engine) = mem_engine(16 << 20);
+    let clock = Arc::new(sliver_engine::clock::ManualClock::new());
+    engine.set_clock(clock.clone());
+    let v = engine.create_volume(8 << 20).unwrap();
+    engine.write(v, 0, &noise(16, 8 << 20)).unwrap();
+    for i in (0..128u64).step_by(2) {
+        engine.unmap(v, i * (64 << 10), 64 << 10).unwrap();
+    }
+    engine.checkpoint().unwrap();
+    let hour = Duration::from_secs(3600);
+    engine.set_tuning(Tuning {
+        unreadable_retry: hour,
+        ..engine.tuning()
+    });
+    let reads = || backend.reads_failed();
+    backend.fail_reads(0, 16 << 20);
+    assert_eq!(engine.collect_garbage(0.9).unwrap(), 0);
+    let first = reads();
+    assert!(first > 0, "the collector tried to read");
+    // Within the hour nothing is read again; past it the segment is tried (and fails again).
+    clock.advance(hour - Duration::from_secs(1));
+    assert_eq!(engine.collect_garbage(0.9).unwrap(), 0);
+    assert_eq!(reads(), first, "read again within its retry");
+    clock.advance(Duration::from_secs(2));
+    assert_eq!(engine.collect_garbage(0.9).unwrap(), 0);
+    let second = reads();
+    assert!(second > first, "not read again after its retry");
+    // The second failure doubles the wait: one hour later it is still left alone.
+    clock.advance(hour + Duration::from_secs(1));
+    assert_eq!(engine.collect_garbage(0.9).unwrap(), 0);
+    assert_eq!(reads(), second, "the wait did not double");
+    // Two hours after it, with reads working again, its dead space comes back.
+    backend.fail_reads(0, 0);
+    clock.advance(hour);
+    assert!(engine.collect_garbage(0.9).unwrap() > 0);
+    assert!(engine.poisoned().is_none());
 }
 
 /// A segment whose chunks are all dead is freed without reading it: after a large UNMAP or

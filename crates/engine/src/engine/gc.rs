@@ -67,7 +67,7 @@ impl Engine {
     /// the only candidates are too recent. Caller holds `maintenance`.
     pub(super) fn collect_one(&self, max_live: f64, may_checkpoint: bool) -> Result<Option<u64>> {
         let seg = self.geometry.segment_size as u64;
-        let now = Instant::now();
+        let now = self.now();
         let first = self.tuning().unreadable_retry;
         let unreadable = self.unreadable.lock().unwrap().clone();
         let waiting = |i: u32, seq: u64| {
@@ -464,7 +464,7 @@ impl Engine {
         let failures = unreadable.get(&(segment, seq)).map_or(0, |u| u.failures) + 1;
         let entry = Unreadable {
             failures,
-            failed_at: Instant::now(),
+            failed_at: self.now(),
         };
         unreadable.insert((segment, seq), entry);
         entry.wait(self.tuning().unreadable_retry)

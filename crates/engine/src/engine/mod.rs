@@ -557,6 +557,8 @@ pub struct Engine {
     /// skipped for the tuning's `unreadable_retry` (doubled per failure), or until their chunks are all dead, when they are freed without being
     /// read. A segment reused later has another sequence number.
     unreadable: Mutex<BTreeMap<(u32, u64), Unreadable>>,
+    /// Where the collector reads the time ([`crate::clock`]).
+    clock: Mutex<Arc<dyn crate::clock::Clock>>,
     read_only: bool,
     recovery: Recovery,
     /// Run by the collector between the lock holds of a relocation (tests: hosts appending
@@ -656,6 +658,17 @@ impl Engine {
     pub fn set_tuning(&self, tuning: Tuning) {
         *self.tuning.lock().unwrap() = tuning;
         self.wake_gc();
+    }
+
+    /// Read the time from `clock` from now on (tests move a [`crate::clock::ManualClock`]).
+    pub fn set_clock(&self, clock: Arc<dyn crate::clock::Clock>) {
+        *self.clock.lock().unwrap_or_else(|e| e.into_inner()) = clock;
+    }
+
+    /// The time by the engine's clock.
+    pub(super) fn now(&self) -> Instant {
+        let clock = self.clock.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        clock.now()
     }
 
     /// Whether segments in use exceed the soft threshold share of capacity. Cheap: one lock.

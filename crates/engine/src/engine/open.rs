@@ -304,6 +304,7 @@ impl Engine {
             activity_at_last_round: AtomicU64::new(0),
             gc_relocated: AtomicU64::new(0),
             unreadable: Mutex::new(Default::default()),
+            clock: Mutex::new(Arc::new(crate::clock::SystemClock)),
             read_only,
             recovery,
             #[cfg(test)]
