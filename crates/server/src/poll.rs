@@ -46,10 +46,10 @@ const PIPELINED_PAUSE: u32 = 64;
 pub const MAX_BURST: u64 = 2;
 
 /// Connections polling right now, across the target.
-static POLLING: Slots = Slots(AtomicUsize::new(0));
+static POLLING: Slots = Slots::new();
 
 /// Half the cores, at least one; asked once (std asks the kernel and cgroups each time).
-fn slots() -> usize {
+pub(crate) fn slots() -> usize {
     static SLOTS: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
     *SLOTS.get_or_init(|| {
         std::thread::available_parallelism()
@@ -60,13 +60,18 @@ fn slots() -> usize {
 }
 
 /// Places among the connections polling at once.
-struct Slots(AtomicUsize);
+pub(crate) struct Slots(AtomicUsize);
 
 /// A place taken from [`Slots`]; given back on drop.
-struct Slot<'a>(&'a Slots);
+pub(crate) struct Slot<'a>(&'a Slots);
 
 impl Slots {
-    fn take(&self, limit: usize) -> Option<Slot<'_>> {
+    pub(crate) const fn new() -> Self {
+        Slots(AtomicUsize::new(0))
+    }
+
+    /// A place, if fewer than `limit` are taken.
+    pub(crate) fn take(&self, limit: usize) -> Option<Slot<'_>> {
         self.0
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
                 (n < limit).then_some(n + 1)

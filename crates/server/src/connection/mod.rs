@@ -419,8 +419,10 @@ fn receive(shared: &Arc<Shared>, input: &[u8], peer: SocketAddr, pacing: &mut cr
         session.handle_event(conn, event, shared);
     }
     let ready = std::mem::take(&mut session.ready);
+    // Nothing else of this connection is running, and its initiator waits for each answer.
+    let waiting_alone = pacing.would_poll() && session.quick_running == ready.len();
     drop(core);
-    run_ready(ready);
+    run_ready(ready, waiting_alone);
 }
 
 /// Send what the connection has to say: a response to one command at a time goes to the
