@@ -103,7 +103,8 @@ pub(crate) fn fail_at(reason: SenseReason, byte: usize) -> Failure {
         .into()
 }
 
-fn length_error() -> Failure {
+/// PARAMETER LIST LENGTH ERROR: the list is shorter than a field it must hold.
+pub(crate) fn length_error() -> Failure {
     SenseReason::ParameterListLengthError.into()
 }
 

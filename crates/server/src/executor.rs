@@ -18,6 +18,7 @@
 //!   COMPARE AND WRITEs of ESXi must not queue behind them.
 
 use std::collections::VecDeque;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Condvar, Mutex, MutexGuard, OnceLock};
 
 type Job = Box<dyn FnOnce() + Send + 'static>;
@@ -30,6 +31,9 @@ type Job = Box<dyn FnOnce() + Send + 'static>;
 struct QuickPool {
     queue: Mutex<Queue>,
     work: Condvar,
+    /// `queue.jobs.len()`, kept beside it for [`quick_queued`], which every completion asks:
+    /// read without the queue's lock.
+    queued: AtomicUsize,
 }
 
 #[derive(Default)]
@@ -52,6 +56,7 @@ impl QuickPool {
         let mut queue = self.lock();
         loop {
             if let Some(job) = queue.jobs.pop_front() {
+                self.queued.store(queue.jobs.len(), Ordering::Relaxed);
                 return job;
             }
             queue.idle += 1;
@@ -68,6 +73,7 @@ impl QuickPool {
     fn push(&self, job: Job) {
         let mut queue = self.lock();
         queue.jobs.push_back(job);
+        self.queued.store(queue.jobs.len(), Ordering::Relaxed);
         let wake = queue.idle > 0;
         if wake {
             queue.idle -= 1;
@@ -86,6 +92,7 @@ fn quick_pool() -> &'static QuickPool {
     let pool = POOL.get_or_init(|| QuickPool {
         queue: Mutex::new(Queue::default()),
         work: Condvar::new(),
+        queued: AtomicUsize::new(0),
     });
     STARTED.get_or_init(|| {
         let threads = std::thread::available_parallelism()
@@ -121,7 +128,7 @@ pub async fn run(quick: bool, job: impl FnOnce() + Send + 'static) {
 
 /// Commands waiting in the quick pool's queue (not yet taken by a thread).
 pub fn quick_queued() -> usize {
-    quick_pool().lock().jobs.len()
+    quick_pool().queued.load(Ordering::Relaxed)
 }
 
 /// Hand `job` to the quick pool.

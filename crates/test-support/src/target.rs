@@ -76,14 +76,13 @@ impl<'a> Start<'a> {
     /// Open the array, let `setup` make its volumes and hosts and `tune` set the server's
     /// limits, and serve it.
     pub fn run(self, setup: impl FnOnce(&Array), tune: impl FnOnce(&Server)) -> Running {
-        let own = match self.dir {
-            Some(_) => None,
-            None => Some(tempfile::tempdir().expect("a temporary directory")),
-        };
-        let path = match (&own, self.dir) {
-            (Some(own), _) => own.path().to_path_buf(),
-            (None, Some(dir)) => dir.to_path_buf(),
-            (None, None) => unreachable!("one of the two is set"),
+        let (own, path) = match self.dir {
+            Some(dir) => (None, dir.to_path_buf()),
+            None => {
+                let own = tempfile::tempdir().expect("a temporary directory");
+                let path = own.path().to_path_buf();
+                (Some(own), path)
+            }
         };
         let array =
             Arc::new(Array::open_with(&path, self.target_name, self.options).expect("an array"));

@@ -3,7 +3,7 @@
 //! STATUS).
 
 use crate::outcome::{invalid_cdb, Failure};
-use crate::param::ParamList;
+use crate::param::{length_error, ParamList};
 use crate::SenseReason;
 
 use super::model::{find_ignore_ascii_case, Initiator, PrType, ISID_SEPARATOR, SCOPE_LU};
@@ -63,10 +63,6 @@ pub(super) enum ProutAction {
     },
 }
 
-fn parameter_list_length_error() -> Failure {
-    SenseReason::ParameterListLengthError.into()
-}
-
 impl ProutRequest {
     /// Validates the CDB and parameter list (SPC-4). `persist_capable`: APTPL=1 can be
     /// honoured.
@@ -82,7 +78,7 @@ impl ProutRequest {
             return Err(invalid_cdb(1, Some(4)));
         }
         if params.len() < BASIC_PARAMETER_LIST_LEN {
-            return Err(parameter_list_length_error());
+            return Err(length_error());
         }
         let key = params.be64(0)?;
         let service_action_key = params.be64(8)?;
@@ -112,10 +108,10 @@ impl ProutRequest {
                 .ok()
                 .and_then(|n| n.checked_add(BASIC_PARAMETER_LIST_LEN + 4));
             if expected != Some(params.len()) {
-                return Err(parameter_list_length_error());
+                return Err(length_error());
             }
         } else if params.len() != BASIC_PARAMETER_LIST_LEN {
-            return Err(parameter_list_length_error());
+            return Err(length_error());
         }
 
         let valid_type = || PrType::from_code(type_code).ok_or_else(|| invalid_cdb(2, Some(3)));
@@ -180,7 +176,7 @@ fn parse_register_and_move(
         .ok()
         .and_then(|n| n.checked_add(BASIC_PARAMETER_LIST_LEN));
     if expected != Some(params.len()) {
-        return Err(parameter_list_length_error());
+        return Err(length_error());
     }
     if aptpl && !persist_capable {
         return Err(params.invalid(17, Some(0)));
