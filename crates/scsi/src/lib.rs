@@ -8,15 +8,26 @@
 //! management's semantics from [`tmf::TaskSet`]: the transport reads and routes, it never
 //! decodes a CDB.
 //!
-//! Layout follows the standards: `cdb` parses (no I/O), `spc` / `sbc` / `pr` / `tpc` execute
-//! one command family each (`tpc` is third-party copy: EXTENDED COPY and ROD tokens), `vpd`
-//! and `mode` build INQUIRY pages and mode pages, `lu` holds the per-LU state (unit
-//! attentions, mode parameters, the copy manager's results and tokens) and the
-//! dispatcher, `outcome` how a command ends (and the helpers every family shares),
-//! `range_lock` the LBA range locks, `sense` is the single table of sense codes.
+//! Layout, from the bottom up; a module uses only those above it in this list (a test in
+//! `sliver-test-support` checks that no two modules use each other, directly or around):
+//!
+//! - `sense` is the single table of sense codes; `cdb` parses (no I/O); `outcome` is how a
+//!   command ends and the helpers every family shares (`invalid_cdb`, `invalid_param`);
+//!   `param` reads parameter lists with field pointers; `range_lock` the LBA range locks;
+//!   `limits` what the LU advertises and enforces; `stats` the counters;
+//! - the families' per-LU state, each knowing nothing of the LU: `mode::ModeParams`,
+//!   `pr::Reservations` (persistent reservations are state and rules, no LU needed),
+//!   `tpc::CopyManager` (copy results and ROD tokens);
+//! - `lu`: the logical unit's state, holding those;
+//! - the command families, each taking the LU: `spc`, `sbc`, `mode` (MODE SENSE / SELECT),
+//!   `vpd` (INQUIRY pages), `tpc` (third-party copy: EXTENDED COPY and ROD tokens);
+//! - `execute`: what every command goes through first and the family that runs it;
+//! - `dispatch` and `tmf`: what the transport asks before and around a command.
 
 pub mod cdb;
 pub mod dispatch;
+mod execute;
+mod limits;
 mod lu;
 mod mode;
 mod outcome;
@@ -34,7 +45,8 @@ mod tpc;
 mod vpd;
 
 pub use dispatch::{dispatch, Dispatch};
-pub use lu::{execute_without_lu, LogicalUnit, LuConfig, Reset};
+pub use execute::execute_without_lu;
+pub use lu::{LogicalUnit, LuConfig, Reset};
 pub use sense::{Sense, SenseKey, SenseReason, Status};
 pub use stats::{
     latency_bucket, ClassStats, CommandClass, LuStats, StatsSnapshot, VaaiCounters,
@@ -45,7 +57,7 @@ pub use tpc::{
 };
 
 #[doc(hidden)]
-pub use lu::fuzz_cdb;
+pub use execute::fuzz_cdb;
 
 /// An I_T nexus: one SCSI initiator port talking through one SCSI target port.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]

@@ -1,7 +1,8 @@
-//! The logical unit: state shared by every nexus (unit attentions, mode parameters, LBA
-//! range locks, reservations) and the dispatcher that runs one command. How a command ends
-//! and the helpers the families share are in `outcome`, the LBA range locks in
-//! `range_lock`: a family needs this module only for the LU's state.
+//! The logical unit's state, shared by every nexus: unit attentions, mode parameters, LBA
+//! range locks, reservations, the copy manager's results and tokens, statistics. Each family
+//! keeps its own part of the state in a module of its own (`mode::ModeParams`,
+//! `pr::Reservations`, `tpc::CopyManager`) that does not know the LU; the families' commands
+//! take the LU, and `execute` runs a command on it. So nothing here reaches up to a command.
 
 use std::collections::{HashMap, VecDeque};
 use std::path::PathBuf;
@@ -9,14 +10,12 @@ use std::sync::{Arc, Mutex};
 
 use sliver_volume::{Pool, Volume};
 
-use crate::cdb::{self, Command};
 use crate::mode::ModeParams;
-use crate::outcome::{Failure, Outcome};
 use crate::pr::{PendingUa, Reservations};
 use crate::range_lock::{lock_unpoisoned, RangeLocks};
-use crate::stats::{CommandClass, LuStats, StatsSnapshot};
+use crate::stats::{LuStats, StatsSnapshot};
 use crate::tpc::CopyManager;
-use crate::{sbc, spc, tpc, Nexus, Request, Response, Sense, SenseReason, Status};
+use crate::{Nexus, SenseReason};
 
 /// Identity and naming of one logical unit.
 #[derive(Debug, Clone)]
@@ -73,24 +72,6 @@ impl UnitAttentions {
         if !queue.contains(&reason) {
             queue.push_back(reason);
         }
-    }
-}
-
-/// The statistics class of a command.
-fn classify(cmd: &Command) -> CommandClass {
-    match cmd {
-        Command::Read { .. } => CommandClass::Read,
-        Command::Write { .. }
-        | Command::WriteAtomic { .. }
-        | Command::WriteAndVerify { .. }
-        | Command::OrWrite { .. } => CommandClass::Write,
-        Command::CompareAndWrite { .. } => CommandClass::CompareAndWrite,
-        Command::WriteSame { .. } => CommandClass::WriteSame,
-        Command::Unmap { .. } => CommandClass::Unmap,
-        Command::ExtendedCopy { .. }
-        | Command::PopulateToken { .. }
-        | Command::WriteUsingToken { .. } => CommandClass::ExtendedCopy,
-        _ => CommandClass::Other,
     }
 }
 
@@ -153,211 +134,21 @@ impl LogicalUnit {
         &self.volume
     }
 
-    /// Run one command to completion. Safe to call concurrently from many threads.
-    pub fn execute(&self, req: &Request) -> Response {
-        let started = std::time::Instant::now();
-        let parsed = cdb::parse(req.cdb);
-        let (data_out_expected, class) = match &parsed {
-            Ok(cmd) => (self.data_out_len(cmd), classify(cmd)),
-            Err(_) => (0, CommandClass::Other),
-        };
-        let outcome = self.run(req, parsed);
-        self.conclude(started, class, outcome, data_out_expected)
-    }
-
-    /// Execute `req` only if it is a READ that completes without waiting for a device (its
-    /// data and metadata are cached; [`Volume::read_cached`]): the response, or `None` when it
-    /// is another command or would wait. Then nothing was done or counted: the caller runs
-    /// [`LogicalUnit::execute`] on a thread that may wait. A READ refused before it reads (a
-    /// unit attention, a reservation conflict, a bad range) is answered here.
-    ///
-    /// [`Volume::read_cached`]: sliver_volume::Volume::read_cached
-    pub fn execute_cached(&self, req: &Request) -> Option<Response> {
-        let parsed = cdb::parse(req.cdb);
-        if !matches!(parsed, Ok(Command::Read { .. })) {
-            return None;
-        }
-        let started = std::time::Instant::now();
-        let outcome = match self.admit(req, parsed) {
-            Err(answered) => answered,
-            Ok(Command::Read { range, .. }) => sbc::read_cached(self, range)?,
-            Ok(_) => return None,
-        };
-        Some(self.conclude(started, CommandClass::Read, outcome, 0))
-    }
-
-    /// Count a command's outcome in the statistics and build its response.
-    fn conclude(
-        &self,
-        started: std::time::Instant,
-        class: CommandClass,
-        outcome: Outcome,
-        data_out_expected: usize,
-    ) -> Response {
-        // A command refused for a pending unit attention was never attempted: count it, but
-        // not as a failed VAAI primitive (hosts simply retry it).
-        let class = match &outcome {
-            Err(Failure::Check(sense))
-                if sense.reason.code().0 == crate::SenseKey::UnitAttention =>
-            {
-                CommandClass::Other
-            }
-            _ => class,
-        };
-        let (ok, bytes) = match &outcome {
-            Ok(done) if done.status == Status::Good => (
-                true,
-                match class {
-                    CommandClass::Read | CommandClass::Other => done.data_in.len() as u64,
-                    _ => done.affected_bytes,
-                },
-            ),
-            _ => (false, 0),
-        };
-        let latency_us = u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX);
-        self.stats.record(class, ok, bytes, latency_us);
-        self.respond(outcome, data_out_expected)
-    }
-
     /// Cumulative statistics of this LU.
     pub fn stats(&self) -> StatsSnapshot {
         self.stats.snapshot()
     }
 
-    /// What every command goes through before it runs: the soft threshold's unit attention,
-    /// a pending unit attention, a CDB that did not parse, a sanitize in progress, a
-    /// reservation. `Err` carries the command's answer when one of them decides it.
-    fn admit(&self, req: &Request, parsed: Result<Command, Sense>) -> Result<Command, Outcome> {
-        let opcode = req.cdb.first().copied().unwrap_or(0);
-        // SPC-4 5.14: INQUIRY, REPORT LUNS and REQUEST SENSE neither report nor clear a
-        // unit attention (REQUEST SENSE returns it as its data instead).
-        let reports_ua = !matches!(
-            opcode,
-            cdb::opcode::INQUIRY | cdb::opcode::REPORT_LUNS | cdb::opcode::REQUEST_SENSE
-        );
-        self.check_soft_threshold(req.nexus);
-        {
-            let mut uas = lock_unpoisoned(&self.unit_attentions);
-            let queue = uas.queue_for(req.nexus);
-            if reports_ua {
-                if let Some(reason) = queue.pop_front() {
-                    return Err(Err(reason.into()));
-                }
-            }
-        }
-        let cmd = parsed.map_err(|sense| Err(sense.into()))?;
-        if self.sanitizing.load(std::sync::atomic::Ordering::Acquire) {
-            match cmd {
-                Command::Inquiry { .. } | Command::ReportLuns { .. } => {}
-                Command::RequestSense { descriptor, .. } => {
-                    return Err(spc::request_sense(
-                        SenseReason::NotReadySanitizeInProgress,
-                        descriptor,
-                        &cmd,
-                    ));
-                }
-                _ => return Err(Err(SenseReason::NotReadySanitizeInProgress.into())),
-            }
-        }
-        if self.reservations.check_access(req.nexus, req.cdb).is_err() {
-            return Err(Err(Failure::Conflict));
-        }
-        Ok(cmd)
-    }
-
-    fn run(&self, req: &Request, parsed: Result<Command, Sense>) -> Outcome {
-        let cmd = match self.admit(req, parsed) {
-            Ok(cmd) => cmd,
-            Err(answered) => return answered,
-        };
-        match cmd {
-            Command::RequestSense { descriptor, .. } => {
-                let reason = lock_unpoisoned(&self.unit_attentions)
-                    .queue_for(req.nexus)
-                    .pop_front()
-                    .unwrap_or(SenseReason::NoAdditionalSense);
-                spc::request_sense(reason, descriptor, &cmd)
-            }
-            Command::Inquiry { .. }
-            | Command::ReportLuns { .. }
-            | Command::TestUnitReady
-            | Command::ModeSense { .. }
-            | Command::ModeSelect { .. }
-            | Command::Reserve
-            | Command::Release
-            | Command::PersistentReserveIn { .. }
-            | Command::PersistentReserveOut { .. }
-            | Command::ReportTargetPortGroups { .. }
-            | Command::ReportSupportedOpcodes { .. }
-            | Command::ReportSupportedTmfs { .. }
-            | Command::LogSense { .. }
-            | Command::Unsupported { .. } => spc::execute(self, req, &cmd),
-            Command::ExtendedCopy { .. }
-            | Command::ReceiveCopyResults { .. }
-            | Command::PopulateToken { .. }
-            | Command::WriteUsingToken { .. }
-            | Command::ReceiveRodTokenInformation { .. } => tpc::execute(self, req, &cmd),
-            _ => sbc::execute(self, req, &cmd),
-        }
-    }
-
-    fn respond(&self, outcome: Outcome, data_out_expected: usize) -> Response {
-        match outcome {
-            Ok(done) => Response {
-                status: done.status,
-                sense: Vec::new(),
-                data_in: done.data_in,
-                data_out_expected,
-            },
-            Err(Failure::Conflict) => Response {
-                status: Status::ReservationConflict,
-                sense: Vec::new(),
-                data_in: Vec::new(),
-                data_out_expected,
-            },
-            Err(Failure::Check(sense)) => Response {
-                status: Status::CheckCondition,
-                sense: if self.mode.descriptor_sense() {
-                    sense.to_descriptor()
-                } else {
-                    sense.to_fixed()
-                },
-                data_in: Vec::new(),
-                data_out_expected,
-            },
-        }
-    }
-
-    /// Bytes of Data-Out the command asks for.
-    fn data_out_len(&self, cmd: &Command) -> usize {
-        let bs = self.volume.block_size() as u64;
-        let blocks_bytes = |n: u64| usize::try_from(n.saturating_mul(bs)).unwrap_or(usize::MAX);
-        match *cmd {
-            Command::Write { range, .. }
-            | Command::WriteAtomic { range, .. }
-            | Command::WriteAndVerify { range }
-            | Command::OrWrite { range, .. } => blocks_bytes(range.blocks),
-            Command::CompareAndWrite { range, .. } => blocks_bytes(range.blocks.saturating_mul(2)),
-            Command::Verify { range, byte_check } => match byte_check {
-                1 => blocks_bytes(range.blocks),
-                3 if range.blocks > 0 => blocks_bytes(1),
-                _ => 0,
-            },
-            Command::WriteSame { ndob, .. } => {
-                if ndob {
-                    0
-                } else {
-                    blocks_bytes(1)
-                }
-            }
-            Command::Unmap { param_len, .. }
-            | Command::ModeSelect { param_len, .. }
-            | Command::Sanitize { param_len, .. }
-            | Command::PersistentReserveOut { param_len }
-            | Command::ExtendedCopy { param_len }
-            | Command::PopulateToken { param_len, .. }
-            | Command::WriteUsingToken { param_len, .. } => param_len,
-            _ => 0,
+    /// The unit attention this nexus is to hear next, taken from its queue when `take`;
+    /// with `take` false only registers the nexus (its first command then finds POWER ON,
+    /// RESET OCCURRED queued).
+    pub(crate) fn next_unit_attention(&self, nexus: &Nexus, take: bool) -> Option<SenseReason> {
+        let mut uas = lock_unpoisoned(&self.unit_attentions);
+        let queue = uas.queue_for(nexus);
+        if take {
+            queue.pop_front()
+        } else {
+            None
         }
     }
 
@@ -427,7 +218,7 @@ impl LogicalUnit {
     /// a busy log-structured pool hovers around its threshold as the collector frees
     /// segments and writes fill them, and every crossing would fail a command of every
     /// initiator (a load run saw a dozen per session in 90 seconds).
-    fn check_soft_threshold(&self, nexus: &Nexus) {
+    pub(crate) fn check_soft_threshold(&self, nexus: &Nexus) {
         if !self
             .pool
             .as_ref()
@@ -467,86 +258,3 @@ impl LogicalUnit {
 
 /// How often the soft-threshold unit attention is repeated while the threshold holds.
 const SOFT_THRESHOLD_REPEAT: std::time::Duration = std::time::Duration::from_secs(600);
-
-/// Commands addressed to a LUN that is not mapped for this nexus: INQUIRY answers peripheral
-/// qualifier 011b / type 1Fh, REPORT LUNS and REQUEST SENSE work, everything else gets
-/// LOGICAL UNIT NOT SUPPORTED.
-pub fn execute_without_lu(req: &Request) -> Response {
-    let outcome = match cdb::parse(req.cdb) {
-        Ok(cmd @ Command::Inquiry { .. }) => spc::inquiry_without_lu(&cmd),
-        Ok(cmd @ Command::ReportLuns { .. }) => spc::report_luns(req, &cmd),
-        Ok(cmd @ Command::RequestSense { descriptor, .. }) => {
-            spc::request_sense(SenseReason::LogicalUnitNotSupported, descriptor, &cmd)
-        }
-        Ok(_) => Err(SenseReason::LogicalUnitNotSupported.into()),
-        Err(sense) => Err(sense.into()),
-    };
-    match outcome {
-        Ok(done) => Response {
-            status: done.status,
-            sense: Vec::new(),
-            data_in: done.data_in,
-            data_out_expected: 0,
-        },
-        Err(Failure::Conflict) => Response {
-            status: Status::ReservationConflict,
-            sense: Vec::new(),
-            data_in: Vec::new(),
-            data_out_expected: 0,
-        },
-        Err(Failure::Check(sense)) => Response {
-            status: Status::CheckCondition,
-            sense: sense.to_fixed(),
-            data_in: Vec::new(),
-            data_out_expected: 0,
-        },
-    }
-}
-
-/// Fuzzing entry point: the first byte splits the rest into CDB and Data-Out; the command
-/// runs against a fresh LU over a small temporary volume.
-#[doc(hidden)]
-pub fn fuzz_cdb(data: &[u8]) {
-    let Some((&split, rest)) = data.split_first() else {
-        return;
-    };
-    let split = (split as usize).min(rest.len());
-    let (cdb, data_out) = rest.split_at(split);
-    let dir = std::env::temp_dir().join(format!("sliver-fuzz-{}", std::process::id()));
-    if std::fs::create_dir_all(&dir).is_err() {
-        return;
-    }
-    let Ok(volume) = sliver_volume::FileVolume::open(&dir.join("lu"), 1 << 20, 512) else {
-        return;
-    };
-    let lu = LogicalUnit::new(
-        Arc::new(volume),
-        LuConfig {
-            vendor: "SLIVER".into(),
-            product: "sliver".into(),
-            revision: "0001".into(),
-            serial: "fuzz".into(),
-            naa: [0x60; 16],
-            target_name: "iqn.2024-01.io.sliver:fuzz".into(),
-            target_port_group: 1,
-            state_dir: None,
-        },
-    );
-    let nexus = Nexus {
-        initiator_port: "iqn.fuzz,i,0x000000000001".into(),
-        initiator_name: "iqn.fuzz".into(),
-        relative_target_port: 1,
-    };
-    let req = Request {
-        nexus: &nexus,
-        cdb,
-        data_out,
-        attr: crate::TaskAttr::Simple,
-        luns: &[0, 1],
-        copy_targets: &crate::NoCopyTargets,
-    };
-    // The first command consumes the power-on unit attention; the second really runs.
-    let _ = lu.execute(&req);
-    let response = lu.execute(&req);
-    assert!(response.sense.is_empty() == (response.status != Status::CheckCondition));
-}

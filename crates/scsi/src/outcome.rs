@@ -6,7 +6,6 @@
 
 use sliver_volume::VolumeError;
 
-use crate::pr::PrError;
 use crate::{Sense, SenseReason, Status};
 
 /// How a command that did not fail ended.
@@ -69,15 +68,6 @@ impl From<Sense> for Failure {
 impl From<SenseReason> for Failure {
     fn from(r: SenseReason) -> Self {
         Failure::Check(r.into())
-    }
-}
-
-impl From<PrError> for Failure {
-    fn from(e: PrError) -> Self {
-        match e {
-            PrError::Conflict => Failure::Conflict,
-            PrError::Sense(s) => Failure::Check(s),
-        }
     }
 }
 

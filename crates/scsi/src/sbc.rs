@@ -9,13 +9,13 @@ use crate::param::ParamList;
 use sliver_volume::{BlockStatus, ProvisioningState};
 
 use crate::cdb::{BlockRange, Command, SanitizeAction, StartStop};
+use crate::limits::{
+    max_transfer_blocks, MAX_COMPARE_AND_WRITE_BLOCKS, MAX_UNMAP_BLOCKS, MAX_UNMAP_DESCRIPTORS,
+    MAX_WRITE_SAME_BLOCKS,
+};
 use crate::lu::LogicalUnit;
 use crate::outcome::{
     data_out_prefix, read_failure, truncated, write_failure, Done, Failure, Outcome,
-};
-use crate::vpd::{
-    max_transfer_blocks, MAX_COMPARE_AND_WRITE_BLOCKS, MAX_UNMAP_BLOCKS, MAX_UNMAP_DESCRIPTORS,
-    MAX_WRITE_SAME_BLOCKS,
 };
 use crate::{Request, Sense, SenseReason};
 

@@ -38,9 +38,9 @@ use serde::{Deserialize, Serialize};
 use crate::SenseReason;
 
 use super::model::{Initiator, PrType, Registrant, Registration, Reservation};
+use super::model::{PrError, MAX_REGISTRATIONS};
 use super::prout::validate_iscsi_name;
 use super::state::PrState;
-use super::{PrError, MAX_REGISTRATIONS};
 
 /// Version of the APTPL file format written by this code.
 const APTPL_FILE_VERSION: u32 = 1;

@@ -19,8 +19,9 @@
 //! # Layout
 //!
 //! - this module: the LU-facing [`Reservations`] (locking, copy-then-replace, SPC-2 RESERVE /
-//!   RELEASE), [`PrError`] and [`PendingUa`];
-//! - `model`: reservation types, initiators, registrants, registrations and the reservation;
+//!   RELEASE);
+//! - `model`: reservation types, initiators, registrants, registrations and the reservation,
+//!   and what a reservation command ends with ([`PrError`], [`PendingUa`]);
 //! - `state`: the persistent reservation state and its PERSISTENT RESERVE OUT transitions;
 //! - `prout`: parsing PERSISTENT RESERVE OUT and iSCSI TransportIDs;
 //! - `prin`: the PERSISTENT RESERVE IN parameter data;
@@ -47,7 +48,6 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use crate::cdb::opcode;
-use crate::outcome::Failure;
 use crate::param::ParamList;
 use crate::{Nexus, Sense, SenseReason};
 
@@ -59,42 +59,7 @@ use prin::{
 use prout::ProutRequest;
 use state::PrState;
 
-/// Why a reservation command failed.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum PrError {
-    /// End the command with RESERVATION CONFLICT status.
-    Conflict,
-    /// End the command with CHECK CONDITION and this sense.
-    Sense(Sense),
-}
-
-impl From<SenseReason> for PrError {
-    fn from(reason: SenseReason) -> Self {
-        PrError::Sense(reason.into())
-    }
-}
-
-impl From<Failure> for PrError {
-    fn from(failure: Failure) -> Self {
-        match failure {
-            Failure::Check(sense) => PrError::Sense(sense),
-            Failure::Conflict => PrError::Conflict,
-        }
-    }
-}
-
-/// A unit attention a PERSISTENT RESERVE OUT establishes for another initiator port.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct PendingUa {
-    /// The SCSI initiator port ("name,i,0xISID"). For a registration made through a format
-    /// 00b TransportID (name only) this is the bare iSCSI name: every port of that initiator.
-    pub initiator_port: String,
-    pub reason: SenseReason,
-}
-
-/// Most registrations one LU keeps; more get INSUFFICIENT REGISTRATION RESOURCES. Bounds the
-/// memory and the APTPL file an initiator can make us hold.
-pub const MAX_REGISTRATIONS: usize = 1024;
+pub use model::{PendingUa, PrError, MAX_REGISTRATIONS};
 
 #[derive(Debug, Default)]
 struct State {

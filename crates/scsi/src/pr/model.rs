@@ -1,9 +1,11 @@
 //! The reservation model: persistent reservation types, the initiators and I_T nexuses a
-//! registration covers, and registrations and reservations as the state holds them.
+//! registration covers, registrations and reservations as the state holds them, and what a
+//! reservation command ends with.
 
 use serde::{Deserialize, Serialize};
 
-use crate::Nexus;
+use crate::outcome::Failure;
+use crate::{Nexus, Sense, SenseReason};
 
 /// Separator between the iSCSI name and the ISID in an iSCSI initiator port name.
 pub(super) const ISID_SEPARATOR: &str = ",i,0x";
@@ -123,7 +125,7 @@ impl Initiator {
     }
 
     /// Where unit attentions for this initiator go (see
-    /// [`PendingUa::initiator_port`](super::PendingUa::initiator_port)).
+    /// [`PendingUa::initiator_port`](PendingUa::initiator_port)).
     pub(super) fn ua_port(&self) -> &str {
         match self {
             Initiator::Port(port) => port,
@@ -195,4 +197,50 @@ pub(super) struct Reservation {
     /// The registrant that holds it; for the all-registrants types any registrant (kept only
     /// so the invariant "the holder is registered" holds for every type).
     pub(super) holder: Registrant,
+}
+
+/// Why a reservation command failed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PrError {
+    /// End the command with RESERVATION CONFLICT status.
+    Conflict,
+    /// End the command with CHECK CONDITION and this sense.
+    Sense(Sense),
+}
+
+impl From<SenseReason> for PrError {
+    fn from(reason: SenseReason) -> Self {
+        PrError::Sense(reason.into())
+    }
+}
+
+impl From<Failure> for PrError {
+    fn from(failure: Failure) -> Self {
+        match failure {
+            Failure::Check(sense) => PrError::Sense(sense),
+            Failure::Conflict => PrError::Conflict,
+        }
+    }
+}
+
+/// A unit attention a PERSISTENT RESERVE OUT establishes for another initiator port.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PendingUa {
+    /// The SCSI initiator port ("name,i,0xISID"). For a registration made through a format
+    /// 00b TransportID (name only) this is the bare iSCSI name: every port of that initiator.
+    pub initiator_port: String,
+    pub reason: SenseReason,
+}
+
+/// Most registrations one LU keeps; more get INSUFFICIENT REGISTRATION RESOURCES. Bounds the
+/// memory and the APTPL file an initiator can make us hold.
+pub const MAX_REGISTRATIONS: usize = 1024;
+
+impl From<PrError> for Failure {
+    fn from(e: PrError) -> Self {
+        match e {
+            PrError::Conflict => Failure::Conflict,
+            PrError::Sense(s) => Failure::Check(s),
+        }
+    }
 }

@@ -6,8 +6,8 @@ use crate::outcome::{invalid_cdb, Failure};
 use crate::param::{length_error, ParamList};
 use crate::SenseReason;
 
+use super::model::MAX_REGISTRATIONS;
 use super::model::{find_ignore_ascii_case, Initiator, PrType, ISID_SEPARATOR, SCOPE_LU};
-use super::MAX_REGISTRATIONS;
 
 /// Longest iSCSI name (RFC 7143).
 const MAX_ISCSI_NAME_LEN: usize = 223;

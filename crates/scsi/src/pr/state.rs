@@ -6,8 +6,8 @@ use crate::outcome::invalid_param;
 use crate::{Nexus, SenseReason};
 
 use super::model::{Initiator, PrType, Registrant, Registration, Reservation, SCOPE_LU};
+use super::model::{PendingUa, PrError, MAX_REGISTRATIONS};
 use super::prout::{ProutAction, ProutRequest, BASIC_PARAMETER_LIST_LEN};
-use super::{PendingUa, PrError, MAX_REGISTRATIONS};
 
 /// Persistent reservation state. Invariants: registrations do not overlap, keys are
 /// non-zero, and a reservation's holder is one of the registrants.

@@ -17,8 +17,11 @@
 
 mod copy;
 mod lid1;
+mod manager;
+mod receive;
 mod results;
 mod rod;
+mod tokens;
 mod vpd;
 
 #[cfg(test)]
@@ -28,33 +31,13 @@ pub(crate) use lid1::copy_bytes_at_most;
 pub use lid1::{
     MAX_CSCD_DESCRIPTORS, MAX_DESCRIPTOR_LIST_BYTES, MAX_SEGMENT_BYTES, MAX_SEGMENT_DESCRIPTORS,
 };
+pub(crate) use manager::CopyManager;
 pub(crate) use vpd::third_party_copy_page;
 
 use crate::cdb::Command;
 use crate::lu::LogicalUnit;
 use crate::outcome::Outcome;
-use crate::{Nexus, Request, SenseReason};
-
-/// The copy manager's state in one LU: results of copies it received and tokens made from it.
-#[derive(Default)]
-pub(crate) struct CopyManager {
-    results: results::CopyResults,
-    tokens: rod::TokenCopy,
-}
-
-impl CopyManager {
-    /// The nexus is gone: its results go with it (its tokens stay usable by others).
-    pub(crate) fn nexus_lost(&self, nexus: &Nexus) {
-        self.results.nexus_lost(nexus);
-        self.tokens.nexus_lost(nexus);
-    }
-
-    /// A reset discards every result; tokens survive it, as a host may still hold them.
-    pub(crate) fn reset(&self) {
-        self.results.clear();
-        self.tokens.clear_results();
-    }
-}
+use crate::{Request, SenseReason};
 
 /// The third-party copy commands.
 pub(crate) fn execute(lu: &LogicalUnit, req: &Request, cmd: &Command) -> Outcome {
@@ -64,7 +47,7 @@ pub(crate) fn execute(lu: &LogicalUnit, req: &Request, cmd: &Command) -> Outcome
             action,
             list_id,
             alloc_len,
-        } => results::receive_copy_results(lu, req.nexus, action, list_id, alloc_len),
+        } => receive::receive_copy_results(lu, req.nexus, action, list_id, alloc_len),
         Command::PopulateToken { .. }
         | Command::WriteUsingToken { .. }
         | Command::ReceiveRodTokenInformation { .. } => rod::execute(lu, req, cmd),

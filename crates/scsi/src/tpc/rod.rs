@@ -19,8 +19,7 @@
 //! initiator that may reach the source can use a token; the token's 352 random bytes make
 //! it unguessable. Tokens expire after their inactivity timeout and are dropped with the LU.
 
-use std::collections::VecDeque;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -28,14 +27,15 @@ use rand::RngCore;
 
 use super::copy::{check_other_lu, copy_failure, run_steps, Step, Target};
 use super::lid1::CSCD_IDENTIFICATION;
+pub use super::tokens::TOKEN_LEN;
+use super::tokens::{RodToken, TokenRecord, UseState};
 use crate::cdb::{opcode, Command};
 use crate::lu::LogicalUnit;
 use crate::outcome::{
     data_out_prefix, invalid_cdb, invalid_param, truncated, Done, Failure, Outcome,
 };
 use crate::param::ParamList;
-use crate::range_lock::lock_unpoisoned;
-use crate::{Nexus, Request, Sense, SenseReason, Status};
+use crate::{Request, SenseReason, Status};
 
 /// MAXIMUM RANGE DESCRIPTORS we advertise and accept, per command.
 pub const MAX_RANGE_DESCRIPTORS: u16 = 64;
@@ -45,12 +45,6 @@ pub const MAX_INACTIVITY_SECS: u32 = 600;
 /// MAXIMUM TOKEN TRANSFER SIZE in bytes (advertised in blocks). Copies share references, so
 /// a gibibyte is one short metadata operation; hosts split larger copies.
 pub const MAX_TOKEN_TRANSFER_BYTES: u64 = 1 << 30;
-/// Live tokens kept per LU; making one more drops the oldest not in use. Every write to
-/// the LU looks at the ranges of its live point-in-time tokens, so this also bounds that.
-const MAX_TOKENS: usize = 64;
-/// Finished token command results kept per LU for RECEIVE ROD TOKEN INFORMATION.
-const RETAINED_RESULTS: usize = 64;
-
 /// ROD types (SPC-4 table "ROD type codes").
 pub const ROD_ACCESS_UPON_REFERENCE: u32 = 0x0001_0000;
 pub const ROD_POINT_IN_TIME_DEFAULT: u32 = 0x0080_0000;
@@ -58,8 +52,7 @@ pub const ROD_POINT_IN_TIME_CHANGE_VULNERABLE: u32 = 0x0080_0001;
 pub const ROD_POINT_IN_TIME_ANY: u32 = 0x0080_ffff;
 pub const ROD_BLOCK_DEVICE_ZERO: u32 = 0xffff_0001;
 
-/// A ROD token's size, and the ROD TOKEN LENGTH field (the bytes after it).
-pub const TOKEN_LEN: usize = 512;
+/// The ROD TOKEN LENGTH field: the bytes after it.
 const TOKEN_LENGTH_FIELD: u16 = (TOKEN_LEN - 8) as u16;
 /// Where the random part of a token starts.
 const TOKEN_RANDOM_AT: usize = 160;
@@ -81,173 +74,6 @@ const RANGE_LEN: usize = 16;
 /// Flag bits.
 const PT_RTV: u8 = 0x02;
 const WUT_DEL_TKN: u8 = 0x02;
-
-// ---------------------------------------------------------------------------------------------
-// Per-LU state
-
-/// One live token made by POPULATE TOKEN on this LU.
-struct RodToken {
-    bytes: Box<[u8; TOKEN_LEN]>,
-    /// (lba, blocks) on this LU, in the order the token represents them.
-    ranges: Vec<(u64, u64)>,
-    block_size: u32,
-    /// Set when a represented block changes (point-in-time tokens only).
-    revoked: Arc<AtomicBool>,
-    timeout: Duration,
-    use_state: Mutex<UseState>,
-}
-
-struct UseState {
-    /// WRITE USING TOKEN commands using it now; it does not expire meanwhile.
-    in_use: usize,
-    last_active: Instant,
-    deleted: bool,
-}
-
-impl RodToken {
-    fn blocks(&self) -> u64 {
-        self.ranges.iter().map(|r| r.1).sum()
-    }
-
-    fn expired(&self, now: Instant) -> bool {
-        let u = lock_unpoisoned(&self.use_state);
-        u.deleted || (u.in_use == 0 && now.duration_since(u.last_active) > self.timeout)
-    }
-}
-
-/// Outcome of one POPULATE TOKEN or WRITE USING TOKEN, by (I_T nexus, LIST IDENTIFIER).
-#[derive(Clone)]
-struct TokenRecord {
-    initiator_port: String,
-    relative_target_port: u16,
-    list_id: u32,
-    service_action: u8,
-    /// None while the command runs.
-    outcome: Option<(Status, Option<Sense>)>,
-    transfer_blocks: u64,
-    token: Option<Box<[u8; TOKEN_LEN]>>,
-}
-
-impl TokenRecord {
-    fn belongs_to(&self, nexus: &Nexus) -> bool {
-        self.initiator_port == nexus.initiator_port
-            && self.relative_target_port == nexus.relative_target_port
-    }
-}
-
-/// Tokens made from one LU, and results of token commands received by it.
-#[derive(Default)]
-pub(crate) struct TokenCopy {
-    tokens: Mutex<Vec<Arc<RodToken>>>,
-    results: Mutex<VecDeque<TokenRecord>>,
-    next_token_id: AtomicU64,
-}
-
-impl TokenCopy {
-    /// Register a command about to run. A LIST IDENTIFIER still in use by a running command
-    /// of this nexus is refused with OPERATION IN PROGRESS (SPC-4): its outcome would land
-    /// in the wrong record. Windows makes a new identifier per command.
-    fn record(&self, nexus: &Nexus, list_id: u32, service_action: u8) -> Result<(), SenseReason> {
-        let mut results = lock_unpoisoned(&self.results);
-        let same = |r: &TokenRecord| r.list_id == list_id && r.belongs_to(nexus);
-        if results.iter().any(|r| same(r) && r.outcome.is_none()) {
-            return Err(SenseReason::OperationInProgress);
-        }
-        results.retain(|r| !same(r));
-        results.push_back(TokenRecord {
-            initiator_port: nexus.initiator_port.clone(),
-            relative_target_port: nexus.relative_target_port,
-            list_id,
-            service_action,
-            outcome: None,
-            transfer_blocks: 0,
-            token: None,
-        });
-        while results.len() > RETAINED_RESULTS {
-            let Some(oldest) = results.iter().position(|r| r.outcome.is_some()) else {
-                break;
-            };
-            results.remove(oldest);
-        }
-        Ok(())
-    }
-
-    fn finish(&self, nexus: &Nexus, list_id: u32, f: impl FnOnce(&mut TokenRecord)) {
-        let mut results = lock_unpoisoned(&self.results);
-        if let Some(r) = results
-            .iter_mut()
-            .find(|r| r.list_id == list_id && r.belongs_to(nexus))
-        {
-            f(r);
-        }
-    }
-
-    fn find(&self, nexus: &Nexus, list_id: u32) -> Option<TokenRecord> {
-        lock_unpoisoned(&self.results)
-            .iter()
-            .find(|r| r.list_id == list_id && r.belongs_to(nexus))
-            .cloned()
-    }
-
-    /// Keep `token`, dropping expired tokens and, when full, the oldest one not in use.
-    fn keep(&self, token: Arc<RodToken>) {
-        let now = Instant::now();
-        let mut tokens = lock_unpoisoned(&self.tokens);
-        tokens.retain(|t| !t.expired(now));
-        if tokens.len() >= MAX_TOKENS {
-            if let Some(oldest) = tokens
-                .iter()
-                .position(|t| lock_unpoisoned(&t.use_state).in_use == 0)
-            {
-                tokens.remove(oldest);
-            }
-        }
-        tokens.push(token);
-    }
-
-    /// The live token with exactly these bytes, marked in use.
-    fn take(&self, bytes: &[u8]) -> Result<Arc<RodToken>, SenseReason> {
-        let now = Instant::now();
-        let mut tokens = lock_unpoisoned(&self.tokens);
-        let Some(i) = tokens.iter().position(|t| t.bytes[..] == *bytes) else {
-            return Err(SenseReason::TokenUnknown);
-        };
-        if tokens[i].expired(now) {
-            tokens.remove(i);
-            return Err(SenseReason::TokenExpired);
-        }
-        if tokens[i].revoked.load(Ordering::SeqCst) {
-            tokens.remove(i);
-            return Err(SenseReason::TokenRevoked);
-        }
-        let token = Arc::clone(&tokens[i]);
-        lock_unpoisoned(&token.use_state).in_use += 1;
-        Ok(token)
-    }
-
-    /// A WRITE USING TOKEN is done with `token`; DEL_TKN deletes it.
-    fn release(&self, token: &RodToken, delete: bool) {
-        let mut u = lock_unpoisoned(&token.use_state);
-        u.in_use -= 1;
-        u.last_active = Instant::now();
-        u.deleted |= delete;
-        let gone = u.deleted || token.revoked.load(Ordering::SeqCst);
-        drop(u);
-        if gone {
-            lock_unpoisoned(&self.tokens).retain(|t| !std::ptr::eq(t.as_ref(), token));
-        }
-    }
-
-    /// The nexus is gone: its results go with it (its tokens stay usable by others).
-    pub(crate) fn nexus_lost(&self, nexus: &Nexus) {
-        lock_unpoisoned(&self.results).retain(|r| !r.belongs_to(nexus));
-    }
-
-    /// A reset discards the results; tokens survive it, as a host may still hold them.
-    pub(crate) fn clear_results(&self) {
-        lock_unpoisoned(&self.results).clear();
-    }
-}
 
 // ---------------------------------------------------------------------------------------------
 // Commands

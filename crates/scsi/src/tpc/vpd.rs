@@ -6,7 +6,8 @@ use super::lid1::{
     IMPLEMENTED_DESCRIPTORS, MAX_CSCD_DESCRIPTORS, MAX_DESCRIPTOR_LIST_BYTES, MAX_SEGMENT_BYTES,
     MAX_SEGMENT_DESCRIPTORS,
 };
-use super::results::{data_segment_granularity, RETAINED_RESULTS};
+use super::receive::data_segment_granularity;
+use super::results::RETAINED_RESULTS;
 use super::rod::{
     DEFAULT_INACTIVITY_SECS, MAX_INACTIVITY_SECS, MAX_RANGE_DESCRIPTORS, MAX_TOKEN_TRANSFER_BYTES,
     ROD_ACCESS_UPON_REFERENCE, ROD_BLOCK_DEVICE_ZERO, ROD_POINT_IN_TIME_CHANGE_VULNERABLE,
@@ -125,7 +126,7 @@ pub(crate) fn rod_token_features(lu: &LogicalUnit) -> Vec<u8> {
     b[42..44].copy_from_slice(&48u16.to_be_bytes());
     let d = &mut b[44..];
     d[2..4].copy_from_slice(&0x2cu16.to_be_bytes());
-    let granularity = crate::vpd::unmap_granularity_blocks(lu.volume.block_size());
+    let granularity = crate::limits::unmap_granularity_blocks(lu.volume.block_size());
     d[6..8].copy_from_slice(&(granularity.min(u64::from(u16::MAX)) as u16).to_be_bytes());
     for at in [8, 16, 24, 32] {
         d[at..at + 8].copy_from_slice(&MAX_TOKEN_TRANSFER_BYTES.to_be_bytes());

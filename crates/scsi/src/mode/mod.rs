@@ -12,11 +12,14 @@
 //!   2^THRESHOLD EXPONENT blocks (VPD B2h). ENABLED and THRESHOLD COUNT are changeable; the
 //!   threshold belongs to the pool, so a change applies to every volume of the array.
 //!
-//! Parameters are shared by all nexuses and not saveable.
+//! Parameters are shared by all nexuses and not saveable; the LU holds them (`params`).
+
+mod params;
+
+pub(crate) use params::ModeParams;
 
 use crate::outcome::invalid_cdb;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Mutex;
+use std::sync::atomic::Ordering;
 
 use crate::cdb::PageControl;
 use crate::lu::LogicalUnit;
@@ -51,43 +54,6 @@ const RESOURCE_USED_LBA_MAPPING: u8 = 0x02;
 const WCE: u8 = 0x04; // caching page byte 2
 const D_SENSE: u8 = 0x04; // control page byte 2
 const SWP: u8 = 0x08; // control page byte 4
-
-/// The changeable mode parameters of a logical unit.
-pub(crate) struct ModeParams {
-    write_cache: AtomicBool,
-    descriptor_sense: AtomicBool,
-    write_protect: AtomicBool,
-    /// Serializes MODE SELECT so a parameter list is applied all at once.
-    select: Mutex<()>,
-}
-
-impl Default for ModeParams {
-    fn default() -> Self {
-        ModeParams {
-            write_cache: AtomicBool::new(true),
-            descriptor_sense: AtomicBool::new(false),
-            write_protect: AtomicBool::new(false),
-            select: Mutex::new(()),
-        }
-    }
-}
-
-impl ModeParams {
-    /// WCE: writes may complete before they are durable.
-    pub fn write_cache(&self) -> bool {
-        self.write_cache.load(Ordering::Relaxed)
-    }
-
-    /// D_SENSE: report sense in descriptor format.
-    pub fn descriptor_sense(&self) -> bool {
-        self.descriptor_sense.load(Ordering::Relaxed)
-    }
-
-    /// SWP: the initiator asked for the medium to be write protected.
-    pub fn write_protected(&self) -> bool {
-        self.write_protect.load(Ordering::Relaxed)
-    }
-}
 
 /// The pool's soft threshold as the LBP mode page expresses it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -139,7 +105,7 @@ struct Values {
 /// Bytes per threshold set: 1 MiB, as VPD B2h's THRESHOLD EXPONENT says.
 fn threshold_set_bytes(lu: &LogicalUnit) -> u64 {
     let bs = lu.volume.block_size() as u64;
-    bs << crate::vpd::threshold_exponent(lu.volume.block_size())
+    bs << crate::limits::threshold_exponent(lu.volume.block_size())
 }
 
 /// Current (or default) values of every page.
