@@ -13,12 +13,14 @@ use crate::format::{Record, CHUNK_PREFIX, RECORD_HEADER};
 use crate::meta::chunk_table::{ChunkEntry, ChunkTable};
 use crate::meta::hooks::{is_hook, Hooks};
 use crate::meta::map_tree::{self, ChunkRefs, Trees, Volume, ANCHORED, FANOUT};
-use crate::meta::pager::{Entry, Pager};
+use crate::meta::pager::Pager;
 use crate::meta::segment_table::SegmentTable;
 use crate::meta::ApplyError;
 use std::collections::{BTreeMap, HashMap, HashSet};
 
 pub use crate::meta::map_tree::holds_data;
+/// A segment's row in the segment table; it lives with the table, which the state holds.
+pub use crate::meta::segment_table::{SegState, Segment};
 
 /// Largest Copy record the engine writes (it splits larger copies).
 pub const MAX_COPY_CHUNKS: u64 = 64 * 1024;
@@ -30,62 +32,6 @@ pub const MAX_RELEASE_NODES: u32 = 8;
 pub struct Loc {
     pub segment: u32,
     pub offset: u32,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum SegState {
-    #[default]
-    Free,
-    /// The log head: records are being appended.
-    Open,
-    /// Full (ends with a Seal record); immutable until garbage-collected.
-    Sealed,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct Segment {
-    pub state: SegState,
-    pub seq: u64,
-    /// Bytes of records written (the append offset for the open segment).
-    pub written: u32,
-    /// Bytes of Chunk records still referenced.
-    pub live: u64,
-}
-
-impl Segment {
-    pub const FREE: Segment = Segment {
-        state: SegState::Free,
-        seq: 0,
-        written: 0,
-        live: 0,
-    };
-}
-
-impl Entry for Segment {
-    const SIZE: usize = 24;
-    fn read(b: &[u8]) -> Self {
-        Segment {
-            state: match b[0] {
-                1 => SegState::Open,
-                2 => SegState::Sealed,
-                _ => SegState::Free,
-            },
-            written: u32::from_le_bytes(b[4..8].try_into().unwrap()),
-            seq: u64::from_le_bytes(b[8..16].try_into().unwrap()),
-            live: u64::from_le_bytes(b[16..24].try_into().unwrap()),
-        }
-    }
-    fn write(&self, b: &mut [u8]) {
-        b[0] = match self.state {
-            SegState::Free => 0,
-            SegState::Open => 1,
-            SegState::Sealed => 2,
-        };
-        b[1..4].fill(0);
-        b[4..8].copy_from_slice(&self.written.to_le_bytes());
-        b[8..16].copy_from_slice(&self.seq.to_le_bytes());
-        b[16..24].copy_from_slice(&self.live.to_le_bytes());
-    }
 }
 
 /// References counted per chunk or node id.

@@ -4,17 +4,16 @@
 //! a snapshot and prints it. Hand-written because the format is a few lines of text and a
 //! registry crate would only duplicate state we keep anyway.
 
-use crate::api::ApiContext;
-use crate::array::ArrayError;
+use crate::array::{Array, ArrayError};
 use sliver_scsi::{CommandClass, LATENCY_BOUNDS_US};
 use std::fmt::Write;
 
 /// Metric text for every volume and the array.
-pub fn render(ctx: &ApiContext) -> Result<String, ArrayError> {
+pub fn render(array: &Array) -> Result<String, ArrayError> {
     let mut out = Text::default();
     let mut volumes = Vec::new();
-    for record in ctx.array.volumes() {
-        let Some(unit) = ctx.array.unit(&record.name) else {
+    for record in array.volumes() {
+        let Some(unit) = array.unit(&record.name) else {
             continue;
         };
         let space = unit.volume().space()?;
@@ -183,8 +182,8 @@ pub fn render(ctx: &ApiContext) -> Result<String, ArrayError> {
         }
     }
 
-    let space = ctx.array.engine_space();
-    let engine = ctx.array.engine();
+    let space = array.engine_space();
+    let engine = array.engine();
     let cache = engine.cache_stats();
     for (metric, kind, help, value) in [
         (
@@ -336,7 +335,7 @@ pub fn render(ctx: &ApiContext) -> Result<String, ArrayError> {
         out.help(metric, kind, help);
         out.sample(metric, &[], value);
     }
-    if let Some(r) = ctx.array.replication() {
+    if let Some(r) = array.replication() {
         let s = &r.status;
         let lag = Some(
             s.oldest_unshipped
@@ -403,7 +402,7 @@ pub fn render(ctx: &ApiContext) -> Result<String, ArrayError> {
             }
         }
     }
-    if let Some(h) = ctx.array.hydration() {
+    if let Some(h) = array.hydration() {
         for (metric, kind, help, value) in [
             (
                 "sliver_hydration_bytes_left",

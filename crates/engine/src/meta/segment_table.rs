@@ -16,11 +16,66 @@
 
 use super::page_buf::PagePool;
 use super::page_store::PageError;
-use super::pager::{FrozenPage, Pager};
+use super::pager::{Entry, FrozenPage, Pager};
 use super::resident::ResidentTable;
 use super::T_SEGMENTS;
-use crate::state::{SegState, Segment};
 use std::collections::BTreeSet;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum SegState {
+    #[default]
+    Free,
+    /// The log head: records are being appended.
+    Open,
+    /// Full (ends with a Seal record); immutable until garbage-collected.
+    Sealed,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Segment {
+    pub state: SegState,
+    pub seq: u64,
+    /// Bytes of records written (the append offset for the open segment).
+    pub written: u32,
+    /// Bytes of Chunk records still referenced.
+    pub live: u64,
+}
+
+impl Segment {
+    pub const FREE: Segment = Segment {
+        state: SegState::Free,
+        seq: 0,
+        written: 0,
+        live: 0,
+    };
+}
+
+impl Entry for Segment {
+    const SIZE: usize = 24;
+    fn read(b: &[u8]) -> Self {
+        Segment {
+            state: match b[0] {
+                1 => SegState::Open,
+                2 => SegState::Sealed,
+                _ => SegState::Free,
+            },
+            written: u32::from_le_bytes(b[4..8].try_into().unwrap()),
+            seq: u64::from_le_bytes(b[8..16].try_into().unwrap()),
+            live: u64::from_le_bytes(b[16..24].try_into().unwrap()),
+        }
+    }
+    fn write(&self, b: &mut [u8]) {
+        b[0] = match self.state {
+            SegState::Free => 0,
+            SegState::Open => 1,
+            SegState::Sealed => 2,
+        };
+        b[1..4].fill(0);
+        b[4..8].copy_from_slice(&self.written.to_le_bytes());
+        b[8..16].copy_from_slice(&self.seq.to_le_bytes());
+        b[16..24].copy_from_slice(&self.live.to_le_bytes());
+    }
+}
 
 /// Live bytes per bucket of the victim index.
 pub const BUCKET_BYTES: u64 = 64 << 10;

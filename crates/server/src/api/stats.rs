@@ -164,7 +164,7 @@ pub(super) async fn volume_history(
 }
 
 pub(super) async fn metrics_text(State(ctx): State<Ctx>) -> ApiResult<Response> {
-    let text = blocking(move || metrics::render(&ctx)).await?;
+    let text = blocking(move || metrics::render(&ctx.array)).await?;
     Ok((
         [(
             header::CONTENT_TYPE,

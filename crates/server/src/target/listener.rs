@@ -1,6 +1,7 @@
 //! Binding the portals and accepting connections.
 
 use super::*;
+use crate::connection;
 
 impl Server {
     /// Bind every portal. Returns the bound addresses (port 0 becomes the real port).

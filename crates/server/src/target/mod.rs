@@ -14,7 +14,6 @@ use registry::Registry;
 pub use registry::SessionSummary;
 
 use crate::array::{Access, Array};
-use crate::connection;
 use serde::Serialize;
 use sliver_iscsi::{
     Authority, Authorization, ChapCredentials, DiscoveredTarget, LoginStatus, SessionInfo,
