@@ -433,38 +433,28 @@ mod tests {
     fn negotiation_rules() {
         let s = TargetSettings::default();
         let mut n = Negotiator::new(&s);
-        let mut ask = |k: &str, v: &str| n.answer(&s, k, v, false, None).unwrap();
-        assert_eq!(
-            ask("HeaderDigest", "CRC32C,None"),
-            KeyAnswer::Reply("CRC32C".into())
-        );
-        assert_eq!(
-            ask("DataDigest", "None,CRC32C"),
-            KeyAnswer::Reply("None".into())
-        );
-        assert_eq!(ask("DataDigest", "MD5"), KeyAnswer::Reply("Reject".into()));
-        assert_eq!(ask("InitialR2T", "Yes"), KeyAnswer::Reply("Yes".into()));
-        assert_eq!(ask("ImmediateData", "Yes"), KeyAnswer::Reply("Yes".into()));
-        assert_eq!(ask("MaxConnections", "8"), KeyAnswer::Reply("1".into()));
-        assert_eq!(
-            ask("MaxBurstLength", "99999999"),
-            KeyAnswer::Reply("Reject".into())
-        );
-        assert_eq!(
-            ask("MaxBurstLength", "1048576"),
-            KeyAnswer::Reply("1048576".into())
-        );
-        assert_eq!(
-            ask("FirstBurstLength", "16776192"),
-            KeyAnswer::Reply("262144".into())
-        );
-        assert_eq!(ask("DefaultTime2Wait", "0"), KeyAnswer::Reply("2".into()));
-        assert_eq!(ask("ErrorRecoveryLevel", "2"), KeyAnswer::Reply("0".into()));
-        assert_eq!(ask("MaxRecvDataSegmentLength", "65536"), KeyAnswer::Silent);
-        assert_eq!(
-            ask("X-com.vendor", "1"),
-            KeyAnswer::Reply("NotUnderstood".into())
-        );
+        // Asked in this order of one negotiator, as an initiator would: each answer is the
+        // negotiated outcome of one key (None: a declarative key, accepted without a reply).
+        let cases = [
+            ("HeaderDigest", "CRC32C,None", Some("CRC32C")),
+            ("DataDigest", "None,CRC32C", Some("None")),
+            ("DataDigest", "MD5", Some("Reject")),
+            ("InitialR2T", "Yes", Some("Yes")),
+            ("ImmediateData", "Yes", Some("Yes")),
+            ("MaxConnections", "8", Some("1")),
+            ("MaxBurstLength", "99999999", Some("Reject")),
+            ("MaxBurstLength", "1048576", Some("1048576")),
+            ("FirstBurstLength", "16776192", Some("262144")),
+            ("DefaultTime2Wait", "0", Some("2")),
+            ("ErrorRecoveryLevel", "2", Some("0")),
+            ("MaxRecvDataSegmentLength", "65536", None),
+            ("X-com.vendor", "1", Some("NotUnderstood")),
+        ];
+        for (key, offer, reply) in cases {
+            let want = reply.map_or(KeyAnswer::Silent, |r| KeyAnswer::Reply(r.into()));
+            let got = n.answer(&s, key, offer, false, None).unwrap();
+            assert_eq!(got, want, "{key}={offer}");
+        }
         assert!(n.params.header_digest && !n.params.data_digest);
         assert!(n.params.initial_r2t && n.params.immediate_data);
         assert_eq!(n.params.initiator_max_recv_data_segment_length, 65536);
