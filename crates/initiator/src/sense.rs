@@ -108,7 +108,7 @@ impl Sense {
     /// than the fields it needs or of an unknown response code.
     pub fn parse(raw: &[u8]) -> Option<Self> {
         let code = raw.first()? & 0x7f;
-        match code {
+        let (key, asc, ascq, information) = match code {
             0x70 | 0x71 => {
                 let key = SenseKey::from_code(*raw.get(2)?);
                 // ASC/ASCQ sit at 12/13; short sense (additional length < 6) leaves them zero.
@@ -120,13 +120,7 @@ impl Sense {
                 } else {
                     None
                 };
-                Some(Self {
-                    key,
-                    asc,
-                    ascq,
-                    information,
-                    raw: raw.to_vec(),
-                })
+                (key, asc, ascq, information)
             }
             0x72 | 0x73 => {
                 let key = SenseKey::from_code(*raw.get(1)?);
@@ -147,16 +141,17 @@ impl Sense {
                     }
                     pos += 2 + len;
                 }
-                Some(Self {
-                    key,
-                    asc,
-                    ascq,
-                    information,
-                    raw: raw.to_vec(),
-                })
+                (key, asc, ascq, information)
             }
-            _ => None,
-        }
+            _ => return None,
+        };
+        Some(Self {
+            key,
+            asc,
+            ascq,
+            information,
+            raw: raw.to_vec(),
+        })
     }
 
     /// A short description of the additional sense code, for the codes sliver's tools meet.
