@@ -165,6 +165,22 @@ fn token_ranges(ranges: &[(u64, u32)]) -> Vec<u8> {
     d
 }
 
+/// The parameter list of POPULATE TOKEN and WRITE USING TOKEN: a `header_len`-byte header whose
+/// first two bytes (DATA LENGTH, the bytes after it) and last two (RANGE DESCRIPTOR LIST LENGTH)
+/// are filled in here, then the range descriptors. The caller sets its command's own header
+/// fields in between.
+fn token_parameter_list(header_len: usize, ranges: &[(u64, u32)]) -> Result<Vec<u8>, Error> {
+    let r = token_ranges(ranges);
+    let mut p = vec![0u8; header_len];
+    let len = u16::try_from(header_len - 2 + r.len())
+        .map_err(|_| Error::Invalid(format!("{} ranges are too many", ranges.len())))?;
+    p[0..2].copy_from_slice(&len.to_be_bytes());
+    // Cannot truncate: DATA LENGTH, which is larger, fitted in a u16.
+    p[header_len - 2..header_len].copy_from_slice(&(r.len() as u16).to_be_bytes());
+    p.extend_from_slice(&r);
+    Ok(p)
+}
+
 /// A THIRD-PARTY COPY OUT CDB (EXTENDED COPY family) with a parameter list.
 fn third_party_copy_out(action: u8, list_id: u32, param: Vec<u8>) -> Result<Command, Error> {
     let len =
@@ -184,14 +200,8 @@ pub fn populate_token(
     ranges: &[(u64, u32)],
     inactivity_secs: u32,
 ) -> Result<Command, Error> {
-    let r = token_ranges(ranges);
-    let mut p = vec![0u8; 16];
-    let len = u16::try_from(14 + r.len())
-        .map_err(|_| Error::Invalid(format!("{} ranges are too many", ranges.len())))?;
-    p[0..2].copy_from_slice(&len.to_be_bytes());
+    let mut p = token_parameter_list(16, ranges)?;
     p[4..8].copy_from_slice(&inactivity_secs.to_be_bytes());
-    p[14..16].copy_from_slice(&(r.len() as u16).to_be_bytes());
-    p.extend_from_slice(&r);
     third_party_copy_out(0x10, list_id, p)
 }
 
@@ -209,15 +219,9 @@ pub fn write_using_token(
             token.len()
         )));
     }
-    let r = token_ranges(ranges);
-    let mut p = vec![0u8; 536];
-    let len = u16::try_from(534 + r.len())
-        .map_err(|_| Error::Invalid(format!("{} ranges are too many", ranges.len())))?;
-    p[0..2].copy_from_slice(&len.to_be_bytes());
+    let mut p = token_parameter_list(536, ranges)?;
     p[8..16].copy_from_slice(&offset.to_be_bytes());
     p[16..528].copy_from_slice(token);
-    p[534..536].copy_from_slice(&(r.len() as u16).to_be_bytes());
-    p.extend_from_slice(&r);
     third_party_copy_out(0x11, list_id, p)
 }
 
