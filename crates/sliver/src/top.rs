@@ -24,15 +24,9 @@ pub struct TopArgs {
     iterations: Option<u64>,
 }
 
-/// The cumulative counters of one volume at one time.
-#[derive(Clone, Debug, Default)]
-struct Counters {
-    commands: u64,
-    reads: u64,
-    writes: u64,
-    read_bytes: u64,
-    write_bytes: u64,
-    latency_us: u64,
+/// A volume's cumulative VAAI counts: a row shows them as they are, like esxtop.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+struct Vaai {
     ats: u64,
     ats_failed: u64,
     clone_read: u64,
@@ -42,6 +36,18 @@ struct Counters {
     zero_failed: u64,
     delete: u64,
     delete_failed: u64,
+}
+
+/// The cumulative counters of one volume at one time.
+#[derive(Clone, Debug, Default)]
+struct Counters {
+    commands: u64,
+    reads: u64,
+    writes: u64,
+    read_bytes: u64,
+    write_bytes: u64,
+    latency_us: u64,
+    vaai: Vaai,
     deleted_bytes: u64,
     reduction: f64,
 }
@@ -72,15 +78,17 @@ impl Counters {
             }
         }
         let a = &v["vaai"];
-        c.ats = n(&a["ats"]);
-        c.ats_failed = n(&a["ats_failed"]);
-        c.clone_read = n(&a["clone_read"]);
-        c.clone_write = n(&a["clone_write"]);
-        c.clone_failed = n(&a["clone_failed"]);
-        c.zero = n(&a["zero"]);
-        c.zero_failed = n(&a["zero_failed"]);
-        c.delete = n(&a["delete"]);
-        c.delete_failed = n(&a["delete_failed"]);
+        c.vaai = Vaai {
+            ats: n(&a["ats"]),
+            ats_failed: n(&a["ats_failed"]),
+            clone_read: n(&a["clone_read"]),
+            clone_write: n(&a["clone_write"]),
+            clone_failed: n(&a["clone_failed"]),
+            zero: n(&a["zero"]),
+            zero_failed: n(&a["zero_failed"]),
+            delete: n(&a["delete"]),
+            delete_failed: n(&a["delete_failed"]),
+        };
         c.deleted_bytes = n(&a["deleted_bytes"]);
         c
     }
@@ -97,15 +105,7 @@ struct Row {
     mb_written_per_s: f64,
     /// Average latency of the interval's commands, milliseconds.
     avg_ms: f64,
-    ats: u64,
-    ats_failed: u64,
-    clone_read: u64,
-    clone_write: u64,
-    clone_failed: u64,
-    zero: u64,
-    zero_failed: u64,
-    delete: u64,
-    delete_failed: u64,
+    vaai: Vaai,
     mb_deleted_per_s: f64,
     reduction: f64,
 }
@@ -132,44 +132,118 @@ fn row(volume: &str, before: &Counters, now: &Counters, seconds: f64) -> Row {
         } else {
             0.0
         },
-        ats: now.ats,
-        ats_failed: now.ats_failed,
-        clone_read: now.clone_read,
-        clone_write: now.clone_write,
-        clone_failed: now.clone_failed,
-        zero: now.zero,
-        zero_failed: now.zero_failed,
-        delete: now.delete,
-        delete_failed: now.delete_failed,
+        vaai: now.vaai,
         mb_deleted_per_s: per_s(now.deleted_bytes, before.deleted_bytes) / 1e6,
         reduction: now.reduction,
     }
 }
 
-const CSV_HEADER: &str = "time,volume,cmds_per_s,reads_per_s,writes_per_s,mb_read_per_s,mb_written_per_s,avg_latency_ms,ats,ats_failed,clone_rd,clone_wr,clone_f,zero,zero_f,delete,delete_f,mbdel_per_s,data_reduction";
+/// How a column's value is written: a count as is, a rate with `csv_digits` after the point in
+/// the CSV and `screen_digits` on the screen, a ratio with three digits in the CSV and two and
+/// an `x` on the screen.
+#[derive(Clone, Copy)]
+enum Cell {
+    Count(fn(&Row) -> u64),
+    Rate {
+        of: fn(&Row) -> f64,
+        csv_digits: usize,
+        screen_digits: usize,
+    },
+    Ratio(fn(&Row) -> f64),
+}
+
+/// One column after the volume's. The one list of them keeps the CSV and the screen in the same
+/// order with the same measures.
+struct Column {
+    csv_name: &'static str,
+    heading: &'static str,
+    /// Screen width, the heading's and the value's.
+    width: usize,
+    cell: Cell,
+}
+
+const fn rate(
+    csv_name: &'static str,
+    heading: &'static str,
+    width: usize,
+    of: fn(&Row) -> f64,
+    csv_digits: usize,
+    screen_digits: usize,
+) -> Column {
+    Column {
+        csv_name,
+        heading,
+        width,
+        cell: Cell::Rate {
+            of,
+            csv_digits,
+            screen_digits,
+        },
+    }
+}
+
+const fn count(
+    csv_name: &'static str,
+    heading: &'static str,
+    width: usize,
+    of: fn(&Row) -> u64,
+) -> Column {
+    Column {
+        csv_name,
+        heading,
+        width,
+        cell: Cell::Count(of),
+    }
+}
+
+const COLUMNS: [Column; 17] = [
+    rate("cmds_per_s", "CMDS/s", 8, |r| r.cmds_per_s, 1, 0),
+    rate("reads_per_s", "READS/s", 8, |r| r.reads_per_s, 1, 0),
+    rate("writes_per_s", "WRITES/s", 8, |r| r.writes_per_s, 1, 0),
+    rate("mb_read_per_s", "MBREAD/s", 8, |r| r.mb_read_per_s, 3, 2),
+    rate(
+        "mb_written_per_s",
+        "MBWRTN/s",
+        8,
+        |r| r.mb_written_per_s,
+        3,
+        2,
+    ),
+    rate("avg_latency_ms", "DAVG/ms", 7, |r| r.avg_ms, 3, 2),
+    count("ats", "ATS", 7, |r| r.vaai.ats),
+    count("ats_failed", "ATSF", 5, |r| r.vaai.ats_failed),
+    count("clone_rd", "CLONE_RD", 8, |r| r.vaai.clone_read),
+    count("clone_wr", "CLONE_WR", 8, |r| r.vaai.clone_write),
+    count("clone_f", "CLONE_F", 6, |r| r.vaai.clone_failed),
+    count("zero", "ZERO", 7, |r| r.vaai.zero),
+    count("zero_f", "ZERO_F", 6, |r| r.vaai.zero_failed),
+    count("delete", "DELETE", 7, |r| r.vaai.delete),
+    count("delete_f", "DELETE_F", 8, |r| r.vaai.delete_failed),
+    rate("mbdel_per_s", "MBDEL/s", 6, |r| r.mb_deleted_per_s, 3, 1),
+    Column {
+        csv_name: "data_reduction",
+        heading: "REDUC",
+        width: 6,
+        cell: Cell::Ratio(|r| r.reduction),
+    },
+];
+
+fn csv_header() -> String {
+    let names: Vec<&str> = COLUMNS.iter().map(|c| c.csv_name).collect();
+    format!("time,volume,{}", names.join(","))
+}
 
 fn csv_line(time: &str, r: &Row) -> String {
-    format!(
-        "{time},{},{:.1},{:.1},{:.1},{:.3},{:.3},{:.3},{},{},{},{},{},{},{},{},{},{:.3},{:.3}",
-        csv_field(&r.volume),
-        r.cmds_per_s,
-        r.reads_per_s,
-        r.writes_per_s,
-        r.mb_read_per_s,
-        r.mb_written_per_s,
-        r.avg_ms,
-        r.ats,
-        r.ats_failed,
-        r.clone_read,
-        r.clone_write,
-        r.clone_failed,
-        r.zero,
-        r.zero_failed,
-        r.delete,
-        r.delete_failed,
-        r.mb_deleted_per_s,
-        r.reduction
-    )
+    let mut line = format!("{time},{}", csv_field(&r.volume));
+    for c in &COLUMNS {
+        line.push(',');
+        line += &match c.cell {
+            Cell::Count(of) => of(r).to_string(),
+            Cell::Rate { of, csv_digits, .. } => format!("{:.*}", csv_digits, of(r)),
+            Cell::Ratio(of) => format!("{:.3}", of(r)),
+        };
+    }
+    line
 }
 
 fn csv_field(s: &str) -> String {
@@ -214,7 +288,7 @@ pub fn run(api: &ApiArgs, args: TopArgs) -> Result<(), String> {
     let (mut last_time, mut last) = sample(&client)?;
     let mut out = std::io::stdout().lock();
     if args.batch {
-        writeln!(out, "{CSV_HEADER}").map_err(|e| e.to_string())?;
+        writeln!(out, "{}", csv_header()).map_err(|e| e.to_string())?;
     }
     let mut done = 0u64;
     while args.iterations.is_none_or(|n| done < n) {
@@ -294,35 +368,24 @@ fn draw(out: &mut impl Write, time: &str, copy: Option<&str>, rows: &[Row]) -> s
         writeln!(out, "{c}")?;
     }
     writeln!(out)?;
-    writeln!(
-        out,
-        "{:<20} {:>8} {:>8} {:>8} {:>8} {:>8} {:>7} {:>7} {:>5} {:>8} {:>8} {:>6} {:>7} {:>6} {:>7} {:>8} {:>6} {:>6}",
-        "DEVICE", "CMDS/s", "READS/s", "WRITES/s", "MBREAD/s", "MBWRTN/s", "DAVG/ms", "ATS", "ATSF",
-        "CLONE_RD", "CLONE_WR", "CLONE_F", "ZERO", "ZERO_F", "DELETE", "DELETE_F", "MBDEL/s", "REDUC"
-    )?;
+    let mut heading = format!("{:<20}", "DEVICE");
+    for c in &COLUMNS {
+        heading += &format!(" {:>w$}", c.heading, w = c.width);
+    }
+    writeln!(out, "{heading}")?;
     for r in rows {
-        writeln!(
-            out,
-            "{:<20} {:>8.0} {:>8.0} {:>8.0} {:>8.2} {:>8.2} {:>7.2} {:>7} {:>5} {:>8} {:>8} {:>6} {:>7} {:>6} {:>7} {:>8} {:>6.1} {:>5.2}x",
-            truncate(&r.volume, 20),
-            r.cmds_per_s,
-            r.reads_per_s,
-            r.writes_per_s,
-            r.mb_read_per_s,
-            r.mb_written_per_s,
-            r.avg_ms,
-            r.ats,
-            r.ats_failed,
-            r.clone_read,
-            r.clone_write,
-            r.clone_failed,
-            r.zero,
-            r.zero_failed,
-            r.delete,
-            r.delete_failed,
-            r.mb_deleted_per_s,
-            r.reduction
-        )?;
+        let mut line = format!("{:<20}", truncate(&r.volume, 20));
+        for c in &COLUMNS {
+            let value = match c.cell {
+                Cell::Count(of) => of(r).to_string(),
+                Cell::Rate {
+                    of, screen_digits, ..
+                } => format!("{:.*}", screen_digits, of(r)),
+                Cell::Ratio(of) => format!("{:.2}x", of(r)),
+            };
+            line += &format!(" {:>w$}", value, w = c.width);
+        }
+        writeln!(out, "{line}")?;
     }
     out.flush()
 }
@@ -341,13 +404,17 @@ mod tests {
 
     #[test]
     fn rates_come_from_deltas_and_vaai_counts_are_cumulative() {
+        let ats_only = |ats| Vaai {
+            ats,
+            ..Vaai::default()
+        };
         let before = Counters {
             commands: 100,
             reads: 40,
             read_bytes: 4_000_000,
             latency_us: 10_000,
             deleted_bytes: 0,
-            ats: 5,
+            vaai: ats_only(5),
             ..Counters::default()
         };
         let now = Counters {
@@ -356,7 +423,7 @@ mod tests {
             read_bytes: 14_000_000,
             latency_us: 50_000,
             deleted_bytes: 20_000_000,
-            ats: 7,
+            vaai: ats_only(7),
             ..Counters::default()
         };
         let r = row("v", &before, &now, 2.0);
@@ -365,11 +432,11 @@ mod tests {
         assert_eq!(r.mb_read_per_s, 5.0);
         assert_eq!(r.avg_ms, 0.2);
         assert_eq!(r.mb_deleted_per_s, 10.0);
-        assert_eq!(r.ats, 7);
+        assert_eq!(r.vaai.ats, 7);
         let line = csv_line("t", &r);
         assert_eq!(
             line.split(',').count(),
-            CSV_HEADER.split(',').count(),
+            csv_header().split(',').count(),
             "{line}"
         );
     }
