@@ -206,17 +206,11 @@ pub fn volume(api: &ApiArgs, cmd: VolumeCommand) -> Result<(), String> {
             println!("deleted volume '{name}'");
         }
         VolumeCommand::Snapshot { name, snapshot } => {
-            let _: VolumeInfo = c.post(
-                &format!("/api/v1/volumes/{}/snapshots", segment(&name)),
-                &json!({ "name": snapshot }),
-            )?;
+            create_from(&c, &name, "snapshots", &snapshot)?;
             println!("snapshot '{snapshot}' of '{name}' created");
         }
         VolumeCommand::Clone { source, new } => {
-            let _: VolumeInfo = c.post(
-                &format!("/api/v1/volumes/{}/clones", segment(&source)),
-                &json!({ "name": new }),
-            )?;
+            create_from(&c, &source, "clones", &new)?;
             println!("clone '{new}' of '{source}' created");
         }
         VolumeCommand::Connect { name, host, lun } => {
@@ -250,6 +244,17 @@ pub fn volume(api: &ApiArgs, cmd: VolumeCommand) -> Result<(), String> {
             println!("{}", conn.url);
         }
     }
+    Ok(())
+}
+
+/// Creates volume `new` from `source` by naming it to one of `source`'s collections of derived
+/// volumes, `kind` ("snapshots" or "clones"). The API answers with the new volume, which the
+/// commands do not show.
+fn create_from(c: &Client, source: &str, kind: &str, new: &str) -> Result<(), String> {
+    let _: VolumeInfo = c.post(
+        &format!("/api/v1/volumes/{}/{kind}", segment(source)),
+        &json!({ "name": new }),
+    )?;
     Ok(())
 }
 
