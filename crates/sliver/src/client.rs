@@ -45,10 +45,7 @@ impl Client {
     }
 
     pub fn get<T: DeserializeOwned>(&self, path: &str) -> Result<T, String> {
-        let response = self.send("GET", path, None::<&()>)?;
-        response
-            .into_json()
-            .map_err(|e| format!("unexpected answer from the API at {}: {e}", self.base))
+        self.send_for_json("GET", path, None::<&()>)
     }
 
     pub fn post<B: Serialize, T: DeserializeOwned>(
@@ -56,9 +53,7 @@ impl Client {
         path: &str,
         body: &B,
     ) -> Result<T, String> {
-        self.send("POST", path, Some(body))?
-            .into_json()
-            .map_err(|e| format!("unexpected answer from the API at {}: {e}", self.base))
+        self.send_for_json("POST", path, Some(body))
     }
 
     pub fn patch<B: Serialize, T: DeserializeOwned>(
@@ -66,13 +61,23 @@ impl Client {
         path: &str,
         body: &B,
     ) -> Result<T, String> {
-        self.send("PATCH", path, Some(body))?
-            .into_json()
-            .map_err(|e| format!("unexpected answer from the API at {}: {e}", self.base))
+        self.send_for_json("PATCH", path, Some(body))
     }
 
     pub fn delete(&self, path: &str) -> Result<(), String> {
         self.send("DELETE", path, None::<&()>).map(|_| ())
+    }
+
+    /// Sends a request and decodes the JSON answer.
+    fn send_for_json<B: Serialize, T: DeserializeOwned>(
+        &self,
+        method: &str,
+        path: &str,
+        body: Option<&B>,
+    ) -> Result<T, String> {
+        self.send(method, path, body)?
+            .into_json()
+            .map_err(|e| format!("unexpected answer from the API at {}: {e}", self.base))
     }
 
     fn send<B: Serialize>(
