@@ -148,28 +148,16 @@ fn every_subcommand_against_a_live_server() {
         "volume 'nope' does not exist",
     );
 
-    // hosts
-    ok(
-        &s,
-        &[
-            "host",
-            "create",
-            "linux1",
-            "--iqn",
-            "iqn.2026-11.test:linux1",
-        ],
-    );
-    fails(
-        &s,
-        &[
-            "host",
-            "create",
-            "linux1",
-            "--iqn",
-            "iqn.2026-11.test:linux1",
-        ],
-        "already exists",
-    );
+    // hosts: the same creation twice is refused the second time.
+    let create_linux1 = [
+        "host",
+        "create",
+        "linux1",
+        "--iqn",
+        "iqn.2026-11.test:linux1",
+    ];
+    ok(&s, &create_linux1);
+    fails(&s, &create_linux1, "already exists");
     fails(
         &s,
         &["host", "create", "h2", "--iqn", "nonsense"],
