@@ -247,8 +247,8 @@ mod tests {
 
     #[test]
     fn config_resolution() {
-        let c = parse_config(
-            r#"
+        // Three mounts; each case below appends the last mount's own settings.
+        let up_to_mount_c = r#"
 interval = "30s"
 [defaults]
 priority = "medium"
@@ -266,38 +266,14 @@ burst_rate = "unlimited"
 
 [[mount]]
 path = "/srv/c"
-priority = "high"
-rate = "unlimited"
-"#,
-            Path::new("test.toml"),
-        );
-        let e = c.unwrap_err();
+"#;
+        let p = Path::new("test.toml");
+        let rate_and_priority =
+            format!("{up_to_mount_c}priority = \"high\"\nrate = \"unlimited\"\n");
+        let e = parse_config(&rate_and_priority, p).unwrap_err();
         assert!(e.contains("either rate or priority"), "{e}");
 
-        let c = parse_config(
-            r#"
-interval = "30s"
-[defaults]
-priority = "medium"
-burst = "10GiB"
-min_growth = "256MiB"
-
-[[mount]]
-path = "/srv/a"
-
-[[mount]]
-path = "/srv/b"
-rate = "500MB/s"
-min_extent = "64KiB"
-burst_rate = "unlimited"
-
-[[mount]]
-path = "/srv/c"
-rate = "unlimited"
-"#,
-            Path::new("test.toml"),
-        )
-        .unwrap();
+        let c = parse_config(&format!("{up_to_mount_c}rate = \"unlimited\"\n"), p).unwrap();
         assert_eq!(c.interval, Duration::from_secs(30));
         assert_eq!(c.mounts.len(), 3);
         let a = &c.mounts[0];
