@@ -389,6 +389,20 @@ mod tests {
             .map_err(|e| e.to_string())
     }
 
+    /// Raw mode's arguments: `count` blocks of `lun` from LBA 0, `blocks_per_command` at a time.
+    fn raw<'a>(lun: &'a str, count: &'a str, blocks_per_command: &'a str) -> Vec<&'a str> {
+        vec![
+            "--lun",
+            lun,
+            "--lba",
+            "0",
+            "--count",
+            count,
+            "--blocks-per-command",
+            blocks_per_command,
+        ]
+    }
+
     #[test]
     fn rate_selection() {
         let a = parse(&["/mnt"]).unwrap();
@@ -411,35 +425,18 @@ mod tests {
         assert!(parse(&["/mnt", "--once", "--watch"]).is_err());
         assert!(parse(&["/mnt", "--rate", "fast"]).is_err());
         assert!(parse(&["--lun", "iscsi://h/iqn.x/0", "--lba", "0"]).is_err());
-        assert!(parse(&[
-            "/mnt",
-            "--lun",
-            "iscsi://h/iqn.x/0",
-            "--lba",
-            "0",
-            "--count",
-            "1",
-            "--blocks-per-command",
-            "1"
-        ])
-        .is_err());
+        let mountpoint_and_raw = [vec!["/mnt"], raw("iscsi://h/iqn.x/0", "1", "1")].concat();
+        assert!(parse(&mountpoint_and_raw).is_err());
         assert!(
             parse(&["/mnt", "--config", "x.toml"]).is_err(),
             "--config needs --watch"
         );
-        let a = parse(&[
-            "--lun",
-            "iscsi://h/iqn.x/0",
-            "--lba",
-            "0",
-            "--count",
-            "8",
-            "--blocks-per-command",
-            "4",
-            "--queue-depth",
-            "2",
-        ])
-        .unwrap();
+        let with_queue_depth = [
+            raw("iscsi://h/iqn.x/0", "8", "4"),
+            vec!["--queue-depth", "2"],
+        ]
+        .concat();
+        let a = parse(&with_queue_depth).unwrap();
         assert_eq!((a.count, a.queue_depth), (Some(8), 2));
         assert_eq!(
             a.rate_spec(None).rate,
@@ -452,31 +449,9 @@ mod tests {
 
     #[test]
     fn raw_mode_reports_bad_urls_and_ranges_before_sending() {
-        let e = run(parse(&[
-            "--lun",
-            "http://x/y/0",
-            "--lba",
-            "0",
-            "--count",
-            "8",
-            "--blocks-per-command",
-            "4",
-        ])
-        .unwrap())
-        .unwrap_err();
+        let e = run(parse(&raw("http://x/y/0", "8", "4")).unwrap()).unwrap_err();
         assert!(e.contains("iscsi://"), "{e}");
-        let e = run(parse(&[
-            "--lun",
-            "iscsi://127.0.0.1:1/iqn.x/0",
-            "--lba",
-            "0",
-            "--count",
-            "0",
-            "--blocks-per-command",
-            "4",
-        ])
-        .unwrap())
-        .unwrap_err();
+        let e = run(parse(&raw("iscsi://127.0.0.1:1/iqn.x/0", "0", "4")).unwrap()).unwrap_err();
         assert!(e.contains("--count"), "{e}");
     }
 }
