@@ -273,6 +273,56 @@ impl Initiator {
         Pdu::with_data(h.to_bhs(), data)
     }
 
+    /// Sends a WRITE of `edtl` bytes without data; returns its ITT and the R2T that solicits its
+    /// first burst.
+    fn solicit_write(&mut self, edtl: u32) -> (u32, ReadyToTransferHeader) {
+        let (itt, cmd) = self.command(&[0x2a], edtl, false, true);
+        self.send(cmd).unwrap();
+        (itt, ReadyToTransferHeader::parse(&self.recv_one().bhs))
+    }
+
+    /// A NOP-Out or Text Request header, tagged `itt`, that starts an exchange (final, TTT
+    /// reserved, no LUN) at the current CmdSN.
+    fn request(&self, opcode: Opcode, immediate: bool, itt: u32) -> RequestHeader {
+        RequestHeader {
+            opcode,
+            immediate,
+            final_bit: true,
+            cont: false,
+            lun: [0; 8],
+            itt,
+            ttt: RESERVED_TAG,
+            cmd_sn: self.cmd_sn,
+            exp_stat_sn: self.exp_stat_sn,
+        }
+    }
+
+    /// An immediate ABORT TASK, tagged `itt`, of the task tagged `referenced`: the last command
+    /// sent, whose CmdSN is therefore RefCmdSN.
+    fn abort_task(&self, itt: u32, referenced: u32) -> Pdu {
+        let h = TaskManagementRequestHeader {
+            immediate: true,
+            function: 1,
+            lun: pdu::encode_lun(3),
+            itt,
+            referenced_task_tag: referenced,
+            cmd_sn: self.cmd_sn,
+            exp_stat_sn: self.exp_stat_sn,
+            ref_cmd_sn: self.cmd_sn - 1,
+            exp_data_sn: 0,
+        };
+        Pdu::new(h.to_bhs())
+    }
+
+    /// Sends a SCSI command (see [`Self::command`]) and takes the core's delivery of it;
+    /// returns its ITT.
+    fn deliver(&mut self, cdb: &[u8], edtl: u32, read: bool, write: bool) -> u32 {
+        let (itt, cmd) = self.command(cdb, edtl, read, write);
+        self.send(cmd).unwrap();
+        self.command_event();
+        itt
+    }
+
     fn command_event(&mut self) -> Command {
         let mut events = self.events();
         assert_eq!(events.len(), 1, "{events:?}");
@@ -452,6 +502,14 @@ fn login_request_text_may_span_pdus() {
     assert!(h.transit && h.nsg == 3);
 }
 
+/// An initiator to a target that requires CHAP of user `alice`, secret `secret-of-alice`.
+fn chap_initiator(settings: TargetSettings) -> Initiator {
+    Initiator::new(
+        settings,
+        TestAuthority::with_chap("alice", "secret-of-alice"),
+    )
+}
+
 /// Runs the CHAP exchange up to our challenge; returns (identifier, challenge).
 fn chap_challenge(ini: &mut Initiator) -> (u8, Vec<u8>) {
     let mut keys = ini.leading_keys();
@@ -473,10 +531,7 @@ fn chap_challenge(ini: &mut Initiator) -> (u8, Vec<u8>) {
 fn a_chap_challenge_is_drawn_from_the_authority_s_random_source() {
     // The core has no randomness of its own: with the test authority's counter, the
     // identifier is its first byte and the challenge the next 32, byte for byte.
-    let mut ini = Initiator::new(
-        TargetSettings::default(),
-        TestAuthority::with_chap("alice", "secret-of-alice"),
-    );
+    let mut ini = chap_initiator(TargetSettings::default());
     let (id, challenge) = chap_challenge(&mut ini);
     assert_eq!(id, 0x40);
     let expected: Vec<u8> = (0x41..0x41 + chap::CHALLENGE_LEN as u8).collect();
@@ -485,10 +540,7 @@ fn a_chap_challenge_is_drawn_from_the_authority_s_random_source() {
 
 #[test]
 fn chap_login_succeeds_with_the_right_secret() {
-    let mut ini = Initiator::new(
-        TargetSettings::default(),
-        TestAuthority::with_chap("alice", "secret-of-alice"),
-    );
+    let mut ini = chap_initiator(TargetSettings::default());
     let (id, challenge) = chap_challenge(&mut ini);
     let r = chap::response(id, b"secret-of-alice", &challenge);
     let r_hex = text::encode_hex(&r);
@@ -500,10 +552,7 @@ fn chap_login_succeeds_with_the_right_secret() {
 
 #[test]
 fn chap_accepts_base64_responses() {
-    let mut ini = Initiator::new(
-        TargetSettings::default(),
-        TestAuthority::with_chap("alice", "secret-of-alice"),
-    );
+    let mut ini = chap_initiator(TargetSettings::default());
     let (id, challenge) = chap_challenge(&mut ini);
     let r = chap::response(id, b"secret-of-alice", &challenge);
     let r64 = text::encode_binary_like(&r, "0b");
@@ -514,10 +563,7 @@ fn chap_accepts_base64_responses() {
 
 #[test]
 fn chap_with_wrong_secret_is_refused() {
-    let mut ini = Initiator::new(
-        TargetSettings::default(),
-        TestAuthority::with_chap("alice", "secret-of-alice"),
-    );
+    let mut ini = chap_initiator(TargetSettings::default());
     let (id, challenge) = chap_challenge(&mut ini);
     let r = text::encode_hex(&chap::response(id, b"guessed-secret", &challenge));
     let keys = [("CHAP_N", "alice"), ("CHAP_R", r.as_str())];
@@ -526,17 +572,11 @@ fn chap_with_wrong_secret_is_refused() {
 
 #[test]
 fn chap_required_cannot_be_skipped() {
-    let mut ini = Initiator::new(
-        TargetSettings::default(),
-        TestAuthority::with_chap("alice", "secret-of-alice"),
-    );
+    let mut ini = chap_initiator(TargetSettings::default());
     let keys = ini.leading_keys();
     assert_eq!(login_failure(&mut ini, &keys, 1, 3), (2, 1));
 
-    let mut ini = Initiator::new(
-        TargetSettings::default(),
-        TestAuthority::with_chap("alice", "secret-of-alice"),
-    );
+    let mut ini = chap_initiator(TargetSettings::default());
     let mut keys = ini.leading_keys();
     keys.push(("AuthMethod", "None"));
     assert_eq!(login_failure(&mut ini, &keys, 0, 1), (2, 1));
@@ -554,10 +594,7 @@ fn mutual_settings() -> TargetSettings {
 
 #[test]
 fn mutual_chap_proves_the_target() {
-    let mut ini = Initiator::new(
-        mutual_settings(),
-        TestAuthority::with_chap("alice", "secret-of-alice"),
-    );
+    let mut ini = chap_initiator(mutual_settings());
     let (id, challenge) = chap_challenge(&mut ini);
     let r = text::encode_hex(&chap::response(id, b"secret-of-alice", &challenge));
     let our_challenge: Vec<u8> = (100..124).collect();
@@ -580,34 +617,29 @@ fn mutual_chap_proves_the_target() {
 
 #[test]
 fn mutual_chap_refuses_reflection_and_missing_target_secret() {
-    let mut ini = Initiator::new(
-        mutual_settings(),
-        TestAuthority::with_chap("alice", "secret-of-alice"),
-    );
-    let (id, challenge) = chap_challenge(&mut ini);
-    let r = text::encode_hex(&chap::response(id, b"secret-of-alice", &challenge));
-    let c = text::encode_hex(&challenge);
-    let keys = [
-        ("CHAP_N", "alice"),
-        ("CHAP_R", r.as_str()),
-        ("CHAP_I", "1"),
-        ("CHAP_C", c.as_str()),
-    ];
-    assert_eq!(login_failure(&mut ini, &keys, 0, 1), (2, 1));
-
-    let mut ini = Initiator::new(
-        TargetSettings::default(),
-        TestAuthority::with_chap("alice", "secret-of-alice"),
-    );
-    let (id, challenge) = chap_challenge(&mut ini);
-    let r = text::encode_hex(&chap::response(id, b"secret-of-alice", &challenge));
-    let keys = [
-        ("CHAP_N", "alice"),
-        ("CHAP_R", r.as_str()),
-        ("CHAP_I", "1"),
-        ("CHAP_C", "0x00112233445566778899aabbccddeeff"),
-    ];
-    assert_eq!(login_failure(&mut ini, &keys, 0, 1), (2, 1));
+    // Alice's challenge to the target: her copy of the target's own (a reflection), or any
+    // challenge to a target with no secret of its own to answer it.
+    for (settings, reflect) in [
+        (mutual_settings(), true),
+        (TargetSettings::default(), false),
+    ] {
+        let mut ini = chap_initiator(settings);
+        let (id, challenge) = chap_challenge(&mut ini);
+        let r = text::encode_hex(&chap::response(id, b"secret-of-alice", &challenge));
+        let c = if reflect {
+            text::encode_hex(&challenge)
+        } else {
+            "0x00112233445566778899aabbccddeeff".to_string()
+        };
+        let keys = [
+            ("CHAP_N", "alice"),
+            ("CHAP_R", r.as_str()),
+            ("CHAP_I", "1"),
+            ("CHAP_C", c.as_str()),
+        ];
+        let refusal = login_failure(&mut ini, &keys, 0, 1);
+        assert_eq!(refusal, (2, 1), "reflection {reflect}");
+    }
 }
 
 #[test]
@@ -616,17 +648,7 @@ fn digests_are_negotiated_and_enforced() {
     let info = ini.login(&[("HeaderDigest", "CRC32C,None"), ("DataDigest", "CRC32C")]);
     assert!(info.params.header_digest && info.params.data_digest);
     // A ping with data round-trips with both digests.
-    let nop = RequestHeader {
-        opcode: Opcode::NopOut,
-        immediate: true,
-        final_bit: true,
-        cont: false,
-        lun: [0; 8],
-        itt: 0x42,
-        ttt: RESERVED_TAG,
-        cmd_sn: ini.cmd_sn,
-        exp_stat_sn: ini.exp_stat_sn,
-    };
+    let nop = ini.request(Opcode::NopOut, true, 0x42);
     ini.send(Pdu::with_data(nop.to_bhs(), b"hello".to_vec()))
         .unwrap();
     let reply = ini.recv_one();
@@ -767,9 +789,7 @@ fn writes_arrive_whole_however_the_stream_is_cut() {
 #[test]
 fn bad_data_sn_fails_the_write() {
     let mut ini = logged_in(&[("InitialR2T", "Yes"), ("MaxRecvDataSegmentLength", "8192")]);
-    let (itt, cmd) = ini.command(&[0x2a], 1024, false, true);
-    ini.send(cmd).unwrap();
-    let r2t = ReadyToTransferHeader::parse(&ini.recv_one().bhs);
+    let (itt, r2t) = ini.solicit_write(1024);
     ini.send(ini.data_out(itt, r2t.ttt, 27, 0, vec![0; 1024], true))
         .unwrap();
     let out = ini.recv();
@@ -834,17 +854,13 @@ fn data_out_beyond_the_negotiated_bursts_is_refused() {
     assert!(ini.recv().is_empty() && ini.events().is_empty());
     assert_eq!(ini.conn.outstanding_commands(), 0);
     // The connection goes on.
-    let (_, cmd) = ini.command(&[0], 0, false, false);
-    ini.send(cmd).unwrap();
-    ini.command_event();
+    ini.deliver(&[0], 0, false, false);
 }
 
 #[test]
 fn data_digest_error_on_data_out_rejects_and_fails_the_task() {
     let mut ini = logged_in(&[("DataDigest", "CRC32C"), ("InitialR2T", "Yes")]);
-    let (itt, cmd) = ini.command(&[0x2a], 512, false, true);
-    ini.send(cmd).unwrap();
-    let r2t = ReadyToTransferHeader::parse(&ini.recv_one().bhs);
+    let (itt, r2t) = ini.solicit_write(512);
     let mut wire = Vec::new();
     ini.data_out(itt, r2t.ttt, 0, 0, vec![9; 512], true)
         .encode(ini.digests, &mut wire);
@@ -919,9 +935,7 @@ fn read_data_held_by_reference_goes_out_padded_and_digested() {
         ("MaxRecvDataSegmentLength", "65536"),
     ]);
     let len = 2 * 65536 + 3 * crate::output::SHARE_MIN + 3;
-    let (itt, cmd) = ini.command(&[0x28], len as u32, true, false);
-    ini.send(cmd).unwrap();
-    ini.command_event();
+    let itt = ini.deliver(&[0x28], len as u32, true, false);
     let data = pattern(len);
     ini.conn.complete_command(
         itt,
@@ -963,9 +977,7 @@ fn read_residuals_underflow_and_overflow() {
         (100usize, true, false, 100u32, 100usize),
         (300, false, true, 100, 200),
     ] {
-        let (itt, cmd) = ini.command(&[0x12], 200, true, false);
-        ini.send(cmd).unwrap();
-        ini.command_event();
+        let itt = ini.deliver(&[0x12], 200, true, false);
         ini.conn.complete_command(
             itt,
             CommandResult {
@@ -1013,9 +1025,7 @@ fn write_residual_and_sense_go_in_scsi_response() {
 #[test]
 fn zero_length_read_and_oversized_edtl() {
     let mut ini = logged_in(&[]);
-    let (itt, cmd) = ini.command(&[0x28], 0, true, false);
-    ini.send(cmd).unwrap();
-    ini.command_event();
+    let itt = ini.deliver(&[0x28], 0, true, false);
     ini.conn.complete_command(
         itt,
         CommandResult {
@@ -1037,9 +1047,7 @@ fn zero_length_read_and_oversized_edtl() {
         (0x05, 0x24, 0x00)
     );
     // The CmdSN was consumed: the next command runs.
-    let (_, cmd) = ini.command(&[0], 0, false, false);
-    ini.send(cmd).unwrap();
-    ini.command_event();
+    ini.deliver(&[0], 0, false, false);
 }
 
 #[test]
@@ -1177,9 +1185,7 @@ fn immediate_commands_are_bounded() {
     );
     assert_eq!(ini.conn.outstanding_commands(), MAX_IMMEDIATE_TASKS);
     // Non-immediate commands still go through the window.
-    let (_, cmd) = ini.command(&[0], 0, false, false);
-    ini.send(cmd).unwrap();
-    ini.command_event();
+    ini.deliver(&[0], 0, false, false);
 }
 
 #[test]
@@ -1256,18 +1262,7 @@ fn abort_task_held_in_core_is_answered_by_the_core() {
     let (itt, cmd) = ini.command(&[0x2a], 4096, false, true);
     ini.send(cmd).unwrap();
     let _r2t = ini.recv_one();
-    let tmf = TaskManagementRequestHeader {
-        immediate: true,
-        function: 1,
-        lun: pdu::encode_lun(3),
-        itt: 0x999,
-        referenced_task_tag: itt,
-        cmd_sn: ini.cmd_sn,
-        exp_stat_sn: ini.exp_stat_sn,
-        ref_cmd_sn: ini.cmd_sn - 1,
-        exp_data_sn: 0,
-    };
-    ini.send(Pdu::new(tmf.to_bhs())).unwrap();
+    ini.send(ini.abort_task(0x999, itt)).unwrap();
     assert!(ini.events().is_empty());
     let r = TaskManagementResponseHeader::parse(&ini.recv_one().bhs);
     assert_eq!((r.itt, r.response), (0x999, 0));
@@ -1280,21 +1275,8 @@ fn abort_task_held_in_core_is_answered_by_the_core() {
 #[test]
 fn abort_of_delivered_task_discards_its_late_completion() {
     let mut ini = logged_in(&[]);
-    let (itt, cmd) = ini.command(&[0x28], 512, true, false);
-    ini.send(cmd).unwrap();
-    ini.command_event();
-    let tmf = TaskManagementRequestHeader {
-        immediate: true,
-        function: 1,
-        lun: pdu::encode_lun(3),
-        itt: 0x777,
-        referenced_task_tag: itt,
-        cmd_sn: ini.cmd_sn,
-        exp_stat_sn: ini.exp_stat_sn,
-        ref_cmd_sn: ini.cmd_sn - 1,
-        exp_data_sn: 0,
-    };
-    ini.send(Pdu::new(tmf.to_bhs())).unwrap();
+    let itt = ini.deliver(&[0x28], 512, true, false);
+    ini.send(ini.abort_task(0x777, itt)).unwrap();
     let events = ini.events();
     let [Event::TaskManagement(t)] = &events[..] else {
         panic!("{events:?}");
@@ -1320,17 +1302,7 @@ fn abort_of_delivered_task_discards_its_late_completion() {
 #[test]
 fn nop_ping_both_ways() {
     let mut ini = logged_in(&[]);
-    let nop = RequestHeader {
-        opcode: Opcode::NopOut,
-        immediate: true,
-        final_bit: true,
-        cont: false,
-        lun: [0; 8],
-        itt: 0x31,
-        ttt: RESERVED_TAG,
-        cmd_sn: ini.cmd_sn,
-        exp_stat_sn: ini.exp_stat_sn,
-    };
+    let nop = ini.request(Opcode::NopOut, true, 0x31);
     ini.send(Pdu::with_data(nop.to_bhs(), b"ping-data".to_vec()))
         .unwrap();
     let reply = ini.recv_one();
@@ -1368,17 +1340,7 @@ fn discovery_session_send_targets() {
     };
     assert_eq!(info.session_type, SessionType::Discovery);
     assert_eq!(info.target_name, None);
-    let req = RequestHeader {
-        opcode: Opcode::TextRequest,
-        immediate: true,
-        final_bit: true,
-        cont: false,
-        lun: [0; 8],
-        itt: 0x50,
-        ttt: RESERVED_TAG,
-        cmd_sn: ini.cmd_sn,
-        exp_stat_sn: ini.exp_stat_sn,
-    };
+    let req = ini.request(Opcode::TextRequest, true, 0x50);
     ini.send(Pdu::with_data(
         req.to_bhs(),
         encode_keys(&[("SendTargets", "All")]),
@@ -1399,17 +1361,7 @@ fn discovery_session_send_targets() {
 #[test]
 fn send_targets_in_normal_session_reports_only_this_target() {
     let mut ini = logged_in(&[]);
-    let req = RequestHeader {
-        opcode: Opcode::TextRequest,
-        immediate: false,
-        final_bit: true,
-        cont: false,
-        lun: [0; 8],
-        itt: 0x51,
-        ttt: RESERVED_TAG,
-        cmd_sn: ini.cmd_sn,
-        exp_stat_sn: ini.exp_stat_sn,
-    };
+    let req = ini.request(Opcode::TextRequest, false, 0x51);
     ini.cmd_sn += 1;
     ini.send(Pdu::with_data(
         req.to_bhs(),
@@ -1503,14 +1455,20 @@ fn oversized_data_segment_is_fatal() {
     ));
 }
 
-#[test]
-fn r2ts_are_deferred_beyond_the_connection_budget() {
+/// Logged in, negotiating `op_keys`, to a target that takes WRITEs of up to 40 MiB.
+fn large_transfers_logged_in(op_keys: &[(&str, &str)]) -> Initiator {
     let settings = TargetSettings {
         max_transfer_length: 40 << 20,
         ..TargetSettings::default()
     };
     let mut ini = Initiator::new(settings, TestAuthority::open());
-    ini.login(&[("InitialR2T", "Yes"), ("MaxBurstLength", "262144")]);
+    ini.login(op_keys);
+    ini
+}
+
+#[test]
+fn r2ts_are_deferred_beyond_the_connection_budget() {
+    let mut ini = large_transfers_logged_in(&[("InitialR2T", "Yes"), ("MaxBurstLength", "262144")]);
     let (_, a) = ini.command(&[0x2a], 40 << 20, false, true);
     let (_, b) = ini.command(&[0x2a], 40 << 20, false, true);
     ini.send(a).unwrap();
@@ -1525,12 +1483,7 @@ fn r2ts_are_deferred_beyond_the_connection_budget() {
 
 #[test]
 fn solicited_data_out_stays_reserved_until_the_command_completes() {
-    let settings = TargetSettings {
-        max_transfer_length: 40 << 20,
-        ..TargetSettings::default()
-    };
-    let mut ini = Initiator::new(settings, TestAuthority::open());
-    ini.login(&[
+    let mut ini = large_transfers_logged_in(&[
         ("InitialR2T", "Yes"),
         ("MaxBurstLength", "16776192"),
         ("MaxRecvDataSegmentLength", "262144"),
@@ -1630,23 +1583,10 @@ proptest::proptest! {
 #[test]
 fn abort_of_completed_task_reports_task_does_not_exist() {
     let mut ini = logged_in(&[]);
-    let (itt, cmd) = ini.command(&[0], 0, false, false);
-    ini.send(cmd).unwrap();
-    ini.command_event();
+    let itt = ini.deliver(&[0], 0, false, false);
     ini.conn.complete_command(itt, CommandResult::default());
     assert_eq!(ini.recv().len(), 1);
-    let tmf = TaskManagementRequestHeader {
-        immediate: true,
-        function: 1,
-        lun: pdu::encode_lun(3),
-        itt: 0x778,
-        referenced_task_tag: itt,
-        cmd_sn: ini.cmd_sn,
-        exp_stat_sn: ini.exp_stat_sn,
-        ref_cmd_sn: ini.cmd_sn - 1,
-        exp_data_sn: 0,
-    };
-    ini.send(Pdu::new(tmf.to_bhs())).unwrap();
+    ini.send(ini.abort_task(0x778, itt)).unwrap();
     assert!(ini.events().is_empty());
     let r = TaskManagementResponseHeader::parse(&ini.recv_one().bhs);
     assert_eq!((r.itt, r.response), (0x778, 1));
@@ -1655,21 +1595,8 @@ fn abort_of_completed_task_reports_task_does_not_exist() {
 #[test]
 fn abort_racing_with_completion_reports_task_does_not_exist() {
     let mut ini = logged_in(&[]);
-    let (itt, cmd) = ini.command(&[0], 0, false, false);
-    ini.send(cmd).unwrap();
-    ini.command_event();
-    let tmf = TaskManagementRequestHeader {
-        immediate: true,
-        function: 1,
-        lun: pdu::encode_lun(3),
-        itt: 0x779,
-        referenced_task_tag: itt,
-        cmd_sn: ini.cmd_sn,
-        exp_stat_sn: ini.exp_stat_sn,
-        ref_cmd_sn: ini.cmd_sn - 1,
-        exp_data_sn: 0,
-    };
-    ini.send(Pdu::new(tmf.to_bhs())).unwrap();
+    let itt = ini.deliver(&[0], 0, false, false);
+    ini.send(ini.abort_task(0x779, itt)).unwrap();
     assert!(matches!(ini.events()[..], [Event::TaskManagement(_)]));
     ini.conn.complete_command(itt, CommandResult::default());
     ini.conn
