@@ -158,6 +158,12 @@ impl Bhs {
         l.copy_from_slice(&self.0[8..16]);
         l
     }
+    /// The ISID of Login Request and Response, bytes 8..14.
+    fn isid(&self) -> [u8; 6] {
+        let mut isid = [0; 6];
+        isid.copy_from_slice(&self.0[8..14]);
+        isid
+    }
     pub fn set_lun(&mut self, lun: [u8; 8]) {
         self.0[8..16].copy_from_slice(&lun);
     }
@@ -655,16 +661,15 @@ pub struct LoginRequestHeader {
 
 impl LoginRequestHeader {
     pub fn parse(b: &Bhs) -> Self {
-        let mut isid = [0; 6];
-        isid.copy_from_slice(&b.0[8..14]);
+        let (transit, cont, csg, nsg) = parse_login_flags(b.flags());
         Self {
-            transit: b.flags() & 0x80 != 0,
-            cont: b.flags() & 0x40 != 0,
-            csg: (b.flags() >> 2) & 0x03,
-            nsg: b.flags() & 0x03,
+            transit,
+            cont,
+            csg,
+            nsg,
             version_max: b.0[2],
             version_min: b.0[3],
-            isid,
+            isid: b.isid(),
             tsih: b.u16_at(14),
             itt: b.itt(),
             cid: b.u16_at(20),
@@ -688,8 +693,19 @@ impl LoginRequestHeader {
     }
 }
 
+/// Byte 1 of Login Request and Response: T, C, CSG and NSG.
 fn login_flags(transit: bool, cont: bool, csg: u8, nsg: u8) -> u8 {
     (u8::from(transit) << 7) | (u8::from(cont) << 6) | ((csg & 3) << 2) | (nsg & 3)
+}
+
+/// The inverse of [`login_flags`]: (T, C, CSG, NSG).
+fn parse_login_flags(flags: u8) -> (bool, bool, u8, u8) {
+    (
+        flags & 0x80 != 0,
+        flags & 0x40 != 0,
+        (flags >> 2) & 0x03,
+        flags & 0x03,
+    )
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -710,16 +726,15 @@ pub struct LoginResponseHeader {
 
 impl LoginResponseHeader {
     pub fn parse(b: &Bhs) -> Self {
-        let mut isid = [0; 6];
-        isid.copy_from_slice(&b.0[8..14]);
+        let (transit, cont, csg, nsg) = parse_login_flags(b.flags());
         Self {
-            transit: b.flags() & 0x80 != 0,
-            cont: b.flags() & 0x40 != 0,
-            csg: (b.flags() >> 2) & 0x03,
-            nsg: b.flags() & 0x03,
+            transit,
+            cont,
+            csg,
+            nsg,
             version_max: b.0[2],
             version_active: b.0[3],
-            isid,
+            isid: b.isid(),
             tsih: b.u16_at(14),
             itt: b.itt(),
             sn: StatusSn::read(b),
