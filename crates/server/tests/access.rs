@@ -3,12 +3,11 @@
 
 use sliver_server::array::ChapSecret;
 use sliver_server::Array;
+use sliver_test_support::hosts::{self, HOST_A};
 use sliver_test_support::target::Running;
 use std::process::{Command, Output};
 
 const TARGET: &str = "iqn.2026-11.test.sliver:access";
-const HOST_A: &str = "iqn.2026-11.test:host-a";
-const HOST_B: &str = "iqn.2026-11.test:host-b";
 
 fn start(setup: impl FnOnce(&Array)) -> Running {
     Running::start(TARGET, setup)
@@ -29,18 +28,15 @@ fn run(tool: &str, args: &[&str]) -> Output {
 }
 
 fn two_hosts(array: &Array) {
-    for (v, size) in [("a0", 1 << 20), ("a3", 2 << 20), ("b0", 4 << 20)] {
-        array.create_volume(v, size, 512).unwrap();
-    }
-    array
-        .create_host("host-a", vec![HOST_A.into()], None)
-        .unwrap();
-    array
-        .create_host("host-b", vec![HOST_B.into()], None)
-        .unwrap();
-    array.connect("a0", "host-a", Some(0)).unwrap();
-    array.connect("a3", "host-a", Some(3)).unwrap();
-    array.connect("b0", "host-b", Some(0)).unwrap();
+    hosts::two_hosts(
+        array,
+        &[("a0", 1 << 20), ("a3", 2 << 20), ("b0", 4 << 20)],
+        &[
+            ("a0", "host-a", 0),
+            ("a3", "host-a", 3),
+            ("b0", "host-b", 0),
+        ],
+    );
 }
 
 #[test]

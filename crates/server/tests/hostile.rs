@@ -18,6 +18,7 @@ use sliver_iscsi::pdu::{
 };
 use sliver_server::array::ArrayError;
 use sliver_server::{Array, Server, Timeouts};
+use sliver_test_support::hosts::{self, HOST_A, HOST_B};
 use sliver_test_support::target::{Running, Start};
 use std::io::{ErrorKind, Read, Write};
 use std::net::{Shutdown, TcpStream};
@@ -81,24 +82,23 @@ impl Target {
 
     /// Waits until the server holds at most `n` connections.
     fn wait_for_connections(&self, n: usize) {
-        let deadline = Instant::now() + PATIENCE;
-        while self.server.open_connections() > n {
-            assert!(
-                Instant::now() < deadline,
-                "{} connections still open, expected at most {n}",
-                self.server.open_connections()
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        self.wait_for_at_most(n, "connections still open", Server::open_connections);
     }
 
+    /// Waits until the server holds at most `n` sessions.
     fn wait_for_sessions(&self, n: usize) {
+        self.wait_for_at_most(n, "sessions still registered", Server::session_count);
+    }
+
+    /// Waits until `count` of the server, `what` it counts, is at most `n`; fails if it is not
+    /// within [`PATIENCE`].
+    fn wait_for_at_most(&self, n: usize, what: &str, count: impl Fn(&Server) -> usize) {
         let deadline = Instant::now() + PATIENCE;
-        while self.server.session_count() > n {
+        while count(&self.server) > n {
             assert!(
                 Instant::now() < deadline,
-                "{} sessions still registered, expected at most {n}",
-                self.server.session_count()
+                "{} {what}, expected at most {n}",
+                count(&self.server)
             );
             std::thread::sleep(Duration::from_millis(20));
         }
@@ -389,6 +389,25 @@ impl Fuzzer {
         sn
     }
 
+    /// The CmdSN of a request: the next one unconsumed for an immediate request (immediate
+    /// requests do not advance it), else [`Fuzzer::cmd_sn`]'s.
+    fn cmd_sn_for(&mut self, immediate: bool) -> u32 {
+        if immediate {
+            self.cmd_sn
+        } else {
+            self.cmd_sn()
+        }
+    }
+
+    /// The reserved tag `percent` % of the time, else any tag at all.
+    fn reserved_tag_or_any(&mut self, percent: u64) -> u32 {
+        if self.rng.chance(percent) {
+            RESERVED_TAG
+        } else {
+            self.rng.u32()
+        }
+    }
+
     fn lun(&mut self) -> [u8; 8] {
         if self.rng.chance(90) {
             pdu::encode_lun(0)
@@ -495,11 +514,7 @@ impl Fuzzer {
         }
         let itt = self.itt();
         let immediate = self.rng.chance(5);
-        let cmd_sn = if immediate {
-            self.cmd_sn
-        } else {
-            self.cmd_sn()
-        };
+        let cmd_sn = self.cmd_sn_for(immediate);
         let payload_len = if write { edtl.min(1 << 20) as usize } else { 0 };
         let payload = self.rng.bytes(payload_len);
         let most_immediate = (payload_len as u32)
@@ -634,11 +649,7 @@ impl Fuzzer {
             final_bit: self.rng.chance(50),
             lun: self.lun(),
             itt,
-            ttt: if self.rng.chance(50) {
-                RESERVED_TAG
-            } else {
-                self.rng.u32()
-            },
+            ttt: self.reserved_tag_or_any(50),
             exp_stat_sn: self.exp_stat_sn(),
             data_sn: self.rng.below(4) as u32,
             buffer_offset: if self.rng.chance(50) {
@@ -666,16 +677,8 @@ impl Fuzzer {
             cont: false,
             lun: self.lun(),
             itt,
-            ttt: if self.rng.chance(80) {
-                RESERVED_TAG
-            } else {
-                self.rng.u32()
-            },
-            cmd_sn: if immediate {
-                self.cmd_sn
-            } else {
-                self.cmd_sn()
-            },
+            ttt: self.reserved_tag_or_any(80),
+            cmd_sn: self.cmd_sn_for(immediate),
             exp_stat_sn: self.exp_stat_sn(),
         };
         let len = if self.rng.chance(80) {
@@ -683,9 +686,7 @@ impl Fuzzer {
         } else {
             self.rng.below(u64::from(self.max_send) + 1)
         } as usize;
-        let mut wire = Vec::new();
-        Pdu::with_data(h.to_bhs(), self.rng.bytes(len)).encode(Digests::default(), &mut wire);
-        wire
+        encode(Pdu::with_data(h.to_bhs(), self.rng.bytes(len)))
     }
 
     fn text(&mut self) -> Vec<u8> {
@@ -715,21 +716,11 @@ impl Fuzzer {
             cont: self.rng.chance(20),
             lun: [0; 8],
             itt: self.itt(),
-            ttt: if self.rng.chance(80) {
-                RESERVED_TAG
-            } else {
-                self.rng.u32()
-            },
-            cmd_sn: if immediate {
-                self.cmd_sn
-            } else {
-                self.cmd_sn()
-            },
+            ttt: self.reserved_tag_or_any(80),
+            cmd_sn: self.cmd_sn_for(immediate),
             exp_stat_sn: self.exp_stat_sn(),
         };
-        let mut wire = Vec::new();
-        Pdu::with_data(h.to_bhs(), data).encode(Digests::default(), &mut wire);
-        wire
+        encode(Pdu::with_data(h.to_bhs(), data))
     }
 
     fn task_management(&mut self) -> Vec<u8> {
@@ -748,18 +739,12 @@ impl Fuzzer {
             lun: self.lun(),
             itt: self.itt(),
             referenced_task_tag: referenced,
-            cmd_sn: if immediate {
-                self.cmd_sn
-            } else {
-                self.cmd_sn()
-            },
+            cmd_sn: self.cmd_sn_for(immediate),
             exp_stat_sn: self.exp_stat_sn(),
             ref_cmd_sn: self.cmd_sn.wrapping_sub(self.rng.below(8) as u32),
             exp_data_sn: self.rng.below(4) as u32,
         };
-        let mut wire = Vec::new();
-        Pdu::new(h.to_bhs()).encode(Digests::default(), &mut wire);
-        wire
+        encode(Pdu::new(h.to_bhs()))
     }
 
     fn snack_or_unknown(&mut self) -> Vec<u8> {
@@ -835,9 +820,7 @@ impl Fuzzer {
         let n = self.rng.below(u64::from(self.max_send.min(8192)) + 1) as usize;
         let mut p = Pdu::with_data(bhs, self.rng.bytes(n));
         p.ahs = ahs;
-        let mut wire = Vec::new();
-        p.encode(Digests::default(), &mut wire);
-        wire
+        encode(p)
     }
 
     fn logout(&mut self) -> Vec<u8> {
@@ -849,9 +832,7 @@ impl Fuzzer {
             cmd_sn: self.cmd_sn,
             exp_stat_sn: self.exp_stat_sn(),
         };
-        let mut wire = Vec::new();
-        Pdu::new(h.to_bhs()).encode(Digests::default(), &mut wire);
-        wire
+        encode(Pdu::new(h.to_bhs()))
     }
 
     fn send(&mut self, wire: &[u8]) -> Result<(), End> {
@@ -1174,13 +1155,16 @@ fn read_until(raw: &mut RawConnection, want: impl Fn(&Pdu) -> bool) -> Pdu {
     }
 }
 
+/// A target over the `fuzz` and `check` volumes with `timeouts`.
+fn start_with_timeouts(timeouts: Timeouts) -> Target {
+    start(fuzz_and_check_volumes, |s| s.set_timeouts(timeouts))
+}
+
 /// A target over the `fuzz` and `check` volumes whose stall timeout is `stall`.
 fn start_with_stall(stall: Duration) -> Target {
-    start(fuzz_and_check_volumes, |s| {
-        s.set_timeouts(Timeouts {
-            stall,
-            ..Timeouts::default()
-        })
+    start_with_timeouts(Timeouts {
+        stall,
+        ..Timeouts::default()
     })
 }
 
@@ -1193,15 +1177,24 @@ fn short_stall() -> Timeouts {
     }
 }
 
-#[test]
-fn an_initiator_stalled_in_the_middle_of_a_pdu_is_disconnected() {
-    let t = start(fuzz_and_check_volumes, |s| s.set_timeouts(short_stall()));
+/// A hostile initiator logs in to a target with [`short_stall`] timeouts and does `stall`;
+/// the target closes its connection and lets go of it.
+fn stalled_initiator_is_disconnected(stall: impl FnOnce(&mut RawConnection)) -> Target {
+    let t = start_with_timeouts(short_stall());
     let mut raw = raw_login(&t, HOSTILE);
-    let wire = encode(raw_command(&mut raw, &[0x88], 512, true, false));
-    // Half a header, then nothing.
-    raw.stream.write_all(&wire[..20]).unwrap();
+    stall(&mut raw);
     expect_closed_by_server(&mut raw.stream);
     t.wait_for_connections(0);
+    t
+}
+
+#[test]
+fn an_initiator_stalled_in_the_middle_of_a_pdu_is_disconnected() {
+    let t = stalled_initiator_is_disconnected(|raw| {
+        let wire = encode(raw_command(raw, &[0x88], 512, true, false));
+        // Half a header, then nothing.
+        raw.stream.write_all(&wire[..20]).unwrap();
+    });
     t.wait_for_sessions(0);
     well_behaved_session(&t, 1);
     t.assert_healthy();
@@ -1209,31 +1202,27 @@ fn an_initiator_stalled_in_the_middle_of_a_pdu_is_disconnected() {
 
 #[test]
 fn an_initiator_that_never_sends_solicited_data_is_disconnected() {
-    let t = start(fuzz_and_check_volumes, |s| s.set_timeouts(short_stall()));
-    let mut raw = raw_login(&t, HOSTILE);
-    // WRITE(16) of 64 KiB without immediate data: the target asks with an R2T.
-    let mut cdb = [0u8; 16];
-    cdb[0] = 0x8a;
-    cdb[13] = 128;
-    let cmd = raw_command(&mut raw, &cdb, 64 << 10, false, true);
-    raw.stream.write_all(&encode(cmd)).unwrap();
-    read_until(&mut raw, |p| p.bhs.opcode() == Opcode::ReadyToTransfer);
-    expect_closed_by_server(&mut raw.stream);
-    t.wait_for_connections(0);
+    let t = stalled_initiator_is_disconnected(|raw| {
+        // WRITE(16) of 64 KiB without immediate data: the target asks with an R2T.
+        let mut cdb = [0u8; 16];
+        cdb[0] = 0x8a;
+        cdb[13] = 128;
+        let cmd = raw_command(raw, &cdb, 64 << 10, false, true);
+        raw.stream.write_all(&encode(cmd)).unwrap();
+        read_until(raw, |p| p.bhs.opcode() == Opcode::ReadyToTransfer);
+    });
     well_behaved_session(&t, 2);
     t.assert_healthy();
 }
 
 #[test]
 fn an_initiator_that_leaves_a_cmd_sn_gap_is_disconnected() {
-    let t = start(fuzz_and_check_volumes, |s| s.set_timeouts(short_stall()));
-    let mut raw = raw_login(&t, HOSTILE);
-    // CmdSN n is never sent; n+1 waits for it, holding its slot and data.
-    raw.cmd_sn = raw.cmd_sn.wrapping_add(1);
-    let cmd = raw_command(&mut raw, &[0x00], 0, false, false);
-    raw.stream.write_all(&encode(cmd)).unwrap();
-    expect_closed_by_server(&mut raw.stream);
-    t.wait_for_connections(0);
+    let t = stalled_initiator_is_disconnected(|raw| {
+        // CmdSN n is never sent; n+1 waits for it, holding its slot and data.
+        raw.cmd_sn = raw.cmd_sn.wrapping_add(1);
+        let cmd = raw_command(raw, &[0x00], 0, false, false);
+        raw.stream.write_all(&encode(cmd)).unwrap();
+    });
     well_behaved_session(&t, 3);
     t.assert_healthy();
 }
@@ -1242,7 +1231,7 @@ fn an_initiator_that_leaves_a_cmd_sn_gap_is_disconnected() {
 fn an_idle_session_with_nothing_pending_is_not_a_stall() {
     // The stall timeout is short, the idle timeout long: a logged-in initiator that simply has
     // nothing to do keeps its session.
-    let t = start(fuzz_and_check_volumes, |s| s.set_timeouts(short_stall()));
+    let t = start_with_timeouts(short_stall());
     let mut s = Session::connect(&t.url(0), options(GOOD)).unwrap();
     s.test_unit_ready().unwrap();
     std::thread::sleep(short_stall().stall * 5);
@@ -1259,7 +1248,7 @@ fn a_silent_initiator_is_pinged_and_disconnected_one_that_answers_stays() {
         idle: Duration::from_secs(2),
         ..Timeouts::default()
     };
-    let t = start(fuzz_and_check_volumes, |s| s.set_timeouts(timeouts));
+    let t = start_with_timeouts(timeouts);
     let mut answering = raw_login(&t, GOOD);
     let mut silent = raw_login(&t, HOSTILE);
 
@@ -1540,9 +1529,6 @@ fn connections_past_the_limit_are_closed_at_once() {
 // ---------------------------------------------------------------------------------------------
 // Access control on third-party copy
 
-const HOST_A: &str = "iqn.2026-11.test:host-a";
-const HOST_B: &str = "iqn.2026-11.test:host-b";
-
 /// EXTENDED COPY (LID1) parameter list: identification CSCDs by NAA, block-to-block segments
 /// (source CSCD, destination CSCD, blocks, source LBA, destination LBA).
 fn xcopy_list(
@@ -1650,17 +1636,15 @@ fn extended_copy_cannot_reach_a_volume_the_initiator_is_not_connected_to() {
 fn copy_results_belong_to_the_nexus_that_ran_the_copy() {
     let t = start(
         |array| {
-            array.create_volume("shared", 8 << 20, 512).unwrap();
-            array.create_volume("own", 8 << 20, 512).unwrap();
-            array
-                .create_host("host-a", vec![HOST_A.into()], None)
-                .unwrap();
-            array
-                .create_host("host-b", vec![HOST_B.into()], None)
-                .unwrap();
-            array.connect("shared", "host-a", Some(0)).unwrap();
-            array.connect("shared", "host-b", Some(0)).unwrap();
-            array.connect("own", "host-a", Some(1)).unwrap();
+            hosts::two_hosts(
+                array,
+                &[("shared", 8 << 20), ("own", 8 << 20)],
+                &[
+                    ("shared", "host-a", 0),
+                    ("shared", "host-b", 0),
+                    ("own", "host-a", 1),
+                ],
+            )
         },
         |_| {},
     );
@@ -1700,16 +1684,11 @@ fn copy_results_belong_to_the_nexus_that_ran_the_copy() {
 }
 
 fn two_hosts_two_volumes(array: &Array) {
-    array.create_volume("a", 8 << 20, 512).unwrap();
-    array.create_volume("b", 8 << 20, 512).unwrap();
-    array
-        .create_host("host-a", vec![HOST_A.into()], None)
-        .unwrap();
-    array
-        .create_host("host-b", vec![HOST_B.into()], None)
-        .unwrap();
-    array.connect("a", "host-a", Some(0)).unwrap();
-    array.connect("b", "host-b", Some(0)).unwrap();
+    hosts::two_hosts(
+        array,
+        &[("a", 8 << 20), ("b", 8 << 20)],
+        &[("a", "host-a", 0), ("b", "host-b", 0)],
+    );
 }
 
 /// Sends a task management request on a raw connection and returns the response code.

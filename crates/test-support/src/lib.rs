@@ -4,11 +4,13 @@
 //! - [`target`]: an array in a temporary directory served by an in-process target on an
 //!   ephemeral loopback port, stopped when dropped;
 //! - [`data`]: test data that dedup and compression cannot shrink, different per seed;
+//! - [`hosts`]: two hosts and their volumes, for access-control tests;
 //! - [`layers`]: the cycles of a crate's module graph, for the test that keeps crates layered.
 //!
 //! Only integration tests (`tests/*.rs`) use it: it links the server, so a crate's own unit
 //! tests would get a second copy of the crate they test.
 
 pub mod data;
+pub mod hosts;
 pub mod layers;
 pub mod target;
