@@ -4,6 +4,7 @@ use super::error::ApiResult;
 use super::stats::vaai_counters;
 use super::{blocking, ApiContext, ApiError, Ctx};
 use crate::array::{ArrayError, VolumeKind, VolumeRecord};
+use crate::Array;
 use axum::extract::rejection::JsonRejection;
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
@@ -144,15 +145,25 @@ pub(super) async fn volume_create(
             ))
         }
     };
-    let info = blocking(move || {
+    created_volume(ctx, req.name, move |array, name| {
         if passthrough {
-            ctx.array
-                .create_passthrough_volume(&req.name, req.size_bytes, block_size)?;
+            array.create_passthrough_volume(name, req.size_bytes, block_size)
         } else {
-            ctx.array
-                .create_volume(&req.name, req.size_bytes, block_size)?;
+            array.create_volume(name, req.size_bytes, block_size)
         }
-        volume_info(&ctx, &find_volume(&ctx, &req.name)?)
+    })
+    .await
+}
+
+/// Make the volume `name` with `make` (off the async workers) and answer 201 Created with it.
+async fn created_volume(
+    ctx: Ctx,
+    name: String,
+    make: impl FnOnce(&Array, &str) -> Result<(), ArrayError> + Send + 'static,
+) -> ApiResult<(StatusCode, Json<VolumeInfo>)> {
+    let info = blocking(move || {
+        make(&ctx.array, &name)?;
+        volume_info(&ctx, &find_volume(&ctx, &name)?)
     })
     .await?;
     Ok((StatusCode::CREATED, Json(info)))
@@ -196,12 +207,10 @@ pub(super) async fn volume_snapshot(
     body: Result<Json<NewName>, JsonRejection>,
 ) -> ApiResult<(StatusCode, Json<VolumeInfo>)> {
     let Json(req) = body?;
-    let info = blocking(move || {
-        ctx.array.snapshot_volume(&source, &req.name)?;
-        volume_info(&ctx, &find_volume(&ctx, &req.name)?)
+    created_volume(ctx, req.name, move |array, name| {
+        array.snapshot_volume(&source, name)
     })
-    .await?;
-    Ok((StatusCode::CREATED, Json(info)))
+    .await
 }
 
 pub(super) async fn volume_clone(
@@ -210,12 +219,10 @@ pub(super) async fn volume_clone(
     body: Result<Json<NewName>, JsonRejection>,
 ) -> ApiResult<(StatusCode, Json<VolumeInfo>)> {
     let Json(req) = body?;
-    let info = blocking(move || {
-        ctx.array.clone_volume(&source, &req.name)?;
-        volume_info(&ctx, &find_volume(&ctx, &req.name)?)
+    created_volume(ctx, req.name, move |array, name| {
+        array.clone_volume(&source, name)
     })
-    .await?;
-    Ok((StatusCode::CREATED, Json(info)))
+    .await
 }
 
 pub(super) async fn volume_connect(

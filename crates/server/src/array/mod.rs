@@ -581,32 +581,25 @@ impl Array {
 
     /// A read-only, point-in-time copy of `source` named `name`, sharing all its data.
     pub fn snapshot_volume(&self, source: &str, name: &str) -> Result<()> {
-        self.snapshot_volume_unrecorded(source, name).inspect(|_| {
-            self.volume_event(
-                "snapshot_created",
-                name,
-                format!("snapshot {name} of {source} created"),
-            )
-        })
-    }
-
-    fn snapshot_volume_unrecorded(&self, source: &str, name: &str) -> Result<()> {
-        self.clone_engine_volume(source, name, true)
+        self.copy_engine_volume(source, name, true)
     }
 
     /// A writable copy of `source` named `name`, sharing all its data until either changes.
     pub fn clone_volume(&self, source: &str, name: &str) -> Result<()> {
-        self.clone_volume_unrecorded(source, name).inspect(|_| {
-            self.volume_event(
-                "clone_created",
-                name,
-                format!("clone {name} of {source} created"),
-            )
-        })
+        self.copy_engine_volume(source, name, false)
     }
 
-    fn clone_volume_unrecorded(&self, source: &str, name: &str) -> Result<()> {
-        self.clone_engine_volume(source, name, false)
+    /// A snapshot (`read_only`) or clone of `source` named `name`, and its event.
+    fn copy_engine_volume(&self, source: &str, name: &str, read_only: bool) -> Result<()> {
+        let (kind, copy) = if read_only {
+            ("snapshot_created", "snapshot")
+        } else {
+            ("clone_created", "clone")
+        };
+        self.clone_engine_volume(source, name, read_only)
+            .inspect(|_| {
+                self.volume_event(kind, name, format!("{copy} {name} of {source} created"))
+            })
     }
 
     fn clone_engine_volume(&self, source: &str, name: &str, read_only: bool) -> Result<()> {
@@ -731,16 +724,11 @@ impl Array {
     fn delete_volume_unrecorded(&self, name: &str) -> Result<()> {
         let record = {
             let mut config = self.config_mut();
-            let hosts: Vec<String> = config
-                .connections
-                .iter()
-                .filter(|c| c.volume == name)
-                .map(|c| format!("'{}'", c.host))
-                .collect();
-            if !hosts.is_empty() {
+            let connected = config.connections.iter().filter(|c| c.volume == name);
+            if let Some(hosts) = quoted_list(connected.map(|c| c.host.as_str())) {
                 return Err(ArrayError::VolumeConnected {
                     volume: name.into(),
-                    hosts: hosts.join(", "),
+                    hosts,
                 });
             }
             let index = config
@@ -882,16 +870,11 @@ impl Array {
 
     fn delete_host_unrecorded(&self, name: &str) -> Result<()> {
         let mut config = self.config_mut();
-        let volumes: Vec<String> = config
-            .connections
-            .iter()
-            .filter(|c| c.host == name)
-            .map(|c| format!("'{}'", c.volume))
-            .collect();
-        if !volumes.is_empty() {
+        let connected = config.connections.iter().filter(|c| c.host == name);
+        if let Some(volumes) = quoted_list(connected.map(|c| c.volume.as_str())) {
             return Err(ArrayError::HostInUse {
                 host: name.into(),
-                volumes: volumes.join(", "),
+                volumes,
             });
         }
         let mut updated = config.clone();
@@ -1426,6 +1409,12 @@ fn size_text(bytes: u64) -> String {
     } else {
         format!("{:.1} MiB", bytes as f64 / (1u64 << 20) as f64)
     }
+}
+
+/// `'a', 'b'` of `names`, or `None` without any: what a refused delete says is still connected.
+fn quoted_list<'a>(names: impl Iterator<Item = &'a str>) -> Option<String> {
+    let quoted: Vec<String> = names.map(|n| format!("'{n}'")).collect();
+    (!quoted.is_empty()).then(|| quoted.join(", "))
 }
 
 fn engine_error(e: sliver_engine::EngineError) -> ArrayError {
