@@ -7,12 +7,13 @@
 //! - On a file system without fallocate, where ENOSPC shows up on the log write itself (a
 //!   model backend, no root needed): the same 27/07, with nothing half-written left behind.
 
-use sliver_engine::{
-    Backend, Compression, Engine, EngineConfig, EngineVolume, GcPriority, MemBackend, Tuning,
-};
+mod engine_lu;
+
+use engine_lu::{cdb16, codes, good, run, tuning, Identity, Model, Modelled, MIB};
+use sliver_engine::{Backend, Engine, EngineConfig, MemBackend, Tuning};
 use sliver_initiator::sense::SenseKey;
 use sliver_initiator::{Error, Session, SessionOptions};
-use sliver_scsi::{LogicalUnit, LuConfig, Nexus, Request, Response, Status, TaskAttr};
+use sliver_scsi::{LogicalUnit, Status};
 use sliver_server::array::{check_array, ArrayOptions, ANY_HOST};
 use sliver_server::{Array, Server};
 use sliver_test_support::data::unique;
@@ -24,7 +25,6 @@ use std::process::Command;
 use std::sync::{Arc, Mutex};
 
 const TARGET: &str = "iqn.2026-11.test.sliver:enospc";
-const MIB: u64 = 1 << 20;
 
 // ---------------------------------------------------------------- real ext4 (root)
 
@@ -264,7 +264,6 @@ const PAGE: u64 = 4096;
 /// that does not fit is cut short and fails with ENOSPC, discards give pages back, and the
 /// checkpoint file needs room too (its new copy is written before the old one goes).
 struct NoFallocateFs {
-    mem: MemBackend,
     fs: Mutex<FsSpace>,
 }
 
@@ -284,14 +283,8 @@ fn enospc() -> io::Error {
     io::Error::from_raw_os_error(libc::ENOSPC)
 }
 
-impl Backend for NoFallocateFs {
-    fn capacity(&self) -> u64 {
-        self.mem.capacity()
-    }
-    fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
-        self.mem.read_at(buf, offset)
-    }
-    fn write_at(&self, data: &[u8], offset: u64) -> io::Result<()> {
+impl Model for NoFallocateFs {
+    fn write_at(&self, mem: &MemBackend, data: &[u8], offset: u64) -> io::Result<()> {
         let mut fs = self.fs.lock().unwrap();
         let end = offset + data.len() as u64;
         let mut fits = offset;
@@ -305,18 +298,14 @@ impl Backend for NoFallocateFs {
             fits = ((page + 1) * PAGE).min(end);
         }
         if fits > offset {
-            self.mem
-                .write_at(&data[..(fits - offset) as usize], offset)?;
+            mem.write_at(&data[..(fits - offset) as usize], offset)?;
         }
         if fits < end {
             return Err(enospc());
         }
         Ok(())
     }
-    fn sync(&self) -> io::Result<()> {
-        self.mem.sync()
-    }
-    fn allocate(&self, _offset: u64, _len: u64) -> io::Result<()> {
+    fn allocate(&self, _mem: &MemBackend, _offset: u64, _len: u64) -> io::Result<()> {
         // What FileBackend does on EOPNOTSUPP.
         Ok(())
     }
@@ -324,121 +313,57 @@ impl Backend for NoFallocateFs {
         // And what it answers afterwards: space is only known when a write lands.
         false
     }
-    fn discard(&self, offset: u64, len: u64) -> io::Result<()> {
+    fn discard(&self, mem: &MemBackend, offset: u64, len: u64) -> io::Result<()> {
         let mut fs = self.fs.lock().unwrap();
         for page in offset.div_ceil(PAGE)..(offset + len) / PAGE {
             fs.pages.remove(&page);
         }
-        self.mem.discard(offset, len)
+        mem.discard(offset, len)
     }
-    fn meta_read(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
-        self.mem.meta_read(buf, offset)
-    }
-    fn meta_write(&self, data: &[u8], offset: u64) -> io::Result<()> {
-        self.mem.meta_write(data, offset)
-    }
-    fn meta_sync(&self) -> io::Result<()> {
-        self.mem.meta_sync()
-    }
-    fn load_root(&self) -> io::Result<Option<Vec<u8>>> {
-        self.mem.load_root()
-    }
-    fn store_root(&self, bytes: &[u8]) -> io::Result<()> {
-        self.mem.store_root(bytes)
-    }
-    fn retire_checkpoint(&self) -> io::Result<()> {
-        self.mem.retire_checkpoint()
-    }
-    fn load_checkpoint(&self) -> io::Result<Option<Vec<u8>>> {
-        self.mem.load_checkpoint()
-    }
-    fn store_checkpoint(&self, bytes: &[u8]) -> io::Result<()> {
+    fn store_checkpoint(&self, mem: &MemBackend, bytes: &[u8]) -> io::Result<()> {
         let mut fs = self.fs.lock().unwrap();
         if fs.used() + bytes.len() as u64 > fs.limit {
             return Err(enospc());
         }
         fs.checkpoint = bytes.len() as u64;
-        self.mem.store_checkpoint(bytes)
+        mem.store_checkpoint(bytes)
     }
 }
 
-fn run(lu: &LogicalUnit, nexus: &Nexus, cdb: &[u8], data_out: &[u8]) -> Response {
-    lu.execute(&Request {
-        nexus,
-        cdb,
-        data_out,
-        attr: TaskAttr::Simple,
-        luns: &[0],
-        copy_targets: &sliver_scsi::NoCopyTargets,
-    })
-}
-
-fn cdb16(op: u8, lba: u64, blocks: u32) -> [u8; 16] {
-    let mut c = [0u8; 16];
-    c[0] = op;
-    c[2..10].copy_from_slice(&lba.to_be_bytes());
-    c[10..14].copy_from_slice(&blocks.to_be_bytes());
-    c
-}
-
-fn codes(r: &Response) -> (u8, u8, u8) {
-    assert_eq!(r.status, Status::CheckCondition, "expected CHECK CONDITION");
-    (r.sense[2] & 0x0f, r.sense[12], r.sense[13])
-}
-
-#[track_caller]
-fn good(r: &Response) {
-    assert_eq!(r.status, Status::Good, "sense {:02x?}", r.sense);
+/// The logical unit of volume `id`, 512-byte blocks.
+fn lu_over(engine: &Arc<Engine>, id: u32) -> LogicalUnit {
+    let who = Identity {
+        serial: "enospc",
+        naa: [0x6b; 16],
+        target_name: TARGET,
+    };
+    engine_lu::lu_over(engine, id, 512, &who)
 }
 
 #[test]
 fn enospc_on_the_log_write_itself_is_27_07_and_leaves_nothing_behind() {
     let capacity = 32 * MIB;
-    let backend = Arc::new(NoFallocateFs {
+    let backend = Arc::new(Modelled {
         mem: MemBackend::new(capacity),
-        fs: Mutex::new(FsSpace {
-            limit: 8 * MIB,
-            pages: BTreeSet::new(),
-            checkpoint: 0,
-        }),
-    });
-    let tuning = Tuning {
-        compression: Compression::None,
-        gc: GcPriority::Off,
-        ..Tuning::default()
-    };
-    let config = EngineConfig {
-        chunk_size: 4096,
-        segment_size: MIB as u32,
-    };
-    let engine = Arc::new(Engine::create(backend.clone(), config, tuning).unwrap());
-    let id = engine.create_volume(64 * MIB).unwrap();
-    let volume = EngineVolume::new(engine.clone(), id, 512, false).unwrap();
-    let lu = LogicalUnit::new(
-        Arc::new(volume),
-        LuConfig {
-            vendor: "SLIVER".into(),
-            product: "sliver".into(),
-            revision: "0001".into(),
-            serial: "enospc".into(),
-            naa: [0x6b; 16],
-            target_name: TARGET.into(),
-            target_port_group: 1,
-            state_dir: None,
+        model: NoFallocateFs {
+            fs: Mutex::new(FsSpace {
+                limit: 8 * MIB,
+                pages: BTreeSet::new(),
+                checkpoint: 0,
+            }),
         },
-    );
-    let nexus = Nexus {
-        initiator_port: "iqn.test:enospc,i,0x000000000001".into(),
-        initiator_name: "iqn.test:enospc".into(),
-        relative_target_port: 1,
-    };
+    });
+    let engine = engine_lu::create_engine(backend.clone());
+    let id = engine.create_volume(64 * MIB).unwrap();
+    let lu = lu_over(&engine, id);
+    let nexus = engine_lu::nexus("iqn.test:enospc");
     assert_eq!(codes(&run(&lu, &nexus, &[0; 6], &[])).0, 0x6);
     let piece = 64 * 1024u64;
     let write = |i: u64, seed: u64| {
         run(
             &lu,
             &nexus,
-            &cdb16(0x8a, i * piece / 512, (piece / 512) as u32),
+            &cdb16(0x8a, i * piece / 512, (piece / 512) as u32, false),
             &unique(seed, piece as usize),
         )
     };
@@ -459,25 +384,30 @@ fn enospc_on_the_log_write_itself_is_27_07_and_leaves_nothing_behind() {
     assert!(pieces * piece >= 4 * MIB, "only {pieces} writes fit");
     // The same again; a flush works; everything acknowledged reads back.
     assert_eq!(codes(&write(pieces, 1 << 30)), (0x7, 0x27, 0x07));
-    good(&run(&lu, &nexus, &cdb16(0x91, 0, 0), &[]));
+    good(&run(&lu, &nexus, &cdb16(0x91, 0, 0, false), &[]));
     let check_all = |lu: &LogicalUnit, upto: u64| {
         for i in 0..upto {
-            let r = run(lu, &nexus, &cdb16(0x88, i * piece / 512, 128), &[]);
+            let r = run(lu, &nexus, &cdb16(0x88, i * piece / 512, 128, false), &[]);
             good(&r);
             assert!(r.data_in == unique(i, piece as usize), "piece {i}");
         }
     };
     check_all(&lu, pieces);
     // The refused write left nothing: its blocks still read as zeros.
-    let r = run(&lu, &nexus, &cdb16(0x88, pieces * piece / 512, 128), &[]);
+    let r = run(
+        &lu,
+        &nexus,
+        &cdb16(0x88, pieces * piece / 512, 128, false),
+        &[],
+    );
     good(&r);
     assert!(r.data_in.iter().all(|&b| b == 0));
 
     // The administrator makes room on the file system: writes go on.
-    backend.fs.lock().unwrap().limit = capacity;
+    backend.model.fs.lock().unwrap().limit = capacity;
     good(&write(pieces, pieces));
     good(&write(pieces + 1, pieces + 1));
-    good(&run(&lu, &nexus, &cdb16(0x91, 0, 0), &[]));
+    good(&run(&lu, &nexus, &cdb16(0x91, 0, 0, false), &[]));
     check_all(&lu, pieces + 2);
     assert!(engine.check(&mut |_, _| {}).is_empty());
 
@@ -485,22 +415,9 @@ fn enospc_on_the_log_write_itself_is_27_07_and_leaves_nothing_behind() {
     let image = backend.mem.crash(|_, n| vec![false; n]);
     drop(lu);
     drop(engine);
-    let engine = Arc::new(Engine::open(Arc::new(image), tuning, false).unwrap());
+    let engine = Arc::new(Engine::open(Arc::new(image), tuning(), false).unwrap());
     assert!(engine.check(&mut |_, _| {}).is_empty());
-    let volume = EngineVolume::new(engine.clone(), id, 512, false).unwrap();
-    let lu = LogicalUnit::new(
-        Arc::new(volume),
-        LuConfig {
-            vendor: "SLIVER".into(),
-            product: "sliver".into(),
-            revision: "0001".into(),
-            serial: "enospc".into(),
-            naa: [0x6b; 16],
-            target_name: TARGET.into(),
-            target_port_group: 1,
-            state_dir: None,
-        },
-    );
+    let lu = lu_over(&engine, id);
     assert_eq!(codes(&run(&lu, &nexus, &[0; 6], &[])).0, 0x6);
     check_all(&lu, pieces + 2);
 }

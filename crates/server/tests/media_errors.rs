@@ -8,80 +8,43 @@
 //!   command and every later write, UNMAP and WRITE SAME get HARDWARE ERROR / INTERNAL TARGET
 //!   FAILURE (04/44/00), never GOOD; reads keep working; a restart recovers what was synced.
 
-use sliver_engine::{
-    Backend, Compression, Engine, EngineConfig, EngineVolume, GcPriority, MemBackend, Tuning,
-};
-use sliver_scsi::{LogicalUnit, LuConfig, Nexus, Request, Response, Status, TaskAttr};
+mod engine_lu;
+
+use engine_lu::{cdb16, codes, good, tuning, Identity, Model, Modelled, CHUNK, MIB};
+use sliver_engine::{Backend, Engine, MemBackend};
+use sliver_scsi::{LogicalUnit, Nexus, Response};
 use std::io;
 use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
 use std::sync::Arc;
 
 const BS: usize = 512;
-const CHUNK: usize = 4096;
-const MIB: u64 = 1 << 20;
 const CAPACITY: u64 = 16 * MIB;
 
 /// A MemBackend that can also fail log writes with EIO.
-struct Faulty {
-    mem: MemBackend,
+type Faulty = Modelled<FailingWrites>;
+
+/// Log writes fail with EIO while `fail_writes` is set.
+struct FailingWrites {
     fail_writes: AtomicBool,
 }
 
-impl Backend for Faulty {
-    fn capacity(&self) -> u64 {
-        self.mem.capacity()
-    }
-    fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
-        self.mem.read_at(buf, offset)
-    }
-    fn write_at(&self, data: &[u8], offset: u64) -> io::Result<()> {
+impl Model for FailingWrites {
+    fn write_at(&self, mem: &MemBackend, data: &[u8], offset: u64) -> io::Result<()> {
         if self.fail_writes.load(SeqCst) {
             return Err(io::Error::from_raw_os_error(libc::EIO));
         }
-        self.mem.write_at(data, offset)
-    }
-    fn sync(&self) -> io::Result<()> {
-        self.mem.sync()
-    }
-    fn allocate(&self, offset: u64, len: u64) -> io::Result<()> {
-        self.mem.allocate(offset, len)
-    }
-    fn discard(&self, offset: u64, len: u64) -> io::Result<()> {
-        self.mem.discard(offset, len)
-    }
-    fn meta_read(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
-        self.mem.meta_read(buf, offset)
-    }
-    fn meta_write(&self, data: &[u8], offset: u64) -> io::Result<()> {
-        self.mem.meta_write(data, offset)
-    }
-    fn meta_sync(&self) -> io::Result<()> {
-        self.mem.meta_sync()
-    }
-    fn load_root(&self) -> io::Result<Option<Vec<u8>>> {
-        self.mem.load_root()
-    }
-    fn store_root(&self, bytes: &[u8]) -> io::Result<()> {
-        self.mem.store_root(bytes)
-    }
-    fn retire_checkpoint(&self) -> io::Result<()> {
-        self.mem.retire_checkpoint()
-    }
-    fn load_checkpoint(&self) -> io::Result<Option<Vec<u8>>> {
-        self.mem.load_checkpoint()
-    }
-    fn store_checkpoint(&self, bytes: &[u8]) -> io::Result<()> {
-        self.mem.store_checkpoint(bytes)
+        mem.write_at(data, offset)
     }
 }
 
-fn tuning() -> Tuning {
-    Tuning {
-        // Stored verbatim, so a test can find a chunk's bytes in the log.
-        compression: Compression::None,
-        gc: GcPriority::Off,
-        ..Tuning::default()
-    }
+/// A backend of [`CAPACITY`] bytes that fails nothing yet.
+fn faulty() -> Arc<Faulty> {
+    Arc::new(Modelled {
+        mem: MemBackend::new(CAPACITY),
+        model: FailingWrites {
+            fail_writes: AtomicBool::new(false),
+        },
+    })
 }
 
 struct Fixture {
@@ -92,28 +55,16 @@ struct Fixture {
 }
 
 fn lu_over(engine: &Arc<Engine>, id: u32) -> LogicalUnit {
-    let volume = EngineVolume::new(engine.clone(), id, BS as u32, false).unwrap();
-    LogicalUnit::new(
-        Arc::new(volume),
-        LuConfig {
-            vendor: "SLIVER".into(),
-            product: "sliver".into(),
-            revision: "0001".into(),
-            serial: "media-errors".into(),
-            naa: [0x6a; 16],
-            target_name: "iqn.2026-11.test.sliver:media".into(),
-            target_port_group: 1,
-            state_dir: None,
-        },
-    )
+    let who = Identity {
+        serial: "media-errors",
+        naa: [0x6a; 16],
+        target_name: "iqn.2026-11.test.sliver:media",
+    };
+    engine_lu::lu_over(engine, id, BS as u32, &who)
 }
 
 fn nexus() -> Nexus {
-    Nexus {
-        initiator_port: "iqn.test:media,i,0x000000000001".into(),
-        initiator_name: "iqn.test:media".into(),
-        relative_target_port: 1,
-    }
+    engine_lu::nexus("iqn.test:media")
 }
 
 impl Fixture {
@@ -123,54 +74,54 @@ impl Fixture {
         let image = self.backend.mem.crash(|_, n| vec![keep_unsynced; n]);
         drop(self);
         let engine = Arc::new(Engine::open(Arc::new(image), tuning(), false).unwrap());
-        let lu = lu_over(&engine, engine.volumes()[0].0);
-        Fixture {
-            backend: Arc::new(Faulty {
-                mem: MemBackend::new(CAPACITY),
-                fail_writes: AtomicBool::new(false),
-            }),
-            engine,
-            lu,
-            nexus: nexus(),
-        }
+        let id = engine.volumes()[0].0;
+        Fixture::powered_on(faulty(), engine, id)
     }
 
     fn new() -> Self {
-        let backend = Arc::new(Faulty {
-            mem: MemBackend::new(CAPACITY),
-            fail_writes: AtomicBool::new(false),
-        });
-        let config = EngineConfig {
-            chunk_size: CHUNK as u32,
-            segment_size: MIB as u32,
-        };
-        let engine = Arc::new(Engine::create(backend.clone(), config, tuning()).unwrap());
+        let backend = faulty();
+        let engine = engine_lu::create_engine(backend.clone());
         let id = engine.create_volume(8 * MIB).unwrap();
+        Fixture::powered_on(backend, engine, id)
+    }
+
+    /// A new fixture with `blocks` blocks of [`pattern`] `seed` written at LBA 0 and synced.
+    fn with_synced(seed: u64, blocks: usize) -> (Fixture, Vec<u8>) {
+        let f = Fixture::new();
+        let data = pattern(seed, blocks);
+        good(&f.write(0, &data, false));
+        good(&f.sync());
+        (f, data)
+    }
+
+    /// Volume `id`'s logical unit, checked to tell a new nexus about the power-on first.
+    #[track_caller]
+    fn powered_on(backend: Arc<Faulty>, engine: Arc<Engine>, id: u32) -> Self {
         let f = Self {
             lu: lu_over(&engine, id),
             backend,
             engine,
             nexus: nexus(),
         };
-        // A new nexus is told about the power-on first.
         let r = f.run(&[0; 6], &[]);
         assert_eq!(codes(&r), (0x6, 0x29, 0x00));
         f
     }
 
     fn run(&self, cdb: &[u8], data_out: &[u8]) -> Response {
-        self.lu.execute(&Request {
-            nexus: &self.nexus,
-            cdb,
-            data_out,
-            attr: TaskAttr::Simple,
-            luns: &[0],
-            copy_targets: &sliver_scsi::NoCopyTargets,
-        })
+        engine_lu::run(&self.lu, &self.nexus, cdb, data_out)
     }
 
     fn read(&self, lba: u64, blocks: u32) -> Response {
         self.run(&cdb16(0x88, lba, blocks, false), &[])
+    }
+
+    /// A READ that must succeed.
+    #[track_caller]
+    fn read_good(&self, lba: u64, blocks: u32) -> Response {
+        let r = self.read(lba, blocks);
+        good(&r);
+        r
     }
 
     fn write(&self, lba: u64, data: &[u8], fua: bool) -> Response {
@@ -208,35 +159,20 @@ impl Fixture {
     }
 }
 
-fn cdb16(op: u8, lba: u64, blocks: u32, fua: bool) -> [u8; 16] {
-    let mut c = [0u8; 16];
-    c[0] = op;
-    if fua {
-        c[1] = 0x08;
-    }
-    c[2..10].copy_from_slice(&lba.to_be_bytes());
-    c[10..14].copy_from_slice(&blocks.to_be_bytes());
-    c
-}
-
-/// (sense key, ASC, ASCQ) of a CHECK CONDITION.
-fn codes(r: &Response) -> (u8, u8, u8) {
-    assert_eq!(r.status, Status::CheckCondition, "expected CHECK CONDITION");
-    (r.sense[2] & 0x0f, r.sense[12], r.sense[13])
-}
-
 /// The INFORMATION field of fixed-format sense data, if VALID.
 fn information(r: &Response) -> Option<u64> {
     (r.sense[0] & 0x80 != 0).then(|| u32::from_be_bytes(r.sense[3..7].try_into().unwrap()) as u64)
 }
 
-#[track_caller]
-fn good(r: &Response) {
-    assert_eq!(r.status, Status::Good, "sense {:02x?}", r.sense);
-}
-
 const MEDIUM_ERROR_UNRECOVERED_READ: (u8, u8, u8) = (0x3, 0x11, 0x00);
 const INTERNAL_TARGET_FAILURE: (u8, u8, u8) = (0x4, 0x44, 0x00);
+
+/// Fails unless `r` is HARDWARE ERROR / INTERNAL TARGET FAILURE: what a poisoned engine
+/// answers.
+#[track_caller]
+fn internal_target_failure(r: &Response) {
+    assert_eq!(codes(r), INTERNAL_TARGET_FAILURE);
+}
 
 /// `blocks` blocks of content unique to `seed` (no two 4 KiB chunks alike).
 fn pattern(seed: u64, blocks: usize) -> Vec<u8> {
@@ -259,11 +195,8 @@ fn find_in_log(backend: &Faulty, needle: &[u8]) -> u64 {
 
 #[test]
 fn an_unreadable_chunk_is_a_medium_error_for_its_blocks_only() {
-    let f = Fixture::new();
     // 32 chunks (256 blocks) of unique data, durable.
-    let data = pattern(1, 256);
-    good(&f.write(0, &data, false));
-    good(&f.sync());
+    let (f, data) = Fixture::with_synced(1, 256);
     // Chunk 5 (LBA 40..48) becomes unreadable.
     let bad = 5 * CHUNK;
     let at = find_in_log(&f.backend, &data[bad..bad + CHUNK]);
@@ -288,8 +221,7 @@ fn an_unreadable_chunk_is_a_medium_error_for_its_blocks_only() {
     }
     // Every other block reads back, right up to the bad chunk's edges.
     for (lba, blocks) in [(0u64, 40u32), (32, 8), (39, 1), (48, 8), (48, 208)] {
-        let r = f.read(lba, blocks);
-        good(&r);
+        let r = f.read_good(lba, blocks);
         let a = lba as usize * BS;
         assert!(
             r.data_in == data[a..a + blocks as usize * BS],
@@ -315,15 +247,13 @@ fn an_unreadable_chunk_is_a_medium_error_for_its_blocks_only() {
     let more = pattern(4, 64);
     good(&f.write(512, &more, true));
     good(&f.sync());
-    let r = f.read(512, 64);
-    good(&r);
+    let r = f.read_good(512, 64);
     assert!(r.data_in == more);
     // Rewriting the whole chunk needs no read: the blocks are readable again (the new data
     // lives elsewhere in the log; the fault stays where the old copy was).
     let fresh = pattern(5, 8);
     good(&f.write(40, &fresh, false));
-    let r = f.read(0, 256);
-    good(&r);
+    let r = f.read_good(0, 256);
     assert!(r.data_in[..40 * BS] == data[..40 * BS]);
     assert!(r.data_in[40 * BS..48 * BS] == fresh[..]);
     assert!(r.data_in[48 * BS..] == data[48 * BS..]);
@@ -332,10 +262,7 @@ fn an_unreadable_chunk_is_a_medium_error_for_its_blocks_only() {
 
 #[test]
 fn a_failed_synchronize_cache_poisons_writes_and_reads_continue() {
-    let f = Fixture::new();
-    let synced = pattern(10, 64);
-    good(&f.write(0, &synced, false));
-    good(&f.sync());
+    let (f, synced) = Fixture::with_synced(10, 64);
     let unsynced = pattern(11, 64);
     good(&f.write(64, &unsynced, false));
 
@@ -349,18 +276,14 @@ fn a_failed_synchronize_cache_poisons_writes_and_reads_continue() {
     // Every command that changes data is refused with the same clear sense, also after the
     // device would accept syncs again.
     let new = pattern(12, 8);
-    assert_eq!(codes(&f.write(256, &new, false)), INTERNAL_TARGET_FAILURE);
-    assert_eq!(codes(&f.write(256, &new, true)), INTERNAL_TARGET_FAILURE);
-    assert_eq!(codes(&f.unmap(0, 8)), INTERNAL_TARGET_FAILURE);
-    assert_eq!(codes(&f.write_same_zero(0, 8)), INTERNAL_TARGET_FAILURE);
-    assert_eq!(
-        codes(&f.compare_and_write(0, &synced[..BS], &new[..BS])),
-        INTERNAL_TARGET_FAILURE
-    );
-    assert_eq!(codes(&f.sync()), INTERNAL_TARGET_FAILURE);
+    internal_target_failure(&f.write(256, &new, false));
+    internal_target_failure(&f.write(256, &new, true));
+    internal_target_failure(&f.unmap(0, 8));
+    internal_target_failure(&f.write_same_zero(0, 8));
+    internal_target_failure(&f.compare_and_write(0, &synced[..BS], &new[..BS]));
+    internal_target_failure(&f.sync());
     // Reads go on: synced data, and what is still in the page cache.
-    let r = f.read(0, 128);
-    good(&r);
+    let r = f.read_good(0, 128);
     assert!(r.data_in[..64 * BS] == synced[..]);
     assert!(r.data_in[64 * BS..] == unsynced[..]);
     good(&f.run(&[0; 6], &[])); // TEST UNIT READY
@@ -372,13 +295,10 @@ fn a_failed_synchronize_cache_poisons_writes_and_reads_continue() {
 
     // The operator restarts: recovery from what was durable; writes work again.
     let g = f.restarted(false);
-    assert_eq!(codes(&g.run(&[0; 6], &[])), (0x6, 0x29, 0x00));
-    let r = g.read(0, 64);
-    good(&r);
+    let r = g.read_good(0, 64);
     assert!(r.data_in == synced, "synced data survives the restart");
     good(&g.write(256, &new, true));
-    let r = g.read(256, 8);
-    good(&r);
+    let r = g.read_good(256, 8);
     assert!(r.data_in == new);
 }
 
@@ -388,50 +308,31 @@ fn a_failed_fua_write_is_not_good_and_poisons() {
     let before = pattern(20, 16);
     good(&f.write(0, &before, true));
     f.backend.mem.fail_next_sync();
-    assert_eq!(
-        codes(&f.write(16, &pattern(21, 16), true)),
-        INTERNAL_TARGET_FAILURE
-    );
+    internal_target_failure(&f.write(16, &pattern(21, 16), true));
     assert!(f.engine.poisoned().is_some());
-    assert_eq!(
-        codes(&f.write(64, &pattern(22, 8), false)),
-        INTERNAL_TARGET_FAILURE
-    );
-    let r = f.read(0, 16);
-    good(&r);
+    internal_target_failure(&f.write(64, &pattern(22, 8), false));
+    let r = f.read_good(0, 16);
     assert!(r.data_in == before);
 }
 
 #[test]
 fn an_eio_on_a_log_write_poisons_and_reads_continue() {
-    let f = Fixture::new();
-    let before = pattern(30, 32);
-    good(&f.write(0, &before, false));
-    good(&f.sync());
-    f.backend.fail_writes.store(true, SeqCst);
-    assert_eq!(
-        codes(&f.write(32, &pattern(31, 8), false)),
-        INTERNAL_TARGET_FAILURE
-    );
+    let (f, before) = Fixture::with_synced(30, 32);
+    f.backend.model.fail_writes.store(true, SeqCst);
+    internal_target_failure(&f.write(32, &pattern(31, 8), false));
     assert!(f.engine.poisoned().is_some());
     // The device works again, but the engine does not pretend nothing happened.
-    f.backend.fail_writes.store(false, SeqCst);
-    assert_eq!(
-        codes(&f.write(64, &pattern(32, 8), false)),
-        INTERNAL_TARGET_FAILURE
-    );
-    assert_eq!(codes(&f.unmap(0, 8)), INTERNAL_TARGET_FAILURE);
-    let r = f.read(0, 32);
-    good(&r);
+    f.backend.model.fail_writes.store(false, SeqCst);
+    internal_target_failure(&f.write(64, &pattern(32, 8), false));
+    internal_target_failure(&f.unmap(0, 8));
+    let r = f.read_good(0, 32);
     assert!(r.data_in == before);
     // The failed write was applied before its log write (which runs outside the metadata
     // lock): its blocks report the failure instead of returning what is not on the medium.
-    assert_eq!(codes(&f.read(32, 8)), INTERNAL_TARGET_FAILURE);
+    internal_target_failure(&f.read(32, 8));
     // After a restart the log holds nothing of it: its blocks read as they were (zeros).
     let g = f.restarted(true);
-    assert_eq!(codes(&g.run(&[0; 6], &[])), (0x6, 0x29, 0x00));
-    let r = g.read(0, 40);
-    good(&r);
+    let r = g.read_good(0, 40);
     assert!(r.data_in[..32 * BS] == before[..]);
     assert!(r.data_in[32 * BS..].iter().all(|&b| b == 0));
 }
@@ -479,8 +380,7 @@ fn an_unreadable_segment_does_not_stop_the_collector() {
     f.backend.mem.fail_reads(0, 0);
     good(&f.write(12288, &pattern(46, 2048), false));
     for (lba, data) in [(0u64, &a2), (1024, &b2), (8192, &c)] {
-        let r = f.read(lba, (data.len() / BS) as u32);
-        good(&r);
+        let r = f.read_good(lba, (data.len() / BS) as u32);
         assert!(r.data_in == *data, "LBA {lba}");
     }
     assert!(f.engine.check(&mut |_, _| {}).is_empty());
