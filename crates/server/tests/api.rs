@@ -4,6 +4,7 @@
 use serde_json::{json, Value};
 use sliver_server::api::{self, AllowedHosts, ApiContext, OPENAPI, ROUTES};
 use sliver_server::Array;
+use sliver_test_support::target::runtime;
 use std::collections::BTreeSet;
 use std::io::{Read, Write};
 use std::net::SocketAddr;
@@ -30,11 +31,7 @@ fn start(token: Option<&str>) -> Api {
         )
         .unwrap(),
     );
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(1)
-        .enable_all()
-        .build()
-        .unwrap();
+    let runtime = runtime(1);
     let listener = runtime
         .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
         .unwrap();
@@ -61,6 +58,43 @@ fn start(token: Option<&str>) -> Api {
 /// (status, JSON body or Null, raw text)
 fn call(api: &Api, method: &str, path: &str, body: Option<Value>) -> (u16, Value, String) {
     call_with(api, method, path, body, None)
+}
+
+/// POST `body` to `path`, which must answer 201 Created: the JSON answer.
+#[track_caller]
+fn post_created(api: &Api, path: &str, body: Value) -> Value {
+    let (s, v, t) = call(api, "POST", path, Some(body));
+    assert_eq!(s, 201, "{t}");
+    v
+}
+
+/// `method` on `path` with `body` is refused with HTTP `status` and error code `code`.
+#[track_caller]
+fn assert_refused(
+    api: &Api,
+    method: &str,
+    path: &str,
+    body: Option<Value>,
+    status: u16,
+    code: &str,
+) {
+    let what = format!("{method} {path} {body:?}");
+    let (s, v, _) = call(api, method, path, body);
+    assert_eq!(
+        (s, v["error"]["code"].as_str()),
+        (status, Some(code)),
+        "{what}"
+    );
+}
+
+/// The sequence numbers of a page of events.
+fn event_seqs(page: &Value) -> Vec<u64> {
+    page["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["seq"].as_u64().unwrap())
+        .collect()
 }
 
 fn call_with(
@@ -171,99 +205,66 @@ fn the_openapi_document_matches_the_live_routes() {
 #[test]
 fn volumes_hosts_and_connections_round_trip_with_stable_error_codes() {
     let api = start(None);
-    let (s, v, t) = call(
+    let v = post_created(
         &api,
-        "POST",
         "/api/v1/volumes",
-        Some(json!({"name": "vol1", "size_bytes": 64u64 << 20})),
+        json!({"name": "vol1", "size_bytes": 64u64 << 20}),
     );
-    assert_eq!(s, 201, "{t}");
     assert_eq!(v["name"], "vol1");
     assert_eq!(v["provisioned_bytes"], 64u64 << 20);
     assert_eq!(v["mapped_bytes"], 0);
     assert_eq!(v["thin_provisioning"], 1.0);
     assert_eq!(v["kind"], "engine");
 
-    let code = |r: (u16, Value, String)| (r.0, r.1["error"]["code"].as_str().map(str::to_string));
-    let expect = |r: (u16, Value, String), status: u16, c: &str| {
-        assert_eq!(code(r), (status, Some(c.to_string())));
-    };
-    expect(
-        call(
-            &api,
-            "POST",
-            "/api/v1/volumes",
-            Some(json!({"name": "vol1", "size_bytes": 4096})),
+    for (body, status, code) in [
+        (
+            json!({"name": "vol1", "size_bytes": 4096}),
+            409,
+            "volume_exists",
         ),
-        409,
-        "volume_exists",
-    );
-    expect(
-        call(
-            &api,
-            "POST",
-            "/api/v1/volumes",
-            Some(json!({"name": "v2", "size_bytes": 1000})),
+        (
+            json!({"name": "v2", "size_bytes": 1000}),
+            400,
+            "invalid_size",
         ),
-        400,
-        "invalid_size",
-    );
-    expect(
-        call(
-            &api,
-            "POST",
-            "/api/v1/volumes",
-            Some(json!({"name": "../etc", "size_bytes": 4096})),
+        (
+            json!({"name": "../etc", "size_bytes": 4096}),
+            400,
+            "invalid_name",
         ),
-        400,
-        "invalid_name",
-    );
-    expect(
-        call(
-            &api,
-            "POST",
-            "/api/v1/volumes",
-            Some(json!({"name": "v2", "size": 4096})),
-        ),
-        400,
-        "bad_request",
-    );
-    expect(
-        call(&api, "GET", "/api/v1/volumes/missing", None),
+        (json!({"name": "v2", "size": 4096}), 400, "bad_request"),
+    ] {
+        assert_refused(&api, "POST", "/api/v1/volumes", Some(body), status, code);
+    }
+    assert_refused(
+        &api,
+        "GET",
+        "/api/v1/volumes/missing",
+        None,
         404,
         "volume_not_found",
     );
 
     // Hosts and connections.
-    let (s, _, t) = call(
+    post_created(
         &api,
-        "POST",
         "/api/v1/hosts",
-        Some(
-            json!({"name": "esx1", "iqns": ["iqn.1998-01.com.vmware:esx1"], "chap_user": "esx1", "chap_secret": "twelve-chars-secret"}),
-        ),
+        json!({"name": "esx1", "iqns": ["iqn.1998-01.com.vmware:esx1"], "chap_user": "esx1", "chap_secret": "twelve-chars-secret"}),
     );
-    assert_eq!(s, 201, "{t}");
-    expect(
-        call(
-            &api,
-            "POST",
-            "/api/v1/hosts",
-            Some(json!({"name": "h2", "iqns": ["not an iqn"]})),
+    for (body, status, code) in [
+        (
+            json!({"name": "h2", "iqns": ["not an iqn"]}),
+            400,
+            "invalid_iqn",
         ),
-        400,
-        "invalid_iqn",
-    );
-    expect(
-        call(
-            &api,
-            "POST",
-            "/api/v1/hosts",
-            Some(json!({"name": "h2", "iqns": [], "chap_user": "u", "chap_secret": "short"})),
+        (
+            json!({"name": "h2", "iqns": [], "chap_user": "u", "chap_secret": "short"}),
+            400,
+            "invalid_chap",
         ),
-        400,
-        "invalid_chap",
-    );
+    ] {
+        assert_refused(&api, "POST", "/api/v1/hosts", Some(body), status, code);
+    }
     let (_, hosts, text) = call(&api, "GET", "/api/v1/hosts", None);
     assert_eq!(hosts[0]["chap_user"], "esx1");
     assert!(
@@ -271,46 +272,46 @@ fn volumes_hosts_and_connections_round_trip_with_stable_error_codes() {
         "secrets are never returned"
     );
 
-    let (s, c, t) = call(
+    let c = post_created(
         &api,
-        "POST",
         "/api/v1/volumes/vol1/connections",
-        Some(json!({"host": "esx1", "lun": 3})),
+        json!({"host": "esx1", "lun": 3}),
     );
-    assert_eq!(s, 201, "{t}");
     assert_eq!(
         c["url"],
         "iscsi://127.0.0.1:3260/iqn.2026-11.test.sliver:api/3"
     );
-    expect(
-        call(
-            &api,
-            "POST",
-            "/api/v1/volumes/vol1/connections",
-            Some(json!({"host": "esx1"})),
-        ),
+    assert_refused(
+        &api,
+        "POST",
+        "/api/v1/volumes/vol1/connections",
+        Some(json!({"host": "esx1"})),
         409,
         "already_connected",
     );
-    expect(
-        call(&api, "DELETE", "/api/v1/volumes/vol1", None),
+    assert_refused(
+        &api,
+        "DELETE",
+        "/api/v1/volumes/vol1",
+        None,
         409,
         "volume_connected",
     );
-    expect(
-        call(&api, "DELETE", "/api/v1/hosts/esx1", None),
+    assert_refused(
+        &api,
+        "DELETE",
+        "/api/v1/hosts/esx1",
+        None,
         409,
         "host_in_use",
     );
 
     // Snapshot, clone, resize, rename.
-    let (s, snap, t) = call(
+    let snap = post_created(
         &api,
-        "POST",
         "/api/v1/volumes/vol1/snapshots",
-        Some(json!({"name": "vol1.snap"})),
+        json!({"name": "vol1.snap"}),
     );
-    assert_eq!(s, 201, "{t}");
     assert_eq!(snap["kind"], "snapshot");
     assert_eq!(snap["read_only"], true);
     let (_, vol1, _) = call(&api, "GET", "/api/v1/volumes/vol1", None);
@@ -325,21 +326,17 @@ fn volumes_hosts_and_connections_round_trip_with_stable_error_codes() {
         .as_millis() as u64;
     let created = snap["created_ms"].as_u64().unwrap();
     assert!(created <= now_ms && created + 600_000 > now_ms, "{created}");
-    let (s, clone, t) = call(
+    let clone = post_created(
         &api,
-        "POST",
         "/api/v1/volumes/vol1.snap/clones",
-        Some(json!({"name": "vol1-clone"})),
+        json!({"name": "vol1-clone"}),
     );
-    assert_eq!(s, 201, "{t}");
     assert_eq!(clone["source"], "vol1.snap");
-    expect(
-        call(
-            &api,
-            "PATCH",
-            "/api/v1/volumes/vol1",
-            Some(json!({"size_bytes": 4096})),
-        ),
+    assert_refused(
+        &api,
+        "PATCH",
+        "/api/v1/volumes/vol1",
+        Some(json!({"size_bytes": 4096})),
         400,
         "shrink_not_supported",
     );
@@ -373,13 +370,11 @@ fn volumes_hosts_and_connections_round_trip_with_stable_error_codes() {
     );
 
     // Disconnect, delete.
-    expect(
-        call(
-            &api,
-            "DELETE",
-            "/api/v1/volumes/vol-one/connections/nobody",
-            None,
-        ),
+    assert_refused(
+        &api,
+        "DELETE",
+        "/api/v1/volumes/vol-one/connections/nobody",
+        None,
         404,
         "not_connected",
     );
@@ -597,20 +592,16 @@ fn statistics_history_is_served_with_its_bounds_and_validated_queries() {
 fn a_host_is_edited_in_place() {
     let api = start(None);
     api.array.create_volume("ev1", 8 << 20, 512).unwrap();
-    let (s, _, t) = call(
+    post_created(
         &api,
-        "POST",
         "/api/v1/hosts",
-        Some(json!({"name": "esx9", "iqns": ["iqn.1998-01.com.vmware:esx9"]})),
+        json!({"name": "esx9", "iqns": ["iqn.1998-01.com.vmware:esx9"]}),
     );
-    assert_eq!(s, 201, "{t}");
-    let (s, _, t) = call(
+    post_created(
         &api,
-        "POST",
         "/api/v1/volumes/ev1/connections",
-        Some(json!({"host": "esx9"})),
+        json!({"host": "esx9"}),
     );
-    assert_eq!(s, 201, "{t}");
     let iqns = [
         "iqn.1998-01.com.vmware:esx9-new",
         "iqn.1998-01.com.vmware:esx9-b",
@@ -680,13 +671,11 @@ fn a_host_is_edited_in_place() {
 #[test]
 fn events_record_what_changed() {
     let api = start(None);
-    let (s, _, t) = call(
+    post_created(
         &api,
-        "POST",
         "/api/v1/volumes",
-        Some(json!({"name": "e1", "size_bytes": 8u64 << 20})),
+        json!({"name": "e1", "size_bytes": 8u64 << 20}),
     );
-    assert_eq!(s, 201, "{t}");
     call(
         &api,
         "POST",
@@ -736,12 +725,7 @@ fn events_record_what_changed() {
     assert_eq!(first["volume"], "e1");
     assert_eq!(first["severity"], "info");
     assert!(first["message"].as_str().unwrap().contains("8.0 MiB"));
-    let seqs: Vec<u64> = v["events"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|e| e["seq"].as_u64().unwrap())
-        .collect();
+    let seqs = event_seqs(&v);
     assert!(seqs.windows(2).all(|w| w[0] < w[1]));
     assert_eq!(v["next"], *seqs.last().unwrap());
     let (_, page, _) = call(
@@ -750,22 +734,12 @@ fn events_record_what_changed() {
         &format!("/api/v1/events?after={}&limit=2", seqs[1]),
         None,
     );
-    let page_seqs: Vec<u64> = page["events"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|e| e["seq"].as_u64().unwrap())
-        .collect();
+    let page_seqs = event_seqs(&page);
     assert_eq!(page_seqs, seqs[2..4]);
     assert_eq!(page["next"], seqs[3]);
     // Without `after`: the latest, oldest first (what a page shows first).
     let (_, latest, _) = call(&api, "GET", "/api/v1/events?limit=2", None);
-    let latest_seqs: Vec<u64> = latest["events"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|e| e["seq"].as_u64().unwrap())
-        .collect();
+    let latest_seqs = event_seqs(&latest);
     assert_eq!(latest_seqs, seqs[4..6]);
     assert_eq!(latest["next"], seqs[5]);
     let (_, empty, _) = call(

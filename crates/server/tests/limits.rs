@@ -2,7 +2,7 @@
 
 use sliver_server::array::ANY_HOST;
 use sliver_server::{Array, Server, ServerOptions};
-use sliver_test_support::target::serve_on_loopback;
+use sliver_test_support::target::{runtime, serve_on_loopback};
 use std::io::Read;
 use std::net::TcpStream;
 use std::sync::Arc;
@@ -55,11 +55,7 @@ fn a_shutdown_before_run_still_stops_the_server() {
     let dir = tempfile::tempdir().unwrap();
     let array = Arc::new(Array::open(dir.path(), "iqn.2026-11.test.sliver:early").unwrap());
     let server = Server::new(array);
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
+    let runtime = runtime(2);
     let listeners = runtime
         .block_on(server.bind(&ServerOptions {
             portals: vec!["127.0.0.1:0".parse().unwrap()],

@@ -11,10 +11,8 @@ use std::thread::JoinHandle;
 /// named `thread_name` (the run loop's thread `{thread_name}-main`). Returns the portal and the
 /// thread, which ends after `server.shutdown()`.
 pub fn serve_on_loopback(server: &Arc<Server>, thread_name: &str) -> (SocketAddr, JoinHandle<()>) {
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
+    let runtime = multi_thread(2)
         .thread_name(thread_name)
-        .enable_all()
         .build()
         .expect("a tokio runtime");
     let listeners = runtime
@@ -29,6 +27,17 @@ pub fn serve_on_loopback(server: &Arc<Server>, thread_name: &str) -> (SocketAddr
         .spawn(move || runtime.block_on(s.run(listeners)))
         .expect("a thread");
     (addr, thread)
+}
+
+/// A multi-thread tokio runtime of `workers` worker threads, with I/O and timers.
+pub fn runtime(workers: usize) -> tokio::runtime::Runtime {
+    multi_thread(workers).build().expect("a tokio runtime")
+}
+
+fn multi_thread(workers: usize) -> tokio::runtime::Builder {
+    let mut builder = tokio::runtime::Builder::new_multi_thread();
+    builder.worker_threads(workers).enable_all();
+    builder
 }
 
 /// How to start a [`Running`] target; [`Start::new`] then what differs, then [`Start::run`].
