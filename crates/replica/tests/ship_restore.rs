@@ -2,15 +2,20 @@
 //! standing in for the S3 server so that these run in every `cargo test`; the same scenario
 //! runs against a real SeaweedFS in `seaweedfs.rs` (`scripts/object-store-test.sh`).
 
+mod store_in_front;
+
 use sliver_engine::{Backend, Engine, EngineConfig, FileBackend, Tuning};
+use sliver_replica::catalog::Point;
 use sliver_replica::restore::{Mode, Target};
 use sliver_replica::ship::{ShipConfig, ShipState, Shipper, ShippingBackend};
 use sliver_replica::store::{ObjectStore, StoreError};
 use std::collections::BTreeMap;
 use std::ops::Range;
 use std::path::Path;
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
+use std::sync::{mpsc, Arc, Mutex};
 use std::time::{Duration, Instant};
+use store_in_front::{Change, Created, InFront};
 
 /// The store as a restore keeps it.
 fn dynamic<S: ObjectStore + 'static>(store: &Arc<S>) -> Arc<dyn ObjectStore> {
@@ -253,9 +258,7 @@ fn a_clean_stop_continues_the_stream_a_crash_takes_a_base_and_a_stranger_is_refu
     assert!(r.first > 1, "the restore starts at the new base: {r:?}");
     assert!(read_back(&restored) == model);
     std::fs::remove_dir_all(&restored).unwrap();
-    engine.shutdown().unwrap();
-    drop(engine);
-    shipper.stop(Duration::from_secs(30));
+    stop_cleanly(engine, shipper);
 
     // Another array on the same prefix.
     let other = tempfile::tempdir().unwrap();
@@ -280,9 +283,7 @@ fn a_restore_never_overwrites_an_array() {
     let (backend, shipper) = start(a.path(), &store);
     let engine = Engine::create(backend.clone(), config(), Tuning::default()).unwrap();
     engine.create_volume(VOLUME).unwrap();
-    engine.shutdown().unwrap();
-    drop(engine);
-    shipper.stop(Duration::from_secs(30));
+    stop_cleanly(engine, shipper);
     let err = restore(&dynamic(&store), a.path(), None, &Target::Newest).unwrap_err();
     assert!(err.to_string().contains("already holds an array"), "{err}");
     assert!(backend.capacity() >= CAPACITY);
@@ -437,10 +438,7 @@ fn points_restore_their_state_and_retention_deletes_only_what_nothing_needs() {
     overwrite(&engine, v, &mut model, 1, 64);
     engine.flush().unwrap();
     let take = |name: &str| {
-        shipper
-            .take_point(name)
-            .unwrap()
-            .recv_timeout(Duration::from_secs(60))
+        point_within(&shipper, name, Duration::from_secs(60))
             .unwrap()
             .unwrap()
     };
@@ -556,9 +554,7 @@ fn points_restore_their_state_and_retention_deletes_only_what_nothing_needs() {
     assert!(read_back(&at("two-again")) == model_two);
     restore(&dynamic(&store), &at("newest-again"), None, &Target::Newest).unwrap();
     assert!(read_back(&at("newest-again")) == model);
-    engine.shutdown().unwrap();
-    drop(engine);
-    shipper.stop(Duration::from_secs(30));
+    stop_cleanly(engine, shipper);
 }
 
 /// Scheduled points are taken while writes reach the store and none while nothing new does;
@@ -614,31 +610,31 @@ fn scheduled_points_are_kept_to_their_count_and_each_restores() {
     // The newest point was taken after the last writes reached the store: it is the model.
     let newest = kept.iter().max_by_key(|p| p.number).unwrap();
     assert!(read_back(&r.path().join(&newest.name)) == model);
-    engine.shutdown().unwrap();
-    drop(engine);
-    shipper.stop(Duration::from_secs(30));
+    stop_cleanly(engine, shipper);
 }
 
-/// A store that can be taken down: every call fails while `down` is set.
-struct Switchable {
-    inner: Arc<MemStore>,
-    down: std::sync::atomic::AtomicBool,
-}
+/// A store that can be taken down: every call fails while it is down.
+type Switchable = InFront<Down, Arc<MemStore>>;
+
+/// Whether the store behind is down.
+struct Down(AtomicBool);
 
 impl Switchable {
     fn new(down: bool) -> Arc<Switchable> {
-        Arc::new(Switchable {
+        Arc::new(InFront {
+            change: Down(AtomicBool::new(down)),
             inner: Arc::new(MemStore::default()),
-            down: std::sync::atomic::AtomicBool::new(down),
         })
     }
 
     fn set_down(&self, down: bool) {
-        self.down.store(down, std::sync::atomic::Ordering::SeqCst);
+        self.change.0.store(down, SeqCst);
     }
+}
 
-    fn check(&self) -> Result<(), StoreError> {
-        if self.down.load(std::sync::atomic::Ordering::SeqCst) {
+impl Change for Down {
+    fn before(&self) -> Result<(), StoreError> {
+        if self.0.load(SeqCst) {
             return Err(StoreError::Failed {
                 store: "switchable".into(),
                 op: "any",
@@ -648,34 +644,7 @@ impl Switchable {
         }
         Ok(())
     }
-}
-
-impl ObjectStore for Switchable {
-    fn put_if_absent(&self, name: &str, bytes: Vec<u8>) -> Result<bool, StoreError> {
-        self.check()?;
-        self.inner.put_if_absent(name, bytes)
-    }
-    fn put(&self, name: &str, bytes: Vec<u8>) -> Result<(), StoreError> {
-        self.check()?;
-        self.inner.put(name, bytes)
-    }
-    fn get(&self, name: &str) -> Result<Vec<u8>, StoreError> {
-        self.check()?;
-        self.inner.get(name)
-    }
-    fn get_range(&self, name: &str, range: Range<u64>) -> Result<Vec<u8>, StoreError> {
-        self.check()?;
-        self.inner.get_range(name, range)
-    }
-    fn list(&self, folder: &str) -> Result<Vec<String>, StoreError> {
-        self.check()?;
-        self.inner.list(folder)
-    }
-    fn delete(&self, name: &str) -> Result<(), StoreError> {
-        self.check()?;
-        self.inner.delete(name)
-    }
-    fn describe(&self) -> String {
+    fn describe(&self, _store: &dyn ObjectStore) -> String {
         "switchable".into()
     }
 }
@@ -752,6 +721,22 @@ fn a_bucket_emptied_while_the_store_failed_is_copied_again() {
     crash_and_restore(engine, shipper, &store.inner, &model);
 }
 
+/// The array shut down cleanly, then its shipper.
+fn stop_cleanly(engine: Engine, shipper: Shipper) {
+    engine.shutdown().unwrap();
+    drop(engine);
+    shipper.stop(Duration::from_secs(30));
+}
+
+/// The restore point `name` taken by `shipper`, waited for at most `wait`.
+fn point_within(
+    shipper: &Shipper,
+    name: &str,
+    wait: Duration,
+) -> Result<Result<Point, String>, mpsc::RecvTimeoutError> {
+    shipper.take_point(name).unwrap().recv_timeout(wait)
+}
+
 /// Once the copy holds every write: the array "crashes" (nothing shut down) and the newest
 /// state restored from `store` equals `model`.
 fn crash_and_restore(engine: Engine, shipper: Shipper, store: &Arc<MemStore>, model: &[u8]) {
@@ -776,16 +761,11 @@ fn a_restore_from_a_failing_store_ends_with_its_error() {
     let mut model = vec![0u8; VOLUME as usize];
     overwrite(&engine, v, &mut model, 21, 64);
     engine.flush().unwrap();
-    let point = shipper
-        .take_point("p")
-        .unwrap()
-        .recv_timeout(Duration::from_secs(60))
+    let point = point_within(&shipper, "p", Duration::from_secs(60))
         .unwrap()
         .unwrap();
     drained(&shipper);
-    engine.shutdown().unwrap();
-    drop(engine);
-    shipper.stop(Duration::from_secs(30));
+    stop_cleanly(engine, shipper);
     assert!(point.base == 1 && point.through > 3, "{point:?}");
     // An object after the base goes missing: the point that needs it is refused; the newest
     // state is the state before the gap, with the gap and what it left out reported.
@@ -968,31 +948,16 @@ fn every_write_acknowledged_before_a_point_is_in_it() {
 }
 
 /// A store slow to create restore points (800 ms each).
-struct SlowPoints(Arc<Switchable>);
+struct SlowPoints;
 
-impl ObjectStore for SlowPoints {
-    fn put_if_absent(&self, name: &str, bytes: Vec<u8>) -> Result<bool, StoreError> {
+impl Change for SlowPoints {
+    fn put_if_absent(&self, store: &dyn ObjectStore, name: &str, bytes: Vec<u8>) -> Created {
         if name.starts_with("points/") {
             std::thread::sleep(Duration::from_millis(800));
         }
-        self.0.put_if_absent(name, bytes)
+        store.put_if_absent(name, bytes)
     }
-    fn put(&self, name: &str, bytes: Vec<u8>) -> Result<(), StoreError> {
-        self.0.put(name, bytes)
-    }
-    fn get(&self, name: &str) -> Result<Vec<u8>, StoreError> {
-        self.0.get(name)
-    }
-    fn get_range(&self, name: &str, range: Range<u64>) -> Result<Vec<u8>, StoreError> {
-        self.0.get_range(name, range)
-    }
-    fn list(&self, folder: &str) -> Result<Vec<String>, StoreError> {
-        self.0.list(folder)
-    }
-    fn delete(&self, name: &str) -> Result<(), StoreError> {
-        self.0.delete(name)
-    }
-    fn describe(&self) -> String {
+    fn describe(&self, _store: &dyn ObjectStore) -> String {
         "slow points".into()
     }
 }
@@ -1002,7 +967,10 @@ impl ObjectStore for SlowPoints {
 #[test]
 fn a_point_asked_for_while_another_is_being_created_is_not_lost() {
     let a = tempfile::tempdir().unwrap();
-    let store = Arc::new(SlowPoints(Switchable::new(false)));
+    let store = Arc::new(InFront {
+        change: SlowPoints,
+        inner: Switchable::new(false),
+    });
     let fb = FileBackend::open(a.path(), CAPACITY).unwrap();
     let (backend, shipper) =
         ShippingBackend::start(a.path(), fb, store.clone(), fast(), None).unwrap();
@@ -1028,9 +996,7 @@ fn a_point_asked_for_while_another_is_being_created_is_not_lost() {
     assert!(matches!(c, Ok(Ok(_))), "point c lost: {c:?}");
     let names: Vec<String> = shipper.points().into_iter().map(|p| p.name).collect();
     assert_eq!(names, ["a", "b", "c"]);
-    engine.shutdown().unwrap();
-    drop(engine);
-    shipper.stop(Duration::from_secs(30));
+    stop_cleanly(engine, shipper);
 }
 
 /// A damaged point object in the store (or one a newer release wrote) is reported, never used,
@@ -1044,14 +1010,9 @@ fn a_damaged_point_neither_fences_the_copy_nor_loses_its_number() {
     let mut model = vec![0u8; VOLUME as usize];
     overwrite(&engine, v, &mut model, 1, 8);
     engine.flush().unwrap();
-    let first = shipper
-        .take_point("first")
-        .unwrap()
-        .recv_timeout(Duration::from_secs(30));
+    let first = point_within(&shipper, "first", Duration::from_secs(30));
     assert!(matches!(first, Ok(Ok(_))));
-    engine.shutdown().unwrap();
-    drop(engine);
-    shipper.stop(Duration::from_secs(30));
+    stop_cleanly(engine, shipper);
     store
         .inner
         .put("points/0000000000000002", b"not a point".to_vec())
@@ -1062,18 +1023,13 @@ fn a_damaged_point_neither_fences_the_copy_nor_loses_its_number() {
     let engine = Engine::open(Arc::new(backend), Tuning::default(), false).unwrap();
     overwrite(&engine, v, &mut model, 2, 8);
     engine.flush().unwrap();
-    let next = shipper
-        .take_point("next")
-        .unwrap()
-        .recv_timeout(Duration::from_secs(30));
+    let next = point_within(&shipper, "next", Duration::from_secs(30));
     let Ok(Ok(next)) = next else {
         panic!("no point: {next:?} {:?}", shipper.status())
     };
     assert_eq!(next.number, 3);
     assert_eq!(shipper.status().state, ShipState::Streaming);
-    engine.shutdown().unwrap();
-    drop(engine);
-    shipper.stop(Duration::from_secs(30));
+    stop_cleanly(engine, shipper);
 }
 
 /// The copy holds every write; then the array "crashes" (nothing shut down).
