@@ -1,5 +1,8 @@
 //! `sliver-torture`: SIGKILL a live sliver under mixed I/O, restart it, verify what survived.
 
+#[path = "cli.rs"]
+mod cli;
+
 use clap::Parser;
 use sliver_torture::{run, TortureOptions};
 use std::path::PathBuf;
@@ -55,22 +58,13 @@ struct Args {
     /// Take no snapshots or clones.
     #[arg(long)]
     no_snapshots: bool,
-    /// Print the report as JSON on stdout.
-    #[arg(long)]
-    json: bool,
-    /// No progress lines on stderr.
-    #[arg(long, short)]
-    quiet: bool,
+    #[command(flatten)]
+    report: cli::Report,
 }
 
 fn main() -> ExitCode {
     let a = Args::parse();
-    let seed = a.seed.unwrap_or_else(|| {
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_nanos() as u64)
-            .unwrap_or(1)
-    });
+    let seed = cli::seed_or_clock(a.seed);
     let defaults = TortureOptions::default();
     let opts = TortureOptions {
         sliver: a.sliver.unwrap_or(defaults.sliver),
@@ -86,10 +80,10 @@ fn main() -> ExitCode {
         max_queue_depth: a.queue_depth.max(1),
         check_every: a.check_every,
         snapshots: !a.no_snapshots,
-        verbose: !a.quiet,
+        verbose: !a.report.quiet,
         ..defaults
     };
-    if !a.quiet {
+    if !a.report.quiet {
         eprintln!(
             "sliver-torture: seed {seed}, {} cycles, {} sessions, sliver {}",
             opts.cycles,
@@ -97,5 +91,5 @@ fn main() -> ExitCode {
             opts.sliver.display()
         );
     }
-    sliver_torture::exit_with("sliver-torture", run(&opts), a.json)
+    sliver_torture::exit_with("sliver-torture", run(&opts), a.report.json)
 }

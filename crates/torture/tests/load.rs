@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::sliver_binary;
+use common::{assert_each_completed, sliver_binary};
 use sliver_torture::load::{run, LoadOptions};
 use std::time::Duration;
 
@@ -38,21 +38,19 @@ fn sixty_four_sessions_of_mixed_io_see_no_error_and_no_mismatch() {
         "every session must complete commands"
     );
     assert!(report.session_commands_min > 0);
-    for kind in [
-        "write",
-        "write_fua",
-        "read",
-        "unmap",
-        "write_same_unmap",
-        "write_same_pattern",
-        "compare_and_write",
-        "synchronize_cache",
-    ] {
-        assert!(
-            report.commands_completed.get(kind).copied().unwrap_or(0) > 0,
-            "no {kind} completed"
-        );
-    }
+    assert_each_completed(
+        &report.commands_completed,
+        &[
+            "write",
+            "write_fua",
+            "read",
+            "unmap",
+            "write_same_unmap",
+            "write_same_pattern",
+            "compare_and_write",
+            "synchronize_cache",
+        ],
+    );
     // Every session read its whole stripe back after the timed phase.
     assert_eq!(report.blocks_verified, 64 * (1 << 20) / 512);
     assert!(report.clean_exit && report.check_ok);

@@ -6,7 +6,7 @@ use sliver_torture::model::{block_of, make_vid, Model, BLOCK, ZEROS};
 use sliver_torture::{run, TortureOptions};
 
 mod common;
-use common::sliver_binary;
+use common::{assert_each_completed, sliver_binary};
 
 #[test]
 fn twenty_kill_cycles_lose_nothing() {
@@ -55,21 +55,19 @@ fn twenty_kill_cycles_lose_nothing() {
         "sliver check ran {} times",
         report.checks_run
     );
-    for kind in [
-        "write",
-        "write_fua",
-        "synchronize_cache",
-        "unmap",
-        "write_same_zero",
-        "write_same_pattern",
-        "compare_and_write",
-        "extended_copy",
-    ] {
-        assert!(
-            report.commands_completed.get(kind).copied().unwrap_or(0) > 0,
-            "no {kind} completed"
-        );
-    }
+    assert_each_completed(
+        &report.commands_completed,
+        &[
+            "write",
+            "write_fua",
+            "synchronize_cache",
+            "unmap",
+            "write_same_zero",
+            "write_same_pattern",
+            "compare_and_write",
+            "extended_copy",
+        ],
+    );
 }
 
 #[test]

@@ -2,6 +2,9 @@
 //! reports IOPS, latency percentiles and the server's memory, and fails on any error or
 //! data mismatch.
 
+#[path = "../cli.rs"]
+mod cli;
+
 use clap::Parser;
 use sliver_torture::load::{run, LoadOptions};
 use std::path::PathBuf;
@@ -46,22 +49,13 @@ struct Args {
     /// removed unless the run fails].
     #[arg(long)]
     data_dir: Option<PathBuf>,
-    /// Print the report as JSON on stdout.
-    #[arg(long)]
-    json: bool,
-    /// No progress lines on stderr.
-    #[arg(long, short)]
-    quiet: bool,
+    #[command(flatten)]
+    report: cli::Report,
 }
 
 fn main() -> ExitCode {
     let a = Args::parse();
-    let seed = a.seed.unwrap_or_else(|| {
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_nanos() as u64)
-            .unwrap_or(1)
-    });
+    let seed = cli::seed_or_clock(a.seed);
     if !(a.seconds.is_finite() && a.seconds > 0.0 && a.seconds <= 86_400.0) {
         eprintln!("sliver-load: --seconds must be in (0, 86400]");
         return ExitCode::from(2);
@@ -78,8 +72,8 @@ fn main() -> ExitCode {
         seed,
         data_dir: a.data_dir,
         capacity_bytes: a.capacity_gib.max(1) << 30,
-        verbose: !a.quiet,
+        verbose: !a.report.quiet,
         ..defaults
     };
-    sliver_torture::exit_with("sliver-load", run(&opts), a.json)
+    sliver_torture::exit_with("sliver-load", run(&opts), a.report.json)
 }

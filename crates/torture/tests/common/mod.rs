@@ -1,5 +1,7 @@
-//! Shared by the integration tests: the `sliver` binary they run.
+//! Shared by the integration tests: the `sliver` binary they run, and what they ask of a run's
+//! report.
 
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::process::Command;
 
@@ -32,4 +34,15 @@ pub fn sliver_binary() -> PathBuf {
     }
     assert!(bin.is_file(), "no sliver binary at {}", bin.display());
     bin
+}
+
+/// Every command kind in `kinds` completed at least once (`completed`: a report's count by kind).
+#[track_caller]
+pub fn assert_each_completed(completed: &BTreeMap<String, u64>, kinds: &[&str]) {
+    for kind in kinds {
+        assert!(
+            completed.get(*kind).copied().unwrap_or(0) > 0,
+            "no {kind} completed"
+        );
+    }
 }
