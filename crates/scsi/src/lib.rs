@@ -39,6 +39,8 @@ pub mod sense;
 mod spc;
 pub mod stats;
 #[cfg(test)]
+mod test_kit;
+#[cfg(test)]
 mod tests;
 pub mod tmf;
 mod tpc;

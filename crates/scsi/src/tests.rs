@@ -2,11 +2,11 @@
 
 use std::sync::Arc;
 
-use sliver_volume::{BlockStatus, FileVolume, Volume, VolumeSpace};
+use sliver_volume::{FileVolume, Volume};
 
-use crate::{LogicalUnit, LuConfig, Nexus, Request, Response, Status, TaskAttr};
+use crate::test_kit::{file_volume, good, lu_config, nexus, sense_codes, TestVolume, BS};
+use crate::{LogicalUnit, Nexus, Request, Response, Status};
 
-const BS: usize = 512;
 const BLOCKS: u64 = 2048; // 1 MiB
 
 pub(crate) struct Fixture {
@@ -21,40 +21,14 @@ pub(crate) fn fixture() -> Fixture {
 /// A fixture whose FileVolume is wrapped by `wrap`.
 fn fixture_with(wrap: impl FnOnce(FileVolume) -> Arc<dyn Volume>) -> Fixture {
     let dir = tempfile::tempdir().unwrap();
-    let volume = FileVolume::open(&dir.path().join("v"), BLOCKS * BS as u64, BS as u32).unwrap();
-    let lu = LogicalUnit::new(
-        wrap(volume),
-        LuConfig {
-            vendor: "SLIVER".into(),
-            product: "sliver".into(),
-            revision: "0001".into(),
-            serial: "serial-1".into(),
-            naa: [0x6a; 16],
-            target_name: "iqn.2024-01.io.sliver:t1".into(),
-            target_port_group: 1,
-            state_dir: None,
-        },
-    );
+    let volume = file_volume(dir.path(), "v", BLOCKS);
+    let lu = LogicalUnit::new(wrap(volume), lu_config("serial-1".into(), [0x6a; 16]));
     Fixture { _dir: dir, lu }
 }
 
-fn nexus(n: u8) -> Nexus {
-    Nexus {
-        initiator_port: format!("iqn.test:{n},i,0x00000000000{n}"),
-        initiator_name: format!("iqn.test:{n}"),
-        relative_target_port: 1,
-    }
-}
-
+/// A request from `n`, which sees LUNs 0 and 3 and reaches no other LU for copies.
 fn request<'a>(n: &'a Nexus, cdb: &'a [u8], data_out: &'a [u8]) -> Request<'a> {
-    Request {
-        nexus: n,
-        cdb,
-        data_out,
-        attr: TaskAttr::Simple,
-        luns: &[0, 3],
-        copy_targets: &crate::NoCopyTargets,
-    }
+    crate::test_kit::request(n, cdb, data_out, &[0, 3], &crate::NoCopyTargets)
 }
 
 fn run(lu: &LogicalUnit, n: &Nexus, cdb: &[u8], data_out: &[u8]) -> Response {
@@ -68,16 +42,6 @@ fn ready() -> (Fixture, Nexus) {
     let r = run(&f.lu, &n, &[0; 6], &[]);
     assert_eq!(sense_codes(&r), (0x6, 0x29, 0x00));
     (f, n)
-}
-
-/// (key, ASC, ASCQ) from fixed-format sense.
-fn sense_codes(r: &Response) -> (u8, u8, u8) {
-    assert_eq!(r.status, Status::CheckCondition, "{r:?}");
-    (r.sense[2] & 0x0f, r.sense[12], r.sense[13])
-}
-
-fn good(r: &Response) {
-    assert_eq!(r.status, Status::Good, "sense {:02x?}", r.sense);
 }
 
 fn cdb16(op: u8, lba: u64, blocks: u32) -> [u8; 16] {
@@ -277,7 +241,7 @@ fn get_lba_status_joins_runs_a_volume_reports_in_pieces() {
     let plain = fixture();
     // Provisioning runs reported in pieces of at most 8 blocks, as the engine cuts long runs
     // to bound its lock hold.
-    let pieces = fixture_with(|v| Arc::new(Altered::new(v).status_runs_of(8)));
+    let pieces = fixture_with(|v| Arc::new(TestVolume::new(v).status_runs_of(8)));
     let n = nexus(1);
     for f in [&plain, &pieces] {
         run(&f.lu, &n, &[0; 6], &[]); // the power-on unit attention
@@ -634,14 +598,8 @@ fn reserve6_conflicts_other_nexus() {
 #[test]
 fn command_without_lu() {
     let n = nexus(1);
-    let req = |cdb: &'static [u8]| Request {
-        nexus: &n,
-        cdb,
-        data_out: &[],
-        attr: TaskAttr::Simple,
-        luns: &[0],
-        copy_targets: &crate::NoCopyTargets,
-    };
+    let req =
+        |cdb: &'static [u8]| crate::test_kit::request(&n, cdb, &[], &[0], &crate::NoCopyTargets);
     let r = crate::execute_without_lu(&req(&[0x12, 0, 0, 0, 36, 0]));
     good(&r);
     assert_eq!(r.data_in[0], 0x7f);
@@ -702,7 +660,7 @@ fn run_cached(lu: &LogicalUnit, n: &Nexus, cdb: &[u8], data_out: &[u8]) -> Optio
 #[test]
 fn only_a_read_that_does_not_wait_executes_without_waiting() {
     use crate::CommandClass;
-    let waits = fixture_with(|v| Arc::new(Altered::new(v)));
+    let waits = fixture_with(|v| Arc::new(TestVolume::new(v)));
     let n = nexus(1);
     // A pending unit attention answers the READ before anything is read, waiting or not.
     let r = run_cached(&waits.lu, &n, &cdb16(0x88, 0, 8), &[]).expect("answered");
@@ -725,7 +683,7 @@ fn only_a_read_that_does_not_wait_executes_without_waiting() {
     );
     assert_eq!(read16(&waits.lu, &n, 16, 8).data_in, data);
 
-    let cached = fixture_with(|v| Arc::new(Altered::new(v).reads_cached()));
+    let cached = fixture_with(|v| Arc::new(TestVolume::new(v).reads_cached()));
     let n = nexus(2);
     let _ = run(&cached.lu, &n, &[0; 6], &[]);
     good(&write16(&cached.lu, &n, 16, &data));
@@ -733,88 +691,6 @@ fn only_a_read_that_does_not_wait_executes_without_waiting() {
     good(&r);
     assert_eq!(r.data_in, data);
     assert_eq!(cached.lu.stats().class(CommandClass::Read).commands, 1);
-}
-
-/// A FileVolume with some answers changed, to exercise command rules a plain file volume does
-/// not reach.
-struct Altered {
-    inner: FileVolume,
-    /// Crash-atomic write limit to claim (the engine provides real atomicity).
-    atomic_bytes: u64,
-    /// Longest provisioning run to report at once.
-    status_run: u64,
-    /// Whether reads say they can be done without waiting ([`Volume::read_cached`]).
-    cached_reads: bool,
-}
-
-impl Altered {
-    fn new(inner: FileVolume) -> Self {
-        Altered {
-            inner,
-            atomic_bytes: 0,
-            status_run: u64::MAX,
-            cached_reads: false,
-        }
-    }
-    fn reads_cached(self) -> Self {
-        Altered {
-            cached_reads: true,
-            ..self
-        }
-    }
-    fn atomic_writes_up_to(self, bytes: u64) -> Self {
-        Altered {
-            atomic_bytes: bytes,
-            ..self
-        }
-    }
-    fn status_runs_of(self, blocks: u64) -> Self {
-        Altered {
-            status_run: blocks,
-            ..self
-        }
-    }
-}
-
-impl Volume for Altered {
-    fn block_size(&self) -> u32 {
-        self.inner.block_size()
-    }
-    fn num_blocks(&self) -> u64 {
-        self.inner.num_blocks()
-    }
-    fn read(&self, lba: u64, buf: &mut [u8]) -> sliver_volume::Result<()> {
-        self.inner.read(lba, buf)
-    }
-    fn read_cached(&self, lba: u64, buf: &mut [u8]) -> sliver_volume::Result<bool> {
-        if !self.cached_reads {
-            return Ok(false);
-        }
-        self.inner.read(lba, buf)?;
-        Ok(true)
-    }
-    fn write(&self, lba: u64, data: &[u8]) -> sliver_volume::Result<()> {
-        self.inner.write(lba, data)
-    }
-    fn flush(&self) -> sliver_volume::Result<()> {
-        self.inner.flush()
-    }
-    fn unmap(&self, lba: u64, blocks: u64) -> sliver_volume::Result<()> {
-        self.inner.unmap(lba, blocks)
-    }
-    fn block_status(&self, lba: u64) -> sliver_volume::Result<BlockStatus> {
-        let s = self.inner.block_status(lba)?;
-        Ok(BlockStatus {
-            blocks: s.blocks.min(self.status_run),
-            ..s
-        })
-    }
-    fn space(&self) -> sliver_volume::Result<VolumeSpace> {
-        self.inner.space()
-    }
-    fn max_atomic_write_bytes(&self) -> u64 {
-        self.atomic_bytes
-    }
 }
 
 fn write_atomic16(lba: u64, blocks: u16, boundary: u16) -> [u8; 16] {
@@ -847,7 +723,7 @@ fn write_atomic_is_unsupported_where_the_volume_cannot_promise_it() {
 
 #[test]
 fn write_atomic_writes_within_the_advertised_limit() {
-    let f = fixture_with(|v| Arc::new(Altered::new(v).atomic_writes_up_to(16 * BS as u64)));
+    let f = fixture_with(|v| Arc::new(TestVolume::new(v).atomic_writes_up_to(16 * BS as u64)));
     let n = nexus(1);
     let _ = run(&f.lu, &n, &[0; 6], &[]);
     let r = run(&f.lu, &n, &[0x12, 1, 0xb0, 0, 0xff, 0], &[]);
@@ -1102,7 +978,7 @@ impl sliver_volume::Pool for TestPool {
 
 /// An LU on a file volume in `pool`.
 fn pooled_unit(dir: &std::path::Path, pool: Arc<TestPool>) -> LogicalUnit {
-    let volume = Arc::new(FileVolume::open(&dir.join("v"), BLOCKS * BS as u64, BS as u32).unwrap());
+    let volume = Arc::new(file_volume(dir, "v", BLOCKS));
     LogicalUnit::new(volume, fixture().lu.config.clone()).with_pool(pool)
 }
 

@@ -395,21 +395,14 @@ mod tests {
         assert_eq!(tags, vec![100, 101]);
     }
 
+    /// A request from `nexus`, which sees LUN 0 and reaches no other LU for copies.
+    fn request<'a>(nexus: &'a Nexus, cdb: &'a [u8]) -> crate::Request<'a> {
+        crate::test_kit::request(nexus, cdb, &[], &[0], &crate::NoCopyTargets)
+    }
+
     /// Runs `cdb` on `unit` from `nexus`, as a transport would, past the power-on attention.
     fn run(unit: &LogicalUnit, nexus: &Nexus, cdb: &[u8]) -> crate::Response {
-        let req = crate::Request {
-            nexus,
-            cdb,
-            data_out: &[],
-            attr: crate::TaskAttr::Simple,
-            luns: &[0],
-            copy_targets: &crate::NoCopyTargets,
-        };
-        let r = unit.execute(&req);
-        if r.sense.get(12) == Some(&0x29) {
-            return unit.execute(&req);
-        }
-        r
+        crate::test_kit::execute_past_power_on(unit, &request(nexus, cdb))
     }
 
     #[test]
@@ -444,14 +437,7 @@ mod tests {
         assert_eq!(finished.answers, vec![complete(100).unwrap()]);
         // The reset came after it: the reservation is gone, and the other initiator sees
         // BUS DEVICE RESET FUNCTION OCCURRED before its next command runs.
-        let r = unit.execute(&crate::Request {
-            nexus: &other,
-            cdb: &test_unit_ready,
-            data_out: &[],
-            attr: crate::TaskAttr::Simple,
-            luns: &[0],
-            copy_targets: &crate::NoCopyTargets,
-        });
+        let r = unit.execute(&request(&other, &test_unit_ready));
         assert_eq!((r.sense[12], r.sense[13]), (0x29, 0x03), "{r:?}");
         let write = [0x2a, 0, 0, 0, 0, 0, 0, 0, 0, 0];
         assert_eq!(

@@ -136,13 +136,13 @@ impl CopyResults {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::tpc::test_kit::nexus;
+    use crate::test_kit::nexus;
     use crate::SenseReason;
 
     #[test]
     fn reusing_a_list_identifier_replaces_its_result() {
         let results = CopyResults::default();
-        let n = nexus();
+        let n = nexus(1);
         let first = results.begin(&n, 3);
         let second = results.begin(&n, 3);
         // The earlier copy finishing (with an error) does not touch the later one's record.
@@ -156,7 +156,7 @@ mod tests {
         // Another nexus with the same list identifier is independent.
         let other = Nexus {
             relative_target_port: 2,
-            ..nexus()
+            ..nexus(1)
         };
         assert!(results.find(&other, 3).is_none());
         results.begin(&other, 3);
@@ -167,7 +167,7 @@ mod tests {
     #[test]
     fn retained_results_are_bounded() {
         let results = CopyResults::default();
-        let n = nexus();
+        let n = nexus(1);
         for id in 0..=255u8 {
             let t = results.begin(&n, id);
             results.finish(t, &Ok(0));

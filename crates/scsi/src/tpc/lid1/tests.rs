@@ -1,8 +1,7 @@
 use std::sync::Arc;
 
-use sliver_volume::FileVolume;
-
 use super::*;
+use crate::test_kit::{file_volume, good, nexus, sense_codes, TestVolume, BS};
 use crate::tpc::test_kit::*;
 use crate::{Nexus, Status, TaskAttr};
 use crate::{NoCopyTargets, Response};
@@ -190,7 +189,7 @@ fn unreachable_copy_targets_abort_the_copy() {
     let p = params(1, 0, &cscds, &[b2b(0, 1, 8, 0, 0)]);
     // The LU exists but this nexus may not reach it: nothing found, nothing copied.
     assert_eq!(
-        sense(&xcopy(receiving, &NoCopyTargets, &p)),
+        sense_codes(&xcopy(receiving, &NoCopyTargets, &p)),
         COPY_TARGET_NOT_REACHABLE
     );
     assert!(read(receiving, 0, 8).iter().all(|&b| b == 0));
@@ -198,7 +197,7 @@ fn unreachable_copy_targets_abort_the_copy() {
     let cscds = [cscd(naa(9), 512), cscd(naa(0), 512)];
     let p = params(1, 0, &cscds, &[b2b(0, 1, 8, 0, 0)]);
     let r = xcopy(receiving, &Reachable(a.lus.clone()), &p);
-    assert_eq!(sense(&r), COPY_TARGET_NOT_REACHABLE);
+    assert_eq!(sense_codes(&r), COPY_TARGET_NOT_REACHABLE);
     // The segment pointer (SD = 0) names the designator of CSCD 0.
     assert_eq!(r.sense[15], 0x80);
     assert_eq!(u16::from_be_bytes([r.sense[16], r.sense[17]]), 16 + 4);
@@ -207,13 +206,13 @@ fn unreachable_copy_targets_abort_the_copy() {
     t10[5] = 0x01;
     let p = params(1, 0, &[t10], &[b2b(0, 0, 8, 0, 8)]);
     assert_eq!(
-        sense(&xcopy(receiving, &NoCopyTargets, &p)),
+        sense_codes(&xcopy(receiving, &NoCopyTargets, &p)),
         COPY_TARGET_NOT_REACHABLE
     );
     // A CSCD index beyond the list (libiscsi ExtendedCopy.ValidateSegDescr).
     let p = params(1, 0, &[cscd(naa(0), 512)], &[b2b(0, 1, 8, 0, 8)]);
     assert_eq!(
-        sense(&xcopy(receiving, &NoCopyTargets, &p)),
+        sense_codes(&xcopy(receiving, &NoCopyTargets, &p)),
         COPY_TARGET_NOT_REACHABLE
     );
     // The failure is recorded for the list identifier.
@@ -251,7 +250,7 @@ fn other_lus_reservations_apply_to_the_copy() {
     let cscds = [cscd(naa(0), 512), cscd(naa(1), 512)];
     let p = params(1, 0, &cscds, &[b2b(0, 1, 8, 0, 0)]);
     assert_eq!(
-        sense(&xcopy(receiving, &reachable, &p)),
+        sense_codes(&xcopy(receiving, &reachable, &p)),
         COPY_TARGET_NOT_REACHABLE
     );
     assert!(read(other, 0, 8).iter().all(|&b| b == 0));
@@ -266,7 +265,7 @@ fn ranges_are_checked_on_both_sides_before_any_copying() {
     // First segment fine, second out of range on the destination: nothing is copied.
     let segments = [b2b(0, 0, 16, 0, 100), b2b(0, 0, 16, 0, BLOCKS - 15)];
     let r = xcopy(lu, &NoCopyTargets, &params(1, 0, &t, &segments));
-    assert_eq!(sense(&r), COPY_TARGET_NOT_REACHABLE);
+    assert_eq!(sense_codes(&r), COPY_TARGET_NOT_REACHABLE);
     assert_eq!(
         u16::from_be_bytes([r.sense[16], r.sense[17]]) as usize,
         16 + 32 + 28 + 20
@@ -281,7 +280,7 @@ fn ranges_are_checked_on_both_sides_before_any_copying() {
         b2b(0, 0, 2, 0, u64::MAX),
     ] {
         let r = xcopy(lu, &NoCopyTargets, &params(1, 0, &t, &[seg]));
-        assert_eq!(sense(&r), COPY_TARGET_NOT_REACHABLE);
+        assert_eq!(sense_codes(&r), COPY_TARGET_NOT_REACHABLE);
     }
     // Exactly up to the end is fine.
     good(&xcopy(
@@ -310,20 +309,20 @@ fn descriptor_limits() {
         &NoCopyTargets,
         &params(1, 0, &vec![t.clone(); max_t + 1], std::slice::from_ref(&s)),
     );
-    assert_eq!(sense(&r), (0x5, 0x26, 0x06));
+    assert_eq!(sense_codes(&r), (0x5, 0x26, 0x06));
     let r = xcopy(
         lu,
         &NoCopyTargets,
         &params(1, 0, std::slice::from_ref(&t), &vec![s.clone(); max_s + 1]),
     );
-    assert_eq!(sense(&r), (0x5, 0x26, 0x08));
+    assert_eq!(sense_codes(&r), (0x5, 0x26, 0x08));
     // Descriptor lists longer than MAXIMUM DESCRIPTOR LIST LENGTH (libiscsi's third case).
     let r = xcopy(
         lu,
         &NoCopyTargets,
         &params(1, 0, &vec![t.clone(); max_t + 1], &vec![s; 73]),
     );
-    assert_eq!(sense(&r), PARAMETER_LIST_LENGTH_ERROR);
+    assert_eq!(sense_codes(&r), PARAMETER_LIST_LENGTH_ERROR);
     // Refused lists leave the result of the accepted one alone.
     let r = results(lu, 0x00, 1);
     good(&r);
@@ -345,7 +344,7 @@ fn unsupported_descriptor_types() {
         &NoCopyTargets,
         &params(1, 0, &[fc], &[b2b(0, 0, 1, 0, 1)]),
     );
-    assert_eq!(sense(&r), (0x5, 0x26, 0x07));
+    assert_eq!(sense_codes(&r), (0x5, 0x26, 0x07));
     assert_eq!(u16::from_be_bytes([r.sense[16], r.sense[17]]), 16);
     let ipv6 = {
         let mut d = vec![0u8; 64];
@@ -357,7 +356,7 @@ fn unsupported_descriptor_types() {
         &NoCopyTargets,
         &params(1, 0, &[ipv6], &[b2b(0, 0, 1, 0, 1)]),
     );
-    assert_eq!(sense(&r), (0x5, 0x26, 0x07));
+    assert_eq!(sense_codes(&r), (0x5, 0x26, 0x07));
     // Stream-to-stream (03h), as libiscsi ExtendedCopy.DescrType sends it.
     let mut stream = vec![0u8; 20];
     stream[0] = 0x03;
@@ -367,7 +366,7 @@ fn unsupported_descriptor_types() {
         &NoCopyTargets,
         &params(1, 0, &[cscd(naa(0), 512)], &[stream]),
     );
-    assert_eq!(sense(&r), (0x5, 0x26, 0x09));
+    assert_eq!(sense_codes(&r), (0x5, 0x26, 0x09));
     // A known type with the wrong DESCRIPTOR LENGTH.
     let mut short = b2b(0, 0, 1, 0, 1);
     short[3] = 0x14;
@@ -376,7 +375,7 @@ fn unsupported_descriptor_types() {
         &NoCopyTargets,
         &params(1, 0, &[cscd(naa(0), 512)], &[short]),
     );
-    assert_eq!(sense(&r), INVALID_FIELD_IN_PARAMETER_LIST);
+    assert_eq!(sense_codes(&r), INVALID_FIELD_IN_PARAMETER_LIST);
     // A non-block peripheral device type, and the wrong block length.
     let mut tape = cscd(naa(0), 512);
     tape[1] = 0x01;
@@ -385,13 +384,13 @@ fn unsupported_descriptor_types() {
         &NoCopyTargets,
         &params(1, 0, &[tape], &[b2b(0, 0, 1, 0, 1)]),
     );
-    assert_eq!(sense(&r), INVALID_FIELD_IN_PARAMETER_LIST);
+    assert_eq!(sense_codes(&r), INVALID_FIELD_IN_PARAMETER_LIST);
     let r = xcopy(
         lu,
         &NoCopyTargets,
         &params(1, 0, &[cscd(naa(0), 4096)], &[b2b(0, 0, 1, 0, 1)]),
     );
-    assert_eq!(sense(&r), INVALID_FIELD_IN_PARAMETER_LIST);
+    assert_eq!(sense_codes(&r), INVALID_FIELD_IN_PARAMETER_LIST);
     // LU ID TYPE is ignored (SPC-4), as libiscsi ExtendedCopy.ValidateTgtDescr expects.
     let mut lu_id = cscd(naa(0), 512);
     lu_id[1] = 0xc0;
@@ -412,21 +411,21 @@ fn parameter_list_lengths_and_header_fields() {
     // Truncating the CSCD list or the segment list (libiscsi ExtendedCopy.Param).
     for len in [10, 16 + 31, 16 + 32 + 27] {
         let r = run(lu, &NoCopyTargets, &xcopy_cdb(len), &p[..len]);
-        assert_eq!(sense(&r), PARAMETER_LIST_LENGTH_ERROR, "{len}");
+        assert_eq!(sense_codes(&r), PARAMETER_LIST_LENGTH_ERROR, "{len}");
     }
     // Larger than any list we take.
     let huge = 16 + MAX_DESCRIPTOR_LIST_BYTES as usize + 1;
     let r = run(lu, &NoCopyTargets, &xcopy_cdb(huge), &vec![0; huge]);
-    assert_eq!(sense(&r), PARAMETER_LIST_LENGTH_ERROR);
+    assert_eq!(sense_codes(&r), PARAMETER_LIST_LENGTH_ERROR);
     // Data-Out shorter than the CDB says.
     let r = run(lu, &NoCopyTargets, &xcopy_cdb(p.len()), &p[..20]);
-    assert_eq!(sense(&r), (0x5, 0x0e, 0x03));
+    assert_eq!(sense_codes(&r), (0x5, 0x0e, 0x03));
     // Inline data is not taken.
     let mut inline = p.clone();
     inline[15] = 4;
     inline.extend_from_slice(&[0; 4]);
     let r = xcopy(lu, &NoCopyTargets, &inline);
-    assert_eq!(sense(&r), INVALID_FIELD_IN_PARAMETER_LIST);
+    assert_eq!(sense_codes(&r), INVALID_FIELD_IN_PARAMETER_LIST);
     assert_eq!(u16::from_be_bytes([r.sense[16], r.sense[17]]), 12);
     // LIST ID USAGE 01b is reserved; 11b copies without keeping a result.
     let r = xcopy(
@@ -434,13 +433,13 @@ fn parameter_list_lengths_and_header_fields() {
         &NoCopyTargets,
         &params(7, 1, &[cscd(naa(0), 512)], &[b2b(0, 0, 8, 0, 8)]),
     );
-    assert_eq!(sense(&r), INVALID_FIELD_IN_PARAMETER_LIST);
+    assert_eq!(sense_codes(&r), INVALID_FIELD_IN_PARAMETER_LIST);
     good(&xcopy(
         lu,
         &NoCopyTargets,
         &params(7, 3, &[cscd(naa(0), 512)], &[b2b(0, 0, 8, 0, 8)]),
     ));
-    assert_eq!(sense(&results(lu, 0x00, 7)), (0x5, 0x24, 0x00));
+    assert_eq!(sense_codes(&results(lu, 0x00, 7)), (0x5, 0x24, 0x00));
 }
 
 #[test]
@@ -459,7 +458,7 @@ fn block_to_block_with_offsets_whole_blocks_only() {
     for (bytes, offsets, field) in [(2048, (1, 0), 28), (2048, (0, 3), 30), (2000, (0, 0), 8)] {
         let seg = b2b_offsets(0, 0, bytes, (40, 80), offsets);
         let r = xcopy(lu, &NoCopyTargets, &params(1, 0, &t, &[seg]));
-        assert_eq!(sense(&r), INVALID_FIELD_IN_PARAMETER_LIST);
+        assert_eq!(sense_codes(&r), INVALID_FIELD_IN_PARAMETER_LIST);
         assert_eq!(
             u16::from_be_bytes([r.sense[16], r.sense[17]]) as usize,
             16 + 32 + field
@@ -467,14 +466,14 @@ fn block_to_block_with_offsets_whole_blocks_only() {
     }
     let too_long = b2b_offsets(0, 0, MAX_SEGMENT_BYTES + 512, (0, 0), (0, 0));
     let r = xcopy(lu, &NoCopyTargets, &params(1, 0, &t, &[too_long]));
-    assert_eq!(sense(&r), INVALID_FIELD_IN_PARAMETER_LIST);
+    assert_eq!(sense_codes(&r), INVALID_FIELD_IN_PARAMETER_LIST);
 }
 
 #[test]
 fn failed_segment_is_reported_by_receive_copy_results() {
     let dir = tempfile::tempdir().unwrap();
-    let inner = FileVolume::open(&dir.path().join("f"), BLOCKS * BS as u64, BS as u32).unwrap();
-    let lu = lu_over(Arc::new(ScriptedVolume::new(inner).failing_from(2000)), 0);
+    let inner = file_volume(dir.path(), "f", BLOCKS);
+    let lu = lu_over(Arc::new(TestVolume::new(inner).failing_from(2000)), 0);
     let t = [cscd(naa(0), 512)];
     let segments = [
         b2b(0, 0, 8, 0, 1000),
@@ -482,7 +481,7 @@ fn failed_segment_is_reported_by_receive_copy_results() {
         b2b(0, 0, 8, 0, 100),
     ];
     let r = xcopy(&lu, &NoCopyTargets, &params(9, 0, &t, &segments));
-    assert_eq!(sense(&r), COPY_TARGET_NOT_REACHABLE);
+    assert_eq!(sense_codes(&r), COPY_TARGET_NOT_REACHABLE);
 
     let r = results(&lu, 0x00, 9);
     good(&r);
@@ -509,13 +508,9 @@ fn failed_segment_is_reported_by_receive_copy_results() {
     );
 
     // Other nexuses and unknown list identifiers see nothing.
-    assert_eq!(sense_of(&results(&lu, 0x00, 10)), (0x5, 0x24, 0x00));
-    lu.nexus_lost(&nexus());
-    assert_eq!(sense_of(&results(&lu, 0x04, 9)), (0x5, 0x24, 0x00));
-}
-
-fn sense_of(r: &Response) -> (u8, u8, u8) {
-    sense(r)
+    assert_eq!(sense_codes(&results(&lu, 0x00, 10)), (0x5, 0x24, 0x00));
+    lu.nexus_lost(&nexus(1));
+    assert_eq!(sense_codes(&results(&lu, 0x04, 9)), (0x5, 0x24, 0x00));
 }
 
 #[test]
@@ -545,7 +540,7 @@ fn operating_parameters_and_vpd_page() {
     assert!(64 * 32 + 64 * 32 <= u32::from_be_bytes(d[12..16].try_into().unwrap()));
 
     // RECEIVE DATA (01h) is not implemented.
-    assert_eq!(sense(&results(lu, 0x01, 0)), (0x5, 0x20, 0x00));
+    assert_eq!(sense_codes(&results(lu, 0x01, 0)), (0x5, 0x20, 0x00));
 
     let r = run(lu, &NoCopyTargets, &[0x12, 1, 0x8f, 0x04, 0, 0], &[]);
     good(&r);

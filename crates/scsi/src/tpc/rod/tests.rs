@@ -1,8 +1,6 @@
 use super::*;
-use crate::tpc::test_kit::{
-    array, good, lu_over, naa, nexus, pattern, read, run, sense, write, Reachable, ScriptedVolume,
-    BLOCKS, BS,
-};
+use crate::test_kit::{file_volume, good, nexus, sense_codes, TestVolume, BS};
+use crate::tpc::test_kit::{array, lu_over, naa, pattern, read, run, write, Reachable, BLOCKS};
 use crate::{CopyTargets, NoCopyTargets};
 use sliver_volume::FileVolume;
 
@@ -177,7 +175,7 @@ fn a_change_to_a_represented_block_revokes_a_point_in_time_token() {
         1,
         &wut_params(&token, 0, false, &[(200, 8)]),
     );
-    assert_eq!(sense(&r), TOKEN_REVOKED);
+    assert_eq!(sense_codes(&r), TOKEN_REVOKED);
     assert_eq!(read(lu, 200, 8), vec![0; 8 * BS], "nothing written");
     let r = information(lu, 1);
     assert_eq!(r.data_in[5], COPY_STATUS_FAILED);
@@ -197,7 +195,7 @@ fn a_change_to_a_represented_block_revokes_a_point_in_time_token() {
         1,
         &wut_params(&token, 0, false, &[(200, 8)]),
     );
-    assert_eq!(sense(&r), TOKEN_REVOKED);
+    assert_eq!(sense_codes(&r), TOKEN_REVOKED);
 }
 
 #[test]
@@ -233,7 +231,7 @@ fn a_successful_copy_never_mixes_data_from_before_and_after_the_token() {
             assert_eq!(read(&lu, 1024, 256), old, "round {round}: a mix");
             copied += 1;
         } else {
-            assert_eq!(sense(&r), TOKEN_REVOKED);
+            assert_eq!(sense_codes(&r), TOKEN_REVOKED);
         }
     }
     // Both outcomes are legal; the assertion above is what matters. Which one a round
@@ -244,16 +242,14 @@ fn a_successful_copy_never_mixes_data_from_before_and_after_the_token() {
 #[test]
 fn a_change_while_the_token_is_copied_fails_the_copy_with_token_revoked() {
     let dir = tempfile::tempdir().unwrap();
-    let open = |name: &str| {
-        FileVolume::open(&dir.path().join(name), BLOCKS * BS as u64, BS as u32).unwrap()
-    };
+    let open = |name: &str| file_volume(dir.path(), name, BLOCKS);
     let src = lu_over(Arc::new(open("src")), 0);
     write(&src, 0, &pattern(16, 0x10));
     let token = token_for(&src, &pt_params(None, 0, &[(0, 16)]));
     let writer = src.clone();
     // The change lands after WRITE USING TOKEN took its token, before any data moved.
     let dst = lu_over(
-        Arc::new(ScriptedVolume::new(open("dst")).before_copy(move || {
+        Arc::new(TestVolume::new(open("dst")).before_copy(move || {
             write16(&writer, 4, &pattern(1, 0x99));
         })),
         1,
@@ -268,7 +264,7 @@ fn a_change_while_the_token_is_copied_fails_the_copy_with_token_revoked() {
     // The copy did move the changed block, so only the check after it keeps this
     // from being a GOOD copy of mixed data.
     assert_eq!(read(&dst, 104, 1), pattern(1, 0x99));
-    assert_eq!(sense(&r), TOKEN_REVOKED);
+    assert_eq!(sense_codes(&r), TOKEN_REVOKED);
 }
 
 #[test]
@@ -278,13 +274,13 @@ fn a_list_identifier_in_use_is_refused_until_its_command_ends() {
     // As if a POPULATE TOKEN with LIST IDENTIFIER 5 were running on this nexus.
     lu.copy_manager
         .tokens
-        .record(&nexus(), 5, opcode::SA_POPULATE_TOKEN)
+        .record(&nexus(1), 5, opcode::SA_POPULATE_TOKEN)
         .unwrap();
     let p = pt_params(None, 0, &[(0, 8)]);
-    assert_eq!(sense(&populate(lu, 5, &p)), (0x5, 0x00, 0x16));
+    assert_eq!(sense_codes(&populate(lu, 5, &p)), (0x5, 0x00, 0x16));
     assert_eq!(information(lu, 5).data_in[5], COPY_STATUS_IN_PROGRESS);
     good(&populate(lu, 6, &p));
-    lu.copy_manager.tokens.finish(&nexus(), 5, |r| {
+    lu.copy_manager.tokens.finish(&nexus(1), 5, |r| {
         r.outcome = Some((Status::Good, None));
     });
     good(&populate(lu, 5, &p));
@@ -351,7 +347,7 @@ fn the_zero_token_is_held_to_the_maximum_token_transfer_size() {
         ],
     );
     let r = write_using(&lu, &NoCopyTargets, 1, &p);
-    assert_eq!(sense(&r), INVALID_FIELD_IN_PARAMETER_LIST);
+    assert_eq!(sense_codes(&r), INVALID_FIELD_IN_PARAMETER_LIST);
     assert_eq!(u16::from_be_bytes([r.sense[16], r.sense[17]]), 534);
 }
 
@@ -366,16 +362,19 @@ fn unknown_altered_deleted_and_unreachable_tokens_are_refused() {
     };
     let mut altered = token.clone();
     altered[TOKEN_LEN - 1] ^= 1;
-    assert_eq!(sense(&wut(&altered, false, &targets)), TOKEN_UNKNOWN);
+    assert_eq!(sense_codes(&wut(&altered, false, &targets)), TOKEN_UNKNOWN);
     // The source LU is not reachable for this nexus.
-    assert_eq!(sense(&wut(&token, false, &NoCopyTargets)), TOKEN_UNKNOWN);
+    assert_eq!(
+        sense_codes(&wut(&token, false, &NoCopyTargets)),
+        TOKEN_UNKNOWN
+    );
     // DEL_TKN: this use works, the next finds nothing.
     good(&wut(&token, true, &targets));
-    assert_eq!(sense(&wut(&token, false, &targets)), TOKEN_UNKNOWN);
+    assert_eq!(sense_codes(&wut(&token, false, &targets)), TOKEN_UNKNOWN);
     // A token nobody made.
     let mut forged = token.clone();
     forged[16..48].fill(0);
-    assert_eq!(sense(&wut(&forged, false, &targets)), TOKEN_UNKNOWN);
+    assert_eq!(sense_codes(&wut(&forged, false, &targets)), TOKEN_UNKNOWN);
 }
 
 #[test]
@@ -396,7 +395,7 @@ fn a_token_expires_after_its_inactivity_timeout() {
         1,
         &wut_params(&token, 0, false, &[(64, 8)]),
     );
-    assert_eq!(sense(&r), (0x5, 0x23, 0x07));
+    assert_eq!(sense_codes(&r), (0x5, 0x23, 0x07));
 }
 
 #[test]
@@ -406,20 +405,20 @@ fn malformed_parameter_lists_are_refused_with_the_field_named() {
     let pointer = |r: &crate::Response| u16::from_be_bytes([r.sense[16], r.sense[17]]);
     // Overlapping ranges: the second is named.
     let r = populate(lu, 1, &pt_params(None, 0, &[(0, 8), (4, 8)]));
-    assert_eq!(sense(&r), INVALID_FIELD_IN_PARAMETER_LIST);
+    assert_eq!(sense_codes(&r), INVALID_FIELD_IN_PARAMETER_LIST);
     assert_eq!(pointer(&r), 32);
     // Past the end of the LU.
     let r = populate(lu, 1, &pt_params(None, 0, &[(BLOCKS - 4, 8)]));
-    assert_eq!(sense(&r), (0x5, 0x21, 0x00));
+    assert_eq!(sense_codes(&r), (0x5, 0x21, 0x00));
     // Inactivity timeout over the maximum; unsupported ROD type.
     let r = populate(lu, 1, &pt_params(None, MAX_INACTIVITY_SECS + 1, &[(0, 8)]));
     assert_eq!(
-        (sense(&r), pointer(&r)),
+        (sense_codes(&r), pointer(&r)),
         (INVALID_FIELD_IN_PARAMETER_LIST, 4)
     );
     let r = populate(lu, 1, &pt_params(Some(0x0080_0002), 0, &[(0, 8)]));
     assert_eq!(
-        (sense(&r), pointer(&r)),
+        (sense_codes(&r), pointer(&r)),
         (INVALID_FIELD_IN_PARAMETER_LIST, 8)
     );
     // RANGE DESCRIPTOR LENGTH not whole descriptors, or past the list.
@@ -427,18 +426,18 @@ fn malformed_parameter_lists_are_refused_with_the_field_named() {
     p[PT_RANGES_LEN + 1] = 15;
     let r = populate(lu, 1, &p);
     assert_eq!(
-        (sense(&r), pointer(&r)),
+        (sense_codes(&r), pointer(&r)),
         (INVALID_FIELD_IN_PARAMETER_LIST, 14)
     );
     p[PT_RANGES_LEN + 1] = 32;
-    assert_eq!(sense(&populate(lu, 1, &p)), (0x5, 0x1a, 0x00));
+    assert_eq!(sense_codes(&populate(lu, 1, &p)), (0x5, 0x1a, 0x00));
     // More descriptors than advertised.
     let many: Vec<(u64, u32)> = (0..=u64::from(MAX_RANGE_DESCRIPTORS))
         .map(|i| (i * 2, 1))
         .collect();
     let r = populate(lu, 1, &pt_params(None, 0, &many));
     assert_eq!(
-        (sense(&r), pointer(&r)),
+        (sense_codes(&r), pointer(&r)),
         ((0x5, 0x26, 0x08), 14),
         "TOO MANY SEGMENT DESCRIPTORS"
     );
@@ -451,7 +450,7 @@ fn malformed_parameter_lists_are_refused_with_the_field_named() {
         &wut_params(&token, 4, false, &[(64, 5)]),
     );
     assert_eq!(
-        (sense(&r), pointer(&r)),
+        (sense_codes(&r), pointer(&r)),
         (INVALID_FIELD_IN_PARAMETER_LIST, 534)
     );
     let r = write_using(
@@ -461,15 +460,15 @@ fn malformed_parameter_lists_are_refused_with_the_field_named() {
         &wut_params(&token, 8, false, &[(64, 1)]),
     );
     assert_eq!(
-        (sense(&r), pointer(&r)),
+        (sense_codes(&r), pointer(&r)),
         (INVALID_FIELD_IN_PARAMETER_LIST, 8)
     );
     // A short WRITE USING TOKEN list; an unknown list identifier.
     assert_eq!(
-        sense(&write_using(lu, &NoCopyTargets, 1, &[0; 100])),
+        sense_codes(&write_using(lu, &NoCopyTargets, 1, &[0; 100])),
         (0x5, 0x1a, 0x00)
     );
-    assert_eq!(sense(&information(lu, 0xdead)), (0x5, 0x24, 0x00));
+    assert_eq!(sense_codes(&information(lu, 0xdead)), (0x5, 0x24, 0x00));
     // Zero-length lists do nothing.
     good(&populate(lu, 1, &[]));
 }
