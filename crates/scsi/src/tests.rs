@@ -366,6 +366,20 @@ fn mode_sense6(lu: &LogicalUnit, n: &Nexus, page: u8, pc: u8) -> Response {
     run(lu, n, &[0x1a, 0x08, pc << 6 | page, 0, 255, 0], &[])
 }
 
+/// MODE SELECT(6) with PF set of `page` after a header without block descriptors.
+fn mode_select6(lu: &LogicalUnit, n: &Nexus, page: &[u8]) -> Response {
+    let mut params = vec![0u8, 0, 0, 0];
+    params.extend_from_slice(page);
+    run(lu, n, &[0x15, 0x10, 0, 0, params.len() as u8, 0], &params)
+}
+
+/// The current Control mode page (0Ah) with `bits` set in its byte `at`, selected.
+fn set_control_page_bits(lu: &LogicalUnit, n: &Nexus, at: usize, bits: u8) {
+    let mut page = mode_sense6(lu, n, 0x0a, 0).data_in[4..].to_vec();
+    page[at] |= bits;
+    good(&mode_select6(lu, n, &page));
+}
+
 #[test]
 fn mode_select_round_trip_and_unit_attention_for_others() {
     let (f, n) = ready();
@@ -384,12 +398,9 @@ fn mode_select_round_trip_and_unit_attention_for_others() {
     let changeable = mode_sense6(&f.lu, &n, 0x08, 1);
     assert_eq!(changeable.data_in[4 + 2], 0x04);
 
-    let mut params = vec![0u8, 0, 0, 0];
     let mut new_page = page.clone();
     new_page[2] &= !0x04;
-    params.extend_from_slice(&new_page);
-    let select = [0x15, 0x10, 0, 0, params.len() as u8, 0];
-    good(&run(&f.lu, &n, &select, &params));
+    good(&mode_select6(&f.lu, &n, &new_page));
     assert_eq!(mode_sense6(&f.lu, &n, 0x08, 0).data_in[4 + 2] & 0x04, 0);
     // Other nexus learns about it; the changer does not.
     assert_eq!(
@@ -399,10 +410,10 @@ fn mode_select_round_trip_and_unit_attention_for_others() {
     good(&run(&f.lu, &n, &[0; 6], &[]));
 
     // Changing a bit that is not changeable is refused.
-    let mut bad = params.clone();
-    bad[4 + 2] |= 0x01; // RCD
+    let mut bad = new_page.clone();
+    bad[2] |= 0x01; // RCD
     assert_eq!(
-        sense_codes(&run(&f.lu, &n, &select, &bad)),
+        sense_codes(&mode_select6(&f.lu, &n, &bad)),
         (0x5, 0x26, 0x00)
     );
     // Saved values are not supported.
@@ -415,17 +426,7 @@ fn mode_select_round_trip_and_unit_attention_for_others() {
 #[test]
 fn d_sense_switches_to_descriptor_format() {
     let (f, n) = ready();
-    let r = mode_sense6(&f.lu, &n, 0x0a, 0);
-    let mut params = vec![0u8, 0, 0, 0];
-    let mut page = r.data_in[4..].to_vec();
-    page[2] |= 0x04;
-    params.extend_from_slice(&page);
-    good(&run(
-        &f.lu,
-        &n,
-        &[0x15, 0x10, 0, 0, params.len() as u8, 0],
-        &params,
-    ));
+    set_control_page_bits(&f.lu, &n, 2, 0x04); // D_SENSE
     let r = read16(&f.lu, &n, BLOCKS, 1);
     assert_eq!(r.status, Status::CheckCondition);
     assert_eq!(&r.sense[..4], &[0x72, 0x05, 0x21, 0x00]);
@@ -434,17 +435,7 @@ fn d_sense_switches_to_descriptor_format() {
 #[test]
 fn software_write_protect_blocks_writes() {
     let (f, n) = ready();
-    let r = mode_sense6(&f.lu, &n, 0x0a, 0);
-    let mut params = vec![0u8, 0, 0, 0];
-    let mut page = r.data_in[4..].to_vec();
-    page[4] |= 0x08;
-    params.extend_from_slice(&page);
-    good(&run(
-        &f.lu,
-        &n,
-        &[0x15, 0x10, 0, 0, params.len() as u8, 0],
-        &params,
-    ));
+    set_control_page_bits(&f.lu, &n, 4, 0x08); // SWP
     assert_eq!(
         sense_codes(&write16(&f.lu, &n, 0, &[1; BS])),
         (0x7, 0x27, 0x00)
@@ -473,10 +464,8 @@ fn report_luns_lists_mapped_luns() {
 #[test]
 fn read_capacity_16_advertises_thin_provisioning() {
     let (f, n) = ready();
-    let mut c = [0u8; 16];
-    c[0] = 0x9e;
-    c[1] = 0x10;
-    c[13] = 32;
+    let mut c = cdb16(0x9e, 0, 32);
+    c[1] = 0x10; // READ CAPACITY(16)
     let r = run(&f.lu, &n, &c, &[]);
     good(&r);
     assert_eq!(
@@ -702,23 +691,33 @@ fn write_atomic16(lba: u64, blocks: u16, boundary: u16) -> [u8; 16] {
     c
 }
 
+/// The Block Limits VPD page (B0h).
+fn block_limits(lu: &LogicalUnit, n: &Nexus) -> Vec<u8> {
+    let r = run(lu, n, &[0x12, 1, 0xb0, 0, 0xff, 0], &[]);
+    good(&r);
+    r.data_in
+}
+
+/// The SUPPORT field REPORT SUPPORTED OPERATION CODES gives for WRITE ATOMIC(16).
+fn write_atomic_support(lu: &LogicalUnit, n: &Nexus) -> u8 {
+    let r = run(
+        lu,
+        n,
+        &[0xa3, 0x0c, 0x01, 0x9c, 0, 0, 0, 0, 0x10, 0, 0, 0],
+        &[],
+    );
+    good(&r);
+    r.data_in[1] & 0x07
+}
+
 #[test]
 fn write_atomic_is_unsupported_where_the_volume_cannot_promise_it() {
     let (f, n) = ready();
     let r = run(&f.lu, &n, &write_atomic16(0, 1, 0), &[1; BS]);
     assert_eq!(sense_codes(&r), (0x5, 0x20, 0x00));
     // VPD B0 advertises no atomic length; RSOC does not list the opcode.
-    let r = run(&f.lu, &n, &[0x12, 1, 0xb0, 0, 0xff, 0], &[]);
-    good(&r);
-    assert_eq!(&r.data_in[44..48], &[0, 0, 0, 0]);
-    let r = run(
-        &f.lu,
-        &n,
-        &[0xa3, 0x0c, 0x01, 0x9c, 0, 0, 0, 0, 0x10, 0, 0, 0],
-        &[],
-    );
-    good(&r);
-    assert_eq!(r.data_in[1] & 0x07, 0x01, "not supported");
+    assert_eq!(&block_limits(&f.lu, &n)[44..48], &[0, 0, 0, 0]);
+    assert_eq!(write_atomic_support(&f.lu, &n), 0x01, "not supported");
 }
 
 #[test]
@@ -726,10 +725,8 @@ fn write_atomic_writes_within_the_advertised_limit() {
     let f = fixture_with(|v| Arc::new(TestVolume::new(v).atomic_writes_up_to(16 * BS as u64)));
     let n = nexus(1);
     let _ = run(&f.lu, &n, &[0; 6], &[]);
-    let r = run(&f.lu, &n, &[0x12, 1, 0xb0, 0, 0xff, 0], &[]);
-    good(&r);
     assert_eq!(
-        u32::from_be_bytes(r.data_in[44..48].try_into().unwrap()),
+        u32::from_be_bytes(block_limits(&f.lu, &n)[44..48].try_into().unwrap()),
         16
     );
     good(&run(&f.lu, &n, &write_atomic16(8, 16, 0), &[7; 16 * BS]));
@@ -760,14 +757,7 @@ fn write_atomic_writes_within_the_advertised_limit() {
         sense_codes(&run(&f.lu, &n, &wrprotect, &[7; BS])),
         (0x5, 0x24, 0x00)
     );
-    let r = run(
-        &f.lu,
-        &n,
-        &[0xa3, 0x0c, 0x01, 0x9c, 0, 0, 0, 0, 0x10, 0, 0, 0],
-        &[],
-    );
-    good(&r);
-    assert_eq!(r.data_in[1] & 0x07, 0x03, "supported");
+    assert_eq!(write_atomic_support(&f.lu, &n), 0x03, "supported");
 }
 
 #[test]
@@ -806,33 +796,17 @@ fn log_sense_lists_and_reports_logical_block_provisioning() {
     assert_eq!(params[11], 0x02);
     assert_eq!(&params[12..16], &[0x00, 0x02, 0x03, 0x08]);
     // Threshold values, unknown pages and SP are refused.
-    assert_eq!(
-        sense_codes(&run(
-            &f.lu,
-            &n,
-            &[0x4d, 0, 0x0c, 0, 0, 0, 0, 0, 0xff, 0],
-            &[]
-        )),
-        (0x5, 0x24, 0x00)
-    );
-    assert_eq!(
-        sense_codes(&run(
-            &f.lu,
-            &n,
-            &[0x4d, 0, 0x5f, 0, 0, 0, 0, 0, 0xff, 0],
-            &[]
-        )),
-        (0x5, 0x24, 0x00)
-    );
-    assert_eq!(
-        sense_codes(&run(
-            &f.lu,
-            &n,
-            &[0x4d, 1, 0x4c, 0, 0, 0, 0, 0, 0xff, 0],
-            &[]
-        )),
-        (0x5, 0x24, 0x00)
-    );
+    for (refused, cdb) in [
+        ("threshold values", [0x4d, 0, 0x0c, 0, 0, 0, 0, 0, 0xff, 0]),
+        ("an unknown page", [0x4d, 0, 0x5f, 0, 0, 0, 0, 0, 0xff, 0]),
+        ("SP", [0x4d, 1, 0x4c, 0, 0, 0, 0, 0, 0xff, 0]),
+    ] {
+        assert_eq!(
+            sense_codes(&run(&f.lu, &n, &cdb, &[])),
+            (0x5, 0x24, 0x00),
+            "{refused}"
+        );
+    }
 }
 
 #[test]
