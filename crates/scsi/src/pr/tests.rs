@@ -81,6 +81,25 @@ fn register_ignore(r: &Reservations, n: &Nexus, new_key: u64) {
     prout(r, n, PROUT_REGISTER_AND_IGNORE_EXISTING_KEY, 0, &params).unwrap();
 }
 
+/// Reservations without APTPL where nexus 1, 2, ... registered `keys` in that order (REGISTER
+/// AND IGNORE EXISTING KEY), and those nexuses.
+fn with_registrations<const N: usize>(keys: [u64; N]) -> (Reservations, [Nexus; N]) {
+    let r = Reservations::new(None);
+    let nexuses = std::array::from_fn(|i| nexus(i as u8 + 1));
+    for (n, key) in nexuses.iter().zip(keys) {
+        register_ignore(&r, n, key);
+    }
+    (r, nexuses)
+}
+
+/// Reservations where nexus 1 holds a RESERVE(6) reservation, and nexuses 1 and 2.
+fn reserved6_by_nexus_1() -> (Reservations, [Nexus; 2]) {
+    let r = Reservations::new(None);
+    let nexuses = [nexus(1), nexus(2)];
+    r.reserve(&nexuses[0]).unwrap();
+    (r, nexuses)
+}
+
 fn reserve(r: &Reservations, n: &Nexus, key: u64, pr_type: u8) -> Result<(), PrError> {
     prout(r, n, PROUT_RESERVE, pr_type, &basic_params(key, 0, 0)).map(|_| ())
 }
@@ -247,9 +266,7 @@ fn register_from_unregistered_nexus() {
 
 #[test]
 fn register_and_ignore_existing_key_replaces_any_key() {
-    let r = Reservations::new(None);
-    let a = nexus(1);
-    register_ignore(&r, &a, 7);
+    let (r, [a]) = with_registrations([7]);
     register_ignore(&r, &a, 8);
     assert_eq!(read_keys(&r, &a), (2, vec![8]));
     let params = basic_params(0xdead, 0, 0);
@@ -275,9 +292,7 @@ fn registrations_are_per_i_t_nexus() {
 
 #[test]
 fn read_keys_additional_length_counts_every_key() {
-    let r = Reservations::new(None);
-    register_ignore(&r, &nexus(1), 1);
-    register_ignore(&r, &nexus(2), 2);
+    let (r, _) = with_registrations([1, 2]);
     let data = prin(&r, &nexus(1), PRIN_READ_KEYS).unwrap();
     // The caller truncates to ALLOCATION LENGTH; the header still says 16.
     assert_eq!(&data[4..8], &16u32.to_be_bytes());
@@ -315,9 +330,7 @@ fn prin_service_actions_beyond_read_full_status_are_invalid() {
 
 #[test]
 fn reserve_and_release_every_type() {
-    let r = Reservations::new(None);
-    let a = nexus(1);
-    register_ignore(&r, &a, 0xabc);
+    let (r, [a]) = with_registrations([0xabc]);
     let generation = r.generation();
     for pr_type in ALL_TYPES {
         reserve(&r, &a, 0xabc, pr_type).unwrap();
@@ -349,9 +362,7 @@ fn reserve_requires_registration_and_its_key() {
 
 #[test]
 fn reserve_validates_scope_and_type() {
-    let r = Reservations::new(None);
-    let a = nexus(1);
-    register_ignore(&r, &a, 1);
+    let (r, [a]) = with_registrations([1]);
     for bad_type in [0, 2, 4, 9, 0xf] {
         assert_eq!(
             sense_reason(reserve(&r, &a, 1, bad_type)),
@@ -367,10 +378,7 @@ fn reserve_validates_scope_and_type() {
 
 #[test]
 fn all_registrants_reservation_is_held_by_every_registrant() {
-    let r = Reservations::new(None);
-    let (a, b) = (nexus(1), nexus(2));
-    register_ignore(&r, &a, 1);
-    register_ignore(&r, &b, 2);
+    let (r, [a, b]) = with_registrations([1, 2]);
     reserve(&r, &a, 1, EA_AR).unwrap();
     reserve(&r, &b, 2, EA_AR).unwrap();
     // Another registrant releases it; the remaining registrant learns of it.
@@ -383,10 +391,8 @@ fn all_registrants_reservation_is_held_by_every_registrant() {
 
 #[test]
 fn release_rules() {
-    let r = Reservations::new(None);
-    let (a, b, c) = (nexus(1), nexus(2), nexus(3));
-    register_ignore(&r, &a, 1);
-    register_ignore(&r, &b, 2);
+    let (r, [a, b]) = with_registrations([1, 2]);
+    let c = nexus(3);
     // Nothing reserved: success without effect; unregistered: conflict.
     assert!(release(&r, &a, 1, WE).unwrap().is_empty());
     assert_eq!(release(&r, &c, 0, WE), Err(PrError::Conflict));
@@ -425,10 +431,8 @@ fn access_matrix_for_every_type() {
         (EA_AR, true, true, false, false),
     ];
     for (pr_type, reg_read, reg_write, unreg_read, unreg_write) in matrix {
-        let r = Reservations::new(None);
-        let (holder, registered, unregistered) = (nexus(1), nexus(2), nexus(3));
-        register_ignore(&r, &holder, 1);
-        register_ignore(&r, &registered, 2);
+        let (r, [holder, registered]) = with_registrations([1, 2]);
+        let unregistered = nexus(3);
         reserve(&r, &holder, 1, pr_type).unwrap();
         let allowed = |n: &Nexus, cdb: &[u8]| r.check_access(n, cdb).is_ok();
         for cdb in [
@@ -480,8 +484,7 @@ fn access_matrix_for_every_type() {
 
 #[test]
 fn no_reservation_restricts_nothing() {
-    let r = Reservations::new(None);
-    register_ignore(&r, &nexus(1), 1);
+    let (r, _) = with_registrations([1]);
     assert!(r.check_access(&nexus(2), &WRITE_10).is_ok());
     assert!(r.check_access(&nexus(2), &[]).is_ok());
 }
@@ -491,10 +494,7 @@ fn no_reservation_restricts_nothing() {
 #[test]
 fn unregistering_the_holder() {
     for pr_type in ALL_TYPES {
-        let r = Reservations::new(None);
-        let (a, b) = (nexus(1), nexus(2));
-        register_ignore(&r, &a, 1);
-        register_ignore(&r, &b, 2);
+        let (r, [a, b]) = with_registrations([1, 2]);
         reserve(&r, &a, 1, pr_type).unwrap();
         let unit_attentions = prout(&r, &a, PROUT_REGISTER, 0, &basic_params(1, 0, 0)).unwrap();
         assert_consistent(&r);
@@ -524,9 +524,7 @@ fn unregistering_the_holder() {
 
 #[test]
 fn last_all_registrants_registrant_leaving_ends_the_reservation() {
-    let r = Reservations::new(None);
-    let a = nexus(1);
-    register_ignore(&r, &a, 1);
+    let (r, [a]) = with_registrations([1]);
     reserve(&r, &a, 1, WE_AR).unwrap();
     register(&r, &a, 1, 0).unwrap();
     assert_eq!(read_reservation(&r, &a), None);
@@ -537,10 +535,7 @@ fn last_all_registrants_registrant_leaving_ends_the_reservation() {
 /// libiscsi test_prout_clear_simple.
 #[test]
 fn clear_removes_everything_and_counts_once() {
-    let r = Reservations::new(None);
-    let (a, b) = (nexus(1), nexus(2));
-    register_ignore(&r, &a, 1);
-    register_ignore(&r, &b, 2);
+    let (r, [a, b]) = with_registrations([1, 2]);
     let generation = r.generation();
     reserve(&r, &a, 1, EA).unwrap();
     assert_eq!(
@@ -564,10 +559,7 @@ fn clear_removes_everything_and_counts_once() {
 /// libiscsi test_prout_preempt_rm_reg.
 #[test]
 fn preempt_removes_registrations() {
-    let r = Reservations::new(None);
-    let (a, b) = (nexus(1), nexus(2));
-    register_ignore(&r, &a, 0x1);
-    register_ignore(&r, &b, 0x2);
+    let (r, [a, b]) = with_registrations([0x1, 0x2]);
     let generation = r.generation();
     let unit_attentions = preempt(&r, &b, 0x2, 0x1, EA).unwrap();
     assert_eq!(
@@ -591,11 +583,7 @@ fn preempt_removes_registrations() {
 
 #[test]
 fn preempt_takes_over_the_reservation() {
-    let r = Reservations::new(None);
-    let (a, b, c) = (nexus(1), nexus(2), nexus(3));
-    register_ignore(&r, &a, 1);
-    register_ignore(&r, &b, 2);
-    register_ignore(&r, &c, 3);
+    let (r, [a, b, c]) = with_registrations([1, 2, 3]);
     reserve(&r, &a, 1, WE).unwrap();
     let mut unit_attentions = preempt(&r, &b, 2, 1, EA).unwrap();
     unit_attentions.sort_by(|x, y| x.initiator_port.cmp(&y.initiator_port));
@@ -629,11 +617,7 @@ fn preempt_takes_over_the_reservation() {
 
 #[test]
 fn preempt_all_registrants_with_key_zero() {
-    let r = Reservations::new(None);
-    let (a, b, c) = (nexus(1), nexus(2), nexus(3));
-    register_ignore(&r, &a, 1);
-    register_ignore(&r, &b, 2);
-    register_ignore(&r, &c, 3);
+    let (r, [a, b, c]) = with_registrations([1, 2, 3]);
     reserve(&r, &a, 1, WE_AR).unwrap();
     // A non-zero key removes that registration only; the reservation stays.
     assert_eq!(
@@ -654,10 +638,7 @@ fn preempt_all_registrants_with_key_zero() {
 
 #[test]
 fn preempt_and_abort_behaves_like_preempt() {
-    let r = Reservations::new(None);
-    let (a, b) = (nexus(1), nexus(2));
-    register_ignore(&r, &a, 1);
-    register_ignore(&r, &b, 2);
+    let (r, [a, b]) = with_registrations([1, 2]);
     reserve(&r, &a, 1, EA).unwrap();
     let params = basic_params(2, 1, 0);
     let unit_attentions = prout(&r, &b, PROUT_PREEMPT_AND_ABORT, EA, &params).unwrap();
@@ -670,9 +651,8 @@ fn preempt_and_abort_behaves_like_preempt() {
 
 #[test]
 fn register_and_move_hands_over_the_reservation() {
-    let r = Reservations::new(None);
-    let (a, b) = (nexus(1), nexus(2));
-    register_ignore(&r, &a, 1);
+    let (r, [a]) = with_registrations([1]);
+    let b = nexus(2);
     let id_b = iscsi_transport_id(1, &b.initiator_port);
     let params = register_and_move_params(1, 0x22, 0, 1, &id_b);
     // Not the holder (nothing reserved).
@@ -701,9 +681,8 @@ fn register_and_move_hands_over_the_reservation() {
 
 #[test]
 fn register_and_move_rejections() {
-    let r = Reservations::new(None);
-    let (a, b) = (nexus(1), nexus(2));
-    register_ignore(&r, &a, 1);
+    let (r, [a]) = with_registrations([1]);
+    let b = nexus(2);
     reserve(&r, &a, 1, EA).unwrap();
     let id_b = iscsi_transport_id(1, &b.initiator_port);
     let id_a = iscsi_transport_id(1, &a.initiator_port);
@@ -1014,10 +993,8 @@ fn aptpl_file_matches_documented_format() {
 /// libiscsi test_reserve6_2initiators and friends.
 #[test]
 fn reserve6_between_two_initiators() {
-    let r = Reservations::new(None);
-    let (a, b) = (nexus(1), nexus(2));
-    r.reserve(&a).unwrap();
-    r.reserve(&a).unwrap();
+    let (r, [a, b]) = reserved6_by_nexus_1();
+    r.reserve(&a).unwrap(); // the holder may reserve again
     assert_eq!(r.reserve(&b), Err(PrError::Conflict));
     assert!(r.check_access(&b, &[0x16, 0, 0, 0, 0, 0]).is_err());
     // RELEASE from a non-holder succeeds without effect.
@@ -1041,9 +1018,7 @@ fn reserve6_between_two_initiators() {
 
 #[test]
 fn reserve6_ends_with_reset_and_nexus_loss() {
-    let r = Reservations::new(None);
-    let (a, b) = (nexus(1), nexus(2));
-    r.reserve(&a).unwrap();
+    let (r, [a, b]) = reserved6_by_nexus_1();
     r.reset();
     r.reserve(&b).unwrap();
     r.nexus_lost(&a); // not the holder: no effect
@@ -1055,9 +1030,7 @@ fn reserve6_ends_with_reset_and_nexus_loss() {
 
 #[test]
 fn persistent_reserve_commands_conflict_under_reserve6() {
-    let r = Reservations::new(None);
-    let (a, b) = (nexus(1), nexus(2));
-    r.reserve(&a).unwrap();
+    let (r, [a, b]) = reserved6_by_nexus_1();
     for n in [&a, &b] {
         assert_eq!(prin(&r, n, PRIN_READ_KEYS), Err(PrError::Conflict));
         assert_eq!(register(&r, n, 0, 1), Err(PrError::Conflict));
@@ -1070,9 +1043,8 @@ fn persistent_reserve_commands_conflict_under_reserve6() {
 
 #[test]
 fn reserve6_and_release6_under_persistent_registrations() {
-    let r = Reservations::new(None);
-    let (a, b, c) = (nexus(1), nexus(2), nexus(3));
-    register_ignore(&r, &a, 1);
+    let (r, [a]) = with_registrations([1]);
+    let (b, c) = (nexus(2), nexus(3));
     // Any registration makes RESERVE conflict.
     assert_eq!(r.reserve(&a), Err(PrError::Conflict));
     assert_eq!(r.reserve(&c), Err(PrError::Conflict));
