@@ -1,9 +1,9 @@
 use std::sync::Arc;
 
 use super::*;
-use crate::test_kit::{file_volume, good, nexus, sense_codes, TestVolume, BS};
+use crate::test_kit::{file_volume, good, nexus, request, sense_codes, TestVolume, BS};
 use crate::tpc::test_kit::*;
-use crate::{Nexus, Status, TaskAttr};
+use crate::Status;
 use crate::{NoCopyTargets, Response};
 
 fn cscd(naa: [u8; 16], block_length: u32) -> Vec<u8> {
@@ -68,6 +68,22 @@ fn xcopy(lu: &LogicalUnit, targets: &dyn CopyTargets, p: &[u8]) -> Response {
     run(lu, targets, &xcopy_cdb(p.len()), p)
 }
 
+/// EXTENDED COPY received by `lu`, which reaches no other LU, of a list with identifier
+/// `list_id` whose result is kept (LIST ID USAGE 00b).
+fn xcopy_alone(lu: &LogicalUnit, list_id: u8, cscds: &[Vec<u8>], segments: &[Vec<u8>]) -> Response {
+    xcopy(lu, &NoCopyTargets, &params(list_id, 0, cscds, segments))
+}
+
+/// Writes `data` at `src_lba` of `lu` (LU 0 of its array), copies it to `dst_lba` with an
+/// EXTENDED COPY of list identifier `list_id`, and checks that it arrived.
+fn copy_within(lu: &LogicalUnit, list_id: u8, data: &[u8], src_lba: u64, dst_lba: u64) {
+    let blocks = data.len() / BS;
+    write(lu, src_lba, data);
+    let segment = b2b(0, 0, blocks as u16, src_lba, dst_lba);
+    good(&xcopy_alone(lu, list_id, &[cscd(naa(0), 512)], &[segment]));
+    assert!(read(lu, dst_lba, blocks) == data);
+}
+
 fn results(lu: &LogicalUnit, action: u8, list_id: u8) -> Response {
     let mut c = [0u8; 16];
     c[0] = 0x84;
@@ -100,11 +116,7 @@ fn the_copy_bound_counts_every_segment_at_the_largest_block_size() {
 fn copy_within_one_lu_and_its_copy_status() {
     let a = array(1);
     let lu = &a.lus[0];
-    let data = pattern(100, 7);
-    write(lu, 10, &data);
-    let p = params(5, 0, &[cscd(naa(0), 512)], &[b2b(0, 0, 100, 10, 1000)]);
-    good(&xcopy(lu, &NoCopyTargets, &p));
-    assert!(read(lu, 1000, 100) == data);
+    copy_within(lu, 5, &pattern(100, 7), 10, 1000);
 
     let r = results(lu, 0x00, 5);
     good(&r);
@@ -128,13 +140,9 @@ fn copy_within_one_lu_and_its_copy_status() {
 fn overlapping_copy_within_one_lu_is_a_memmove() {
     let a = array(1);
     let lu = &a.lus[0];
-    let data = pattern(3000, 1);
-    write(lu, 0, &data);
     // Destination overlaps the end of the source: a forward copy would re-read its own
     // output.
-    let p = params(1, 0, &[cscd(naa(0), 512)], &[b2b(0, 0, 3000, 0, 500)]);
-    good(&xcopy(lu, &NoCopyTargets, &p));
-    assert!(read(lu, 500, 3000) == data);
+    copy_within(lu, 1, &pattern(3000, 1), 0, 500);
 }
 
 #[test]
@@ -186,12 +194,9 @@ fn unreachable_copy_targets_abort_the_copy() {
     let (receiving, other) = (&a.lus[0], &a.lus[1]);
     write(other, 0, &pattern(8, 9));
     let cscds = [cscd(naa(1), 512), cscd(naa(0), 512)];
-    let p = params(1, 0, &cscds, &[b2b(0, 1, 8, 0, 0)]);
     // The LU exists but this nexus may not reach it: nothing found, nothing copied.
-    assert_eq!(
-        sense_codes(&xcopy(receiving, &NoCopyTargets, &p)),
-        COPY_TARGET_NOT_REACHABLE
-    );
+    let r = xcopy_alone(receiving, 1, &cscds, &[b2b(0, 1, 8, 0, 0)]);
+    assert_eq!(sense_codes(&r), COPY_TARGET_NOT_REACHABLE);
     assert!(read(receiving, 0, 8).iter().all(|&b| b == 0));
     // An NAA nobody has.
     let cscds = [cscd(naa(9), 512), cscd(naa(0), 512)];
@@ -204,17 +209,11 @@ fn unreachable_copy_targets_abort_the_copy() {
     // A designator that is not an NAA LU designator cannot name one of our LUs.
     let mut t10 = cscd(naa(0), 512);
     t10[5] = 0x01;
-    let p = params(1, 0, &[t10], &[b2b(0, 0, 8, 0, 8)]);
-    assert_eq!(
-        sense_codes(&xcopy(receiving, &NoCopyTargets, &p)),
-        COPY_TARGET_NOT_REACHABLE
-    );
+    let r = xcopy_alone(receiving, 1, &[t10], &[b2b(0, 0, 8, 0, 8)]);
+    assert_eq!(sense_codes(&r), COPY_TARGET_NOT_REACHABLE);
     // A CSCD index beyond the list (libiscsi ExtendedCopy.ValidateSegDescr).
-    let p = params(1, 0, &[cscd(naa(0), 512)], &[b2b(0, 1, 8, 0, 8)]);
-    assert_eq!(
-        sense_codes(&xcopy(receiving, &NoCopyTargets, &p)),
-        COPY_TARGET_NOT_REACHABLE
-    );
+    let r = xcopy_alone(receiving, 1, &[cscd(naa(0), 512)], &[b2b(0, 1, 8, 0, 8)]);
+    assert_eq!(sense_codes(&r), COPY_TARGET_NOT_REACHABLE);
     // The failure is recorded for the list identifier.
     let r = results(receiving, 0x00, 1);
     good(&r);
@@ -229,20 +228,10 @@ fn other_lus_reservations_apply_to_the_copy() {
     let (receiving, other) = (&a.lus[0], &a.lus[1]);
     let reachable = Reachable(a.lus.clone());
     // Another initiator holds LU 1 with RESERVE(6).
-    let holder = Nexus {
-        initiator_port: "iqn.test:2,i,0x000000000002".into(),
-        initiator_name: "iqn.test:2".into(),
-        relative_target_port: 1,
-    };
+    let holder = nexus(2);
     let reserve = |lu: &LogicalUnit| {
-        lu.execute(&Request {
-            nexus: &holder,
-            cdb: &[0x16, 0, 0, 0, 0, 0],
-            data_out: &[],
-            attr: TaskAttr::Simple,
-            luns: &[0, 1],
-            copy_targets: &NoCopyTargets,
-        })
+        let reserve6 = [0x16, 0, 0, 0, 0, 0];
+        lu.execute(&request(&holder, &reserve6, &[], &[0, 1], &NoCopyTargets))
     };
     reserve(other); // power-on unit attention
     good(&reserve(other));
@@ -264,7 +253,7 @@ fn ranges_are_checked_on_both_sides_before_any_copying() {
     let t = [cscd(naa(0), 512)];
     // First segment fine, second out of range on the destination: nothing is copied.
     let segments = [b2b(0, 0, 16, 0, 100), b2b(0, 0, 16, 0, BLOCKS - 15)];
-    let r = xcopy(lu, &NoCopyTargets, &params(1, 0, &t, &segments));
+    let r = xcopy_alone(lu, 1, &t, &segments);
     assert_eq!(sense_codes(&r), COPY_TARGET_NOT_REACHABLE);
     assert_eq!(
         u16::from_be_bytes([r.sense[16], r.sense[17]]) as usize,
@@ -279,15 +268,11 @@ fn ranges_are_checked_on_both_sides_before_any_copying() {
         b2b(0, 0, 2, u64::MAX, 0),
         b2b(0, 0, 2, 0, u64::MAX),
     ] {
-        let r = xcopy(lu, &NoCopyTargets, &params(1, 0, &t, &[seg]));
+        let r = xcopy_alone(lu, 1, &t, &[seg]);
         assert_eq!(sense_codes(&r), COPY_TARGET_NOT_REACHABLE);
     }
     // Exactly up to the end is fine.
-    good(&xcopy(
-        lu,
-        &NoCopyTargets,
-        &params(1, 0, &t, &[b2b(0, 0, 16, 0, BLOCKS - 16)]),
-    ));
+    good(&xcopy_alone(lu, 1, &t, &[b2b(0, 0, 16, 0, BLOCKS - 16)]));
 }
 
 #[test]
@@ -299,29 +284,18 @@ fn descriptor_limits() {
     let max_t = MAX_CSCD_DESCRIPTORS as usize;
     let max_s = MAX_SEGMENT_DESCRIPTORS as usize;
     // The advertised maxima are accepted together.
-    good(&xcopy(
+    good(&xcopy_alone(
         lu,
-        &NoCopyTargets,
-        &params(1, 0, &vec![t.clone(); max_t], &vec![s.clone(); max_s]),
+        1,
+        &vec![t.clone(); max_t],
+        &vec![s.clone(); max_s],
     ));
-    let r = xcopy(
-        lu,
-        &NoCopyTargets,
-        &params(1, 0, &vec![t.clone(); max_t + 1], std::slice::from_ref(&s)),
-    );
+    let r = xcopy_alone(lu, 1, &vec![t.clone(); max_t + 1], std::slice::from_ref(&s));
     assert_eq!(sense_codes(&r), (0x5, 0x26, 0x06));
-    let r = xcopy(
-        lu,
-        &NoCopyTargets,
-        &params(1, 0, std::slice::from_ref(&t), &vec![s.clone(); max_s + 1]),
-    );
+    let r = xcopy_alone(lu, 1, std::slice::from_ref(&t), &vec![s.clone(); max_s + 1]);
     assert_eq!(sense_codes(&r), (0x5, 0x26, 0x08));
     // Descriptor lists longer than MAXIMUM DESCRIPTOR LIST LENGTH (libiscsi's third case).
-    let r = xcopy(
-        lu,
-        &NoCopyTargets,
-        &params(1, 0, &vec![t.clone(); max_t + 1], &vec![s; 73]),
-    );
+    let r = xcopy_alone(lu, 1, &vec![t.clone(); max_t + 1], &vec![s; 73]);
     assert_eq!(sense_codes(&r), PARAMETER_LIST_LENGTH_ERROR);
     // Refused lists leave the result of the accepted one alone.
     let r = results(lu, 0x00, 1);
@@ -339,11 +313,7 @@ fn unsupported_descriptor_types() {
     let lu = &a.lus[0];
     let mut fc = cscd(naa(0), 512);
     fc[0] = 0xe0;
-    let r = xcopy(
-        lu,
-        &NoCopyTargets,
-        &params(1, 0, &[fc], &[b2b(0, 0, 1, 0, 1)]),
-    );
+    let r = xcopy_alone(lu, 1, &[fc], &[b2b(0, 0, 1, 0, 1)]);
     assert_eq!(sense_codes(&r), (0x5, 0x26, 0x07));
     assert_eq!(u16::from_be_bytes([r.sense[16], r.sense[17]]), 16);
     let ipv6 = {
@@ -351,54 +321,30 @@ fn unsupported_descriptor_types() {
         d[0] = 0xea;
         d
     };
-    let r = xcopy(
-        lu,
-        &NoCopyTargets,
-        &params(1, 0, &[ipv6], &[b2b(0, 0, 1, 0, 1)]),
-    );
+    let r = xcopy_alone(lu, 1, &[ipv6], &[b2b(0, 0, 1, 0, 1)]);
     assert_eq!(sense_codes(&r), (0x5, 0x26, 0x07));
     // Stream-to-stream (03h), as libiscsi ExtendedCopy.DescrType sends it.
     let mut stream = vec![0u8; 20];
     stream[0] = 0x03;
     stream[3] = 0x10;
-    let r = xcopy(
-        lu,
-        &NoCopyTargets,
-        &params(1, 0, &[cscd(naa(0), 512)], &[stream]),
-    );
+    let r = xcopy_alone(lu, 1, &[cscd(naa(0), 512)], &[stream]);
     assert_eq!(sense_codes(&r), (0x5, 0x26, 0x09));
     // A known type with the wrong DESCRIPTOR LENGTH.
     let mut short = b2b(0, 0, 1, 0, 1);
     short[3] = 0x14;
-    let r = xcopy(
-        lu,
-        &NoCopyTargets,
-        &params(1, 0, &[cscd(naa(0), 512)], &[short]),
-    );
+    let r = xcopy_alone(lu, 1, &[cscd(naa(0), 512)], &[short]);
     assert_eq!(sense_codes(&r), INVALID_FIELD_IN_PARAMETER_LIST);
     // A non-block peripheral device type, and the wrong block length.
     let mut tape = cscd(naa(0), 512);
     tape[1] = 0x01;
-    let r = xcopy(
-        lu,
-        &NoCopyTargets,
-        &params(1, 0, &[tape], &[b2b(0, 0, 1, 0, 1)]),
-    );
+    let r = xcopy_alone(lu, 1, &[tape], &[b2b(0, 0, 1, 0, 1)]);
     assert_eq!(sense_codes(&r), INVALID_FIELD_IN_PARAMETER_LIST);
-    let r = xcopy(
-        lu,
-        &NoCopyTargets,
-        &params(1, 0, &[cscd(naa(0), 4096)], &[b2b(0, 0, 1, 0, 1)]),
-    );
+    let r = xcopy_alone(lu, 1, &[cscd(naa(0), 4096)], &[b2b(0, 0, 1, 0, 1)]);
     assert_eq!(sense_codes(&r), INVALID_FIELD_IN_PARAMETER_LIST);
     // LU ID TYPE is ignored (SPC-4), as libiscsi ExtendedCopy.ValidateTgtDescr expects.
     let mut lu_id = cscd(naa(0), 512);
     lu_id[1] = 0xc0;
-    good(&xcopy(
-        lu,
-        &NoCopyTargets,
-        &params(1, 0, &[lu_id], &[b2b(0, 0, 1, 0, 1)]),
-    ));
+    good(&xcopy_alone(lu, 1, &[lu_id], &[b2b(0, 0, 1, 0, 1)]));
 }
 
 #[test]
@@ -449,15 +395,16 @@ fn block_to_block_with_offsets_whole_blocks_only() {
     let data = pattern(4, 5);
     write(lu, 40, &data);
     let t = [cscd(naa(0), 512)];
-    good(&xcopy(
+    good(&xcopy_alone(
         lu,
-        &NoCopyTargets,
-        &params(1, 0, &t, &[b2b_offsets(0, 0, 2048, (40, 80), (0, 0))]),
+        1,
+        &t,
+        &[b2b_offsets(0, 0, 2048, (40, 80), (0, 0))],
     ));
     assert!(read(lu, 80, 4) == data);
     for (bytes, offsets, field) in [(2048, (1, 0), 28), (2048, (0, 3), 30), (2000, (0, 0), 8)] {
         let seg = b2b_offsets(0, 0, bytes, (40, 80), offsets);
-        let r = xcopy(lu, &NoCopyTargets, &params(1, 0, &t, &[seg]));
+        let r = xcopy_alone(lu, 1, &t, &[seg]);
         assert_eq!(sense_codes(&r), INVALID_FIELD_IN_PARAMETER_LIST);
         assert_eq!(
             u16::from_be_bytes([r.sense[16], r.sense[17]]) as usize,
@@ -465,7 +412,7 @@ fn block_to_block_with_offsets_whole_blocks_only() {
         );
     }
     let too_long = b2b_offsets(0, 0, MAX_SEGMENT_BYTES + 512, (0, 0), (0, 0));
-    let r = xcopy(lu, &NoCopyTargets, &params(1, 0, &t, &[too_long]));
+    let r = xcopy_alone(lu, 1, &t, &[too_long]);
     assert_eq!(sense_codes(&r), INVALID_FIELD_IN_PARAMETER_LIST);
 }
 
@@ -480,7 +427,7 @@ fn failed_segment_is_reported_by_receive_copy_results() {
         b2b(0, 0, 8, 0, 1996),
         b2b(0, 0, 8, 0, 100),
     ];
-    let r = xcopy(&lu, &NoCopyTargets, &params(9, 0, &t, &segments));
+    let r = xcopy_alone(&lu, 9, &t, &segments);
     assert_eq!(sense_codes(&r), COPY_TARGET_NOT_REACHABLE);
 
     let r = results(&lu, 0x00, 9);
