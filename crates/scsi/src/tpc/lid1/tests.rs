@@ -17,27 +17,34 @@ fn cscd(naa: [u8; 16], block_length: u32) -> Vec<u8> {
     d
 }
 
-fn b2b(src: u16, dst: u16, blocks: u16, src_lba: u64, dst_lba: u64) -> Vec<u8> {
-    let mut d = vec![0u8; 28];
-    d[0] = 0x02;
-    d[2..4].copy_from_slice(&0x18u16.to_be_bytes());
+/// A segment descriptor of type `code` and `len` bytes with the fields block-to-block types
+/// share: the CSCD indexes and the LBAs.
+fn segment(
+    code: u8,
+    len: usize,
+    (src, dst): (u16, u16),
+    (src_lba, dst_lba): (u64, u64),
+) -> Vec<u8> {
+    let mut d = vec![0u8; len];
+    d[0] = code;
+    // DESCRIPTOR LENGTH counts the bytes after it.
+    d[2..4].copy_from_slice(&(len as u16 - 4).to_be_bytes());
     d[4..6].copy_from_slice(&src.to_be_bytes());
     d[6..8].copy_from_slice(&dst.to_be_bytes());
-    d[10..12].copy_from_slice(&blocks.to_be_bytes());
     d[12..20].copy_from_slice(&src_lba.to_be_bytes());
     d[20..28].copy_from_slice(&dst_lba.to_be_bytes());
     d
 }
 
+fn b2b(src: u16, dst: u16, blocks: u16, src_lba: u64, dst_lba: u64) -> Vec<u8> {
+    let mut d = segment(0x02, 28, (src, dst), (src_lba, dst_lba));
+    d[10..12].copy_from_slice(&blocks.to_be_bytes());
+    d
+}
+
 fn b2b_offsets(src: u16, dst: u16, bytes: u32, lbas: (u64, u64), offsets: (u16, u16)) -> Vec<u8> {
-    let mut d = vec![0u8; 32];
-    d[0] = 0x0a;
-    d[2..4].copy_from_slice(&0x1cu16.to_be_bytes());
-    d[4..6].copy_from_slice(&src.to_be_bytes());
-    d[6..8].copy_from_slice(&dst.to_be_bytes());
+    let mut d = segment(0x0a, 32, (src, dst), lbas);
     d[8..12].copy_from_slice(&bytes.to_be_bytes());
-    d[12..20].copy_from_slice(&lbas.0.to_be_bytes());
-    d[20..28].copy_from_slice(&lbas.1.to_be_bytes());
     d[28..30].copy_from_slice(&offsets.0.to_be_bytes());
     d[30..32].copy_from_slice(&offsets.1.to_be_bytes());
     d
@@ -311,9 +318,10 @@ fn descriptor_limits() {
 fn unsupported_descriptor_types() {
     let a = array(1);
     let lu = &a.lus[0];
-    let mut fc = cscd(naa(0), 512);
+    let (lu_0, one_block) = (cscd(naa(0), 512), b2b(0, 0, 1, 0, 1));
+    let mut fc = lu_0.clone();
     fc[0] = 0xe0;
-    let r = xcopy_alone(lu, 1, &[fc], &[b2b(0, 0, 1, 0, 1)]);
+    let r = xcopy_alone(lu, 1, &[fc], std::slice::from_ref(&one_block));
     assert_eq!(sense_codes(&r), (0x5, 0x26, 0x07));
     assert_eq!(u16::from_be_bytes([r.sense[16], r.sense[17]]), 16);
     let ipv6 = {
@@ -321,30 +329,48 @@ fn unsupported_descriptor_types() {
         d[0] = 0xea;
         d
     };
-    let r = xcopy_alone(lu, 1, &[ipv6], &[b2b(0, 0, 1, 0, 1)]);
-    assert_eq!(sense_codes(&r), (0x5, 0x26, 0x07));
     // Stream-to-stream (03h), as libiscsi ExtendedCopy.DescrType sends it.
     let mut stream = vec![0u8; 20];
     stream[0] = 0x03;
     stream[3] = 0x10;
-    let r = xcopy_alone(lu, 1, &[cscd(naa(0), 512)], &[stream]);
-    assert_eq!(sense_codes(&r), (0x5, 0x26, 0x09));
-    // A known type with the wrong DESCRIPTOR LENGTH.
-    let mut short = b2b(0, 0, 1, 0, 1);
+    let mut short = one_block.clone();
     short[3] = 0x14;
-    let r = xcopy_alone(lu, 1, &[cscd(naa(0), 512)], &[short]);
-    assert_eq!(sense_codes(&r), INVALID_FIELD_IN_PARAMETER_LIST);
-    // A non-block peripheral device type, and the wrong block length.
-    let mut tape = cscd(naa(0), 512);
+    let mut tape = lu_0.clone();
     tape[1] = 0x01;
-    let r = xcopy_alone(lu, 1, &[tape], &[b2b(0, 0, 1, 0, 1)]);
-    assert_eq!(sense_codes(&r), INVALID_FIELD_IN_PARAMETER_LIST);
-    let r = xcopy_alone(lu, 1, &[cscd(naa(0), 4096)], &[b2b(0, 0, 1, 0, 1)]);
-    assert_eq!(sense_codes(&r), INVALID_FIELD_IN_PARAMETER_LIST);
+    for (refused, cscd, segment, expected) in [
+        ("an IPv6 CSCD", ipv6, &one_block, (0x5, 0x26, 0x07)),
+        (
+            "a stream-to-stream segment",
+            lu_0.clone(),
+            &stream,
+            (0x5, 0x26, 0x09),
+        ),
+        (
+            "a known type with the wrong DESCRIPTOR LENGTH",
+            lu_0.clone(),
+            &short,
+            INVALID_FIELD_IN_PARAMETER_LIST,
+        ),
+        (
+            "a non-block peripheral device type",
+            tape,
+            &one_block,
+            INVALID_FIELD_IN_PARAMETER_LIST,
+        ),
+        (
+            "the wrong block length",
+            cscd(naa(0), 4096),
+            &one_block,
+            INVALID_FIELD_IN_PARAMETER_LIST,
+        ),
+    ] {
+        let r = xcopy_alone(lu, 1, &[cscd], std::slice::from_ref(segment));
+        assert_eq!(sense_codes(&r), expected, "{refused}");
+    }
     // LU ID TYPE is ignored (SPC-4), as libiscsi ExtendedCopy.ValidateTgtDescr expects.
-    let mut lu_id = cscd(naa(0), 512);
+    let mut lu_id = lu_0;
     lu_id[1] = 0xc0;
-    good(&xcopy_alone(lu, 1, &[lu_id], &[b2b(0, 0, 1, 0, 1)]));
+    good(&xcopy_alone(lu, 1, &[lu_id], &[one_block]));
 }
 
 #[test]
