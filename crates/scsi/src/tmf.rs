@@ -271,6 +271,15 @@ mod tests {
         survives_abort: true,
     };
 
+    /// A task set where `(tag, lun, dispatch)` tasks have started, in that order.
+    fn running(tasks: &[(u32, u64, Dispatch)]) -> TaskSet {
+        let mut set = TaskSet::new();
+        for &(tag, lun, dispatch) in tasks {
+            set.start(tag, lun, dispatch);
+        }
+        set
+    }
+
     fn nexus() -> Nexus {
         Nexus {
             initiator_port: "iqn.2026-11.test:i,i,0x1".into(),
@@ -289,9 +298,7 @@ mod tests {
 
     #[test]
     fn abort_task_answers_once_the_task_has_finished_and_drops_its_result() {
-        let mut set = TaskSet::new();
-        set.start(1, 0, PLAIN);
-        set.start(2, 0, PLAIN);
+        let mut set = running(&[(1, 0, PLAIN), (2, 0, PLAIN)]);
         let n = nexus();
         let f = Function::AbortTask { tag: 1 };
         assert_eq!(set.manage(100, f, 0, None, &[], &n), None);
@@ -320,10 +327,7 @@ mod tests {
 
     #[test]
     fn a_task_set_abort_waits_for_its_lun_only_and_sanitize_runs_on() {
-        let mut set = TaskSet::new();
-        set.start(1, 0, PLAIN);
-        set.start(2, 1, PLAIN);
-        set.start(3, 0, SANITIZE);
+        let mut set = running(&[(1, 0, PLAIN), (2, 1, PLAIN), (3, 0, SANITIZE)]);
         let n = nexus();
         let unit = Arc::new(crate::tests::fixture().lu); // its file stays open
         let answer = set.manage(100, Function::AbortTaskSet, 0, Some(&unit), &[], &n);
@@ -336,8 +340,7 @@ mod tests {
 
     #[test]
     fn a_function_on_a_lun_the_nexus_cannot_address_says_so() {
-        let mut set = TaskSet::new();
-        set.start(1, 5, PLAIN);
+        let mut set = running(&[(1, 5, PLAIN)]);
         let n = nexus();
         for f in [
             Function::AbortTaskSet,
@@ -352,9 +355,7 @@ mod tests {
 
     #[test]
     fn a_cold_reset_aborts_everything_and_ends_the_nexus_once_answered() {
-        let mut set = TaskSet::new();
-        set.start(1, 0, PLAIN);
-        set.start(2, 3, PLAIN);
+        let mut set = running(&[(1, 0, PLAIN), (2, 3, PLAIN)]);
         let n = nexus();
         let units = [Arc::new(crate::tests::fixture().lu)]; // its file stays open
         assert_eq!(
@@ -379,8 +380,7 @@ mod tests {
 
     #[test]
     fn two_functions_waiting_for_one_task_are_both_answered() {
-        let mut set = TaskSet::new();
-        set.start(1, 0, PLAIN);
+        let mut set = running(&[(1, 0, PLAIN)]);
         let n = nexus();
         let unit = Arc::new(crate::tests::fixture().lu); // its file stays open
         assert_eq!(

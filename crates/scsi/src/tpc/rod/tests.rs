@@ -443,26 +443,15 @@ fn malformed_parameter_lists_are_refused_with_the_field_named() {
     );
     // A destination longer than the token past the offset; an offset past its end.
     let token = token_for(lu, &pt_params(None, 0, &[(0, 8)]));
-    let r = write_using(
-        lu,
-        &NoCopyTargets,
-        1,
-        &wut_params(&token, 4, false, &[(64, 5)]),
-    );
-    assert_eq!(
-        (sense_codes(&r), pointer(&r)),
-        (INVALID_FIELD_IN_PARAMETER_LIST, 534)
-    );
-    let r = write_using(
-        lu,
-        &NoCopyTargets,
-        1,
-        &wut_params(&token, 8, false, &[(64, 1)]),
-    );
-    assert_eq!(
-        (sense_codes(&r), pointer(&r)),
-        (INVALID_FIELD_IN_PARAMETER_LIST, 8)
-    );
+    for (offset, range, field) in [(4, (64, 5), 534), (8, (64, 1), 8)] {
+        let p = wut_params(&token, offset, false, &[range]);
+        let r = write_using(lu, &NoCopyTargets, 1, &p);
+        assert_eq!(
+            (sense_codes(&r), pointer(&r)),
+            (INVALID_FIELD_IN_PARAMETER_LIST, field),
+            "offset {offset}"
+        );
+    }
     // A short WRITE USING TOKEN list; an unknown list identifier.
     assert_eq!(
         sense_codes(&write_using(lu, &NoCopyTargets, 1, &[0; 100])),
