@@ -178,13 +178,8 @@ fn parse_parameter_list(bytes: &[u8]) -> Result<ParameterList, Failure> {
 /// The CSCD descriptor list. A list length that ends inside a descriptor points at the CSCD
 /// DESCRIPTOR LIST LENGTH in the `header`.
 fn parse_cscds(list: ParamList, header: ParamList) -> Result<Vec<Cscd>, Failure> {
-    let mut cscds = Vec::new();
-    let mut at = 0;
-    while at < list.len() {
-        if cscds.len() >= MAX_CSCD_DESCRIPTORS as usize {
-            return Err(list.fail_at(SenseReason::TooManyTargetDescriptors, at));
-        }
-        let code = list.u8(at)?;
+    let too_many = SenseReason::TooManyTargetDescriptors;
+    parse_descriptors(list, MAX_CSCD_DESCRIPTORS, too_many, |code, at| {
         let len = match code {
             CSCD_IPV6 | CSCD_IP_COPY_SERVICE => CSCD_LONG_LEN,
             _ => CSCD_LEN,
@@ -217,26 +212,20 @@ fn parse_cscds(list: ParamList, header: ParamList) -> Result<Vec<Cscd>, Failure>
         } else {
             None
         };
-        cscds.push(Cscd {
+        let cscd = Cscd {
             at: d.offset(0),
             naa,
             block_length: d.be24(CSCD_BLOCK_LENGTH)?,
-        });
-        at += len;
-    }
-    Ok(cscds)
+        };
+        Ok((cscd, len))
+    })
 }
 
 /// The segment descriptor list. A list length that ends inside a descriptor points at the
 /// SEGMENT DESCRIPTOR LIST LENGTH in the `header`.
 fn parse_segments(list: ParamList, header: ParamList) -> Result<Vec<Segment>, Failure> {
-    let mut segments = Vec::new();
-    let mut at = 0;
-    while at < list.len() {
-        if segments.len() >= MAX_SEGMENT_DESCRIPTORS as usize {
-            return Err(list.fail_at(SenseReason::TooManySegmentDescriptors, at));
-        }
-        let code = list.u8(at)?;
+    let too_many = SenseReason::TooManySegmentDescriptors;
+    parse_descriptors(list, MAX_SEGMENT_DESCRIPTORS, too_many, |code, at| {
         let expected_len = match code {
             SEGMENT_BLOCK_TO_BLOCK => BLOCK_TO_BLOCK_LEN,
             SEGMENT_BLOCK_TO_BLOCK_OFFSETS => BLOCK_TO_BLOCK_OFFSETS_LEN,
@@ -267,17 +256,38 @@ fn parse_segments(list: ParamList, header: ParamList) -> Result<Vec<Segment>, Fa
                 dst_offset: d.be16(SEG_DST_OFFSET)?,
             }
         };
-        segments.push(Segment {
+        let segment = Segment {
             at: d.offset(0),
             src: d.be16(SEG_SRC_INDEX)?,
             dst: d.be16(SEG_DST_INDEX)?,
             length,
             src_lba: d.be64(SEG_SRC_LBA)?,
             dst_lba: d.be64(SEG_DST_LBA)?,
-        });
+        };
+        Ok((segment, len))
+    })
+}
+
+/// Walks a descriptor list of at most `max` descriptors (one more fails with `too_many`,
+/// pointing at it). `one` parses the descriptor at `at` whose type code is `code`, and
+/// returns it with its length.
+fn parse_descriptors<T>(
+    list: ParamList,
+    max: u16,
+    too_many: SenseReason,
+    mut one: impl FnMut(u8, usize) -> Result<(T, usize), Failure>,
+) -> Result<Vec<T>, Failure> {
+    let mut descriptors = Vec::new();
+    let mut at = 0;
+    while at < list.len() {
+        if descriptors.len() >= usize::from(max) {
+            return Err(list.fail_at(too_many, at));
+        }
+        let (descriptor, len) = one(list.u8(at)?, at)?;
+        descriptors.push(descriptor);
         at += len;
     }
-    Ok(segments)
+    Ok(descriptors)
 }
 
 // ---------------------------------------------------------------------------------------------
