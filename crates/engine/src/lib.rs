@@ -17,6 +17,8 @@ pub mod format;
 pub mod legacy;
 pub mod meta;
 pub mod state;
+#[doc(hidden)]
+pub mod test_data;
 pub mod volume;
 
 pub use backend::{holds_engine, Backend, FileBackend, MemBackend};

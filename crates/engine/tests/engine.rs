@@ -1,5 +1,6 @@
 //! Engine behaviour through its public API, on the in-memory backend and on real files.
 
+use sliver_engine::test_data::{noise, xorshift64};
 use sliver_engine::{
     Backend, ChunkState, Compression, Engine, EngineConfig, EngineError, FileBackend, GcPriority,
     MemBackend, Tuning, STATUS_SCAN_CHUNKS,
@@ -16,10 +17,9 @@ fn config() -> EngineConfig {
     }
 }
 
+/// An engine of [`config`]'s geometry on an in-memory backend of `capacity` bytes.
 fn mem_engine(capacity: u64) -> (Arc<MemBackend>, Engine) {
-    let backend = Arc::new(MemBackend::new(capacity));
-    let engine = Engine::create(backend.clone(), config(), Tuning::default()).unwrap();
-    (backend, engine)
+    sliver_engine::test_data::mem_engine(capacity, config().segment_size, Tuning::default())
 }
 
 /// Text-like data: compressible, different per `seed`.
@@ -37,26 +37,38 @@ fn text(seed: u64, len: usize) -> Vec<u8> {
     let mut out = Vec::with_capacity(len + 16);
     out.extend_from_slice(format!("{seed:016x}").as_bytes());
     while out.len() < len {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        out.extend_from_slice(words[(x % words.len() as u64) as usize].as_bytes());
+        let word = xorshift64(&mut x) % words.len() as u64;
+        out.extend_from_slice(words[word as usize].as_bytes());
     }
     out.truncate(len);
     out
 }
 
-/// Incompressible data.
-fn noise(seed: u64, len: usize) -> Vec<u8> {
-    let mut x = seed | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect()
+/// An 8 MiB volume of `noise(seed)` with every other 64 KiB unmapped (the even ones): its
+/// segments are half dead, worth collecting but holding live data. Returns the volume and
+/// what was written.
+fn half_dead_volume(engine: &Engine, seed: u64) -> (u32, Vec<u8>) {
+    let v = engine.create_volume(8 << 20).unwrap();
+    let data = noise(seed, 8 << 20);
+    engine.write(v, 0, &data).unwrap();
+    for i in (0..128u64).step_by(2) {
+        engine.unmap(v, i * (64 << 10), 64 << 10).unwrap();
+    }
+    (v, data)
+}
+
+/// Volume `v` of [`half_dead_volume`] reads zeros in the unmapped 64 KiB and `data` elsewhere.
+fn assert_half_dead_volume_reads_back(engine: &Engine, v: u32, data: &[u8]) {
+    let mut back = vec![0u8; 8 << 20];
+    engine.read(v, 0, &mut back).unwrap();
+    for i in 0..128usize {
+        let range = i * (64 << 10)..(i + 1) * (64 << 10);
+        if i % 2 == 0 {
+            assert!(back[range].iter().all(|&x| x == 0), "unmapped 64 KiB {i}");
+        } else {
+            assert!(back[range.clone()] == data[range], "live 64 KiB {i}");
+        }
+    }
 }
 
 #[test]
@@ -243,8 +255,7 @@ fn copy_by_reference_adds_no_data() {
 
 #[test]
 fn state_survives_clean_restart_and_crash_without_flush_loses_only_unflushed() {
-    let backend = Arc::new(MemBackend::new(16 << 20));
-    let engine = Engine::create(backend.clone(), config(), Tuning::default()).unwrap();
+    let (backend, engine) = mem_engine(16 << 20);
     let v = engine.create_volume(1 << 20).unwrap();
     engine.write(v, 0, &text(1, 64 << 10)).unwrap();
     engine.flush().unwrap();
@@ -324,13 +335,8 @@ fn full_array_refuses_new_data_but_unmap_and_overwrites_of_known_data_work() {
 #[test]
 fn garbage_collection_returns_space_and_keeps_data() {
     let (_, engine) = mem_engine(16 << 20);
-    let v = engine.create_volume(8 << 20).unwrap();
-    let data = noise(11, 8 << 20);
-    engine.write(v, 0, &data).unwrap();
     // Free every other 64 KiB: segments become half dead.
-    for i in (0..128u64).step_by(2) {
-        engine.unmap(v, i * (64 << 10), 64 << 10).unwrap();
-    }
+    let (v, data) = half_dead_volume(&engine, 11);
     let before = engine.space();
     assert!(before.reclaimable_bytes >= 3 << 20, "{before:?}");
     let moved = engine.collect_garbage(0.9).unwrap();
@@ -341,16 +347,7 @@ fn garbage_collection_returns_space_and_keeps_data() {
         "{before:?} -> {after:?}"
     );
     assert!(after.write_amplification > 1.0);
-    let mut back = vec![0u8; 8 << 20];
-    engine.read(v, 0, &mut back).unwrap();
-    for i in 0..128usize {
-        let chunk = &back[i * (64 << 10)..(i + 1) * (64 << 10)];
-        if i % 2 == 0 {
-            assert!(chunk.iter().all(|&x| x == 0));
-        } else {
-            assert!(chunk == &data[i * (64 << 10)..(i + 1) * (64 << 10)]);
-        }
-    }
+    assert_half_dead_volume_reads_back(&engine, v, &data);
     assert!(engine.check(&mut |_, _| {}).is_empty());
 }
 
@@ -360,13 +357,8 @@ fn garbage_collection_returns_space_and_keeps_data() {
 #[test]
 fn collector_reads_an_unreadable_segment_again_after_its_retry() {
     let (backend, engine) = mem_engine(16 << 20);
-    let v = engine.create_volume(8 << 20).unwrap();
-    let data = noise(15, 8 << 20);
-    engine.write(v, 0, &data).unwrap();
     // Every other 64 KiB dead: the segments are worth collecting but hold live data.
-    for i in (0..128u64).step_by(2) {
-        engine.unmap(v, i * (64 << 10), 64 << 10).unwrap();
-    }
+    let (v, data) = half_dead_volume(&engine, 15);
     engine.checkpoint().unwrap();
     let retry = |unreadable_retry| {
         engine.set_tuning(Tuning {
@@ -394,16 +386,7 @@ fn collector_reads_an_unreadable_segment_again_after_its_retry() {
         "{before:?} -> {after:?}"
     );
     assert!(engine.poisoned().is_none());
-    let mut back = vec![0u8; 8 << 20];
-    engine.read(v, 0, &mut back).unwrap();
-    for i in 0..128usize {
-        let range = i * (64 << 10)..(i + 1) * (64 << 10);
-        if i % 2 == 0 {
-            assert!(back[range].iter().all(|&x| x == 0));
-        } else {
-            assert!(back[range.clone()] == data[range]);
-        }
-    }
+    assert_half_dead_volume_reads_back(&engine, v, &data);
     assert!(engine.check(&mut |_, _| {}).is_empty());
 }
 
@@ -414,11 +397,7 @@ fn the_wait_for_an_unreadable_segment_doubles_with_every_failure() {
     let (backend, engine) = mem_engine(16 << 20);
     let clock = Arc::new(sliver_engine::clock::ManualClock::new());
     engine.set_clock(clock.clone());
-    let v = engine.create_volume(8 << 20).unwrap();
-    engine.write(v, 0, &noise(16, 8 << 20)).unwrap();
-    for i in (0..128u64).step_by(2) {
-        engine.unmap(v, i * (64 << 10), 64 << 10).unwrap();
-    }
+    half_dead_volume(&engine, 16);
     engine.checkpoint().unwrap();
     let hour = Duration::from_secs(3600);
     engine.set_tuning(Tuning {
@@ -707,8 +686,7 @@ fn corrupted_chunk_is_reported_for_its_blocks_only() {
 
 #[test]
 fn anchored_chunks_read_zeros_hold_space_and_survive_replay_and_checkpoint() {
-    let backend = Arc::new(MemBackend::new(16 << 20));
-    let engine = Engine::create(backend.clone(), config(), Tuning::default()).unwrap();
+    let (backend, engine) = mem_engine(16 << 20);
     let v = engine.create_volume(1 << 20).unwrap();
     let mut model = noise(11, 256 << 10);
     engine.write(v, 0, &model).unwrap();

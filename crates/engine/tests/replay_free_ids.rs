@@ -2,7 +2,8 @@
 //! on the free list more than once, so two new chunks could get the same id, which poisoned
 //! the engine and kept the array from opening again.
 
-use sliver_engine::{Engine, EngineConfig, MemBackend, Tuning};
+use sliver_engine::test_data::mem_engine;
+use sliver_engine::{Engine, MemBackend, Tuning};
 use std::sync::Arc;
 
 fn chunk(byte: u8) -> Vec<u8> {
@@ -11,25 +12,22 @@ fn chunk(byte: u8) -> Vec<u8> {
         .collect()
 }
 
-#[test]
-fn regression_ids_freed_during_replay_are_handed_out_once() {
-    let backend = Arc::new(MemBackend::new(64 << 20));
-    let e = Engine::create(
-        backend.clone(),
-        EngineConfig {
-            chunk_size: 4096,
-            segment_size: 1 << 20,
-        },
-        Tuning::default(),
-    )
-    .unwrap();
+/// A volume created and flushed, then one chunk of it overwritten four times (ids 1, 2, 1, 2
+/// ... each overwrite frees the previous id) and flushed, with no checkpoint since creation.
+fn one_chunk_overwritten_four_times() -> (Arc<MemBackend>, Engine, u32) {
+    let (backend, e) = mem_engine(64 << 20, 1 << 20, Tuning::default());
     let v = e.create_volume(1 << 20).unwrap();
     e.flush().unwrap();
-    // Overwrite one chunk four times: ids 1, 2, 1, 2 ... each overwrite frees the previous id.
     for b in 1..=4u8 {
         e.write(v, 0, &chunk(b)).unwrap();
     }
     e.flush().unwrap();
+    (backend, e, v)
+}
+
+#[test]
+fn regression_ids_freed_during_replay_are_handed_out_once() {
+    let (backend, e, v) = one_chunk_overwritten_four_times();
     // Power failure (everything synced survives), no checkpoint since creation.
     let image = backend.crash(|_, n| vec![true; n]);
     drop(e);
@@ -46,22 +44,7 @@ fn regression_ids_freed_during_replay_are_handed_out_once() {
 
 #[test]
 fn regression_after_replay_new_chunks_keep_the_engine_openable() {
-    let backend = Arc::new(MemBackend::new(64 << 20));
-    let e = Engine::create(
-        backend.clone(),
-        EngineConfig {
-            chunk_size: 4096,
-            segment_size: 1 << 20,
-        },
-        Tuning::default(),
-    )
-    .unwrap();
-    let v = e.create_volume(1 << 20).unwrap();
-    e.flush().unwrap();
-    for b in 1..=4u8 {
-        e.write(v, 0, &chunk(b)).unwrap();
-    }
-    e.flush().unwrap();
+    let (backend, e, v) = one_chunk_overwritten_four_times();
     let image = Arc::new(backend.crash(|_, n| vec![true; n]));
     drop(e);
     let e = Engine::open(image.clone(), Tuning::default(), false).unwrap();

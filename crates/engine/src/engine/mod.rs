@@ -900,18 +900,7 @@ impl Engine {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::backend::MemBackend;
-
-    /// An engine with 4 KiB chunks on an in-memory backend of `capacity` bytes.
-    fn mem_engine(capacity: u64, segment_size: u32, tuning: Tuning) -> (Arc<MemBackend>, Engine) {
-        let backend = Arc::new(MemBackend::new(capacity));
-        let config = EngineConfig {
-            chunk_size: 4096,
-            segment_size,
-        };
-        let engine = Engine::create(backend.clone(), config, tuning).unwrap();
-        (backend, engine)
-    }
+    use crate::test_data::{mem_engine, xorshift64};
 
     /// No collector and no checkpoint by volume of log: the test decides when they happen.
     fn no_checkpoints() -> Tuning {
@@ -936,16 +925,8 @@ mod tests {
         let (backend, engine) = mem_engine(16 << 20, 128 << 10, gc_off());
         let v = engine.create_volume(8 << 20).unwrap();
         let mut x = 0x2545_f491_4f6c_dd1du64;
-        let mut noise = |len: usize| -> Vec<u8> {
-            (0..len)
-                .map(|_| {
-                    x ^= x << 13;
-                    x ^= x >> 7;
-                    x ^= x << 17;
-                    x as u8
-                })
-                .collect()
-        };
+        let mut noise =
+            |len: usize| -> Vec<u8> { (0..len).map(|_| xorshift64(&mut x) as u8).collect() };
         engine.write(v, 0, &noise(4 << 20)).unwrap();
         engine.unmap(v, 0, 4 << 20).unwrap();
         engine.checkpoint().unwrap();
@@ -971,17 +952,7 @@ mod tests {
     }
 
     /// Incompressible bytes, different per `seed` (also the write path's tests).
-    pub(super) fn noise(seed: u64, len: usize) -> Vec<u8> {
-        let mut x = seed | 1;
-        (0..len)
-            .map(|_| {
-                x ^= x << 13;
-                x ^= x >> 7;
-                x ^= x << 17;
-                x as u8
-            })
-            .collect()
-    }
+    pub(super) use crate::test_data::noise;
 
     /// A checkpoint writes the pages changed since the last one, not the whole metadata: a
     /// small write after a large one costs a handful of pages, and a checkpoint with nothing
@@ -1533,14 +1504,7 @@ mod tests {
         let engine = Engine::create(backend, config, Tuning::default()).unwrap();
         let v = engine.create_volume(8 << 20).unwrap();
         let mut x = 0x9e37_79b9_7f4a_7c15u64;
-        let data: Vec<u8> = (0..8 << 20)
-            .map(|_| {
-                x ^= x << 13;
-                x ^= x >> 7;
-                x ^= x << 17;
-                x as u8
-            })
-            .collect();
+        let data: Vec<u8> = (0..8 << 20).map(|_| xorshift64(&mut x) as u8).collect();
         engine.write(v, 0, &data).unwrap();
         engine.flush().unwrap();
         let allocated = || std::fs::metadata(dir.path().join("log")).unwrap().blocks() * 512;

@@ -1417,10 +1417,7 @@ mod tests {
         let mut rng = 0x9e3779b97f4a7c15u64;
         for round in 0..300u64 {
             for _ in 0..20 {
-                rng ^= rng << 13;
-                rng ^= rng >> 7;
-                rng ^= rng << 17;
-                let index = rng % (400 * 512);
+                let index = crate::test_data::xorshift64(&mut rng) % (400 * 512);
                 T1.set(&mut pager, index, round + 1).unwrap();
                 model.insert(index, round + 1);
             }

@@ -1,0 +1,33 @@
+//! What the engine's own unit tests, its integration tests and its examples share: engines on
+//! the in-memory backend, and deterministic pseudo-random data (a fixture's expected content
+//! is regenerated from the same seeds, so there is one generator for all of them).
+
+use crate::backend::MemBackend;
+use crate::engine::{Engine, EngineConfig, Tuning};
+use std::sync::Arc;
+
+/// An engine of 4 KiB chunks and segments of `segment_size` on a fresh in-memory backend of
+/// `capacity` bytes (returned too, to crash or restart it).
+pub fn mem_engine(capacity: u64, segment_size: u32, tuning: Tuning) -> (Arc<MemBackend>, Engine) {
+    let backend = Arc::new(MemBackend::new(capacity));
+    let config = EngineConfig {
+        chunk_size: 4096,
+        segment_size,
+    };
+    let engine = Engine::create(backend.clone(), config, tuning).unwrap();
+    (backend, engine)
+}
+
+/// One step of xorshift64 on `x` (which must not be zero): the new state, also the next value.
+pub fn xorshift64(x: &mut u64) -> u64 {
+    *x ^= *x << 13;
+    *x ^= *x >> 7;
+    *x ^= *x << 17;
+    *x
+}
+
+/// `len` incompressible bytes, different per `seed`: the low byte of each xorshift64 step.
+pub fn noise(seed: u64, len: usize) -> Vec<u8> {
+    let mut x = seed | 1;
+    (0..len).map(|_| xorshift64(&mut x) as u8).collect()
+}
