@@ -8,13 +8,16 @@
 //! written to it since (never garbage, never a mix within a block); `check()` must be clean;
 //! then work continues on the recovered engine (more writes, collections, crashes).
 
+mod common;
+
+use common::{test_paced_tuning, Call, CrashPoints, CrashTap};
 use proptest::prelude::*;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
+use sliver_engine::test_data::{mem_engine, xorshift64};
 use sliver_engine::{Backend, Engine, EngineConfig, EngineError, MemBackend, Tuning};
 use std::cell::Cell;
 use std::collections::BTreeMap;
-use std::io;
 use std::sync::{Arc, Mutex};
 
 const CS: u64 = 4096;
@@ -66,38 +69,19 @@ fn crash_image(backend: &MemBackend, rng: &mut StdRng) -> MemBackend {
     })
 }
 
-/// A backend that can take a crash image at the n-th I/O call, in the middle of whatever the
-/// engine is doing.
-struct Tap {
-    inner: MemBackend,
+/// Crash points that take an image at the n-th call once armed.
+#[derive(Default)]
+struct Countdown {
     armed: Mutex<Option<(u32, StdRng)>>,
     image: Mutex<Option<MemBackend>>,
 }
 
-impl Tap {
-    fn new(inner: MemBackend) -> Self {
-        Tap {
-            inner,
-            armed: Mutex::new(None),
-            image: Mutex::new(None),
-        }
-    }
-
-    fn arm(&self, after_calls: u32, seed: u64) {
-        *self.armed.lock().unwrap() = Some((after_calls, StdRng::seed_from_u64(seed)));
-    }
-
-    /// Disarm; the image taken while armed, if the countdown ran out.
-    fn disarm(&self) -> Option<MemBackend> {
-        *self.armed.lock().unwrap() = None;
-        self.image.lock().unwrap().take()
-    }
-
-    fn tick(&self) {
+impl CrashPoints for Countdown {
+    fn reached(&self, inner: &MemBackend, _: Call) {
         let mut armed = self.armed.lock().unwrap();
         if let Some((n, rng)) = armed.as_mut() {
             if *n == 0 {
-                let image = crash_image(&self.inner, rng);
+                let image = crash_image(inner, rng);
                 *self.image.lock().unwrap() = Some(image);
                 *armed = None;
             } else {
@@ -107,77 +91,31 @@ impl Tap {
     }
 }
 
-impl Backend for Tap {
-    fn capacity(&self) -> u64 {
-        self.inner.capacity()
+/// A backend that can take a crash image at the n-th I/O call, in the middle of whatever the
+/// engine is doing.
+type Tap = CrashTap<Countdown>;
+
+impl Tap {
+    fn new(inner: MemBackend) -> Self {
+        CrashTap {
+            inner,
+            points: Countdown::default(),
+        }
     }
-    fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
-        self.inner.read_at(buf, offset)
+
+    fn arm(&self, after_calls: u32, seed: u64) {
+        *self.points.armed.lock().unwrap() = Some((after_calls, StdRng::seed_from_u64(seed)));
     }
-    fn write_at(&self, data: &[u8], offset: u64) -> io::Result<()> {
-        let r = self.inner.write_at(data, offset);
-        self.tick();
-        r
-    }
-    fn sync(&self) -> io::Result<()> {
-        self.tick();
-        self.inner.sync()
-    }
-    fn allocate(&self, offset: u64, len: u64) -> io::Result<()> {
-        self.inner.allocate(offset, len)
-    }
-    fn discard(&self, offset: u64, len: u64) -> io::Result<()> {
-        let r = self.inner.discard(offset, len);
-        self.tick();
-        r
-    }
-    fn meta_read(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
-        self.inner.meta_read(buf, offset)
-    }
-    fn meta_write(&self, data: &[u8], offset: u64) -> io::Result<()> {
-        let r = self.inner.meta_write(data, offset);
-        self.tick();
-        r
-    }
-    fn meta_sync(&self) -> io::Result<()> {
-        self.tick();
-        self.inner.meta_sync()
-    }
-    fn load_root(&self) -> io::Result<Option<Vec<u8>>> {
-        self.inner.load_root()
-    }
-    fn store_root(&self, bytes: &[u8]) -> io::Result<()> {
-        self.tick();
-        let r = self.inner.store_root(bytes);
-        self.tick();
-        r
-    }
-    fn load_checkpoint(&self) -> io::Result<Option<Vec<u8>>> {
-        self.inner.load_checkpoint()
-    }
-    fn store_checkpoint(&self, bytes: &[u8]) -> io::Result<()> {
-        self.tick();
-        let r = self.inner.store_checkpoint(bytes);
-        self.tick();
-        r
-    }
-    fn retire_checkpoint(&self) -> io::Result<()> {
-        self.tick();
-        let r = self.inner.retire_checkpoint();
-        self.tick();
-        r
+
+    /// Disarm; the image taken while armed, if the countdown ran out.
+    fn disarm(&self) -> Option<MemBackend> {
+        *self.points.armed.lock().unwrap() = None;
+        self.points.image.lock().unwrap().take()
     }
 }
 
 fn block_hash(block: &[u8]) -> u64 {
     u64::from_le_bytes(blake3::hash(block).as_bytes()[..8].try_into().unwrap())
-}
-
-fn xorshift(x: &mut u64) -> u64 {
-    *x ^= *x << 13;
-    *x ^= *x >> 7;
-    *x ^= *x << 17;
-    *x
 }
 
 /// Content for a write at `offset`: zeros, one of a few chunk patterns (dedup), text
@@ -188,7 +126,7 @@ fn content(rng: &mut StdRng, offset: u64, len: usize) -> Vec<u8> {
         1..=3 => {
             let p = rng.gen_range(0..3u64);
             let mut x = 0xC0FFEE + p * 1_000_003;
-            let pattern: Vec<u8> = (0..CS).map(|_| xorshift(&mut x) as u8).collect();
+            let pattern: Vec<u8> = (0..CS).map(|_| xorshift64(&mut x) as u8).collect();
             (0..len as u64)
                 .map(|i| pattern[((offset + i) % CS) as usize])
                 .collect()
@@ -206,7 +144,7 @@ fn content(rng: &mut StdRng, offset: u64, len: usize) -> Vec<u8> {
             let mut x: u64 = rng.gen::<u64>() | 1;
             let mut out = Vec::with_capacity(len + 8);
             while out.len() < len {
-                out.extend_from_slice(&xorshift(&mut x).to_le_bytes());
+                out.extend_from_slice(&xorshift64(&mut x).to_le_bytes());
             }
             out.truncate(len);
             out
@@ -260,16 +198,6 @@ struct Session {
     image: Option<(MemBackend, BTreeMap<u32, Vol>)>,
 }
 
-fn tuning() -> Tuning {
-    Tuning {
-        checkpoint_bytes: u64::MAX,
-        // A journal budget of a few pages' worth, so that checkpoints consolidate pending
-        // words and clean journal pages (with the default budget they never would here).
-        metadata_journal: 4 << 10,
-        ..Tuning::default()
-    }
-}
-
 impl Session {
     fn new(seed: u64) -> Self {
         let mut rng = StdRng::seed_from_u64(seed);
@@ -284,7 +212,7 @@ impl Session {
             chunk_size: CS as u32,
             segment_size,
         };
-        let engine = Engine::create(tap.clone(), config, tuning()).unwrap();
+        let engine = Engine::create(tap.clone(), config, test_paced_tuning()).unwrap();
         let mut model = BTreeMap::new();
         for _ in 0..rng.gen_range(1..=3) {
             let size = rng.gen_range(16..=256u64) * CS;
@@ -299,7 +227,7 @@ impl Session {
             tap,
             engine,
             model,
-            tuning: tuning(),
+            tuning: test_paced_tuning(),
             trace,
             image: None,
         }
@@ -684,13 +612,7 @@ proptest! {
 fn records_lost_in_a_crash_never_resurface() {
     for seed in 0..30u64 {
         let mut rng = StdRng::seed_from_u64(seed);
-        let backend = MemBackend::new(4 << 20);
-        let config = EngineConfig {
-            chunk_size: CS as u32,
-            segment_size: 64 << 10,
-        };
-        let backend = Arc::new(backend);
-        let engine = Engine::create(backend.clone(), config, tuning()).unwrap();
+        let (backend, engine) = mem_engine(4 << 20, 64 << 10, test_paced_tuning());
         let v = engine.create_volume(256 * CS).unwrap();
         let base = content(&mut rng, 0, 256 * CS as usize);
         engine.write(v, 0, &base).unwrap();
@@ -698,7 +620,7 @@ fn records_lost_in_a_crash_never_resurface() {
         // Unflushed: several segments' worth of same-sized records.
         let mut x = seed | 1;
         for i in 0..64u64 {
-            let chunk: Vec<u8> = (0..CS).map(|_| xorshift(&mut x) as u8).collect();
+            let chunk: Vec<u8> = (0..CS).map(|_| xorshift64(&mut x) as u8).collect();
             engine.write(v, (i % 256) * CS, &chunk).unwrap();
         }
         // The crash keeps the later segments' bytes but not the seal leading to them.
@@ -707,14 +629,14 @@ fn records_lost_in_a_crash_never_resurface() {
         let image = backend.crash(|i, s| vec![i >= keep_from; s]);
         drop(engine);
         let image = Arc::new(image);
-        let engine = Engine::open(image.clone(), tuning(), false).unwrap();
+        let engine = Engine::open(image.clone(), test_paced_tuning(), false).unwrap();
         let mut now = vec![0u8; base.len()];
         engine.read(v, 0, &mut now).unwrap();
         // Fewer new writes of the same record sizes over the reused segments (so that lost
         // records remain after the new ones), then a restart.
         let again = rng.gen_range(4..40u64);
         for i in 0..again {
-            let chunk: Vec<u8> = (0..CS).map(|_| xorshift(&mut x) as u8).collect();
+            let chunk: Vec<u8> = (0..CS).map(|_| xorshift64(&mut x) as u8).collect();
             engine.write(v, (i % 256) * CS, &chunk).unwrap();
             now[(i % 256) as usize * CS as usize..][..CS as usize].copy_from_slice(&chunk);
         }
@@ -723,7 +645,7 @@ fn records_lost_in_a_crash_never_resurface() {
             engine.shutdown().unwrap();
         }
         drop(engine);
-        let engine = match Engine::open(image, tuning(), false) {
+        let engine = match Engine::open(image, test_paced_tuning(), false) {
             Ok(e) => e,
             Err(e) => panic!("seed {seed}: recovery failed: {e}"),
         };
@@ -796,16 +718,11 @@ impl Session {
 #[test]
 fn read_errors_are_reported_for_the_failing_chunks_only() {
     // Large segments: many chunks per batch, stored back to back and read in one go.
-    let backend = Arc::new(MemBackend::new(8 << 20));
-    let config = EngineConfig {
-        chunk_size: CS as u32,
-        segment_size: 1 << 20,
-    };
-    let engine = Engine::create(backend.clone(), config, tuning()).unwrap();
+    let (backend, engine) = mem_engine(8 << 20, 1 << 20, test_paced_tuning());
     assert!(engine.atomic_write_limit() >= 8 * CS);
     let v = engine.create_volume(64 * CS).unwrap();
     let mut x = 77u64;
-    let data: Vec<u8> = (0..16 * CS).map(|_| xorshift(&mut x) as u8).collect();
+    let data: Vec<u8> = (0..16 * CS).map(|_| xorshift64(&mut x) as u8).collect();
     engine.write(v, 0, &data).unwrap();
     engine.flush().unwrap();
     // Find chunk 5's stored bytes in the log and make reads of them fail.

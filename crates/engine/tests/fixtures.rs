@@ -19,9 +19,12 @@
 //!
 //! The expected content is not stored: [`history`] is replayed on a plain in-memory model.
 
+mod common;
+
+use common::{Call, CrashPoints, CrashTap};
+use sliver_engine::test_data::{noise, xorshift64};
 use sliver_engine::{Backend, Engine, EngineConfig, FileBackend, MemBackend, Tuning};
 use std::collections::BTreeMap;
-use std::io;
 use std::path::Path;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
@@ -90,26 +93,11 @@ fn text(seed: u64, len: usize) -> Vec<u8> {
     let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
     let mut out = format!("{seed:016x}").into_bytes();
     while out.len() < len {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        out.extend_from_slice(words[(x % words.len() as u64) as usize].as_bytes());
+        let word = xorshift64(&mut x) % words.len() as u64;
+        out.extend_from_slice(words[word as usize].as_bytes());
     }
     out.truncate(len);
     out
-}
-
-/// Incompressible data.
-fn noise(seed: u64, len: usize) -> Vec<u8> {
-    let mut x = seed | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect()
 }
 
 /// The fixture's history, deterministic.
@@ -378,88 +366,30 @@ fn reads_back_exactly_but(engine: &Engine, want: &[Option<Vec<u8>>], what: &str,
     }
 }
 
-/// A backend that takes a power-failure image at its n-th write, sync or root/checkpoint
+/// Crash points that take a power-failure image at the n-th write, sync or root/checkpoint
 /// change: every unsynced write kept, lost or torn at random 512-byte sectors.
 struct CrashAt {
-    inner: MemBackend,
     countdown: AtomicU32,
     seed: u64,
     image: Mutex<Option<MemBackend>>,
 }
 
-impl CrashAt {
-    fn tick(&self) {
+impl CrashPoints for CrashAt {
+    fn reached(&self, inner: &MemBackend, call: Call) {
+        // Discards and checkpoint stores are not counted: this test's crash points have
+        // always been the other calls.
+        if matches!(call, Call::Discard | Call::StoreCheckpoint) {
+            return;
+        }
         if self.countdown.fetch_sub(1, Ordering::SeqCst) == 1 {
             let mut x = self.seed | 1;
-            let image = self.inner.crash(|_, sectors| {
+            let image = inner.crash(|_, sectors| {
                 (0..sectors)
-                    .map(|_| {
-                        x ^= x << 13;
-                        x ^= x >> 7;
-                        x ^= x << 17;
-                        !x.is_multiple_of(3)
-                    })
+                    .map(|_| !xorshift64(&mut x).is_multiple_of(3))
                     .collect()
             });
             *self.image.lock().unwrap() = Some(image);
         }
-    }
-}
-
-impl Backend for CrashAt {
-    fn capacity(&self) -> u64 {
-        self.inner.capacity()
-    }
-    fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
-        self.inner.read_at(buf, offset)
-    }
-    fn write_at(&self, data: &[u8], offset: u64) -> io::Result<()> {
-        let r = self.inner.write_at(data, offset);
-        self.tick();
-        r
-    }
-    fn sync(&self) -> io::Result<()> {
-        self.tick();
-        self.inner.sync()
-    }
-    fn allocate(&self, offset: u64, len: u64) -> io::Result<()> {
-        self.inner.allocate(offset, len)
-    }
-    fn discard(&self, offset: u64, len: u64) -> io::Result<()> {
-        self.inner.discard(offset, len)
-    }
-    fn meta_read(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
-        self.inner.meta_read(buf, offset)
-    }
-    fn meta_write(&self, data: &[u8], offset: u64) -> io::Result<()> {
-        let r = self.inner.meta_write(data, offset);
-        self.tick();
-        r
-    }
-    fn meta_sync(&self) -> io::Result<()> {
-        self.tick();
-        self.inner.meta_sync()
-    }
-    fn load_root(&self) -> io::Result<Option<Vec<u8>>> {
-        self.inner.load_root()
-    }
-    fn store_root(&self, bytes: &[u8]) -> io::Result<()> {
-        self.tick();
-        let r = self.inner.store_root(bytes);
-        self.tick();
-        r
-    }
-    fn load_checkpoint(&self) -> io::Result<Option<Vec<u8>>> {
-        self.inner.load_checkpoint()
-    }
-    fn store_checkpoint(&self, bytes: &[u8]) -> io::Result<()> {
-        self.inner.store_checkpoint(bytes)
-    }
-    fn retire_checkpoint(&self) -> io::Result<()> {
-        self.tick();
-        let r = self.inner.retire_checkpoint();
-        self.tick();
-        r
     }
 }
 
@@ -501,14 +431,16 @@ fn a_crash_anywhere_in_the_upgrade_loses_nothing(fixture: &str) {
     };
     let mut crashes = 0;
     for n in 1.. {
-        let tap = Arc::new(CrashAt {
+        let tap = Arc::new(CrashTap {
             inner: fresh(),
-            countdown: AtomicU32::new(n),
-            seed: n as u64 * 0x9e37_79b9,
-            image: Mutex::new(None),
+            points: CrashAt {
+                countdown: AtomicU32::new(n),
+                seed: n as u64 * 0x9e37_79b9,
+                image: Mutex::new(None),
+            },
         });
         let opened = Engine::open(tap.clone(), Tuning::default(), false);
-        let Some(image) = tap.image.lock().unwrap().take() else {
+        let Some(image) = tap.points.image.lock().unwrap().take() else {
             // The migration finished before the n-th call: every point has been tried.
             let engine = opened.expect("a migration without a crash succeeds");
             reads_back_exactly(&engine, "after the migration");

@@ -17,8 +17,12 @@
 //!   whole chunks by metadata records): after a `NoSpace`, every chunk-sized (chunk-aligned)
 //!   part of the range reads either entirely old or entirely new content.
 
+mod common;
+
+use common::test_paced_tuning;
 use proptest::prelude::*;
-use sliver_engine::{Engine, EngineConfig, EngineError, MemBackend, Tuning};
+use sliver_engine::test_data::{mem_engine, xorshift64};
+use sliver_engine::{Engine, EngineError, MemBackend};
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
@@ -38,16 +42,9 @@ enum Data {
     Noise(u64),
 }
 
-fn xorshift(x: &mut u64) -> u64 {
-    *x ^= *x << 13;
-    *x ^= *x >> 7;
-    *x ^= *x << 17;
-    *x
-}
-
 fn pattern(p: u8) -> Vec<u8> {
     let mut x = 0x51_1e_u64 + p as u64 * 7919;
-    (0..CS).map(|_| xorshift(&mut x) as u8).collect()
+    (0..CS).map(|_| xorshift64(&mut x) as u8).collect()
 }
 
 fn generate(data: Data, offset: u64, len: usize, patterns: &[Vec<u8>]) -> Vec<u8> {
@@ -64,7 +61,7 @@ fn generate(data: Data, offset: u64, len: usize, patterns: &[Vec<u8>]) -> Vec<u8
             let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
             let mut out = Vec::with_capacity(len + 8);
             while out.len() < len {
-                out.extend_from_slice(WORDS[(xorshift(&mut x) % 6) as usize]);
+                out.extend_from_slice(WORDS[(xorshift64(&mut x) % 6) as usize]);
             }
             out.truncate(len);
             out
@@ -73,7 +70,7 @@ fn generate(data: Data, offset: u64, len: usize, patterns: &[Vec<u8>]) -> Vec<u8
             let mut x = seed | 1;
             let mut out = Vec::with_capacity(len + 8);
             while out.len() < len {
-                out.extend_from_slice(&xorshift(&mut x).to_le_bytes());
+                out.extend_from_slice(&xorshift64(&mut x).to_le_bytes());
             }
             out.truncate(len);
             out
@@ -235,25 +232,9 @@ struct Harness {
     log: Vec<String>,
 }
 
-fn tuning() -> Tuning {
-    Tuning {
-        // Checkpoints only when the test asks (or the collector needs one).
-        checkpoint_bytes: u64::MAX,
-        // A journal budget of a few pages' worth, so that checkpoints consolidate pending
-        // words and clean journal pages (with the default budget they never would here).
-        metadata_journal: 4 << 10,
-        ..Tuning::default()
-    }
-}
-
 impl Harness {
     fn new(setup: Setup) -> Self {
-        let backend = Arc::new(MemBackend::new(setup.capacity));
-        let config = EngineConfig {
-            chunk_size: CS as u32,
-            segment_size: setup.segment_size,
-        };
-        let engine = Engine::create(backend.clone(), config, tuning()).unwrap();
+        let (backend, engine) = mem_engine(setup.capacity, setup.segment_size, test_paced_tuning());
         let mut model = BTreeMap::new();
         for chunks in setup.volumes {
             let id = engine.create_volume(chunks * CS).unwrap();
@@ -552,7 +533,7 @@ impl Harness {
                 self.engine
                     .shutdown()
                     .unwrap_or_else(|e| panic!("shutdown failed: {e}\nops: {:#?}", self.log));
-                self.engine = Engine::open(self.backend.clone(), tuning(), false)
+                self.engine = Engine::open(self.backend.clone(), test_paced_tuning(), false)
                     .unwrap_or_else(|e| panic!("reopen failed: {e}\nops: {:#?}", self.log));
                 self.compare_all("after restart");
             }
@@ -587,12 +568,7 @@ proptest! {
 /// (page 1024) unless references are taken first for the whole batch.
 #[test]
 fn batch_moving_a_chunk_across_a_map_page_boundary() {
-    let backend = Arc::new(MemBackend::new(8 << 20));
-    let config = EngineConfig {
-        chunk_size: CS as u32,
-        segment_size: 512 << 10,
-    };
-    let engine = Engine::create(backend.clone(), config, tuning()).unwrap();
+    let (backend, engine) = mem_engine(8 << 20, 512 << 10, test_paced_tuning());
     assert!(
         engine.atomic_write_limit() >= 2 * CS,
         "needs multi-chunk batches"
@@ -610,7 +586,7 @@ fn batch_moving_a_chunk_across_a_map_page_boundary() {
     assert!(engine.check(&mut |_, _| {}).is_empty());
     engine.shutdown().unwrap();
     drop(engine);
-    let engine = Engine::open(backend, tuning(), false).unwrap();
+    let engine = Engine::open(backend, test_paced_tuning(), false).unwrap();
     engine.read(v, 1023 * CS, &mut back).unwrap();
     assert!(back == both);
     assert!(engine.check(&mut |_, _| {}).is_empty());
@@ -620,12 +596,7 @@ fn batch_moving_a_chunk_across_a_map_page_boundary() {
 /// and take a fresh segment, which the next open could not collect, until none was left.
 #[test]
 fn restarts_of_a_full_array_never_run_out_of_segments() {
-    let backend = Arc::new(MemBackend::new(1 << 20));
-    let config = EngineConfig {
-        chunk_size: CS as u32,
-        segment_size: 64 << 10,
-    };
-    let mut engine = Engine::create(backend.clone(), config, tuning()).unwrap();
+    let (backend, mut engine) = mem_engine(1 << 20, 64 << 10, test_paced_tuning());
     let v = engine.create_volume(400 * CS).unwrap();
     let mut model = vec![0u8; 400 * CS as usize];
     let mut full = false;
@@ -651,7 +622,7 @@ fn restarts_of_a_full_array_never_run_out_of_segments() {
         for _ in 0..3 {
             engine.shutdown().unwrap();
             drop(engine);
-            engine = Engine::open(backend.clone(), tuning(), false)
+            engine = Engine::open(backend.clone(), test_paced_tuning(), false)
                 .unwrap_or_else(|e| panic!("round {round}: reopen failed: {e}"));
         }
         let mut back = vec![0u8; model.len()];
