@@ -179,6 +179,17 @@ impl State {
         }
     }
 
+    /// A copy record's ranges lie within both volumes, and it copies no more than a record may.
+    fn check_copy(&self, src: u32, src_first: u64, dst: u32, dst_first: u64, count: u64) -> Apply {
+        if count > MAX_COPY_CHUNKS {
+            return Err(inconsistent(format!(
+                "copy of {count} chunks in one record"
+            )));
+        }
+        self.check_range(src, src_first, count)?;
+        self.check_range(dst, dst_first, count)
+    }
+
     fn touched(&mut self, volume: u32) {
         *self.volume_generation.entry(volume).or_insert(0) += 1;
     }
@@ -243,15 +254,7 @@ impl State {
                 dst,
                 dst_first,
                 count,
-            } => {
-                if *count > MAX_COPY_CHUNKS {
-                    return Err(inconsistent(format!(
-                        "copy of {count} chunks in one record"
-                    )));
-                }
-                self.check_range(*src, *src_first, *count)?;
-                self.check_range(*dst, *dst_first, *count)
-            }
+            } => self.check_copy(*src, *src_first, *dst, *dst_first, *count),
             Record::VolumeCreate { volume, .. }
                 if self.volumes.contains_key(volume) || *volume == 0 =>
             {
@@ -329,13 +332,7 @@ impl State {
                 dst_first,
                 count,
             } => {
-                if *count > MAX_COPY_CHUNKS {
-                    return Err(inconsistent(format!(
-                        "copy of {count} chunks in one record"
-                    )));
-                }
-                self.check_range(*src, *src_first, *count)?;
-                self.check_range(*dst, *dst_first, *count)?;
+                self.check_copy(*src, *src_first, *dst, *dst_first, *count)?;
                 self.copy(*src, *src_first, *dst, *dst_first, *count)
             }
             Record::VolumeCreate { volume, size } => {

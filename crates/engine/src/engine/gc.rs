@@ -281,29 +281,9 @@ impl Engine {
         // the victim's chunks dead (UNMAP, overwrites) durable before their data can be
         // overwritten, or a replay after a crash would map chunks that are gone.
         self.flush()?;
-        let period = {
-            let mut m = self.lock_meta();
-            let s = m.state.segment(victim);
-            if s.live != 0 || s.state != SegState::Sealed {
-                return Err(self.poison(format!(
-                    "segment {victim} still holds {} live bytes after collection",
-                    s.live
-                )));
-            }
-            m.state.update_segment(victim, |s| {
-                s.state = SegState::Free;
-                s.written = 0;
-            });
-            // No new reader can find it; wait out those that did.
-            self.read_pins.advance()
-        };
-        self.read_pins.wait(period);
-        let mut m = self.lock_meta();
-        m.free.push(victim);
-        m.freed += 1;
-        m.undiscarded.insert(victim);
-        m.check_segment_lists();
-        drop(m);
+        self.free_sealed(&[victim], |_, live| {
+            format!("segment {victim} still holds {live} live bytes after collection")
+        })?;
         self.gc_relocated.fetch_add(relocated, Ordering::Relaxed);
         Ok(Some(relocated))
     }
@@ -328,17 +308,26 @@ impl Engine {
         // The records that made these segments' chunks dead must be durable before their
         // bytes can be overwritten, or a replay after a crash would map chunks that are gone.
         self.flush()?;
+        // Only the collector (us, under `maintenance`) frees or fills sealed segments, and
+        // live bytes of a sealed segment only fall.
+        self.free_sealed(&victims, |v, live| {
+            format!("segment {v} changed while being freed: {live} live bytes")
+        })?;
+        Ok(victims.len())
+    }
+
+    /// Free `victims`, sealed segments without live bytes whose deaths are durable: marked
+    /// free, then, once no reader can still be reading them, on the free list (their space
+    /// punched later). A victim that is not sealed or still holds live bytes poisons the
+    /// engine with the message `changed` makes of it and its live bytes. Caller holds
+    /// `maintenance`.
+    fn free_sealed(&self, victims: &[u32], changed: impl Fn(u32, u64) -> String) -> Result<()> {
         let period = {
             let mut m = self.lock_meta();
-            for &v in &victims {
+            for &v in victims {
                 let s = m.state.segment(v);
-                // Only the collector (us, under `maintenance`) frees or fills sealed segments,
-                // and live bytes of a sealed segment only fall.
                 if s.live != 0 || s.state != SegState::Sealed {
-                    return Err(self.poison(format!(
-                        "segment {v} changed while being freed: {} live bytes",
-                        s.live
-                    )));
+                    return Err(self.poison(changed(v, s.live)));
                 }
                 m.state.update_segment(v, |s| {
                     s.state = SegState::Free;
@@ -350,11 +339,11 @@ impl Engine {
         };
         self.read_pins.wait(period);
         let mut m = self.lock_meta();
-        m.free.extend_from_slice(&victims);
+        m.free.extend_from_slice(victims);
         m.freed += victims.len() as u64;
         m.undiscarded.extend(victims.iter().copied());
         m.check_segment_lists();
-        Ok(victims.len())
+        Ok(())
     }
 
     /// Collect every segment whose live share is at most `max_live`, checkpointing as needed

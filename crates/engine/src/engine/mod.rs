@@ -902,6 +902,13 @@ mod tests {
     use super::*;
     use crate::test_data::{mem_engine, xorshift64};
 
+    /// What volume `v` of `engine` reads: `len` bytes at `offset`.
+    fn read_back(engine: &Engine, v: u32, offset: u64, len: usize) -> Vec<u8> {
+        let mut back = vec![0u8; len];
+        engine.read(v, offset, &mut back).unwrap();
+        back
+    }
+
     /// No collector and no checkpoint by volume of log: the test decides when they happen.
     fn no_checkpoints() -> Tuning {
         Tuning {
@@ -944,9 +951,7 @@ mod tests {
         backend.limit_space(backend.allocated_bytes(), 4096);
         let fresh = noise(1 << 20);
         engine.write(v, 4 << 20, &fresh).unwrap();
-        let mut back = vec![0u8; 1 << 20];
-        engine.read(v, 4 << 20, &mut back).unwrap();
-        assert!(back == fresh);
+        assert!(read_back(&engine, v, 4 << 20, 1 << 20) == fresh);
         assert!(engine.lock_meta().undiscarded.is_empty());
         assert!(engine.poisoned().is_none());
     }
@@ -982,9 +987,7 @@ mod tests {
         let backend = engine.backend.clone();
         drop(engine);
         let engine = Engine::open(backend, gc_off(), false).unwrap();
-        let mut back = vec![0u8; 4096];
-        engine.read(v, 8 << 20, &mut back).unwrap();
-        assert!(back == noise(2, 4096));
+        assert!(read_back(&engine, v, 8 << 20, 4096) == noise(2, 4096));
         assert_eq!(engine.check(&mut |_, _| {}), Vec::<String>::new());
     }
 
@@ -1113,8 +1116,7 @@ mod tests {
             assert_eq!(m.collector_claim, 0);
             assert!(m.free.len() >= reserve, "{} free", m.free.len());
         }
-        let mut back = vec![0u8; model.len()];
-        engine.read(v, 0, &mut back).unwrap();
+        let back = read_back(&engine, v, 0, model.len());
         assert!(back == model, "the relocated data reads back");
         assert_eq!(engine.check(&mut |_, _| {}), Vec::<String>::new());
     }
@@ -1160,8 +1162,7 @@ mod tests {
             "something relocated"
         );
         assert_eq!(engine.lock_meta().collector_claim, 0);
-        let mut back = vec![0u8; 4 << 20];
-        engine.read(v, 0, &mut back).unwrap();
+        let back = read_back(&engine, v, 0, 4 << 20);
         assert!(back == noise(9, 4 << 20), "the relocated data reads back");
     }
 
@@ -1481,9 +1482,7 @@ mod tests {
         // Idle discards leave prepared segments alone.
         while engine.discard_freed(64) > 0 {}
         assert_eq!(engine.lock_meta().ready.len(), left);
-        let mut back = vec![0u8; 8 << 20];
-        engine.read(v, 0, &mut back).unwrap();
-        assert!(back == data);
+        assert!(read_back(&engine, v, 0, 8 << 20) == data);
         let after_writes = backend.allocated_bytes();
         engine.shutdown().unwrap();
         assert!(engine.lock_meta().ready.is_empty());
@@ -1516,8 +1515,6 @@ mod tests {
         engine.discard_while_idle();
         let after = allocated();
         assert!(after + (5 << 20) < before, "{before} -> {after}");
-        let mut back = vec![0u8; 2 << 20];
-        engine.read(v, 6 << 20, &mut back).unwrap();
-        assert!(back == data[6 << 20..]);
+        assert!(read_back(&engine, v, 6 << 20, 2 << 20) == data[6 << 20..]);
     }
 }

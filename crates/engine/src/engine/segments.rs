@@ -3,6 +3,14 @@
 use super::*;
 
 impl Engine {
+    /// Free segments beyond the collector's reserve and a margin of two for writers: how many
+    /// may leave the free list for a while (to be allocated ahead, or punched).
+    fn spare_free_segments(&self, m: &Meta) -> usize {
+        m.free
+            .len()
+            .saturating_sub(gc_reserve(self.geometry.segment_count) as usize + 2)
+    }
+
     /// Allocate the file space of up to [`READY_SEGMENTS`] free segments outside the metadata
     /// lock, so the head moves on without a system call under it. Returns how many became
     /// ready. The segments stay on the free list meanwhile (marked `preparing`), so free space
@@ -22,10 +30,7 @@ impl Engine {
         let taken: Vec<u32> = {
             let mut m = self.lock_meta();
             // Never more than the writers' own margin over the collector's reserve.
-            let spare = m
-                .free
-                .len()
-                .saturating_sub(gc_reserve(self.geometry.segment_count) as usize + 2);
+            let spare = self.spare_free_segments(&m);
             let want = READY_SEGMENTS
                 .saturating_sub(m.ready.len() + m.preparing.len())
                 .min(spare.saturating_sub(m.ready.len()));
@@ -87,10 +92,7 @@ impl Engine {
             let mut m = self.lock_meta();
             // Leave writers enough free segments meanwhile: on a nearly full array they
             // would otherwise report out of space while a hole is being punched.
-            let spare = m
-                .free
-                .len()
-                .saturating_sub(gc_reserve(self.geometry.segment_count) as usize + 2);
+            let spare = self.spare_free_segments(&m);
             let taken: Vec<u32> = m.undiscarded.iter().copied().take(max.min(spare)).collect();
             if taken.is_empty() {
                 return 0;
