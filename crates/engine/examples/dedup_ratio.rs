@@ -20,6 +20,7 @@
 //!
 //! Without `--image`, an ext4 image of /usr/share/doc (384 MiB) is made with mke2fs.
 
+use sliver_engine::test_data::xorshift64;
 use sliver_engine::{Compression, Engine, EngineConfig, FileBackend, GcPriority, Tuning};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -66,10 +67,14 @@ impl Model {
 struct Rng(u64);
 impl Rng {
     fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
+        xorshift64(&mut self.0)
+    }
+
+    /// Fill `buf` (a multiple of 8 bytes) with the next values.
+    fn fill(&mut self, buf: &mut [u8]) {
+        for b in buf.chunks_exact_mut(8) {
+            b.copy_from_slice(&self.next().to_le_bytes());
+        }
     }
 }
 
@@ -121,10 +126,13 @@ impl Run {
         self.model.write(volume, offset, data);
     }
 
-    fn write_image(&mut self, volume: u32, image: &[u8]) {
+    /// A new volume of the image's size holding `image`.
+    fn image_volume(&mut self, image: &[u8]) -> u32 {
+        let volume = self.engine.create_volume(image.len() as u64).unwrap();
         for (k, piece) in image.chunks(MIB).enumerate() {
             self.write(volume, (k * MIB) as u64, piece);
         }
+        volume
     }
 
     fn diverge(&mut self, volume: u32, size: u64, bytes: usize, rng: &mut Rng, pool: &[u8]) {
@@ -184,16 +192,13 @@ fn main() {
     let size = image.len() as u64;
     let mut pool = vec![0u8; 256 * CHUNK + MIB];
     let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
-    for b in pool.chunks_exact_mut(8) {
-        b.copy_from_slice(&rng.next().to_le_bytes());
-    }
+    rng.fill(&mut pool);
     let mut rows = Vec::new();
 
     // The 4-copies set: the image in four volumes, then divergent writes into the copies.
     let mut run = Run::new(16 << 30);
     for _ in 0..4 {
-        let v = run.engine.create_volume(size).unwrap();
-        run.write_image(v, &image);
+        run.image_volume(&image);
     }
     for v in 2..=4 {
         run.diverge(v, size, 32 * MIB, &mut rng, &pool);
@@ -206,8 +211,7 @@ fn main() {
 
     // Host copies of a VM image (no offload), 5 % divergent writes each.
     let mut run = Run::new(16 << 30);
-    let base = run.engine.create_volume(size).unwrap();
-    run.write_image(base, &image);
+    let base = run.image_volume(&image);
     let mut copy = vec![0u8; MIB];
     for _ in 0..8 {
         let v = run.engine.create_volume(size).unwrap();
@@ -227,19 +231,15 @@ fn main() {
     // A golden image copied long after it was written: 4 GiB of other data in between push
     // it out of the locality cache, so only the hooks can lead back to it.
     let mut run = Run::new(16 << 30);
-    let golden = run.engine.create_volume(size).unwrap();
-    run.write_image(golden, &image);
+    let _golden = run.image_volume(&image);
     let other = run.engine.create_volume(4 << 30).unwrap();
     let mut noise = vec![0u8; MIB];
     for k in 0..4096u64 {
-        for b in noise.chunks_exact_mut(8) {
-            b.copy_from_slice(&rng.next().to_le_bytes());
-        }
+        rng.fill(&mut noise);
         let piece = noise.clone();
         run.write(other, k * MIB as u64, &piece);
     }
-    let later = run.engine.create_volume(size).unwrap();
-    run.write_image(later, &image);
+    let _later_copy = run.image_volume(&image);
     rows.push((
         "image copied after 4 GiB of other writes (out of the locality cache)",
         run.result(),

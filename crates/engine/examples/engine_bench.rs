@@ -8,6 +8,7 @@
 //! Runs on a real file backend in a temporary directory (page cache, no fsync except the
 //! engine's own checkpoints), bounded by data volume, not by time. Prints a Markdown table.
 
+use sliver_engine::test_data::xorshift64;
 use sliver_engine::{Compression, Engine, EngineConfig, FileBackend, GcPriority, Tuning};
 use std::sync::Arc;
 use std::time::Instant;
@@ -26,10 +27,16 @@ fn fill(buf: &mut [u8], mut seed: u64) {
     }
 }
 
-fn engine(dir: &std::path::Path, capacity: u64, segment: u32) -> Arc<Engine> {
+/// An engine on files in `dir`, collecting at high priority, its background threads started.
+fn engine(
+    dir: &std::path::Path,
+    capacity: u64,
+    segment: u32,
+    compression: Compression,
+) -> Arc<Engine> {
     let backend = Arc::new(FileBackend::open(dir, capacity).expect("backend"));
     let tuning = Tuning {
-        compression: Compression::None,
+        compression,
         gc: GcPriority::High,
         ..Tuning::default()
     };
@@ -57,10 +64,7 @@ fn rss_bytes() -> u64 {
 struct Rng(u64);
 impl Rng {
     fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
+        xorshift64(&mut self.0)
     }
 }
 
@@ -107,7 +111,7 @@ fn main() {
     // memory they freed was reused and hid the growth.
     {
         let dir = tempfile::tempdir().expect("tempdir");
-        let e = engine(dir.path(), capacity, segment);
+        let e = engine(dir.path(), capacity, segment, Compression::None);
         let size = e.capacity_bytes() / 10 * 8 / CHUNK as u64 * CHUNK as u64;
         let vol = e.create_volume(size).expect("volume");
         let rss0 = rss_bytes();
@@ -135,7 +139,7 @@ fn main() {
     let mut wa_rows = Vec::new();
     for (u, expected) in theory {
         let dir = tempfile::tempdir().expect("tempdir");
-        let e = engine(dir.path(), capacity, segment);
+        let e = engine(dir.path(), capacity, segment, Compression::None);
         let usable = e.capacity_bytes();
         let size = ((usable as f64 * u) as u64) / CHUNK as u64 * CHUNK as u64;
         let vol = e.create_volume(size).expect("volume");
@@ -192,18 +196,7 @@ fn main() {
         let mut rows = Vec::new();
         for kind in ["mix", "unique"] {
             let dir = tempfile::tempdir().expect("tempdir");
-            let backend = Arc::new(FileBackend::open(dir.path(), capacity).expect("backend"));
-            let tuning = Tuning {
-                compression: Compression::Lz4,
-                gc: GcPriority::High,
-                ..Tuning::default()
-            };
-            let config = EngineConfig {
-                chunk_size: CHUNK as u32,
-                segment_size: segment,
-            };
-            let e = Arc::new(Engine::create(backend, config, tuning).expect("engine"));
-            e.start_background();
+            let e = engine(dir.path(), capacity, segment, Compression::Lz4);
             let size = e.capacity_bytes() / 4 / CHUNK as u64 * CHUNK as u64;
             let vol = e.create_volume(size).expect("volume");
             let chunks = size / CHUNK as u64;
@@ -248,7 +241,7 @@ fn main() {
     // Clones with divergent writes: data reduction.
     {
         let dir = tempfile::tempdir().expect("tempdir");
-        let e = engine(dir.path(), capacity, segment);
+        let e = engine(dir.path(), capacity, segment, Compression::None);
         let size = 64 * MIB;
         let base = e.create_volume(size).expect("volume");
         let mut buf = vec![0u8; 256 * 1024];
