@@ -26,6 +26,19 @@ pub fn xorshift64(x: &mut u64) -> u64 {
     *x
 }
 
+/// `len` bytes of text-like, compressible data, different per `seed`: the seed in hex, then
+/// `words` picked by xorshift64.
+pub fn text(words: &[&str], seed: u64, len: usize) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    let mut out = format!("{seed:016x}").into_bytes();
+    while out.len() < len {
+        let word = xorshift64(&mut x) % words.len() as u64;
+        out.extend_from_slice(words[word as usize].as_bytes());
+    }
+    out.truncate(len);
+    out
+}
+
 /// `len` incompressible bytes, different per `seed`: the low byte of each xorshift64 step.
 pub fn noise(seed: u64, len: usize) -> Vec<u8> {
     let mut x = seed | 1;

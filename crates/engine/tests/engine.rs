@@ -1,6 +1,6 @@
 //! Engine behaviour through its public API, on the in-memory backend and on real files.
 
-use sliver_engine::test_data::{noise, xorshift64};
+use sliver_engine::test_data::noise;
 use sliver_engine::{
     Backend, ChunkState, Compression, Engine, EngineConfig, EngineError, FileBackend, GcPriority,
     MemBackend, Tuning, STATUS_SCAN_CHUNKS,
@@ -33,15 +33,7 @@ fn text(seed: u64, len: usize) -> Vec<u8> {
         "clone ",
         "zero ",
     ];
-    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    let mut out = Vec::with_capacity(len + 16);
-    out.extend_from_slice(format!("{seed:016x}").as_bytes());
-    while out.len() < len {
-        let word = xorshift64(&mut x) % words.len() as u64;
-        out.extend_from_slice(words[word as usize].as_bytes());
-    }
-    out.truncate(len);
-    out
+    sliver_engine::test_data::text(&words, seed, len)
 }
 
 /// An 8 MiB volume of `noise(seed)` with every other 64 KiB unmapped (the even ones): its

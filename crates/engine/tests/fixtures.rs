@@ -90,14 +90,7 @@ fn text(seed: u64, len: usize) -> Vec<u8> {
         "unmap ",
         "clone ",
     ];
-    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    let mut out = format!("{seed:016x}").into_bytes();
-    while out.len() < len {
-        let word = xorshift64(&mut x) % words.len() as u64;
-        out.extend_from_slice(words[word as usize].as_bytes());
-    }
-    out.truncate(len);
-    out
+    sliver_engine::test_data::text(&words, seed, len)
 }
 
 /// The fixture's history, deterministic.
