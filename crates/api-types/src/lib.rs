@@ -9,6 +9,9 @@
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
+pub mod names;
+pub use names::{InvalidIscsiName, IscsiName};
+
 // ---- errors ----
 
 /// The body of every error answer: `{"error": {"code": ..., "message": ...}}`.

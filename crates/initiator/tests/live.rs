@@ -7,6 +7,7 @@ use sliver_initiator::{Error, Provisioning, Residual, SenseKey, Session, Session
 use sliver_server::array::ChapSecret;
 use sliver_server::Array;
 use sliver_test_support::data::unique as pattern;
+use sliver_test_support::hosts::iqn;
 use sliver_test_support::target::Running;
 use sliver_volume::Volume;
 use std::sync::Arc;
@@ -201,7 +202,7 @@ fn chap_and_access_control() {
         array
             .create_host(
                 "h",
-                vec!["iqn.2026-11.test:chap-host".into()],
+                vec![iqn("iqn.2026-11.test:chap-host")],
                 Some(ChapSecret {
                     user: "alice".into(),
                     secret: "correct-horse-battery".into(),

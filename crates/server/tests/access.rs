@@ -3,7 +3,7 @@
 
 use sliver_server::array::ChapSecret;
 use sliver_server::Array;
-use sliver_test_support::hosts::{self, HOST_A};
+use sliver_test_support::hosts::{self, iqn, HOST_A};
 use sliver_test_support::target::Running;
 use std::process::{Command, Output};
 
@@ -105,7 +105,7 @@ fn unknown_initiator_is_refused_login() {
     assert_eq!(logins[0].initiator.as_deref(), Some(stranger));
     // Adding it to a host takes it off the list.
     t.array
-        .create_host("stranger", vec![stranger.into()], None)
+        .create_host("stranger", vec![iqn(stranger)], None)
         .unwrap();
     assert!(t.array.events().refused().is_empty());
 }
@@ -117,7 +117,7 @@ fn chap_secret_is_checked() {
         array
             .create_host(
                 "h",
-                vec![HOST_A.into()],
+                vec![iqn(HOST_A)],
                 Some(ChapSecret {
                     user: "alice".into(),
                     secret: "correct-horse-battery".into(),

@@ -18,7 +18,7 @@ use sliver_iscsi::pdu::{
 };
 use sliver_server::array::ArrayError;
 use sliver_server::{Array, Server, Timeouts};
-use sliver_test_support::hosts::{self, HOST_A, HOST_B};
+use sliver_test_support::hosts::{self, iqn, HOST_A, HOST_B};
 use sliver_test_support::target::{Running, Start};
 use std::io::{ErrorKind, Read, Write};
 use std::net::{Shutdown, TcpStream};
@@ -119,9 +119,9 @@ fn fuzz_and_check_volumes(array: &Array) {
     array.create_volume("fuzz", VOLUME_BYTES, 512).unwrap();
     array.create_volume("check", VOLUME_BYTES, 512).unwrap();
     array
-        .create_host("hostile", vec![HOSTILE.into()], None)
+        .create_host("hostile", vec![iqn(HOSTILE)], None)
         .unwrap();
-    array.create_host("good", vec![GOOD.into()], None).unwrap();
+    array.create_host("good", vec![iqn(GOOD)], None).unwrap();
     array.connect("fuzz", "hostile", Some(0)).unwrap();
     array.connect("check", "good", Some(0)).unwrap();
 }
@@ -1785,7 +1785,7 @@ fn names_that_are_not_plain_are_refused_by_the_array() {
     let dir = parent.path().join("array");
     let array = Array::open(&dir, TARGET).unwrap();
     array.create_volume("ok", 1 << 20, 512).unwrap();
-    array.create_host("h", vec![HOST_A.into()], None).unwrap();
+    array.create_host("h", vec![iqn(HOST_A)], None).unwrap();
     let long = "x".repeat(64);
     let before = tree(parent.path());
     let invalid = |r: Result<(), ArrayError>, what: &str, name: &str| match r {
@@ -1802,12 +1802,12 @@ fn names_that_are_not_plain_are_refused_by_the_array() {
         invalid(array.snapshot_volume("ok", name), "snapshot as", name);
         invalid(array.clone_volume("ok", name), "clone as", name);
         invalid(
-            array.create_host(name, vec![HOST_B.into()], None),
+            array.create_host(name, vec![iqn(HOST_B)], None),
             "create host",
             name,
         );
         invalid(
-            array.ensure_host(name, vec![HOST_B.into()], None),
+            array.ensure_host(name, vec![iqn(HOST_B)], None),
             "ensure host",
             name,
         );

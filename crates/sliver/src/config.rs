@@ -5,6 +5,7 @@
 //! line flags override the file. See `docs/configuration.md` (and `dist/sliver.toml`).
 
 use serde::{Deserialize, Deserializer};
+use sliver_api_types::IscsiName;
 use sliver_engine::{Compression, GcPriority};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -132,7 +133,8 @@ pub struct Chap {
 #[serde(deny_unknown_fields)]
 pub struct Host {
     pub name: String,
-    pub iqns: Vec<String>,
+    /// Checked as the file is read: a name that is not an iSCSI name is refused at its line.
+    pub iqns: Vec<IscsiName>,
     pub chap_user: Option<String>,
     pub chap_secret: Option<String>,
 }
@@ -179,10 +181,6 @@ impl Config {
                     "{at}[[hosts]]: host '{}' is listed twice",
                     host.name
                 ));
-            }
-            for iqn in &host.iqns {
-                sliver_server::array::validate_iscsi_name(iqn)
-                    .map_err(|e| format!("{at}[[hosts]] '{}': {e}", host.name))?;
             }
             match (&host.chap_user, &host.chap_secret) {
                 (None, None) => {}
@@ -400,7 +398,7 @@ chap_secret = "host-secret-1234"
             ("[capacity]\nsize = \"lots\"\n", "line 2", "size"),
             (
                 "[[hosts]]\nname = \"h\"\niqns = [\"bogus\"]\n",
-                "line 2",
+                "line 3",
                 "bogus",
             ),
             (

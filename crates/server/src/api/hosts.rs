@@ -2,12 +2,12 @@
 
 use super::error::ApiResult;
 use super::{blocking, ApiError, Ctx};
-use crate::array::{validate_iscsi_name, ChapChange, ChapSecret};
+use crate::array::{ArrayError, ChapChange, ChapSecret};
 use axum::extract::rejection::JsonRejection;
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::Json;
-use sliver_api_types::{CreateHost, HostInfo, UpdateHost};
+use sliver_api_types::{CreateHost, HostInfo, IscsiName, UpdateHost};
 
 /// A host as the API shows it (never its secret), with the volumes connected to it.
 fn host_info(
@@ -26,6 +26,14 @@ fn host_info(
     }
 }
 
+/// The initiator names of a request, each checked (the first that is not one is refused as
+/// `invalid_iqn`).
+fn iscsi_names(iqns: &[String]) -> Result<Vec<IscsiName>, ArrayError> {
+    iqns.iter()
+        .map(|iqn| Ok(IscsiName::new(iqn.as_str())?))
+        .collect()
+}
+
 pub(super) async fn host_list(State(ctx): State<Ctx>) -> Json<Vec<HostInfo>> {
     let connections = ctx.array.connections();
     Json(
@@ -42,9 +50,7 @@ pub(super) async fn host_create(
     body: Result<Json<CreateHost>, JsonRejection>,
 ) -> ApiResult<(StatusCode, Json<HostInfo>)> {
     let Json(req) = body?;
-    for iqn in &req.iqns {
-        validate_iscsi_name(iqn)?;
-    }
+    let iqns = iscsi_names(&req.iqns)?;
     let chap = match (req.chap_user, req.chap_secret) {
         (None, None) => None,
         (Some(user), Some(secret)) => Some(ChapSecret::new(user, secret)?),
@@ -62,7 +68,7 @@ pub(super) async fn host_create(
         chap_user: chap.as_ref().map(|c| c.user.clone()),
         volumes: vec![],
     };
-    blocking(move || ctx.array.create_host(&req.name, req.iqns, chap)).await?;
+    blocking(move || ctx.array.create_host(&req.name, iqns, chap)).await?;
     Ok((StatusCode::CREATED, Json(info)))
 }
 
@@ -72,9 +78,7 @@ pub(super) async fn host_update(
     body: Result<Json<UpdateHost>, JsonRejection>,
 ) -> ApiResult<Json<HostInfo>> {
     let Json(req) = body?;
-    for iqn in req.iqns.iter().flatten() {
-        validate_iscsi_name(iqn)?;
-    }
+    let iqns = req.iqns.as_deref().map(iscsi_names).transpose()?;
     let invalid_chap = |m: &str| ApiError::new(StatusCode::BAD_REQUEST, "invalid_chap", m);
     let chap = match (req.chap_user, req.chap_secret, req.clear_chap) {
         (None, None, false) => ChapChange::Keep,
@@ -92,7 +96,7 @@ pub(super) async fn host_update(
         }
     };
     let array = ctx.clone();
-    let host = blocking(move || array.array.update_host(&name, req.iqns, chap)).await?;
+    let host = blocking(move || array.array.update_host(&name, iqns, chap)).await?;
     Ok(Json(host_info(host, &ctx.array.connections())))
 }
 

@@ -13,6 +13,7 @@ mod pool;
 use config_store::{lock_events, ConfigStore};
 use pool::Pool;
 use serde::{Deserialize, Serialize};
+use sliver_api_types::{InvalidIscsiName, IscsiName};
 use sliver_engine::{
     Engine, EngineConfig, EngineSpace, EngineVolume, FileBackend, GcPriority, Tuning,
 };
@@ -891,12 +892,13 @@ impl Array {
     pub fn ensure_host(
         &self,
         name: &str,
-        iqns: Vec<String>,
+        iqns: Vec<IscsiName>,
         chap: Option<ChapSecret>,
     ) -> Result<()> {
         if name != ANY_HOST {
             validate_name(name)?;
         }
+        let iqns = stored_names(iqns);
         let mut config = self.config_mut();
         let mut updated = config.clone();
         match updated.hosts.iter_mut().find(|h| h.name == name) {
@@ -922,12 +924,10 @@ impl Array {
     pub fn update_host(
         &self,
         name: &str,
-        iqns: Option<Vec<String>>,
+        iqns: Option<Vec<IscsiName>>,
         chap: ChapChange,
     ) -> Result<HostRecord> {
-        for iqn in iqns.iter().flatten() {
-            validate_iscsi_name(iqn)?;
-        }
+        let iqns = iqns.map(stored_names);
         if let ChapChange::Set(c) = &chap {
             c.check()?;
         }
@@ -1148,15 +1148,13 @@ impl Array {
     pub fn create_host(
         &self,
         name: &str,
-        iqns: Vec<String>,
+        iqns: Vec<IscsiName>,
         chap: Option<ChapSecret>,
     ) -> Result<()> {
         if name != ANY_HOST {
             validate_name(name)?;
         }
-        for iqn in &iqns {
-            validate_iscsi_name(iqn)?;
-        }
+        let iqns = stored_names(iqns);
         if let Some(c) = &chap {
             c.check()?;
         }
@@ -1631,28 +1629,22 @@ fn naa_designator(id_hex: &str) -> [u8; 16] {
     value.to_be_bytes()
 }
 
+/// Initiator names as a host record keeps them. The record keeps strings: an array written by
+/// a version that checked less still opens, and its names are matched at login as they are.
+fn stored_names(iqns: Vec<IscsiName>) -> Vec<String> {
+    iqns.into_iter().map(String::from).collect()
+}
+
+impl From<InvalidIscsiName> for ArrayError {
+    fn from(e: InvalidIscsiName) -> Self {
+        ArrayError::InvalidIscsiName(e.0)
+    }
+}
+
 /// Volume and host names: 1-63 characters from `A-Z a-z 0-9 . _ -`, starting with a letter or
 /// digit. Names never become paths (storage files are named by random ids), and the first
 /// character rule also keeps out `.`, `..`, hidden-file names and names a command line would
 /// take for an option.
-/// iSCSI names: `iqn.`, `eui.` or `naa.` forms, at most 223 bytes (RFC 7143 4.2.7.1). The
-/// array checks every name a host is given, whoever gives it (API, configuration file, CLI).
-pub fn validate_iscsi_name(name: &str) -> Result<()> {
-    let lower = name.to_ascii_lowercase();
-    let ok = name.len() <= 223
-        && ["iqn.", "eui.", "naa."]
-            .iter()
-            .any(|p| lower.starts_with(p) && lower.len() > p.len())
-        && name
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b"-.:".contains(&b));
-    if ok {
-        Ok(())
-    } else {
-        Err(ArrayError::InvalidIscsiName(name.into()))
-    }
-}
-
 fn validate_name(name: &str) -> Result<()> {
     let ok = name.len() <= 63
         && name
@@ -1838,7 +1830,7 @@ mod tests {
         let a = Array::open(dir.path(), "iqn.2026-11.test:a").unwrap();
         a.create_host(
             "h",
-            vec!["iqn.2026-11.test:h".into()],
+            vec![iqn("iqn.2026-11.test:h")],
             Some(ChapSecret {
                 user: "h".into(),
                 secret: "a-chap-secret".into(),
@@ -1947,7 +1939,7 @@ mod tests {
             let a = Array::open(dir.path(), "iqn.2026-11.test:a").unwrap();
             a.create_volume("v1", 1 << 20, 512).unwrap();
             a.create_volume("v2", 1 << 20, 512).unwrap();
-            a.create_host("esx1", vec!["iqn.1998-01.com.vmware:esx1".into()], None)
+            a.create_host("esx1", vec![iqn("iqn.1998-01.com.vmware:esx1")], None)
                 .unwrap();
             assert_eq!(a.connect("v1", "*", None).unwrap(), 0);
             assert_eq!(a.connect("v2", "esx1", Some(5)).unwrap(), 5);
@@ -2001,38 +1993,48 @@ mod tests {
         assert!(matches!(a.access("iqn.x"), Access::Allowed(None)));
     }
 
+    /// A name the tests know to be an iSCSI name.
+    fn iqn(name: &str) -> IscsiName {
+        IscsiName::new(name).unwrap()
+    }
+
     #[test]
     fn a_host_is_given_only_iscsi_names() {
-        let dir = tempfile::tempdir().unwrap();
-        let a = Array::open(dir.path(), "iqn.2026-11.test:a").unwrap();
+        // The array takes names only as `IscsiName`s; a string becomes one only if it is
+        // one, and the refusal is the array's error (the API's `invalid_iqn`).
         for bad in [
             "host-a",
             "iqn.",
             "iqn.2026-11.test:a b",
             &format!("iqn.{}", "x".repeat(220)),
         ] {
+            let refused: ArrayError = IscsiName::new(bad).unwrap_err().into();
             assert!(
-                matches!(
-                    a.create_host("h", vec![bad.into()], None),
-                    Err(ArrayError::InvalidIscsiName(_))
-                ),
-                "{bad}"
+                matches!(&refused, ArrayError::InvalidIscsiName(name) if name == bad),
+                "{bad}: {refused}"
             );
         }
-        assert!(a.hosts().is_empty(), "nothing stored");
-        a.create_host("h", vec!["iqn.2026-11.test:h".into()], None)
+        let dir = tempfile::tempdir().unwrap();
+        let a = Array::open(dir.path(), "iqn.2026-11.test:a").unwrap();
+        a.create_host("h", vec![iqn("iqn.2026-11.test:h")], None)
             .unwrap();
-        assert!(matches!(
-            a.update_host("h", Some(vec!["eui.02004567A425678D".into(), "nope".into()]), ChapChange::Keep),
-            Err(ArrayError::InvalidIscsiName(name)) if name == "nope"
-        ));
         assert_eq!(a.hosts()[0].iqns, vec!["iqn.2026-11.test:h".to_string()]);
         a.update_host(
             "h",
-            Some(vec!["naa.52004567BA64678D".into()]),
+            Some(vec![
+                iqn("naa.52004567BA64678D"),
+                iqn("eui.02004567A425678D"),
+            ]),
             ChapChange::Keep,
         )
         .unwrap();
+        assert_eq!(
+            a.hosts()[0].iqns,
+            vec![
+                "naa.52004567BA64678D".to_string(),
+                "eui.02004567A425678D".to_string()
+            ]
+        );
     }
 
     #[test]
@@ -2049,7 +2051,7 @@ mod tests {
         };
         for bad in [&short, &unnamed] {
             assert!(matches!(
-                a.create_host("h", vec!["iqn.2026-11.test:h".into()], Some(bad.clone())),
+                a.create_host("h", vec![iqn("iqn.2026-11.test:h")], Some(bad.clone())),
                 Err(ArrayError::InvalidChap(_))
             ));
             assert!(matches!(
@@ -2063,7 +2065,7 @@ mod tests {
         );
         assert!(ChapSecret::new("h", "eleven-byte").is_err());
         let good = ChapSecret::new("h", "twelve-bytes").unwrap();
-        a.create_host("h", vec!["iqn.2026-11.test:h".into()], None)
+        a.create_host("h", vec![iqn("iqn.2026-11.test:h")], None)
             .unwrap();
         assert!(matches!(
             a.update_host("h", None, ChapChange::Set(short.clone())),
