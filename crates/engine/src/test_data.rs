@@ -27,8 +27,9 @@ pub fn xorshift64(x: &mut u64) -> u64 {
 }
 
 /// `len` bytes of text-like, compressible data, different per `seed`: the seed in hex, then
-/// `words` picked by xorshift64.
+/// `words` picked by xorshift64 (at least one word).
 pub fn text(words: &[&str], seed: u64, len: usize) -> Vec<u8> {
+    assert!(!words.is_empty(), "text needs words to pick from");
     let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
     let mut out = format!("{seed:016x}").into_bytes();
     while out.len() < len {

@@ -15,6 +15,9 @@
 //! - the crate root is left out as a target: it is every module's namespace (its
 //!   re-exports and the crate's vocabulary types).
 //!
+//! Limits: paths inside macro arguments count only where the arguments parse as expressions,
+//! and an inline non-test `mod x { .. }` is read as part of the file around it.
+//!
 //! Paths a module imports by name and then uses (`use crate::sbc; sbc::execute(..)`) count
 //! through the `use`, at module granularity, which is what a cycle is about.
 //!
@@ -239,6 +242,28 @@ struct PathCollector {
 }
 
 impl<'ast> Visit<'ast> for PathCollector {
+    /// A `use` inside a function body: its leaves are paths like any other.
+    fn visit_item_use(&mut self, u: &'ast syn::ItemUse) {
+        if !is_test_only(&u.attrs) {
+            let mut leaves = Vec::new();
+            use_leaves(Vec::new(), &u.tree, &mut leaves);
+            self.found.extend(leaves.into_iter().map(|(_, path)| path));
+        }
+    }
+
+    /// A macro's arguments, where they read as expressions (`assert!`, `format!`,
+    /// `tracing::warn!`, `matches!`'s first argument...): their paths count too.
+    fn visit_macro(&mut self, mac: &'ast syn::Macro) {
+        use syn::parse::Parser;
+        let args = syn::punctuated::Punctuated::<syn::Expr, syn::Token![,]>::parse_terminated;
+        if let Ok(exprs) = args.parse2(mac.tokens.clone()) {
+            for expr in &exprs {
+                self.visit_expr(expr);
+            }
+        }
+        syn::visit::visit_macro(self, mac);
+    }
+
     fn visit_path(&mut self, path: &'ast syn::Path) {
         if path.segments.len() > 1 {
             self.found
@@ -454,6 +479,24 @@ mod tests {
         let cycles = cycles_of(&cyclic);
         assert_eq!(cycles.len(), 1, "{cycles:?}");
         assert!(cycles[0].starts_with("fam/cmd.rs <-> lu.rs"), "{cycles:?}");
+    }
+
+    #[test]
+    fn uses_inside_function_bodies_and_macro_arguments_count() {
+        for b in [
+            "pub fn f() { use crate::a::A; let _ = A; }",
+            "pub fn f() { assert!(crate::a::ok(), \"{}\", 1); }",
+        ] {
+            let cycles = cycles_of(&[
+                ("lib.rs", "mod a; mod b;"),
+                (
+                    "a.rs",
+                    "pub struct A; pub fn ok() -> bool { crate::b::f(); true }",
+                ),
+                ("b.rs", b),
+            ]);
+            assert_eq!(cycles.len(), 1, "{b}: {cycles:?}");
+        }
     }
 
     #[test]

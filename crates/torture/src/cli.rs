@@ -1,7 +1,8 @@
 //! What the command lines of `sliver-torture` and `sliver-load` share. Each binary includes
 //! this file as a module of its own (`#[path]`): it is no part of the library.
 
-/// How the report is given (the last options of each command line).
+// How the report is given (the last options of each command line). A plain comment: a doc
+// comment here would become the command's description wherever the parent sets none.
 #[derive(clap::Args)]
 pub struct Report {
     /// Print the report as JSON on stdout.
