@@ -12,7 +12,8 @@
 //! other initiators) happens only after the tasks it aborted have ended, as LIO drains a LUN
 //! before it resets it: a RESERVE still running when the reset came must not leave the LU
 //! reserved after it. SANITIZE continues through aborts and resets (SBC-3 4.11): nothing waits
-//! for it, and its eventual response is dropped.
+//! for it, and its eventual response is dropped. Its tag is free again once the function is
+//! answered (the initiator may reuse it), so tasks are told apart by a [`TaskId`], not by tag.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
@@ -64,8 +65,15 @@ pub struct Finished {
     pub answers: Vec<Answer>,
 }
 
+/// One started task, as [`TaskSet::start`] names it; [`TaskSet::finish`] takes it back. Tags
+/// are the initiator's and may come again (after an aborted SANITIZE, while it still runs);
+/// an id is never reused within a task set.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct TaskId(u64);
+
 #[derive(Debug)]
 struct Task {
+    tag: u32,
     lun: u64,
     survives_abort: bool,
     aborted: bool,
@@ -104,7 +112,7 @@ impl std::fmt::Debug for Effect {
 #[derive(Debug)]
 struct Pending {
     tag: u32,
-    waiting: HashSet<u32>,
+    waiting: HashSet<TaskId>,
     ends_nexus: bool,
     /// Applied when `waiting` empties, before the answer goes.
     effect: Effect,
@@ -113,7 +121,11 @@ struct Pending {
 /// One nexus's tasks that have started and not finished, and the functions waiting for them.
 #[derive(Debug, Default)]
 pub struct TaskSet {
-    tasks: HashMap<u32, Task>,
+    tasks: HashMap<TaskId, Task>,
+    /// The tag of every task the initiator may still refer to: all but aborted ones that run
+    /// on (SANITIZE), whose tag it may reuse.
+    by_tag: HashMap<u32, TaskId>,
+    next_id: u64,
     pending: Vec<Pending>,
 }
 
@@ -129,27 +141,36 @@ impl TaskSet {
 
     /// A task tagged `tag` is running (a new command reusing the tag is the initiator's error).
     pub fn contains(&self, tag: u32) -> bool {
-        self.tasks.contains_key(&tag)
+        self.by_tag.contains_key(&tag)
     }
 
-    /// The command tagged `tag` for `lun` starts, with the facts its parser gave.
-    pub fn start(&mut self, tag: u32, lun: u64, facts: Dispatch) {
+    /// The command tagged `tag` for `lun` starts, with the facts its parser gave. The caller
+    /// checked [`TaskSet::contains`] first; the id names the task in [`TaskSet::finish`].
+    pub fn start(&mut self, tag: u32, lun: u64, facts: Dispatch) -> TaskId {
+        let id = TaskId(self.next_id);
+        self.next_id += 1;
         self.tasks.insert(
-            tag,
+            id,
             Task {
+                tag,
                 lun,
                 survives_abort: facts.survives_abort,
                 aborted: false,
             },
         );
+        self.by_tag.insert(tag, id);
+        id
     }
 
-    /// The command tagged `tag` finished. Unknown tags (never started here) are neither
-    /// delivered nor waited for.
-    pub fn finish(&mut self, tag: u32) -> Finished {
-        let Some(task) = self.tasks.remove(&tag) else {
+    /// The task `id` finished. Unknown ids (never started here) are neither delivered nor
+    /// waited for.
+    pub fn finish(&mut self, id: TaskId) -> Finished {
+        let Some(task) = self.tasks.remove(&id) else {
             return Finished::default();
         };
+        if self.by_tag.get(&task.tag) == Some(&id) {
+            self.by_tag.remove(&task.tag);
+        }
         if !task.aborted {
             return Finished {
                 deliver: true,
@@ -159,7 +180,7 @@ impl TaskSet {
         let mut answers = Vec::new();
         let mut ready = Vec::new();
         self.pending.retain_mut(|p| {
-            p.waiting.remove(&tag);
+            p.waiting.remove(&id);
             if !p.waiting.is_empty() {
                 return true;
             }
@@ -200,7 +221,7 @@ impl TaskSet {
         };
         let (waiting, ends_nexus, effect) = match function {
             Function::AbortTask { tag: referenced } => {
-                (self.abort(|t, _| t == referenced), false, Effect::Nothing)
+                (self.abort(|t| t.tag == referenced), false, Effect::Nothing)
             }
             Function::AbortTaskSet | Function::ClearTaskSet | Function::LogicalUnitReset => {
                 let Some(unit) = unit else {
@@ -213,7 +234,7 @@ impl TaskSet {
                     }
                     _ => Effect::Nothing,
                 };
-                (self.abort(|_, t| t.lun == lun), false, effect)
+                (self.abort(|t| t.lun == lun), false, effect)
             }
             Function::TargetWarmReset | Function::TargetColdReset => {
                 let cold = function == Function::TargetColdReset;
@@ -223,7 +244,7 @@ impl TaskSet {
                     Reset::TargetWarm
                 };
                 (
-                    self.abort(|_, _| true),
+                    self.abort(|_| true),
                     cold,
                     Effect::Reset(units.to_vec(), kind),
                 )
@@ -242,15 +263,19 @@ impl TaskSet {
         None
     }
 
-    /// Mark the tasks matching `filter` aborted; returns the tags of those the function must
-    /// wait for (all but the ones that survive aborts).
-    fn abort(&mut self, filter: impl Fn(u32, &Task) -> bool) -> HashSet<u32> {
+    /// Mark the tasks matching `filter` aborted; returns those the function must wait for
+    /// (all but the ones that survive aborts, whose tags are free from now on).
+    fn abort(&mut self, filter: impl Fn(&Task) -> bool) -> HashSet<TaskId> {
         let mut waiting = HashSet::new();
-        for (&tag, task) in self.tasks.iter_mut() {
-            if filter(tag, task) {
+        for (&id, task) in self.tasks.iter_mut() {
+            if filter(task) {
                 task.aborted = true;
-                if !task.survives_abort {
-                    waiting.insert(tag);
+                if task.survives_abort {
+                    if self.by_tag.get(&task.tag) == Some(&id) {
+                        self.by_tag.remove(&task.tag);
+                    }
+                } else {
+                    waiting.insert(id);
                 }
             }
         }
@@ -271,13 +296,15 @@ mod tests {
         survives_abort: true,
     };
 
-    /// A task set where `(tag, lun, dispatch)` tasks have started, in that order.
-    fn running(tasks: &[(u32, u64, Dispatch)]) -> TaskSet {
+    /// A task set where `(tag, lun, dispatch)` tasks have started, in that order, and their
+    /// ids in the same order.
+    fn running(tasks: &[(u32, u64, Dispatch)]) -> (TaskSet, Vec<TaskId>) {
         let mut set = TaskSet::new();
-        for &(tag, lun, dispatch) in tasks {
-            set.start(tag, lun, dispatch);
-        }
-        set
+        let ids = tasks
+            .iter()
+            .map(|&(tag, lun, dispatch)| set.start(tag, lun, dispatch))
+            .collect();
+        (set, ids)
     }
 
     fn nexus() -> Nexus {
@@ -298,19 +325,19 @@ mod tests {
 
     #[test]
     fn abort_task_answers_once_the_task_has_finished_and_drops_its_result() {
-        let mut set = running(&[(1, 0, PLAIN), (2, 0, PLAIN)]);
+        let (mut set, id) = running(&[(1, 0, PLAIN), (2, 0, PLAIN)]);
         let n = nexus();
         let f = Function::AbortTask { tag: 1 };
         assert_eq!(set.manage(100, f, 0, None, &[], &n), None);
         // The other task is untouched; the aborted one's end releases the answer.
         assert_eq!(
-            set.finish(2),
+            set.finish(id[1]),
             Finished {
                 deliver: true,
                 answers: vec![]
             }
         );
-        let done = set.finish(1);
+        let done = set.finish(id[0]);
         assert!(!done.deliver);
         assert_eq!(done.answers, vec![complete(100).unwrap()]);
         assert!(set.is_empty());
@@ -322,25 +349,44 @@ mod tests {
         let n = nexus();
         let f = Function::AbortTask { tag: 7 };
         assert_eq!(set.manage(100, f, 0, None, &[], &n), complete(100));
-        assert_eq!(set.finish(7), Finished::default(), "never started");
+        assert_eq!(set.finish(TaskId(7)), Finished::default(), "never started");
     }
 
     #[test]
     fn a_task_set_abort_waits_for_its_lun_only_and_sanitize_runs_on() {
-        let mut set = running(&[(1, 0, PLAIN), (2, 1, PLAIN), (3, 0, SANITIZE)]);
+        let (mut set, id) = running(&[(1, 0, PLAIN), (2, 1, PLAIN), (3, 0, SANITIZE)]);
         let n = nexus();
         let unit = Arc::new(crate::tests::fixture().lu); // its file stays open
         let answer = set.manage(100, Function::AbortTaskSet, 0, Some(&unit), &[], &n);
         assert_eq!(answer, None, "task 1 still runs");
-        assert!(set.finish(2).deliver, "another LUN's task");
-        assert_eq!(set.finish(1).answers, vec![complete(100).unwrap()]);
+        assert!(set.finish(id[1]).deliver, "another LUN's task");
+        assert_eq!(set.finish(id[0]).answers, vec![complete(100).unwrap()]);
         // SANITIZE was aborted (its result is dropped) but nothing waited for it.
-        assert_eq!(set.finish(3), Finished::default());
+        assert_eq!(set.finish(id[2]), Finished::default());
+    }
+
+    #[test]
+    fn an_aborted_sanitize_frees_its_tag_and_a_new_task_with_it_is_told_apart() {
+        let (mut set, id) = running(&[(3, 0, SANITIZE)]);
+        let n = nexus();
+        let f = Function::AbortTask { tag: 3 };
+        assert_eq!(set.manage(100, f, 0, None, &[], &n), complete(100));
+        assert!(
+            !set.contains(3),
+            "the initiator may reuse the tag once answered"
+        );
+        let reused = set.start(3, 0, PLAIN);
+        assert!(set.contains(3));
+        // The sanitize ends first: dropped, and the new task is still the tag's.
+        assert_eq!(set.finish(id[0]), Finished::default());
+        assert!(set.contains(3));
+        assert!(set.finish(reused).deliver);
+        assert!(set.is_empty() && !set.contains(3));
     }
 
     #[test]
     fn a_function_on_a_lun_the_nexus_cannot_address_says_so() {
-        let mut set = running(&[(1, 5, PLAIN)]);
+        let (mut set, id) = running(&[(1, 5, PLAIN)]);
         let n = nexus();
         for f in [
             Function::AbortTaskSet,
@@ -350,21 +396,21 @@ mod tests {
             let answer = set.manage(100, f, 5, None, &[], &n).unwrap();
             assert_eq!(answer.outcome, Outcome::NoSuchLun);
         }
-        assert!(set.finish(1).deliver, "nothing was aborted");
+        assert!(set.finish(id[0]).deliver, "nothing was aborted");
     }
 
     #[test]
     fn a_cold_reset_aborts_everything_and_ends_the_nexus_once_answered() {
-        let mut set = running(&[(1, 0, PLAIN), (2, 3, PLAIN)]);
+        let (mut set, id) = running(&[(1, 0, PLAIN), (2, 3, PLAIN)]);
         let n = nexus();
         let units = [Arc::new(crate::tests::fixture().lu)]; // its file stays open
         assert_eq!(
             set.manage(100, Function::TargetColdReset, 0, None, &units, &n),
             None
         );
-        assert!(set.finish(1).answers.is_empty());
+        assert!(set.finish(id[0]).answers.is_empty());
         assert_eq!(
-            set.finish(2).answers,
+            set.finish(id[1]).answers,
             vec![Answer {
                 tag: 100,
                 outcome: Outcome::Complete,
@@ -380,7 +426,7 @@ mod tests {
 
     #[test]
     fn two_functions_waiting_for_one_task_are_both_answered() {
-        let mut set = running(&[(1, 0, PLAIN)]);
+        let (mut set, id) = running(&[(1, 0, PLAIN)]);
         let n = nexus();
         let unit = Arc::new(crate::tests::fixture().lu); // its file stays open
         assert_eq!(
@@ -391,7 +437,7 @@ mod tests {
             set.manage(101, Function::LogicalUnitReset, 0, Some(&unit), &[], &n),
             None
         );
-        let tags: Vec<u32> = set.finish(1).answers.iter().map(|a| a.tag).collect();
+        let tags: Vec<u32> = set.finish(id[0]).answers.iter().map(|a| a.tag).collect();
         assert_eq!(tags, vec![100, 101]);
     }
 
@@ -421,7 +467,7 @@ mod tests {
             crate::Status::Good
         );
         // A RESERVE(6) is running when the LOGICAL UNIT RESET arrives.
-        set.start(1, 0, PLAIN);
+        let reserving = set.start(1, 0, PLAIN);
         assert_eq!(
             set.manage(100, Function::LogicalUnitReset, 0, Some(&unit), &[], &n),
             None
@@ -433,7 +479,7 @@ mod tests {
         );
         let reserve = [0x16, 0, 0, 0, 0, 0];
         assert_eq!(run(&unit, &n, &reserve).status, crate::Status::Good);
-        let finished = set.finish(1);
+        let finished = set.finish(reserving);
         assert_eq!(finished.answers, vec![complete(100).unwrap()]);
         // The reset came after it: the reservation is gone, and the other initiator sees
         // BUS DEVICE RESET FUNCTION OCCURRED before its next command runs.

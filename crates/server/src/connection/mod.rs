@@ -20,7 +20,7 @@ use sliver_iscsi::{
     Command, CommandResult, Connection, Event, SessionInfo, SessionType, TaskManagement,
     TmfFunction, TmfResponse,
 };
-use sliver_scsi::tmf::{self, TaskSet};
+use sliver_scsi::tmf::{self, TaskId, TaskSet};
 use sliver_scsi::{CopyTargets, LogicalUnit, Nexus, Request, TaskAttr};
 use std::collections::HashMap;
 use std::io::IoSlice;
@@ -143,6 +143,7 @@ impl Shared {
     fn complete(
         &self,
         itt: u32,
+        id: TaskId,
         result: CommandResult,
         permit: OwnedSemaphorePermit,
         counted: bool,
@@ -160,7 +161,7 @@ impl Shared {
             held,
             ..
         } = &mut *core;
-        session.finish(conn, itt, result);
+        session.finish(conn, itt, id, result);
         if session.tasks.is_empty() {
             session.went_quiet = Some((std::time::Instant::now(), session.started));
         }

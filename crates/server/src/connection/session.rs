@@ -134,7 +134,7 @@ impl Session {
         let bytes = (cmd.data_out.len() as u64).max(cmd.expected_data_transfer_length as u64);
         // The SCSI core decides what the command is; the session only reads it.
         let facts = sliver_scsi::dispatch(&cmd.cdb, bytes, &cmd.data_out);
-        self.tasks.start(cmd.itt, cmd.lun, facts);
+        let id = self.tasks.start(cmd.itt, cmd.lun, facts);
         let budget = self.budget.clone();
         let cost = (bytes / 1024 + 1).min(EXECUTION_BUDGET_KIB as u64) as u32;
         let quick = facts.quick;
@@ -142,6 +142,7 @@ impl Session {
             shared: shared.clone(),
             nexus,
             cmd,
+            id,
             luns,
             unit,
         };
@@ -164,8 +165,14 @@ impl Session {
         });
     }
 
-    pub(super) fn finish(&mut self, conn: &mut Connection, itt: u32, result: CommandResult) {
-        let finished = self.tasks.finish(itt);
+    pub(super) fn finish(
+        &mut self,
+        conn: &mut Connection,
+        itt: u32,
+        id: TaskId,
+        result: CommandResult,
+    ) {
+        let finished = self.tasks.finish(id);
         if finished.deliver {
             conn.complete_command(itt, result);
         }

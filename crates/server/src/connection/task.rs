@@ -59,6 +59,8 @@ pub(super) struct Task {
     pub(super) shared: Arc<Shared>,
     pub(super) nexus: Nexus,
     pub(super) cmd: Command,
+    /// Its name in the session's task set (its tag may come again once it is aborted).
+    pub(super) id: TaskId,
     /// LUNs the nexus may see, for REPORT LUNS.
     /// What the session's LUNs were when it was received.
     pub(super) luns: Arc<LunTable>,
@@ -139,7 +141,8 @@ impl Task {
             data_in: resp.data_in,
             data_out_expected: resp.data_out_expected,
         };
-        self.shared.complete(self.cmd.itt, result, permit, counted);
+        self.shared
+            .complete(self.cmd.itt, self.id, result, permit, counted);
     }
 }
 
