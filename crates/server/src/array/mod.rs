@@ -21,7 +21,6 @@ use sliver_scsi::{LogicalUnit, LuConfig};
 use sliver_volume::{FileVolume, Volume};
 use std::collections::BTreeMap;
 use std::fs;
-use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 
@@ -666,8 +665,7 @@ impl Array {
             source_id,
         };
         let unit = self.open_unit(&record, &config.target_name)?;
-        config.volumes.push(record);
-        self.save_locked(&config)?;
+        self.commit(&mut config, |c| c.volumes.push(record))?;
         self.units_mut().insert(name.into(), unit);
         Ok(())
     }
@@ -821,8 +819,7 @@ impl Array {
         }
         // Engine first: the open reconciles the configured size with the engine's.
         self.resize_storage(&record, size_bytes)?;
-        config.volumes[index].size_bytes = size_bytes;
-        self.save_locked(&config)?;
+        self.commit(&mut config, |c| c.volumes[index].size_bytes = size_bytes)?;
         if let Some(unit) = self.units.read().unwrap().get(name) {
             unit.capacity_changed();
         }
@@ -1164,12 +1161,13 @@ impl Array {
         }
         let chap_text = if chap.is_some() { ", with CHAP" } else { "" };
         let message = format!("host {name} created ({} initiators{chap_text})", iqns.len());
-        config.hosts.push(HostRecord {
-            name: name.into(),
-            iqns: iqns.clone(),
-            chap,
-        });
-        self.save_locked(&config)?;
+        self.commit(&mut config, |c| {
+            c.hosts.push(HostRecord {
+                name: name.into(),
+                iqns: iqns.clone(),
+                chap,
+            })
+        })?;
         drop(config);
         self.host_admitted(name, &iqns, "host_created", message);
         Ok(())
@@ -1210,12 +1208,13 @@ impl Array {
             Some(l) => l,
             None => (0..).find(|l| !used.contains(l)).unwrap_or(0),
         };
-        config.connections.push(ConnectionRecord {
-            volume: volume.into(),
-            host: host.into(),
-            lun,
-        });
-        self.save_locked(&config)?;
+        self.commit(&mut config, |c| {
+            c.connections.push(ConnectionRecord {
+                volume: volume.into(),
+                host: host.into(),
+                lun,
+            })
+        })?;
         drop(config);
         self.host_event(
             "volume_connected",
@@ -1361,6 +1360,21 @@ impl Array {
 
     fn save_locked(&self, config: &ArrayConfig) -> Result<()> {
         self.config.save(config)
+    }
+
+    /// Apply `change` to a copy of `config` (held under the write lock), save the copy, and
+    /// only then make it the configuration: a failed save changes nothing, in memory or in
+    /// the file.
+    fn commit(
+        &self,
+        config: &mut ArrayConfig,
+        change: impl FnOnce(&mut ArrayConfig),
+    ) -> Result<()> {
+        let mut updated = config.clone();
+        change(&mut updated);
+        self.save_locked(&updated)?;
+        *config = updated;
+        Ok(())
     }
 }
 
@@ -1751,34 +1765,6 @@ pub fn check_array(dir: &Path, progress: &mut dyn FnMut(u64, u64)) -> Result<Vec
     Ok(problems)
 }
 
-/// Replace `dir/name` with `bytes` so that a crash leaves the old or the new content.
-fn write_atomically(dir: &Path, name: &str, bytes: &[u8]) -> Result<()> {
-    let tmp = dir.join(format!(".{name}.tmp"));
-    let target = dir.join(name);
-    let io = |path: &Path| {
-        let path = path.to_path_buf();
-        move |source| ArrayError::Io { path, source }
-    };
-    // The configuration holds CHAP secrets: owner-only, like /etc/shadow's spirit.
-    let mut f = {
-        use std::os::unix::fs::OpenOptionsExt;
-        fs::OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .mode(0o600)
-            .open(&tmp)
-            .map_err(io(&tmp))?
-    };
-    f.write_all(bytes).map_err(io(&tmp))?;
-    f.sync_all().map_err(io(&tmp))?;
-    fs::rename(&tmp, &target).map_err(io(&target))?;
-    fs::File::open(dir)
-        .and_then(|d| d.sync_all())
-        .map_err(io(dir))?;
-    Ok(())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -2035,6 +2021,31 @@ mod tests {
                 "eui.02004567A425678D".to_string()
             ]
         );
+    }
+
+    #[test]
+    fn a_change_whose_save_fails_is_not_made_in_memory_either() {
+        let dir = tempfile::tempdir().unwrap();
+        let a = Array::open(dir.path(), "iqn.2026-11.test:a").unwrap();
+        a.create_volume("v", 1 << 20, 512).unwrap();
+        // The save's temporary file cannot be created: a directory stands in its place.
+        let tmp = dir.path().join(format!(".{CONFIG_FILE}.tmp"));
+        fs::create_dir(&tmp).unwrap();
+        assert!(a.create_host("h", vec![iqn("iqn.2026-11.test:h")], None).is_err());
+        assert!(a.connect("v", ANY_HOST, Some(3)).is_err());
+        assert!(a.create_volume("w", 1 << 20, 512).is_err());
+        assert!(a.hosts().is_empty(), "no host in memory the file does not have");
+        assert!(a.connections().is_empty());
+        assert_eq!(a.volumes().len(), 1);
+        fs::remove_dir(&tmp).unwrap();
+        // Saves work again, and what memory holds is what a restart finds.
+        a.create_host("h", vec![iqn("iqn.2026-11.test:h")], None)
+            .unwrap();
+        drop(a);
+        let a = Array::open(dir.path(), "iqn.2026-11.test:a").unwrap();
+        assert_eq!(a.hosts().len(), 1);
+        assert!(a.connections().is_empty());
+        assert_eq!(a.volumes().len(), 1);
     }
 
     #[test]
