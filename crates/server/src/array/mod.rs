@@ -2031,10 +2031,15 @@ mod tests {
         // The save's temporary file cannot be created: a directory stands in its place.
         let tmp = dir.path().join(format!(".{CONFIG_FILE}.tmp"));
         fs::create_dir(&tmp).unwrap();
-        assert!(a.create_host("h", vec![iqn("iqn.2026-11.test:h")], None).is_err());
+        assert!(a
+            .create_host("h", vec![iqn("iqn.2026-11.test:h")], None)
+            .is_err());
         assert!(a.connect("v", ANY_HOST, Some(3)).is_err());
         assert!(a.create_volume("w", 1 << 20, 512).is_err());
-        assert!(a.hosts().is_empty(), "no host in memory the file does not have");
+        assert!(
+            a.hosts().is_empty(),
+            "no host in memory the file does not have"
+        );
         assert!(a.connections().is_empty());
         assert_eq!(a.volumes().len(), 1);
         fs::remove_dir(&tmp).unwrap();
