@@ -735,13 +735,12 @@ impl Array {
                 .iter()
                 .position(|v| v.name == name)
                 .ok_or_else(|| ArrayError::NoSuchVolume(name.into()))?;
-            let record = config.volumes.remove(index);
+            let record = config.volumes[index].clone();
             // The record leaves the configuration first: a crash before the engine delete
             // leaves an orphan engine volume, which the next open deletes.
-            if let Err(e) = self.save_locked(&config) {
-                config.volumes.insert(index, record);
-                return Err(e);
-            }
+            self.commit(&mut config, |c| {
+                c.volumes.remove(index);
+            })?;
             self.units_mut().remove(name);
             record
         };
@@ -875,14 +874,10 @@ impl Array {
                 volumes,
             });
         }
-        let mut updated = config.clone();
-        updated.hosts.retain(|h| h.name != name);
-        if updated.hosts.len() == config.hosts.len() {
+        if !config.hosts.iter().any(|h| h.name == name) {
             return Err(ArrayError::NoSuchHost(name.into()));
         }
-        self.save_locked(&updated)?;
-        *config = updated;
-        Ok(())
+        self.commit(&mut config, |c| c.hosts.retain(|h| h.name != name))
     }
 
     /// Create `name` or make an existing host match (the configuration file declares hosts).
@@ -969,11 +964,7 @@ impl Array {
         if config.target_chap == chap {
             return Ok(());
         }
-        let mut updated = config.clone();
-        updated.target_chap = chap;
-        self.save_locked(&updated)?;
-        *config = updated;
-        Ok(())
+        self.commit(&mut config, |c| c.target_chap = chap)
     }
 
     /// Change the soft threshold (a share of capacity in use, in
