@@ -165,6 +165,25 @@ pub struct HostRecord {
     pub chap: Option<ChapSecret>,
 }
 
+impl HostRecord {
+    /// A host as the array takes it from anyone (the API, the configuration file): a valid
+    /// name (or the any-host entry), and CHAP credentials that pass [`ChapSecret::check`].
+    /// Records read from `array.json` are not checked again: older versions checked less.
+    fn new(name: &str, iqns: Vec<IscsiName>, chap: Option<ChapSecret>) -> Result<Self> {
+        if name != ANY_HOST {
+            validate_name(name)?;
+        }
+        if let Some(c) = &chap {
+            c.check()?;
+        }
+        Ok(HostRecord {
+            name: name.into(),
+            iqns: stored_names(iqns),
+            chap,
+        })
+    }
+}
+
 /// What an edit does to a host's CHAP credentials.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ChapChange {
@@ -764,18 +783,18 @@ impl Array {
         if config.volumes.iter().any(|v| v.name == new_name) {
             return Err(ArrayError::VolumeExists(new_name.into()));
         }
-        let mut updated = config.clone();
-        let record = updated
-            .volumes
-            .iter_mut()
-            .find(|v| v.name == name)
-            .ok_or_else(|| ArrayError::NoSuchVolume(name.into()))?;
-        record.name = new_name.into();
-        for c in updated.connections.iter_mut().filter(|c| c.volume == name) {
-            c.volume = new_name.into();
-        }
-        self.save_locked(&updated)?;
-        *config = updated;
+        self.try_commit(&mut config, |c| {
+            let record = c
+                .volumes
+                .iter_mut()
+                .find(|v| v.name == name)
+                .ok_or_else(|| ArrayError::NoSuchVolume(name.into()))?;
+            record.name = new_name.into();
+            for c in c.connections.iter_mut().filter(|c| c.volume == name) {
+                c.volume = new_name.into();
+            }
+            Ok(())
+        })?;
         let mut units = self.units_mut();
         if let Some(unit) = units.remove(name) {
             units.insert(new_name.into(), unit);
@@ -842,20 +861,18 @@ impl Array {
         if !config.volumes.iter().any(|v| v.name == volume) {
             return Err(ArrayError::NoSuchVolume(volume.into()));
         }
-        let before = config.connections.len();
-        let mut updated = config.clone();
-        updated
-            .connections
-            .retain(|c| !(c.volume == volume && c.host == host));
-        if updated.connections.len() == before {
-            return Err(ArrayError::NotConnected {
-                volume: volume.into(),
-                host: host.into(),
-            });
-        }
-        self.save_locked(&updated)?;
-        *config = updated;
-        Ok(())
+        self.try_commit(&mut config, |c| {
+            let before = c.connections.len();
+            c.connections
+                .retain(|c| !(c.volume == volume && c.host == host));
+            if c.connections.len() == before {
+                return Err(ArrayError::NotConnected {
+                    volume: volume.into(),
+                    host: host.into(),
+                });
+            }
+            Ok(())
+        })
     }
 
     /// Delete a host: refused while volumes are connected to it.
@@ -887,27 +904,18 @@ impl Array {
         iqns: Vec<IscsiName>,
         chap: Option<ChapSecret>,
     ) -> Result<()> {
-        if name != ANY_HOST {
-            validate_name(name)?;
-        }
-        let iqns = stored_names(iqns);
+        let record = HostRecord::new(name, iqns, chap)?;
         let mut config = self.config_mut();
-        let mut updated = config.clone();
-        match updated.hosts.iter_mut().find(|h| h.name == name) {
-            Some(h) if h.iqns == iqns && h.chap == chap => return Ok(()),
-            Some(h) => {
-                h.iqns = iqns;
-                h.chap = chap;
+        let existing = config.hosts.iter().position(|h| h.name == name);
+        if let Some(h) = existing.map(|i| &config.hosts[i]) {
+            if h.iqns == record.iqns && h.chap == record.chap {
+                return Ok(());
             }
-            None => updated.hosts.push(HostRecord {
-                name: name.into(),
-                iqns,
-                chap,
-            }),
         }
-        self.save_locked(&updated)?;
-        *config = updated;
-        Ok(())
+        self.commit(&mut config, |c| match existing {
+            Some(i) => c.hosts[i] = record,
+            None => c.hosts.push(record),
+        })
     }
 
     /// Edit a host in place: its initiator names (when `iqns` is given) and its CHAP
@@ -924,23 +932,22 @@ impl Array {
             c.check()?;
         }
         let mut config = self.config_mut();
-        let mut updated = config.clone();
-        let host = updated
-            .hosts
-            .iter_mut()
-            .find(|h| h.name == name)
-            .ok_or_else(|| ArrayError::NoSuchHost(name.into()))?;
-        if let Some(iqns) = iqns {
-            host.iqns = iqns;
-        }
-        match chap {
-            ChapChange::Keep => {}
-            ChapChange::Clear => host.chap = None,
-            ChapChange::Set(c) => host.chap = Some(c),
-        }
-        let saved = host.clone();
-        self.save_locked(&updated)?;
-        *config = updated;
+        let saved = self.try_commit(&mut config, |c| {
+            let host = c
+                .hosts
+                .iter_mut()
+                .find(|h| h.name == name)
+                .ok_or_else(|| ArrayError::NoSuchHost(name.into()))?;
+            if let Some(iqns) = iqns {
+                host.iqns = iqns;
+            }
+            match chap {
+                ChapChange::Keep => {}
+                ChapChange::Clear => host.chap = None,
+                ChapChange::Set(c) => host.chap = Some(c),
+            }
+            Ok(host.clone())
+        })?;
         drop(config);
         let chap_text = if saved.chap.is_some() {
             "CHAP"
@@ -1139,26 +1146,22 @@ impl Array {
         iqns: Vec<IscsiName>,
         chap: Option<ChapSecret>,
     ) -> Result<()> {
-        if name != ANY_HOST {
-            validate_name(name)?;
-        }
-        let iqns = stored_names(iqns);
-        if let Some(c) = &chap {
-            c.check()?;
-        }
+        let record = HostRecord::new(name, iqns, chap)?;
         let mut config = self.config_mut();
         if config.hosts.iter().any(|h| h.name == name) {
             return Err(ArrayError::HostExists(name.into()));
         }
-        let chap_text = if chap.is_some() { ", with CHAP" } else { "" };
-        let message = format!("host {name} created ({} initiators{chap_text})", iqns.len());
-        self.commit(&mut config, |c| {
-            c.hosts.push(HostRecord {
-                name: name.into(),
-                iqns: iqns.clone(),
-                chap,
-            })
-        })?;
+        let chap_text = if record.chap.is_some() {
+            ", with CHAP"
+        } else {
+            ""
+        };
+        let message = format!(
+            "host {name} created ({} initiators{chap_text})",
+            record.iqns.len()
+        );
+        let iqns = record.iqns.clone();
+        self.commit(&mut config, |c| c.hosts.push(record))?;
         drop(config);
         self.host_admitted(name, &iqns, "host_created", message);
         Ok(())
@@ -1361,11 +1364,24 @@ impl Array {
         config: &mut ArrayConfig,
         change: impl FnOnce(&mut ArrayConfig),
     ) -> Result<()> {
+        self.try_commit(config, |c| {
+            change(c);
+            Ok(())
+        })
+    }
+
+    /// [`Array::commit`] for a change that can refuse, seeing the configuration as it goes
+    /// (a name that is missing, a connection that is not there): a refusal saves nothing.
+    fn try_commit<T>(
+        &self,
+        config: &mut ArrayConfig,
+        change: impl FnOnce(&mut ArrayConfig) -> Result<T>,
+    ) -> Result<T> {
         let mut updated = config.clone();
-        change(&mut updated);
+        let outcome = change(&mut updated)?;
         self.save_locked(&updated)?;
         *config = updated;
-        Ok(())
+        Ok(outcome)
     }
 }
 
@@ -2063,6 +2079,11 @@ mod tests {
             ));
             assert!(matches!(
                 a.set_target_chap(Some(bad.clone())),
+                Err(ArrayError::InvalidChap(_))
+            ));
+            // The configuration file's hosts, too.
+            assert!(matches!(
+                a.ensure_host("h", vec![iqn("iqn.2026-11.test:h")], Some(bad.clone())),
                 Err(ArrayError::InvalidChap(_))
             ));
         }
