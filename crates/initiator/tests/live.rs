@@ -203,10 +203,7 @@ fn chap_and_access_control() {
             .create_host(
                 "h",
                 vec![iqn("iqn.2026-11.test:chap-host")],
-                Some(ChapSecret {
-                    user: "alice".into(),
-                    secret: "correct-horse-battery".into(),
-                }),
+                Some(ChapSecret::new("alice", "correct-horse-battery").unwrap()),
             )
             .unwrap();
         array.connect("v", "h", Some(0)).unwrap();

@@ -118,10 +118,7 @@ fn chap_secret_is_checked() {
             .create_host(
                 "h",
                 vec![iqn(HOST_A)],
-                Some(ChapSecret {
-                    user: "alice".into(),
-                    secret: "correct-horse-battery".into(),
-                }),
+                Some(ChapSecret::new("alice", "correct-horse-battery").unwrap()),
             )
             .unwrap();
         array.connect("v", "h", Some(0)).unwrap();

@@ -358,10 +358,12 @@ fn settings(args: ServeArgs) -> Result<Settings, String> {
         options,
         login_timeout: file.iscsi.login_timeout,
         poll: file.iscsi.poll_us,
-        target_chap: file.chap.map(|c| ChapSecret {
-            user: c.user,
-            secret: c.secret,
-        }),
+        // Config::load checked the credentials; this cannot fail.
+        target_chap: file
+            .chap
+            .map(|c| ChapSecret::new(c.user, c.secret))
+            .transpose()
+            .map_err(|e| format!("[chap]: {e}"))?,
         hosts: file.hosts,
         soft_threshold,
         gc_priority,
@@ -390,10 +392,10 @@ fn serve(args: ServeArgs) -> Result<(), String> {
             .map_err(|e| format!("cannot apply the configuration's CHAP: {e}"))?;
         for h in &s.hosts {
             let chap = match (&h.chap_user, &h.chap_secret) {
-                (Some(user), Some(secret)) => Some(ChapSecret {
-                    user: user.clone(),
-                    secret: secret.clone(),
-                }),
+                (Some(user), Some(secret)) => Some(
+                    ChapSecret::new(user.as_str(), secret.as_str())
+                        .map_err(|e| format!("host '{}': {e}", h.name))?,
+                ),
                 _ => None,
             };
             array

@@ -65,7 +65,7 @@ pub(super) async fn host_create(
     let info = HostInfo {
         name: req.name.clone(),
         iqns: req.iqns.clone(),
-        chap_user: chap.as_ref().map(|c| c.user.clone()),
+        chap_user: chap.as_ref().map(|c| c.user().to_string()),
         volumes: vec![],
     };
     blocking(move || ctx.array.create_host(&req.name, iqns, chap)).await?;

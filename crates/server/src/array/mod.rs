@@ -7,9 +7,11 @@
 
 use crate::events::{EventLog, NewEvent};
 
+mod chap;
 mod config_store;
 mod pool;
 
+pub use chap::{ChapSecret, StoredChap};
 use config_store::{lock_events, ConfigStore};
 use pool::Pool;
 use serde::{Deserialize, Serialize};
@@ -86,44 +88,6 @@ pub enum ArrayError {
 
 pub type Result<T> = std::result::Result<T, ArrayError>;
 
-/// CHAP credentials as stored in the configuration.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
-pub struct ChapSecret {
-    pub user: String,
-    pub secret: String,
-}
-
-impl ChapSecret {
-    /// Credentials as the array takes them from anyone (the API, the configuration file):
-    /// see [`ChapSecret::check`].
-    pub fn new(user: impl Into<String>, secret: impl Into<String>) -> Result<Self> {
-        let chap = ChapSecret {
-            user: user.into(),
-            secret: secret.into(),
-        };
-        chap.check()?;
-        Ok(chap)
-    }
-
-    /// A user name of 1 to 255 printable characters and a secret of 12 to 255 bytes (RFC
-    /// 7143 recommends at least 12 for one-way CHAP). The array checks every credential it
-    /// is given, however it was made.
-    pub fn check(&self) -> Result<()> {
-        if self.user.is_empty() || self.user.len() > 255 || self.user.chars().any(char::is_control)
-        {
-            return Err(ArrayError::InvalidChap(
-                "the CHAP user name must be 1 to 255 printable characters",
-            ));
-        }
-        if self.secret.len() < 12 || self.secret.len() > 255 {
-            return Err(ArrayError::InvalidChap(
-                "the CHAP secret must be 12 to 255 bytes long",
-            ));
-        }
-        Ok(())
-    }
-}
-
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum VolumeKind {
@@ -162,24 +126,21 @@ pub struct HostRecord {
     pub name: String,
     pub iqns: Vec<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub chap: Option<ChapSecret>,
+    pub chap: Option<StoredChap>,
 }
 
 impl HostRecord {
     /// A host as the array takes it from anyone (the API, the configuration file): a valid
-    /// name (or the any-host entry), and CHAP credentials that pass [`ChapSecret::check`].
+    /// name (or the any-host entry); its names and credentials are valid by their types.
     /// Records read from `array.json` are not checked again: older versions checked less.
     fn new(name: &str, iqns: Vec<IscsiName>, chap: Option<ChapSecret>) -> Result<Self> {
         if name != ANY_HOST {
             validate_name(name)?;
         }
-        if let Some(c) = &chap {
-            c.check()?;
-        }
         Ok(HostRecord {
             name: name.into(),
             iqns: stored_names(iqns),
-            chap,
+            chap: chap.map(StoredChap::from),
         })
     }
 }
@@ -204,7 +165,7 @@ struct ArrayConfig {
     format_version: u32,
     target_name: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    target_chap: Option<ChapSecret>,
+    target_chap: Option<StoredChap>,
     volumes: Vec<VolumeRecord>,
     hosts: Vec<HostRecord>,
     connections: Vec<ConnectionRecord>,
@@ -346,7 +307,7 @@ pub enum Access {
     /// No host matches the initiator.
     Unknown,
     /// Allowed; CHAP required when credentials are present.
-    Allowed(Option<ChapSecret>),
+    Allowed(Option<StoredChap>),
 }
 
 pub struct Array {
@@ -504,7 +465,7 @@ impl Array {
         self.config.read().target_name.clone()
     }
 
-    pub fn target_chap(&self) -> Option<ChapSecret> {
+    pub fn target_chap(&self) -> Option<StoredChap> {
         self.config.read().target_chap.clone()
     }
 
@@ -928,9 +889,6 @@ impl Array {
         chap: ChapChange,
     ) -> Result<HostRecord> {
         let iqns = iqns.map(stored_names);
-        if let ChapChange::Set(c) = &chap {
-            c.check()?;
-        }
         let mut config = self.config_mut();
         let saved = self.try_commit(&mut config, |c| {
             let host = c
@@ -944,7 +902,7 @@ impl Array {
             match chap {
                 ChapChange::Keep => {}
                 ChapChange::Clear => host.chap = None,
-                ChapChange::Set(c) => host.chap = Some(c),
+                ChapChange::Set(c) => host.chap = Some(c.into()),
             }
             Ok(host.clone())
         })?;
@@ -964,9 +922,7 @@ impl Array {
 
     /// Set (or clear) the target's own CHAP credentials (mutual CHAP).
     pub fn set_target_chap(&self, chap: Option<ChapSecret>) -> Result<()> {
-        if let Some(c) = &chap {
-            c.check()?;
-        }
+        let chap = chap.map(StoredChap::from);
         let mut config = self.config_mut();
         if config.target_chap == chap {
             return Ok(());
@@ -1824,10 +1780,7 @@ mod tests {
         a.create_host(
             "h",
             vec![iqn("iqn.2026-11.test:h")],
-            Some(ChapSecret {
-                user: "h".into(),
-                secret: "a-chap-secret".into(),
-            }),
+            Some(ChapSecret::new("h", "a-chap-secret").unwrap()),
         )
         .unwrap();
         let mode = fs::metadata(dir.path().join(CONFIG_FILE))
@@ -2061,48 +2014,32 @@ mod tests {
     }
 
     #[test]
-    fn chap_credentials_are_checked_by_the_array_however_they_were_made() {
+    fn an_array_whose_file_holds_a_secret_older_versions_took_still_opens() {
         let dir = tempfile::tempdir().unwrap();
-        let a = Array::open(dir.path(), "iqn.2026-11.test:a").unwrap();
-        let short = ChapSecret {
-            user: "h".into(),
-            secret: "eleven-byte".into(),
-        };
-        let unnamed = ChapSecret {
-            user: String::new(),
-            secret: "a-chap-secret".into(),
-        };
-        for bad in [&short, &unnamed] {
-            assert!(matches!(
-                a.create_host("h", vec![iqn("iqn.2026-11.test:h")], Some(bad.clone())),
-                Err(ArrayError::InvalidChap(_))
-            ));
-            assert!(matches!(
-                a.set_target_chap(Some(bad.clone())),
-                Err(ArrayError::InvalidChap(_))
-            ));
-            // The configuration file's hosts, too.
-            assert!(matches!(
-                a.ensure_host("h", vec![iqn("iqn.2026-11.test:h")], Some(bad.clone())),
-                Err(ArrayError::InvalidChap(_))
-            ));
+        {
+            let a = Array::open(dir.path(), "iqn.2026-11.test:a").unwrap();
+            a.create_host("h", vec![iqn("iqn.2026-11.test:h")], None)
+                .unwrap();
         }
-        assert!(
-            a.hosts().is_empty() && a.target_chap().is_none(),
-            "nothing stored"
-        );
-        assert!(ChapSecret::new("h", "eleven-byte").is_err());
+        // The configuration file once set credentials without the API's rule.
+        let path = dir.path().join(CONFIG_FILE);
+        let mut file: serde_json::Value =
+            serde_json::from_slice(&fs::read(&path).unwrap()).unwrap();
+        let short = serde_json::json!({ "user": "h", "secret": "short" });
+        file["hosts"][0]["chap"] = short.clone();
+        file["target_chap"] = short;
+        fs::write(&path, serde_json::to_vec(&file).unwrap()).unwrap();
+        let a = Array::open(dir.path(), "ignored").unwrap();
+        let Access::Allowed(Some(chap)) = a.access("iqn.2026-11.test:h") else {
+            panic!("the host's credentials are gone");
+        };
+        assert_eq!(chap.secret, "short");
+        assert_eq!(a.target_chap().unwrap().secret, "short");
+        // Replacing them takes only credentials that pass today's rule.
         let good = ChapSecret::new("h", "twelve-bytes").unwrap();
-        a.create_host("h", vec![iqn("iqn.2026-11.test:h")], None)
-            .unwrap();
-        assert!(matches!(
-            a.update_host("h", None, ChapChange::Set(short.clone())),
-            Err(ArrayError::InvalidChap(_))
-        ));
-        assert_eq!(a.hosts()[0].chap, None);
         a.update_host("h", None, ChapChange::Set(good.clone()))
             .unwrap();
-        assert_eq!(a.hosts()[0].chap, Some(good));
+        assert_eq!(a.hosts()[0].chap, Some(StoredChap::from(good)));
     }
 
     #[test]
