@@ -1187,6 +1187,26 @@ mod tests {
         assert_eq!(wire_len(&bhs, Digests::default(), 9000).unwrap(), 48 + 9000);
     }
 
+    /// For any 48 bytes, what `parse` reads `to_bhs` writes back where `parse` finds it again:
+    /// each header reads and writes the same bits.
+    macro_rules! parse_write_agree {
+        ($b:expr, $($header:ident),+ $(,)?) => {$(
+            let header = $header::parse(&$b);
+            prop_assert_eq!($header::parse(&header.to_bhs()), header);
+        )+};
+    }
+
+    proptest! {
+        #[test]
+        fn any_bhs_parses_and_writes_back(b in prop::collection::vec(any::<u8>(), BHS_LEN)) {
+            let b = Bhs(b.try_into().unwrap());
+            parse_write_agree!(b, ScsiCommandHeader, ScsiResponseHeader, TaskManagementRequestHeader,
+                TaskManagementResponseHeader, LoginRequestHeader, LoginResponseHeader, RequestHeader,
+                ReplyHeader, DataOutHeader, DataInHeader, LogoutRequestHeader, LogoutResponseHeader,
+                SnackHeader, ReadyToTransferHeader, AsyncMessageHeader, RejectHeader);
+        }
+    }
+
     proptest! {
         #[test]
         fn scsi_command_round_trip(imm: bool, f: bool, r: bool, w: bool, attr in 0u8..8, lun: [u8; 8],
