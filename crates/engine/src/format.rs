@@ -15,6 +15,7 @@
 //! number of the segment the record was written into, so stale records left in a reused segment
 //! never parse as current ones.
 
+use crate::le::{LeReader, Short};
 use std::fmt;
 
 pub const RECORD_HEADER: usize = 16;
@@ -231,35 +232,10 @@ pub enum DecodeError {
     Malformed(&'static str),
 }
 
-/// Little-endian cursor over a payload.
-struct Reader<'a> {
-    buf: &'a [u8],
-}
-
-impl<'a> Reader<'a> {
-    fn take(&mut self, n: usize) -> Result<&'a [u8], DecodeError> {
-        if self.buf.len() < n {
-            return Err(DecodeError::Malformed("payload too short"));
-        }
-        let (head, rest) = self.buf.split_at(n);
-        self.buf = rest;
-        Ok(head)
-    }
-    fn u8(&mut self) -> Result<u8, DecodeError> {
-        Ok(self.take(1)?[0])
-    }
-    fn u32(&mut self) -> Result<u32, DecodeError> {
-        Ok(u32::from_le_bytes(self.take(4)?.try_into().unwrap()))
-    }
-    fn u64(&mut self) -> Result<u64, DecodeError> {
-        Ok(u64::from_le_bytes(self.take(8)?.try_into().unwrap()))
-    }
-    fn done(&self) -> Result<(), DecodeError> {
-        if self.buf.is_empty() {
-            Ok(())
-        } else {
-            Err(DecodeError::Malformed("trailing bytes in payload"))
-        }
+impl From<Short> for DecodeError {
+    /// A count beyond the end is a payload too short for it, too.
+    fn from(_: Short) -> Self {
+        DecodeError::Malformed("payload too short")
     }
 }
 
@@ -361,7 +337,7 @@ fn decode_checked(
 }
 
 fn decode_payload(kind: Kind, flags: u8, payload: &[u8]) -> Result<Record<'_>, DecodeError> {
-    let mut r = Reader { buf: payload };
+    let mut r = LeReader(payload);
     let record = match kind {
         Kind::SegmentStart => {
             if r.u64()? != SEGMENT_MAGIC {
@@ -381,8 +357,8 @@ fn decode_payload(kind: Kind, flags: u8, payload: &[u8]) -> Result<Record<'_>, D
                 (r.u64()?, Codec::from_u8(flags))
             };
             let hash: [u8; 16] = r.take(16)?.try_into().unwrap();
-            let data = r.buf;
-            r.buf = &[];
+            let data = r.0;
+            r.0 = &[];
             Record::Chunk {
                 id,
                 codec,
@@ -395,14 +371,11 @@ fn decode_payload(kind: Kind, flags: u8, payload: &[u8]) -> Result<Record<'_>, D
             r.u32()?;
             let first = r.u64()?;
             let width = if kind == Kind::MapV2 { 4 } else { 8 };
-            if !r.buf.len().is_multiple_of(width) {
+            if !r.0.len().is_multiple_of(width) {
                 return Err(DecodeError::Malformed("map ids not a whole number of ids"));
             }
-            let ids = Ids {
-                bytes: r.buf,
-                width,
-            };
-            r.buf = &[];
+            let ids = Ids { bytes: r.0, width };
+            r.0 = &[];
             Record::Map { volume, first, ids }
         }
         Kind::Unmap => {
@@ -460,8 +433,8 @@ fn decode_payload(kind: Kind, flags: u8, payload: &[u8]) -> Result<Record<'_>, D
             next_seq: r.u64()?,
         },
         Kind::Batch => {
-            let inner = r.buf;
-            r.buf = &[];
+            let inner = r.0;
+            r.0 = &[];
             Record::Batch { inner }
         }
         Kind::Release => {
@@ -470,7 +443,9 @@ fn decode_payload(kind: Kind, flags: u8, payload: &[u8]) -> Result<Record<'_>, D
             Record::Release { nodes }
         }
     };
-    r.done()?;
+    if !r.0.is_empty() {
+        return Err(DecodeError::Malformed("trailing bytes in payload"));
+    }
     Ok(record)
 }
 

@@ -14,6 +14,7 @@ pub mod backend;
 pub mod clock;
 pub mod engine;
 pub mod format;
+mod le;
 pub mod legacy;
 pub mod meta;
 pub mod state;

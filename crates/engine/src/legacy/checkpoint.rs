@@ -15,6 +15,7 @@
 use super::cow_vec::CowVec;
 use super::state::{Chunk, Loc, Page, SegState, Segment, State, VolumeMap, ANCHORED, PAGE_ENTRIES};
 use crate::format::{CHUNK_PREFIX, RECORD_HEADER};
+use crate::le::{LeReader, LeWriter, Short};
 pub use crate::meta::root::{Counters, Geometry, Head};
 
 pub const CHECKPOINT_MAGIC: u64 = u64::from_le_bytes(*b"SLVRCKP1");
@@ -39,48 +40,9 @@ pub enum CheckpointError {
     Malformed(String),
 }
 
-struct W(Vec<u8>);
-impl W {
-    fn u8(&mut self, v: u8) {
-        self.0.push(v);
-    }
-    fn u32(&mut self, v: u32) {
-        self.0.extend_from_slice(&v.to_le_bytes());
-    }
-    fn u64(&mut self, v: u64) {
-        self.0.extend_from_slice(&v.to_le_bytes());
-    }
-    fn bytes(&mut self, v: &[u8]) {
-        self.0.extend_from_slice(v);
-    }
-}
-
-struct R<'a>(&'a [u8]);
-impl<'a> R<'a> {
-    fn take(&mut self, n: usize) -> Result<&'a [u8], CheckpointError> {
-        if self.0.len() < n {
-            return Err(CheckpointError::Malformed("truncated".into()));
-        }
-        let (a, b) = self.0.split_at(n);
-        self.0 = b;
-        Ok(a)
-    }
-    fn u8(&mut self) -> Result<u8, CheckpointError> {
-        Ok(self.take(1)?[0])
-    }
-    fn u32(&mut self) -> Result<u32, CheckpointError> {
-        Ok(u32::from_le_bytes(self.take(4)?.try_into().unwrap()))
-    }
-    fn u64(&mut self) -> Result<u64, CheckpointError> {
-        Ok(u64::from_le_bytes(self.take(8)?.try_into().unwrap()))
-    }
-    /// A count of items of at least `item` bytes each: bounded by what is left.
-    fn count(&mut self, item: usize) -> Result<usize, CheckpointError> {
-        let n = self.u32()? as usize;
-        if n.saturating_mul(item) > self.0.len() {
-            return Err(CheckpointError::Malformed("count beyond the end".into()));
-        }
-        Ok(n)
+impl From<Short> for CheckpointError {
+    fn from(short: Short) -> Self {
+        CheckpointError::Malformed(short.what().into())
     }
 }
 
@@ -105,7 +67,7 @@ fn encode_parts(
     volumes: &BTreeMap<u32, VolumeMap>,
 ) -> Vec<u8> {
     let pages_upper_bound: usize = volumes.values().map(|v| v.pages.len()).sum();
-    let mut w = W(Vec::with_capacity(
+    let mut w = LeWriter(Vec::with_capacity(
         64 + segments.len() * 17 + chunks.len() * 32 + pages_upper_bound * (PAGE_ENTRIES * 4 + 12),
     ));
     w.u32(geometry.chunk_size);
@@ -226,7 +188,7 @@ pub fn decode(bytes: &[u8], log_capacity: u64) -> Result<Loaded, CheckpointError
     } else {
         body
     };
-    let mut r = R(raw);
+    let mut r = LeReader(raw);
     let geometry = Geometry {
         chunk_size: r.u32()?,
         segment_size: r.u32()?,

@@ -27,6 +27,7 @@
 use super::hooks::HookShape;
 use super::map_tree::Volume;
 use super::page_store::{PageLoc, PAGE_LOC_BYTES, PAGE_LOC_BYTES_V3};
+use crate::le::{LeReader, LeWriter, Short};
 
 pub const ROOT_MAGIC: u64 = u64::from_le_bytes(*b"SLVRROOT");
 /// The engine's on-disk format with a root (format 2 had a whole checkpoint instead): 4 adds
@@ -112,51 +113,15 @@ pub enum RootError {
     Malformed(&'static str),
 }
 
-struct W(Vec<u8>);
-impl W {
-    fn u8(&mut self, v: u8) {
-        self.0.push(v);
-    }
-    fn u32(&mut self, v: u32) {
-        self.0.extend_from_slice(&v.to_le_bytes());
-    }
-    fn u64(&mut self, v: u64) {
-        self.0.extend_from_slice(&v.to_le_bytes());
-    }
-}
-
-struct R<'a>(&'a [u8]);
-impl<'a> R<'a> {
-    fn take(&mut self, n: usize) -> Result<&'a [u8], RootError> {
-        if self.0.len() < n {
-            return Err(RootError::Malformed("truncated"));
-        }
-        let (a, b) = self.0.split_at(n);
-        self.0 = b;
-        Ok(a)
-    }
-    fn u8(&mut self) -> Result<u8, RootError> {
-        Ok(self.take(1)?[0])
-    }
-    fn u32(&mut self) -> Result<u32, RootError> {
-        Ok(u32::from_le_bytes(self.take(4)?.try_into().unwrap()))
-    }
-    fn u64(&mut self) -> Result<u64, RootError> {
-        Ok(u64::from_le_bytes(self.take(8)?.try_into().unwrap()))
-    }
-    /// A count of items of `item` bytes each: bounded by what is left.
-    fn count(&mut self, item: usize) -> Result<usize, RootError> {
-        let n = self.u32()? as usize;
-        if n.saturating_mul(item) > self.0.len() {
-            return Err(RootError::Malformed("count beyond the end"));
-        }
-        Ok(n)
+impl From<Short> for RootError {
+    fn from(short: Short) -> Self {
+        RootError::Malformed(short.what())
     }
 }
 
 impl Root {
     pub fn encode(&self) -> Vec<u8> {
-        let mut w = W(Vec::with_capacity(256));
+        let mut w = LeWriter(Vec::with_capacity(256));
         let g = &self.geometry;
         w.u32(g.chunk_size);
         w.u32(g.segment_size);
@@ -208,7 +173,7 @@ impl Root {
     }
 
     pub fn decode(bytes: &[u8]) -> Result<Root, RootError> {
-        let mut r = R(bytes);
+        let mut r = LeReader(bytes);
         if r.u64().map_err(|_| RootError::Magic)? != ROOT_MAGIC {
             return Err(RootError::Magic);
         }
@@ -226,7 +191,7 @@ impl Root {
         if crc32c::crc32c(body) != crc {
             return Err(RootError::Checksum);
         }
-        let mut r = R(body);
+        let mut r = LeReader(body);
         let geometry = Geometry {
             chunk_size: r.u32()?,
             segment_size: r.u32()?,
