@@ -255,33 +255,10 @@ pub fn decode(bytes: &[u8], log_capacity: u64) -> Result<Loaded, CheckpointError
         if id == 0 || id as u64 > max_id || loc.segment >= geometry.segment_count || len == 0 {
             return Err(bad("chunk entry"));
         }
-        let store = &mut state.store;
-        if id as usize >= store.chunks.len() {
-            store.chunks.resize(
-                id as usize + 1,
-                Chunk {
-                    hash: [0; 16],
-                    loc: Loc {
-                        segment: 0,
-                        offset: 0,
-                    },
-                    len: 0,
-                    refs: 0,
-                },
-            );
-        }
-        if store.chunks[id as usize].len != 0 {
+        if state.store.chunk(id).is_some() {
             return Err(bad("chunk listed twice"));
         }
-        store.chunks[id as usize] = Chunk {
-            hash,
-            loc,
-            len,
-            refs: 0,
-        };
-        store.index.insert(hash, id);
-        store.segments[loc.segment as usize].live += len as u64;
-        store.live_bytes += len as u64;
+        state.store.insert_new(id, hash, loc, len);
     }
     let mut pages = Vec::new();
     for _ in 0..r.count(PAGE_ENTRIES * 4)? {

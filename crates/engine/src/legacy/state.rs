@@ -370,34 +370,41 @@ impl Store {
                 self.chunks.len()
             )));
         }
-        if id as usize >= self.chunks.len() {
-            self.chunks.resize(id as usize + 1, FREE_CHUNK);
+        let Some(slot) = self.chunks.get_mut(id as usize).filter(|c| c.len != 0) else {
+            self.insert_new(id, hash, loc, len);
+            return Ok(());
+        };
+        // A relocation by the garbage collector: same content, new place.
+        if slot.hash != hash {
+            return Err(Inconsistent(format!(
+                "chunk {id} rewritten with other content"
+            )));
         }
-        let slot = &mut self.chunks[id as usize];
-        if slot.len != 0 {
-            // A relocation by the garbage collector: same content, new place.
-            if slot.hash != hash {
-                return Err(Inconsistent(format!(
-                    "chunk {id} rewritten with other content"
-                )));
-            }
-            let old = *slot;
-            slot.loc = loc;
-            slot.len = len;
-            self.segments[old.loc.segment as usize].live -= old.len as u64;
-            self.live_bytes -= old.len as u64;
-        } else {
-            *slot = Chunk {
-                hash,
-                loc,
-                len,
-                refs: 0,
-            };
-            self.index.insert(hash, id);
-        }
+        let old = *slot;
+        slot.loc = loc;
+        slot.len = len;
+        self.segments[old.loc.segment as usize].live -= old.len as u64;
+        self.live_bytes -= old.len as u64;
         self.segments[loc.segment as usize].live += len as u64;
         self.live_bytes += len as u64;
         Ok(())
+    }
+
+    /// Enter a chunk at a free `id`, growing the table to it: its entry, its fingerprint and
+    /// its live bytes. Replay's new chunks and a checkpoint's chunk list both come in here.
+    pub(super) fn insert_new(&mut self, id: u32, hash: [u8; 16], loc: Loc, len: u32) {
+        if id as usize >= self.chunks.len() {
+            self.chunks.resize(id as usize + 1, FREE_CHUNK);
+        }
+        self.chunks[id as usize] = Chunk {
+            hash,
+            loc,
+            len,
+            refs: 0,
+        };
+        self.index.insert(hash, id);
+        self.segments[loc.segment as usize].live += len as u64;
+        self.live_bytes += len as u64;
     }
 
     /// A private, writable copy of page `page_no` of a map (created empty if absent).
