@@ -37,14 +37,8 @@ pub use volume::EngineVolume;
 pub fn fuzz_log(data: &[u8]) {
     use format::{records, Record, RECORD_HEADER};
     use meta::map_tree::ANCHORED;
-    use meta::page_store::{PageBody, PageSource};
+    use meta::page_store::NothingWritten;
     use state::{Loc, State, MAX_RELEASE_NODES};
-    struct Nothing;
-    impl PageSource for Nothing {
-        fn read_slot(&self, _: u64, _: &mut PageBody) -> std::io::Result<()> {
-            Err(std::io::Error::other("nothing written"))
-        }
-    }
     let mut buf = Vec::new();
     let mut rest = data;
     while rest.len() >= 2 {
@@ -61,7 +55,7 @@ pub fn fuzz_log(data: &[u8]) {
         buf[start..start + 4].copy_from_slice(&crc.to_le_bytes());
         debug_assert_eq!(buf.len() - start, RECORD_HEADER + len);
     }
-    let pager = meta::pager::Pager::new(std::sync::Arc::new(Nothing), 1 << 14);
+    let pager = meta::pager::Pager::new(std::sync::Arc::new(NothingWritten), 1 << 14);
     let mut state = State::new(4096, 16, pager);
     let create = Record::VolumeCreate {
         volume: 1,

@@ -590,7 +590,7 @@ impl State {
 mod tests {
     use super::*;
     use crate::format::{decode, Encoder};
-    use crate::meta::page_store::{PageBody, PageSource};
+    use crate::meta::page_store::NothingWritten;
     use std::sync::Arc;
 
     const LOC: Loc = Loc {
@@ -598,15 +598,8 @@ mod tests {
         offset: 0,
     };
 
-    struct Nothing;
-    impl PageSource for Nothing {
-        fn read_slot(&self, _: u64, _: &mut PageBody) -> std::io::Result<()> {
-            Err(std::io::Error::other("nothing written in this test"))
-        }
-    }
-
     fn state_with_chunks(n: u64) -> State {
-        let mut s = State::new(4096, 4, Pager::new(Arc::new(Nothing), 1 << 16));
+        let mut s = State::new(4096, 4, Pager::new(Arc::new(NothingWritten), 1 << 16));
         for id in 1..=n {
             s.put_chunk(id, [id as u8; 16], LOC, 100).unwrap();
         }

@@ -191,14 +191,7 @@ fn convert(old: old::State, pager: Pager) -> Result<State> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::meta::page_store::{PageBody, PageSource};
-
-    struct Nothing;
-    impl PageSource for Nothing {
-        fn read_slot(&self, _: u64, _: &mut PageBody) -> std::io::Result<()> {
-            Err(std::io::Error::other("nothing written"))
-        }
-    }
+    use crate::meta::page_store::NothingWritten;
 
     /// Format 2 leaves the ids of freed chunks as gaps: a volume deleted after another was
     /// written leaves thousands of free ids below the live ones, which the converted chunk
@@ -234,7 +227,7 @@ mod tests {
         crate::format::Encoder::new(&mut buf, 1).map_v2(1, 7, &[60_000, 1]);
         let (record, _) = crate::format::decode(&buf, 1).unwrap();
         old.apply(&record, at, 1).unwrap();
-        let mut state = convert(old, Pager::new(Arc::new(Nothing), 1 << 12)).unwrap();
+        let mut state = convert(old, Pager::new(Arc::new(NothingWritten), 1 << 12)).unwrap();
         assert_eq!(state.entry(1, 7).unwrap(), 60_000);
         assert_eq!(state.chunk(60_000).unwrap().unwrap().refs, 1);
         assert_eq!(state.chunk(1).unwrap().unwrap().refs, 1);

@@ -338,21 +338,14 @@ impl Default for ChunkTable {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::meta::page_store::{PageBody, PageSource};
+    use crate::meta::page_store::NothingWritten;
     use proptest::prelude::*;
     use std::collections::HashMap;
     use std::sync::Arc;
 
-    struct NoLog;
-    impl PageSource for NoLog {
-        fn read_slot(&self, _: u64, _: &mut PageBody) -> std::io::Result<()> {
-            Err(std::io::Error::other("no metadata area in this test"))
-        }
-    }
-
     fn pager() -> Pager {
         // Large enough that nothing is evicted: eviction is the pager's own tests' concern.
-        Pager::new(Arc::new(NoLog), 1 << 16)
+        Pager::new(Arc::new(NothingWritten), 1 << 16)
     }
 
     fn hash(n: u64) -> [u8; 16] {

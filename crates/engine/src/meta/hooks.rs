@@ -278,15 +278,8 @@ impl Locality {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::meta::page_store::{PageBody, PageSource};
+    use crate::meta::page_store::NothingWritten;
     use std::sync::Arc;
-
-    struct Nothing;
-    impl PageSource for Nothing {
-        fn read_slot(&self, _: u64, _: &mut PageBody) -> std::io::Result<()> {
-            Err(std::io::Error::other("no area"))
-        }
-    }
 
     fn fp(n: u64) -> [u8; 16] {
         let h = blake3::hash(&n.to_le_bytes());
@@ -295,7 +288,7 @@ mod tests {
 
     #[test]
     fn hooks_are_found_across_bucket_splits() {
-        let mut pager = Pager::new(Arc::new(Nothing), 1 << 16);
+        let mut pager = Pager::new(Arc::new(NothingWritten), 1 << 16);
         let mut hooks = Hooks::default();
         let n = 20_000u64;
         for i in 1..=n {

@@ -92,6 +92,16 @@ pub trait PageSource: Send + Sync {
 /// The metadata area of a [`crate::Backend`].
 pub struct MetaArea(pub std::sync::Arc<dyn crate::Backend>);
 
+/// A metadata area with nothing written in it: every read fails. For pagers whose pages never
+/// leave memory (unit tests, the log fuzzer), so nothing is ever read back.
+pub(crate) struct NothingWritten;
+
+impl PageSource for NothingWritten {
+    fn read_slot(&self, _: u64, _: &mut PageBody) -> io::Result<()> {
+        Err(io::Error::other("nothing written"))
+    }
+}
+
 impl PageSource for MetaArea {
     fn read_slot(&self, slot: u64, buf: &mut PageBody) -> io::Result<()> {
         let offset = slot
