@@ -70,10 +70,7 @@ fn encode_parts(
     let mut w = LeWriter(Vec::with_capacity(
         64 + segments.len() * 17 + chunks.len() * 32 + pages_upper_bound * (PAGE_ENTRIES * 4 + 12),
     ));
-    w.u32(geometry.chunk_size);
-    w.u32(geometry.segment_size);
-    w.u32(geometry.segment_count);
-    w.bytes(&geometry.key);
+    geometry.write(&mut w);
     w.u32(head.segment);
     w.u64(head.seq);
     w.u32(head.offset);
@@ -189,12 +186,7 @@ pub fn decode(bytes: &[u8], log_capacity: u64) -> Result<Loaded, CheckpointError
         body
     };
     let mut r = LeReader(raw);
-    let geometry = Geometry {
-        chunk_size: r.u32()?,
-        segment_size: r.u32()?,
-        segment_count: r.u32()?,
-        key: r.take(32)?.try_into().unwrap(),
-    };
+    let geometry = Geometry::read(&mut r)?;
     // Format 2's create accepted the same sizes as today's.
     let sizes = crate::engine::EngineConfig {
         chunk_size: geometry.chunk_size,

@@ -72,6 +72,25 @@ pub struct Counters {
     pub next_volume: u32,
 }
 
+// Every root version and format 2's checkpoint begin with the geometry in this layout: it
+// never changes.
+impl Geometry {
+    pub(crate) fn read(r: &mut LeReader) -> Result<Self, Short> {
+        Ok(Geometry {
+            chunk_size: r.u32()?,
+            segment_size: r.u32()?,
+            segment_count: r.u32()?,
+            key: r.take(32)?.try_into().unwrap(),
+        })
+    }
+    pub(crate) fn write(&self, w: &mut LeWriter) {
+        w.u32(self.chunk_size);
+        w.u32(self.segment_size);
+        w.u32(self.segment_count);
+        w.bytes(&self.key);
+    }
+}
+
 /// One table's place in the root.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TableRoot {
@@ -122,11 +141,7 @@ impl From<Short> for RootError {
 impl Root {
     pub fn encode(&self) -> Vec<u8> {
         let mut w = LeWriter(Vec::with_capacity(256));
-        let g = &self.geometry;
-        w.u32(g.chunk_size);
-        w.u32(g.segment_size);
-        w.u32(g.segment_count);
-        w.0.extend_from_slice(&g.key);
+        self.geometry.write(&mut w);
         w.u32(self.head.segment);
         w.u64(self.head.seq);
         w.u32(self.head.offset);
@@ -192,12 +207,7 @@ impl Root {
             return Err(RootError::Checksum);
         }
         let mut r = LeReader(body);
-        let geometry = Geometry {
-            chunk_size: r.u32()?,
-            segment_size: r.u32()?,
-            segment_count: r.u32()?,
-            key: r.take(32)?.try_into().unwrap(),
-        };
+        let geometry = Geometry::read(&mut r)?;
         if !geometry.chunk_size.is_power_of_two()
             || geometry.chunk_size < 512
             || geometry.segment_size < geometry.chunk_size
