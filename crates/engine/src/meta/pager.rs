@@ -956,25 +956,22 @@ pub trait Entry: Copy {
     fn write(&self, bytes: &mut [u8]);
 }
 
-impl Entry for u64 {
-    const SIZE: usize = 8;
-    fn read(bytes: &[u8]) -> Self {
-        u64::from_le_bytes(bytes.try_into().expect("8 bytes"))
-    }
-    fn write(&self, bytes: &mut [u8]) {
-        bytes.copy_from_slice(&self.to_le_bytes());
-    }
+/// Unsigned integers are entries of their own size.
+macro_rules! integer_entries {
+    ($($int:ty),*) => {$(
+        impl Entry for $int {
+            const SIZE: usize = std::mem::size_of::<$int>();
+            fn read(bytes: &[u8]) -> Self {
+                <$int>::from_le_bytes(bytes.try_into().expect("an entry's bytes"))
+            }
+            fn write(&self, bytes: &mut [u8]) {
+                bytes.copy_from_slice(&self.to_le_bytes());
+            }
+        }
+    )*};
 }
 
-impl Entry for u16 {
-    const SIZE: usize = 2;
-    fn read(bytes: &[u8]) -> Self {
-        u16::from_le_bytes(bytes.try_into().expect("2 bytes"))
-    }
-    fn write(&self, bytes: &mut [u8]) {
-        bytes.copy_from_slice(&self.to_le_bytes());
-    }
-}
+integer_entries!(u64, u16);
 
 /// A dense array of `T` indexed by u64, in the pages of table `id` of a [`Pager`].
 pub struct Table<T> {
