@@ -36,6 +36,13 @@ pub enum Opcode {
     Unknown(u8),
 }
 
+/// The opcode of an all-zero byte 0, where a header's fields start before a parse fills them.
+impl Default for Opcode {
+    fn default() -> Self {
+        Self::from_u8(0)
+    }
+}
+
 impl Opcode {
     pub fn from_u8(v: u8) -> Self {
         match v & 0x3f {
@@ -157,12 +164,6 @@ impl Bhs {
         let mut l = [0; 8];
         l.copy_from_slice(&self.0[8..16]);
         l
-    }
-    /// The ISID of Login Request and Response, bytes 8..14.
-    fn isid(&self) -> [u8; 6] {
-        let mut isid = [0; 6];
-        isid.copy_from_slice(&self.0[8..14]);
-        isid
     }
     pub fn set_lun(&mut self, lun: [u8; 8]) {
         self.0[8..16].copy_from_slice(&lun);
@@ -409,6 +410,13 @@ pub enum RejectReason {
     Unknown(u8),
 }
 
+/// The reason of an all-zero byte 2, where a header's fields start before a parse fills them.
+impl Default for RejectReason {
+    fn default() -> Self {
+        Self::from_code(0)
+    }
+}
+
 impl RejectReason {
     pub fn code(self) -> u8 {
         match self {
@@ -445,6 +453,151 @@ impl RejectReason {
 }
 
 // ---- Typed views of each opcode's header. `parse` reads a BHS, `to_bhs` writes one. ----
+//
+// Each header states its layout once, in a `fields` method that hands every field to a
+// [`BhsFields`] visitor: `parse` runs it with a [`BhsReader`], `to_bhs` with a [`BhsWriter`], so
+// the two directions cannot disagree about an offset or a mask.
+
+/// A pass over a header's fields at their offsets in the BHS. The reader fills the fields from
+/// the bytes; the writer copies them into the bytes and leaves them as they are.
+trait BhsFields {
+    /// The bits of `mask` in byte `at`, as a number counted from the mask's lowest bit. Value bits
+    /// beyond the mask are not written.
+    fn bits(&mut self, at: usize, mask: u8, value: &mut u8);
+    /// `value.len()` bytes from offset `at`.
+    fn bytes(&mut self, at: usize, value: &mut [u8]);
+    /// Bits every PDU of the type carries (opcode, F bit): written, not read.
+    fn fixed(&mut self, at: usize, mask: u8, value: u8);
+
+    fn u8(&mut self, at: usize, value: &mut u8) {
+        self.bits(at, 0xff, value);
+    }
+    fn bit(&mut self, at: usize, mask: u8, value: &mut bool) {
+        let mut bit = u8::from(*value);
+        self.bits(at, mask, &mut bit);
+        *value = bit != 0;
+    }
+    fn u16(&mut self, at: usize, value: &mut u16) {
+        let mut be = value.to_be_bytes();
+        self.bytes(at, &mut be);
+        *value = u16::from_be_bytes(be);
+    }
+    fn u32(&mut self, at: usize, value: &mut u32) {
+        let mut be = value.to_be_bytes();
+        self.bytes(at, &mut be);
+        *value = u32::from_be_bytes(be);
+    }
+    fn fixed_u32(&mut self, at: usize, value: u32) {
+        for (i, byte) in value.to_be_bytes().into_iter().enumerate() {
+            self.fixed(at + i, 0xff, byte);
+        }
+    }
+    /// The opcode of a layout several opcodes share.
+    fn opcode(&mut self, value: &mut Opcode) {
+        let mut code = value.to_u8();
+        self.bits(0, 0x3f, &mut code);
+        *value = Opcode::from_u8(code);
+    }
+    /// The opcode of a layout that belongs to one.
+    fn fixed_opcode(&mut self, opcode: Opcode) {
+        self.fixed(0, 0x3f, opcode.to_u8());
+    }
+    /// The I bit.
+    fn immediate(&mut self, value: &mut bool) {
+        self.bit(0, 0x40, value);
+    }
+    /// The F bit of PDUs that may have a sequel.
+    fn final_bit(&mut self, value: &mut bool) {
+        self.bit(1, 0x80, value);
+    }
+    /// The F bit of PDUs that are always final.
+    fn fixed_final(&mut self) {
+        self.fixed(1, 0x80, 0x80);
+    }
+    /// Byte 1 of Login Request and Response: T, C, CSG and NSG.
+    fn login_stages(&mut self, transit: &mut bool, cont: &mut bool, csg: &mut u8, nsg: &mut u8) {
+        self.bit(1, 0x80, transit);
+        self.bit(1, 0x40, cont);
+        self.bits(1, 0x0c, csg);
+        self.bits(1, 0x03, nsg);
+    }
+    fn lun(&mut self, value: &mut [u8; 8]) {
+        self.bytes(8, value);
+    }
+    fn itt(&mut self, value: &mut u32) {
+        self.u32(16, value);
+    }
+}
+
+/// Fills a header's fields from a BHS; bits the header does not define are ignored. Offsets and
+/// masks are constants inside the 48 bytes, so it never panics.
+struct BhsReader<'a>(&'a [u8; BHS_LEN]);
+
+impl BhsFields for BhsReader<'_> {
+    fn bits(&mut self, at: usize, mask: u8, value: &mut u8) {
+        *value = (self.0[at] & mask) >> mask.trailing_zeros();
+    }
+    fn bytes(&mut self, at: usize, value: &mut [u8]) {
+        value.copy_from_slice(&self.0[at..at + value.len()]);
+    }
+    fn fixed(&mut self, _at: usize, _mask: u8, _value: u8) {}
+}
+
+/// Writes a header's fields into a BHS that starts zeroed, so reserved bytes stay zero.
+struct BhsWriter(Bhs);
+
+impl BhsFields for BhsWriter {
+    fn bits(&mut self, at: usize, mask: u8, value: &mut u8) {
+        self.fixed(at, mask, *value << mask.trailing_zeros());
+    }
+    fn bytes(&mut self, at: usize, value: &mut [u8]) {
+        self.0 .0[at..at + value.len()].copy_from_slice(value);
+    }
+    fn fixed(&mut self, at: usize, mask: u8, value: u8) {
+        let byte = &mut self.0 .0[at];
+        *byte = (*byte & !mask) | (value & mask);
+    }
+}
+
+/// `parse` and `to_bhs` of header types, from their `fields`.
+macro_rules! bhs_codec {
+    ($($header:ident),+ $(,)?) => {$(
+        impl $header {
+            /// Reads the header's fields out of `b`; bits the header does not define are ignored.
+            pub fn parse(b: &Bhs) -> Self {
+                let mut header = Self::default();
+                header.fields(&mut BhsReader(&b.0));
+                header
+            }
+            /// The header's fields and fixed bits (opcode, F bit) in a BHS that is zero elsewhere.
+            pub fn to_bhs(&self) -> Bhs {
+                let mut writer = BhsWriter(Bhs::default());
+                // `fields` takes `&mut self` for the reader's sake; the writer changes nothing.
+                self.clone().fields(&mut writer);
+                writer.0
+            }
+        }
+    )+};
+}
+
+bhs_codec!(
+    ScsiCommandHeader,
+    ScsiResponseHeader,
+    TaskManagementRequestHeader,
+    TaskManagementResponseHeader,
+    LoginRequestHeader,
+    LoginResponseHeader,
+    RequestHeader,
+    ReplyHeader,
+    DataOutHeader,
+    DataInHeader,
+    LogoutRequestHeader,
+    LogoutResponseHeader,
+    SnackHeader,
+    ReadyToTransferHeader,
+    AsyncMessageHeader,
+    RejectHeader,
+);
 
 /// Sequence numbers every target-to-initiator PDU carries at offsets 24/28/32.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -455,21 +608,14 @@ pub struct StatusSn {
 }
 
 impl StatusSn {
-    fn write(&self, b: &mut Bhs) {
-        b.set_u32(24, self.stat_sn);
-        b.set_u32(28, self.exp_cmd_sn);
-        b.set_u32(32, self.max_cmd_sn);
-    }
-    fn read(b: &Bhs) -> Self {
-        Self {
-            stat_sn: b.u32_at(24),
-            exp_cmd_sn: b.u32_at(28),
-            max_cmd_sn: b.u32_at(32),
-        }
+    fn fields(&mut self, f: &mut impl BhsFields) {
+        f.u32(24, &mut self.stat_sn);
+        f.u32(28, &mut self.exp_cmd_sn);
+        f.u32(32, &mut self.max_cmd_sn);
     }
 }
 
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ScsiCommandHeader {
     pub immediate: bool,
     pub final_bit: bool,
@@ -485,41 +631,23 @@ pub struct ScsiCommandHeader {
 }
 
 impl ScsiCommandHeader {
-    pub fn parse(b: &Bhs) -> Self {
-        let mut cdb = [0; 16];
-        cdb.copy_from_slice(&b.0[32..48]);
-        Self {
-            immediate: b.immediate(),
-            final_bit: b.final_bit(),
-            read: b.flags() & 0x40 != 0,
-            write: b.flags() & 0x20 != 0,
-            attr: b.flags() & 0x07,
-            lun: b.lun(),
-            itt: b.itt(),
-            expected_data_transfer_length: b.u32_at(20),
-            cmd_sn: b.u32_at(24),
-            exp_stat_sn: b.u32_at(28),
-            cdb,
-        }
-    }
-    pub fn to_bhs(&self) -> Bhs {
-        let mut b = Bhs::new(Opcode::ScsiCommand);
-        b.set_immediate(self.immediate);
-        b.set_final(self.final_bit);
-        b.set_bit(1, 0x40, self.read);
-        b.set_bit(1, 0x20, self.write);
-        b.0[1] |= self.attr & 0x07;
-        b.set_lun(self.lun);
-        b.set_itt(self.itt);
-        b.set_u32(20, self.expected_data_transfer_length);
-        b.set_u32(24, self.cmd_sn);
-        b.set_u32(28, self.exp_stat_sn);
-        b.0[32..48].copy_from_slice(&self.cdb);
-        b
+    fn fields(&mut self, f: &mut impl BhsFields) {
+        f.fixed_opcode(Opcode::ScsiCommand);
+        f.immediate(&mut self.immediate);
+        f.final_bit(&mut self.final_bit);
+        f.bit(1, 0x40, &mut self.read);
+        f.bit(1, 0x20, &mut self.write);
+        f.bits(1, 0x07, &mut self.attr);
+        f.lun(&mut self.lun);
+        f.itt(&mut self.itt);
+        f.u32(20, &mut self.expected_data_transfer_length);
+        f.u32(24, &mut self.cmd_sn);
+        f.u32(28, &mut self.exp_stat_sn);
+        f.bytes(32, &mut self.cdb);
     }
 }
 
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ScsiResponseHeader {
     pub bidi_overflow: bool,
     pub bidi_underflow: bool,
@@ -536,42 +664,25 @@ pub struct ScsiResponseHeader {
 }
 
 impl ScsiResponseHeader {
-    pub fn parse(b: &Bhs) -> Self {
-        Self {
-            bidi_overflow: b.flags() & 0x10 != 0,
-            bidi_underflow: b.flags() & 0x08 != 0,
-            overflow: b.flags() & 0x04 != 0,
-            underflow: b.flags() & 0x02 != 0,
-            response: b.0[2],
-            status: b.0[3],
-            itt: b.itt(),
-            snack_tag: b.u32_at(20),
-            sn: StatusSn::read(b),
-            exp_data_sn: b.u32_at(36),
-            bidi_residual_count: b.u32_at(40),
-            residual_count: b.u32_at(44),
-        }
-    }
-    pub fn to_bhs(&self) -> Bhs {
-        let mut b = Bhs::new(Opcode::ScsiResponse);
-        b.set_final(true);
-        b.set_bit(1, 0x10, self.bidi_overflow);
-        b.set_bit(1, 0x08, self.bidi_underflow);
-        b.set_bit(1, 0x04, self.overflow);
-        b.set_bit(1, 0x02, self.underflow);
-        b.0[2] = self.response;
-        b.0[3] = self.status;
-        b.set_itt(self.itt);
-        b.set_u32(20, self.snack_tag);
-        self.sn.write(&mut b);
-        b.set_u32(36, self.exp_data_sn);
-        b.set_u32(40, self.bidi_residual_count);
-        b.set_u32(44, self.residual_count);
-        b
+    fn fields(&mut self, f: &mut impl BhsFields) {
+        f.fixed_opcode(Opcode::ScsiResponse);
+        f.fixed_final();
+        f.bit(1, 0x10, &mut self.bidi_overflow);
+        f.bit(1, 0x08, &mut self.bidi_underflow);
+        f.bit(1, 0x04, &mut self.overflow);
+        f.bit(1, 0x02, &mut self.underflow);
+        f.u8(2, &mut self.response);
+        f.u8(3, &mut self.status);
+        f.itt(&mut self.itt);
+        f.u32(20, &mut self.snack_tag);
+        self.sn.fields(f);
+        f.u32(36, &mut self.exp_data_sn);
+        f.u32(40, &mut self.bidi_residual_count);
+        f.u32(44, &mut self.residual_count);
     }
 }
 
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct TaskManagementRequestHeader {
     pub immediate: bool,
     pub function: u8,
@@ -585,35 +696,22 @@ pub struct TaskManagementRequestHeader {
 }
 
 impl TaskManagementRequestHeader {
-    pub fn parse(b: &Bhs) -> Self {
-        Self {
-            immediate: b.immediate(),
-            function: b.flags() & 0x7f,
-            lun: b.lun(),
-            itt: b.itt(),
-            referenced_task_tag: b.u32_at(20),
-            cmd_sn: b.u32_at(24),
-            exp_stat_sn: b.u32_at(28),
-            ref_cmd_sn: b.u32_at(32),
-            exp_data_sn: b.u32_at(36),
-        }
-    }
-    pub fn to_bhs(&self) -> Bhs {
-        let mut b = Bhs::new(Opcode::TaskManagementRequest);
-        b.set_immediate(self.immediate);
-        b.0[1] = 0x80 | (self.function & 0x7f);
-        b.set_lun(self.lun);
-        b.set_itt(self.itt);
-        b.set_u32(20, self.referenced_task_tag);
-        b.set_u32(24, self.cmd_sn);
-        b.set_u32(28, self.exp_stat_sn);
-        b.set_u32(32, self.ref_cmd_sn);
-        b.set_u32(36, self.exp_data_sn);
-        b
+    fn fields(&mut self, f: &mut impl BhsFields) {
+        f.fixed_opcode(Opcode::TaskManagementRequest);
+        f.immediate(&mut self.immediate);
+        f.fixed_final();
+        f.bits(1, 0x7f, &mut self.function);
+        f.lun(&mut self.lun);
+        f.itt(&mut self.itt);
+        f.u32(20, &mut self.referenced_task_tag);
+        f.u32(24, &mut self.cmd_sn);
+        f.u32(28, &mut self.exp_stat_sn);
+        f.u32(32, &mut self.ref_cmd_sn);
+        f.u32(36, &mut self.exp_data_sn);
     }
 }
 
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct TaskManagementResponseHeader {
     pub response: u8,
     pub itt: u32,
@@ -621,20 +719,12 @@ pub struct TaskManagementResponseHeader {
 }
 
 impl TaskManagementResponseHeader {
-    pub fn parse(b: &Bhs) -> Self {
-        Self {
-            response: b.0[2],
-            itt: b.itt(),
-            sn: StatusSn::read(b),
-        }
-    }
-    pub fn to_bhs(&self) -> Bhs {
-        let mut b = Bhs::new(Opcode::TaskManagementResponse);
-        b.set_final(true);
-        b.0[2] = self.response;
-        b.set_itt(self.itt);
-        self.sn.write(&mut b);
-        b
+    fn fields(&mut self, f: &mut impl BhsFields) {
+        f.fixed_opcode(Opcode::TaskManagementResponse);
+        f.fixed_final();
+        f.u8(2, &mut self.response);
+        f.itt(&mut self.itt);
+        self.sn.fields(f);
     }
 }
 
@@ -643,7 +733,7 @@ pub const STAGE_SECURITY: u8 = 0;
 pub const STAGE_OPERATIONAL: u8 = 1;
 pub const STAGE_FULL_FEATURE: u8 = 3;
 
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct LoginRequestHeader {
     pub transit: bool,
     pub cont: bool,
@@ -660,55 +750,28 @@ pub struct LoginRequestHeader {
 }
 
 impl LoginRequestHeader {
-    pub fn parse(b: &Bhs) -> Self {
-        let (transit, cont, csg, nsg) = parse_login_flags(b.flags());
-        Self {
-            transit,
-            cont,
-            csg,
-            nsg,
-            version_max: b.0[2],
-            version_min: b.0[3],
-            isid: b.isid(),
-            tsih: b.u16_at(14),
-            itt: b.itt(),
-            cid: b.u16_at(20),
-            cmd_sn: b.u32_at(24),
-            exp_stat_sn: b.u32_at(28),
-        }
-    }
-    pub fn to_bhs(&self) -> Bhs {
-        let mut b = Bhs::new(Opcode::LoginRequest);
-        b.set_immediate(true);
-        b.0[1] = login_flags(self.transit, self.cont, self.csg, self.nsg);
-        b.0[2] = self.version_max;
-        b.0[3] = self.version_min;
-        b.0[8..14].copy_from_slice(&self.isid);
-        b.set_u16(14, self.tsih);
-        b.set_itt(self.itt);
-        b.set_u16(20, self.cid);
-        b.set_u32(24, self.cmd_sn);
-        b.set_u32(28, self.exp_stat_sn);
-        b
+    fn fields(&mut self, f: &mut impl BhsFields) {
+        f.fixed_opcode(Opcode::LoginRequest);
+        // Login requests are always immediate.
+        f.fixed(0, 0x40, 0x40);
+        f.login_stages(
+            &mut self.transit,
+            &mut self.cont,
+            &mut self.csg,
+            &mut self.nsg,
+        );
+        f.u8(2, &mut self.version_max);
+        f.u8(3, &mut self.version_min);
+        f.bytes(8, &mut self.isid);
+        f.u16(14, &mut self.tsih);
+        f.itt(&mut self.itt);
+        f.u16(20, &mut self.cid);
+        f.u32(24, &mut self.cmd_sn);
+        f.u32(28, &mut self.exp_stat_sn);
     }
 }
 
-/// Byte 1 of Login Request and Response: T, C, CSG and NSG.
-fn login_flags(transit: bool, cont: bool, csg: u8, nsg: u8) -> u8 {
-    (u8::from(transit) << 7) | (u8::from(cont) << 6) | ((csg & 3) << 2) | (nsg & 3)
-}
-
-/// The inverse of [`login_flags`]: (T, C, CSG, NSG).
-fn parse_login_flags(flags: u8) -> (bool, bool, u8, u8) {
-    (
-        flags & 0x80 != 0,
-        flags & 0x40 != 0,
-        (flags >> 2) & 0x03,
-        flags & 0x03,
-    )
-}
-
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct LoginResponseHeader {
     pub transit: bool,
     pub cont: bool,
@@ -725,40 +788,27 @@ pub struct LoginResponseHeader {
 }
 
 impl LoginResponseHeader {
-    pub fn parse(b: &Bhs) -> Self {
-        let (transit, cont, csg, nsg) = parse_login_flags(b.flags());
-        Self {
-            transit,
-            cont,
-            csg,
-            nsg,
-            version_max: b.0[2],
-            version_active: b.0[3],
-            isid: b.isid(),
-            tsih: b.u16_at(14),
-            itt: b.itt(),
-            sn: StatusSn::read(b),
-            status_class: b.0[36],
-            status_detail: b.0[37],
-        }
-    }
-    pub fn to_bhs(&self) -> Bhs {
-        let mut b = Bhs::new(Opcode::LoginResponse);
-        b.0[1] = login_flags(self.transit, self.cont, self.csg, self.nsg);
-        b.0[2] = self.version_max;
-        b.0[3] = self.version_active;
-        b.0[8..14].copy_from_slice(&self.isid);
-        b.set_u16(14, self.tsih);
-        b.set_itt(self.itt);
-        self.sn.write(&mut b);
-        b.0[36] = self.status_class;
-        b.0[37] = self.status_detail;
-        b
+    fn fields(&mut self, f: &mut impl BhsFields) {
+        f.fixed_opcode(Opcode::LoginResponse);
+        f.login_stages(
+            &mut self.transit,
+            &mut self.cont,
+            &mut self.csg,
+            &mut self.nsg,
+        );
+        f.u8(2, &mut self.version_max);
+        f.u8(3, &mut self.version_active);
+        f.bytes(8, &mut self.isid);
+        f.u16(14, &mut self.tsih);
+        f.itt(&mut self.itt);
+        self.sn.fields(f);
+        f.u8(36, &mut self.status_class);
+        f.u8(37, &mut self.status_detail);
     }
 }
 
 /// Text Request (0x04) and NOP-Out (0x00) share this layout.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct RequestHeader {
     pub opcode: Opcode,
     pub immediate: bool,
@@ -773,35 +823,21 @@ pub struct RequestHeader {
 }
 
 impl RequestHeader {
-    pub fn parse(b: &Bhs) -> Self {
-        Self {
-            opcode: b.opcode(),
-            immediate: b.immediate(),
-            final_bit: b.final_bit(),
-            cont: b.flags() & 0x40 != 0,
-            lun: b.lun(),
-            itt: b.itt(),
-            ttt: b.u32_at(20),
-            cmd_sn: b.u32_at(24),
-            exp_stat_sn: b.u32_at(28),
-        }
-    }
-    pub fn to_bhs(&self) -> Bhs {
-        let mut b = Bhs::new(self.opcode);
-        b.set_immediate(self.immediate);
-        b.set_final(self.final_bit);
-        b.set_bit(1, 0x40, self.cont);
-        b.set_lun(self.lun);
-        b.set_itt(self.itt);
-        b.set_u32(20, self.ttt);
-        b.set_u32(24, self.cmd_sn);
-        b.set_u32(28, self.exp_stat_sn);
-        b
+    fn fields(&mut self, f: &mut impl BhsFields) {
+        f.opcode(&mut self.opcode);
+        f.immediate(&mut self.immediate);
+        f.final_bit(&mut self.final_bit);
+        f.bit(1, 0x40, &mut self.cont);
+        f.lun(&mut self.lun);
+        f.itt(&mut self.itt);
+        f.u32(20, &mut self.ttt);
+        f.u32(24, &mut self.cmd_sn);
+        f.u32(28, &mut self.exp_stat_sn);
     }
 }
 
 /// Text Response (0x24) and NOP-In (0x20) share this layout.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ReplyHeader {
     pub opcode: Opcode,
     pub final_bit: bool,
@@ -813,30 +849,18 @@ pub struct ReplyHeader {
 }
 
 impl ReplyHeader {
-    pub fn parse(b: &Bhs) -> Self {
-        Self {
-            opcode: b.opcode(),
-            final_bit: b.final_bit(),
-            cont: b.flags() & 0x40 != 0,
-            lun: b.lun(),
-            itt: b.itt(),
-            ttt: b.u32_at(20),
-            sn: StatusSn::read(b),
-        }
-    }
-    pub fn to_bhs(&self) -> Bhs {
-        let mut b = Bhs::new(self.opcode);
-        b.set_final(self.final_bit);
-        b.set_bit(1, 0x40, self.cont);
-        b.set_lun(self.lun);
-        b.set_itt(self.itt);
-        b.set_u32(20, self.ttt);
-        self.sn.write(&mut b);
-        b
+    fn fields(&mut self, f: &mut impl BhsFields) {
+        f.opcode(&mut self.opcode);
+        f.final_bit(&mut self.final_bit);
+        f.bit(1, 0x40, &mut self.cont);
+        f.lun(&mut self.lun);
+        f.itt(&mut self.itt);
+        f.u32(20, &mut self.ttt);
+        self.sn.fields(f);
     }
 }
 
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct DataOutHeader {
     pub final_bit: bool,
     pub lun: [u8; 8],
@@ -848,31 +872,19 @@ pub struct DataOutHeader {
 }
 
 impl DataOutHeader {
-    pub fn parse(b: &Bhs) -> Self {
-        Self {
-            final_bit: b.final_bit(),
-            lun: b.lun(),
-            itt: b.itt(),
-            ttt: b.u32_at(20),
-            exp_stat_sn: b.u32_at(28),
-            data_sn: b.u32_at(36),
-            buffer_offset: b.u32_at(40),
-        }
-    }
-    pub fn to_bhs(&self) -> Bhs {
-        let mut b = Bhs::new(Opcode::DataOut);
-        b.set_final(self.final_bit);
-        b.set_lun(self.lun);
-        b.set_itt(self.itt);
-        b.set_u32(20, self.ttt);
-        b.set_u32(28, self.exp_stat_sn);
-        b.set_u32(36, self.data_sn);
-        b.set_u32(40, self.buffer_offset);
-        b
+    fn fields(&mut self, f: &mut impl BhsFields) {
+        f.fixed_opcode(Opcode::DataOut);
+        f.final_bit(&mut self.final_bit);
+        f.lun(&mut self.lun);
+        f.itt(&mut self.itt);
+        f.u32(20, &mut self.ttt);
+        f.u32(28, &mut self.exp_stat_sn);
+        f.u32(36, &mut self.data_sn);
+        f.u32(40, &mut self.buffer_offset);
     }
 }
 
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct DataInHeader {
     pub final_bit: bool,
     pub ack: bool,
@@ -892,43 +904,25 @@ pub struct DataInHeader {
 }
 
 impl DataInHeader {
-    pub fn parse(b: &Bhs) -> Self {
-        Self {
-            final_bit: b.final_bit(),
-            ack: b.flags() & 0x40 != 0,
-            overflow: b.flags() & 0x04 != 0,
-            underflow: b.flags() & 0x02 != 0,
-            has_status: b.flags() & 0x01 != 0,
-            status: b.0[3],
-            lun: b.lun(),
-            itt: b.itt(),
-            ttt: b.u32_at(20),
-            sn: StatusSn::read(b),
-            data_sn: b.u32_at(36),
-            buffer_offset: b.u32_at(40),
-            residual_count: b.u32_at(44),
-        }
-    }
-    pub fn to_bhs(&self) -> Bhs {
-        let mut b = Bhs::new(Opcode::DataIn);
-        b.set_final(self.final_bit);
-        b.set_bit(1, 0x40, self.ack);
-        b.set_bit(1, 0x04, self.overflow);
-        b.set_bit(1, 0x02, self.underflow);
-        b.set_bit(1, 0x01, self.has_status);
-        b.0[3] = self.status;
-        b.set_lun(self.lun);
-        b.set_itt(self.itt);
-        b.set_u32(20, self.ttt);
-        self.sn.write(&mut b);
-        b.set_u32(36, self.data_sn);
-        b.set_u32(40, self.buffer_offset);
-        b.set_u32(44, self.residual_count);
-        b
+    fn fields(&mut self, f: &mut impl BhsFields) {
+        f.fixed_opcode(Opcode::DataIn);
+        f.final_bit(&mut self.final_bit);
+        f.bit(1, 0x40, &mut self.ack);
+        f.bit(1, 0x04, &mut self.overflow);
+        f.bit(1, 0x02, &mut self.underflow);
+        f.bit(1, 0x01, &mut self.has_status);
+        f.u8(3, &mut self.status);
+        f.lun(&mut self.lun);
+        f.itt(&mut self.itt);
+        f.u32(20, &mut self.ttt);
+        self.sn.fields(f);
+        f.u32(36, &mut self.data_sn);
+        f.u32(40, &mut self.buffer_offset);
+        f.u32(44, &mut self.residual_count);
     }
 }
 
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct LogoutRequestHeader {
     pub immediate: bool,
     pub reason: u8,
@@ -939,29 +933,19 @@ pub struct LogoutRequestHeader {
 }
 
 impl LogoutRequestHeader {
-    pub fn parse(b: &Bhs) -> Self {
-        Self {
-            immediate: b.immediate(),
-            reason: b.flags() & 0x7f,
-            itt: b.itt(),
-            cid: b.u16_at(20),
-            cmd_sn: b.u32_at(24),
-            exp_stat_sn: b.u32_at(28),
-        }
-    }
-    pub fn to_bhs(&self) -> Bhs {
-        let mut b = Bhs::new(Opcode::LogoutRequest);
-        b.set_immediate(self.immediate);
-        b.0[1] = 0x80 | (self.reason & 0x7f);
-        b.set_itt(self.itt);
-        b.set_u16(20, self.cid);
-        b.set_u32(24, self.cmd_sn);
-        b.set_u32(28, self.exp_stat_sn);
-        b
+    fn fields(&mut self, f: &mut impl BhsFields) {
+        f.fixed_opcode(Opcode::LogoutRequest);
+        f.immediate(&mut self.immediate);
+        f.fixed_final();
+        f.bits(1, 0x7f, &mut self.reason);
+        f.itt(&mut self.itt);
+        f.u16(20, &mut self.cid);
+        f.u32(24, &mut self.cmd_sn);
+        f.u32(28, &mut self.exp_stat_sn);
     }
 }
 
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct LogoutResponseHeader {
     pub response: u8,
     pub itt: u32,
@@ -971,28 +955,18 @@ pub struct LogoutResponseHeader {
 }
 
 impl LogoutResponseHeader {
-    pub fn parse(b: &Bhs) -> Self {
-        Self {
-            response: b.0[2],
-            itt: b.itt(),
-            sn: StatusSn::read(b),
-            time2wait: b.u16_at(40),
-            time2retain: b.u16_at(42),
-        }
-    }
-    pub fn to_bhs(&self) -> Bhs {
-        let mut b = Bhs::new(Opcode::LogoutResponse);
-        b.set_final(true);
-        b.0[2] = self.response;
-        b.set_itt(self.itt);
-        self.sn.write(&mut b);
-        b.set_u16(40, self.time2wait);
-        b.set_u16(42, self.time2retain);
-        b
+    fn fields(&mut self, f: &mut impl BhsFields) {
+        f.fixed_opcode(Opcode::LogoutResponse);
+        f.fixed_final();
+        f.u8(2, &mut self.response);
+        f.itt(&mut self.itt);
+        self.sn.fields(f);
+        f.u16(40, &mut self.time2wait);
+        f.u16(42, &mut self.time2retain);
     }
 }
 
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct SnackHeader {
     pub snack_type: u8,
     pub lun: [u8; 8],
@@ -1004,31 +978,20 @@ pub struct SnackHeader {
 }
 
 impl SnackHeader {
-    pub fn parse(b: &Bhs) -> Self {
-        Self {
-            snack_type: b.flags() & 0x0f,
-            lun: b.lun(),
-            itt: b.itt(),
-            ttt: b.u32_at(20),
-            exp_stat_sn: b.u32_at(28),
-            beg_run: b.u32_at(40),
-            run_length: b.u32_at(44),
-        }
-    }
-    pub fn to_bhs(&self) -> Bhs {
-        let mut b = Bhs::new(Opcode::Snack);
-        b.0[1] = 0x80 | (self.snack_type & 0x0f);
-        b.set_lun(self.lun);
-        b.set_itt(self.itt);
-        b.set_u32(20, self.ttt);
-        b.set_u32(28, self.exp_stat_sn);
-        b.set_u32(40, self.beg_run);
-        b.set_u32(44, self.run_length);
-        b
+    fn fields(&mut self, f: &mut impl BhsFields) {
+        f.fixed_opcode(Opcode::Snack);
+        f.fixed_final();
+        f.bits(1, 0x0f, &mut self.snack_type);
+        f.lun(&mut self.lun);
+        f.itt(&mut self.itt);
+        f.u32(20, &mut self.ttt);
+        f.u32(28, &mut self.exp_stat_sn);
+        f.u32(40, &mut self.beg_run);
+        f.u32(44, &mut self.run_length);
     }
 }
 
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ReadyToTransferHeader {
     pub lun: [u8; 8],
     pub itt: u32,
@@ -1040,32 +1003,20 @@ pub struct ReadyToTransferHeader {
 }
 
 impl ReadyToTransferHeader {
-    pub fn parse(b: &Bhs) -> Self {
-        Self {
-            lun: b.lun(),
-            itt: b.itt(),
-            ttt: b.u32_at(20),
-            sn: StatusSn::read(b),
-            r2t_sn: b.u32_at(36),
-            buffer_offset: b.u32_at(40),
-            desired_length: b.u32_at(44),
-        }
-    }
-    pub fn to_bhs(&self) -> Bhs {
-        let mut b = Bhs::new(Opcode::ReadyToTransfer);
-        b.set_final(true);
-        b.set_lun(self.lun);
-        b.set_itt(self.itt);
-        b.set_u32(20, self.ttt);
-        self.sn.write(&mut b);
-        b.set_u32(36, self.r2t_sn);
-        b.set_u32(40, self.buffer_offset);
-        b.set_u32(44, self.desired_length);
-        b
+    fn fields(&mut self, f: &mut impl BhsFields) {
+        f.fixed_opcode(Opcode::ReadyToTransfer);
+        f.fixed_final();
+        f.lun(&mut self.lun);
+        f.itt(&mut self.itt);
+        f.u32(20, &mut self.ttt);
+        self.sn.fields(f);
+        f.u32(36, &mut self.r2t_sn);
+        f.u32(40, &mut self.buffer_offset);
+        f.u32(44, &mut self.desired_length);
     }
 }
 
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct AsyncMessageHeader {
     pub lun: [u8; 8],
     pub sn: StatusSn,
@@ -1077,33 +1028,21 @@ pub struct AsyncMessageHeader {
 }
 
 impl AsyncMessageHeader {
-    pub fn parse(b: &Bhs) -> Self {
-        Self {
-            lun: b.lun(),
-            sn: StatusSn::read(b),
-            event: b.0[36],
-            vendor_code: b.0[37],
-            parameter1: b.u16_at(38),
-            parameter2: b.u16_at(40),
-            parameter3: b.u16_at(42),
-        }
-    }
-    pub fn to_bhs(&self) -> Bhs {
-        let mut b = Bhs::new(Opcode::AsyncMessage);
-        b.set_final(true);
-        b.set_lun(self.lun);
-        b.set_itt(RESERVED_TAG);
-        self.sn.write(&mut b);
-        b.0[36] = self.event;
-        b.0[37] = self.vendor_code;
-        b.set_u16(38, self.parameter1);
-        b.set_u16(40, self.parameter2);
-        b.set_u16(42, self.parameter3);
-        b
+    fn fields(&mut self, f: &mut impl BhsFields) {
+        f.fixed_opcode(Opcode::AsyncMessage);
+        f.fixed_final();
+        f.lun(&mut self.lun);
+        f.fixed_u32(16, RESERVED_TAG);
+        self.sn.fields(f);
+        f.u8(36, &mut self.event);
+        f.u8(37, &mut self.vendor_code);
+        f.u16(38, &mut self.parameter1);
+        f.u16(40, &mut self.parameter2);
+        f.u16(42, &mut self.parameter3);
     }
 }
 
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct RejectHeader {
     pub reason: RejectReason,
     pub sn: StatusSn,
@@ -1111,21 +1050,15 @@ pub struct RejectHeader {
 }
 
 impl RejectHeader {
-    pub fn parse(b: &Bhs) -> Self {
-        Self {
-            reason: RejectReason::from_code(b.0[2]),
-            sn: StatusSn::read(b),
-            data_sn: b.u32_at(36),
-        }
-    }
-    pub fn to_bhs(&self) -> Bhs {
-        let mut b = Bhs::new(Opcode::Reject);
-        b.set_final(true);
-        b.0[2] = self.reason.code();
-        b.set_itt(RESERVED_TAG);
-        self.sn.write(&mut b);
-        b.set_u32(36, self.data_sn);
-        b
+    fn fields(&mut self, f: &mut impl BhsFields) {
+        f.fixed_opcode(Opcode::Reject);
+        f.fixed_final();
+        let mut code = self.reason.code();
+        f.u8(2, &mut code);
+        self.reason = RejectReason::from_code(code);
+        f.fixed_u32(16, RESERVED_TAG);
+        self.sn.fields(f);
+        f.u32(36, &mut self.data_sn);
     }
 }
 
