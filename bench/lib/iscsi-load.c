@@ -46,6 +46,9 @@
 
 enum op { OP_READ, OP_WRITE, OP_CAW, OP_UNMAP };
 enum data_kind { DATA_UNIQUE, DATA_MIX, DATA_ZERO, DATA_SPARSE };
+/* Their names on the command line and in the report, in enum order. */
+static const char *const op_names[] = { "read", "write", "caw", "unmap", NULL };
+static const char *const data_names[] = { "unique", "mix", "zero", "sparse", NULL };
 
 struct req {
     int busy;
@@ -435,6 +438,16 @@ static void usage(void)
     exit(1);
 }
 
+/* The index of `arg` in `names` (NULL-terminated); usage() when it is none of them. */
+static int named(const char *arg, const char *const *names)
+{
+    for (int i = 0; names[i]; i++)
+        if (!strcmp(arg, names[i]))
+            return i;
+    usage();
+    return -1;
+}
+
 int main(int argc, char **argv)
 {
     const char *url_text = NULL;
@@ -442,13 +455,7 @@ int main(int argc, char **argv)
     while ((c = getopt(argc, argv, "u:o:p:q:s:n:t:O:L:d:S:VR:")) != -1) {
         switch (c) {
         case 'u': url_text = optarg; break;
-        case 'o':
-            if (!strcmp(optarg, "read")) op = OP_READ;
-            else if (!strcmp(optarg, "write")) op = OP_WRITE;
-            else if (!strcmp(optarg, "caw")) op = OP_CAW;
-            else if (!strcmp(optarg, "unmap")) op = OP_UNMAP;
-            else usage();
-            break;
+        case 'o': op = (enum op)named(optarg, op_names); break;
         case 'p': random_offsets = !strcmp(optarg, "rand"); break;
         case 'q': depth = atoi(optarg); break;
         case 's': size = (uint32_t)parse_bytes(optarg); break;
@@ -456,13 +463,7 @@ int main(int argc, char **argv)
         case 't': max_seconds = atof(optarg); break;
         case 'O': region_start = parse_bytes(optarg); break;
         case 'L': region_len = parse_bytes(optarg); break;
-        case 'd':
-            if (!strcmp(optarg, "unique")) data_kind = DATA_UNIQUE;
-            else if (!strcmp(optarg, "mix")) data_kind = DATA_MIX;
-            else if (!strcmp(optarg, "zero")) data_kind = DATA_ZERO;
-            else if (!strcmp(optarg, "sparse")) data_kind = DATA_SPARSE;
-            else usage();
-            break;
+        case 'd': data_kind = (enum data_kind)named(optarg, data_names); break;
         case 'S': seed = strtoull(optarg, NULL, 10); break;
         case 'V': verify_reads = 1; break;
         case 'R': readback = strtoull(optarg, NULL, 10); break;
@@ -566,8 +567,6 @@ int main(int argc, char **argv)
     double sum = 0;
     for (uint64_t i = 0; i < n; i++)
         sum += lat_ns[i];
-    const char *ops[] = { "read", "write", "caw", "unmap" };
-    const char *kinds[] = { "unique", "mix", "zero", "sparse" };
     printf("{\"op\":\"%s\",\"pattern\":\"%s\",\"depth\":%d,\"size\":%u,\"data\":\"%s\","
            "\"block_size\":%u,\"lun_bytes\":%" PRIu64 ",\"region_start\":%" PRIu64
            ",\"region_len\":%" PRIu64 ",\"ops\":%" PRIu64 ",\"bytes\":%" PRIu64
@@ -575,9 +574,9 @@ int main(int argc, char **argv)
            "\"lat_us\":{\"mean\":%.1f,\"p50\":%.1f,\"p90\":%.1f,\"p99\":%.1f,\"p999\":%.1f,"
            "\"max\":%.1f},\"errors\":%" PRIu64 ",\"unit_attentions\":%" PRIu64 ",\"verified\":%" PRIu64
            ",\"mismatches\":%" PRIu64 ",\"first_error\":",
-           ops[op], random_offsets ? "rand" : "seq", depth, size, kinds[data_kind], block_size,
-           lun_bytes, region_start, region_len, completed, completed * (uint64_t)size, secs,
-           completed / secs, completed * (double)size / secs, n ? sum / n / 1000.0 : 0,
+           op_names[op], random_offsets ? "rand" : "seq", depth, size, data_names[data_kind],
+           block_size, lun_bytes, region_start, region_len, completed, completed * (uint64_t)size,
+           secs, completed / secs, completed * (double)size / secs, n ? sum / n / 1000.0 : 0,
            pct(n, 0.5), pct(n, 0.9), pct(n, 0.99), pct(n, 0.999), n ? lat_ns[n - 1] / 1000.0 : 0,
            errors, unit_attentions, checked, mismatches);
     json_string(first_error);
