@@ -7,6 +7,7 @@
 //! sleeps until the deadline. Idle time banks no credit: a deadline in the past is moved to
 //! now, so the rate holds over any interval that starts at a window boundary.
 
+use crate::units::human_rate;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
@@ -71,6 +72,14 @@ impl RateSpec {
             rate: None,
             burst: 0,
             burst_rate: None,
+        }
+    }
+
+    /// The base rate as the reports state it: `limit 25.0 MB/s`, or `no limit`.
+    pub fn limit_text(&self) -> String {
+        match self.rate {
+            Some(r) => format!("limit {}", human_rate(r as f64)),
+            None => "no limit".into(),
         }
     }
 }

@@ -38,10 +38,7 @@ pub struct RawReport {
 
 impl RawReport {
     pub fn text(&self) -> String {
-        let limit = match self.limit.rate {
-            Some(r) => format!("limit {}", human_rate(r as f64)),
-            None => "no limit".into(),
-        };
+        let limit = self.limit.limit_text();
         format!(
             "{}: UNMAP of {} blocks ({}) from LBA {} in {} commands of up to {} blocks \
              (queue depth {}): {:.3} s, {} ({limit}){}",

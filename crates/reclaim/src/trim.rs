@@ -114,10 +114,7 @@ pub struct PassReport {
 
 impl PassReport {
     pub fn text(&self) -> String {
-        let limit = match self.limit.rate {
-            Some(r) => format!("limit {}", human_rate(r as f64)),
-            None => "no limit".into(),
-        };
+        let limit = self.limit.limit_text();
         let burst = if self.limit.burst > 0 {
             format!(
                 ", burst {} at {}",
