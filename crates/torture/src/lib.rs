@@ -575,12 +575,7 @@ impl Run {
 /// directory). Problems found in sliver are in the report's failures.
 pub fn run(opts: &TortureOptions) -> Result<TortureReport, String> {
     let started = Instant::now();
-    if !opts.sliver.is_file() {
-        return Err(format!(
-            "no sliver binary at {} (build it with `cargo build -p sliver` or pass --sliver)",
-            opts.sliver.display()
-        ));
-    }
+    server::require_binary(&opts.sliver)?;
     let (dir, temp) = server::data_dir(opts.data_dir.as_deref(), "sliver-torture-")?;
     let mut r = Run {
         opts: opts.clone(),
@@ -672,13 +667,7 @@ pub fn run(opts: &TortureOptions) -> Result<TortureReport, String> {
     let name = |m: &BTreeMap<Kind, u64>| -> BTreeMap<String, u64> {
         m.iter().map(|(k, v)| (k.name().to_string(), *v)).collect()
     };
-    let keep = r.failure_count > 0 || opts.data_dir.is_some();
-    let data_dir_kept = if let (Some(t), true) = (temp, keep) {
-        let _ = t.keep();
-        true
-    } else {
-        opts.data_dir.is_some()
-    };
+    let data_dir_kept = server::keep_data_dir(temp, r.failure_count > 0);
     Ok(TortureReport {
         seed: opts.seed,
         sliver: opts.sliver.display().to_string(),

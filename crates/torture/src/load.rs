@@ -1166,12 +1166,7 @@ fn mib(kib: u64) -> f64 {
 /// in the report.
 pub fn run(opts: &LoadOptions) -> Result<LoadReport, String> {
     let started = Instant::now();
-    if !opts.sliver.is_file() {
-        return Err(format!(
-            "no sliver binary at {} (build it with `cargo build -p sliver` or pass --sliver)",
-            opts.sliver.display()
-        ));
-    }
+    server::require_binary(&opts.sliver)?;
     let sessions = opts.sessions.max(1);
     let volumes = opts.volumes.clamp(1, 64);
     let per_volume = sessions.div_ceil(volumes) as u64;
@@ -1403,13 +1398,7 @@ pub fn run(opts: &LoadOptions) -> Result<LoadReport, String> {
         samples: samples.len() as u64,
     };
     let passed = failure_count == 0 && errors == 0 && mismatches == 0 && server_errors.is_empty();
-    let keep = !passed || opts.data_dir.is_some();
-    let data_dir_kept = if let (Some(t), true) = (temp, keep) {
-        let _ = t.keep();
-        true
-    } else {
-        opts.data_dir.is_some()
-    };
+    let data_dir_kept = server::keep_data_dir(temp, !passed);
     Ok(LoadReport {
         seed: opts.seed,
         sliver: opts.sliver.display().to_string(),

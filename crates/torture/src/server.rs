@@ -297,6 +297,17 @@ pub fn default_sliver() -> PathBuf {
     exe.with_file_name("sliver")
 }
 
+/// `Err` saying how to get one when `sliver` is no binary: the harness cannot run.
+pub fn require_binary(sliver: &Path) -> Result<(), String> {
+    if !sliver.is_file() {
+        return Err(format!(
+            "no sliver binary at {} (build it with `cargo build -p sliver` or pass --sliver)",
+            sliver.display()
+        ));
+    }
+    Ok(())
+}
+
 /// The array's directory: `dir` when given (created; it must be empty), else a new temporary
 /// directory named `prefix...`, returned too so it lives as long as the run.
 pub fn data_dir(
@@ -323,5 +334,19 @@ pub fn data_dir(
                 .map_err(|e| format!("cannot create a temporary directory: {e}"))?;
             Ok((t.path().to_path_buf(), Some(t)))
         }
+    }
+}
+
+/// Whether the array's directory outlives the run: one the caller named (no `temp`) always
+/// does; a temporary one is kept when the run `failed`, for a post-mortem, and removed
+/// otherwise.
+pub fn keep_data_dir(temp: Option<tempfile::TempDir>, failed: bool) -> bool {
+    match temp {
+        None => true,
+        Some(t) if failed => {
+            let _ = t.keep();
+            true
+        }
+        Some(_) => false,
     }
 }
