@@ -105,13 +105,13 @@ fn fast() -> ShipConfig {
     }
 }
 
-fn start(dir: &Path, store: &Arc<MemStore>) -> (Arc<ShippingBackend>, Shipper) {
+fn start<S: ObjectStore + 'static>(dir: &Path, store: &Arc<S>) -> (Arc<ShippingBackend>, Shipper) {
     start_with(dir, store, fast())
 }
 
-fn start_with(
+fn start_with<S: ObjectStore + 'static>(
     dir: &Path,
-    store: &Arc<MemStore>,
+    store: &Arc<S>,
     config: ShipConfig,
 ) -> (Arc<ShippingBackend>, Shipper) {
     let fb = FileBackend::open(dir, CAPACITY).unwrap();
@@ -157,6 +157,15 @@ fn overwrite(engine: &Engine, v: u32, model: &mut [u8], seed: u64, n: u64) {
         engine.write(v, at, &data).unwrap();
         model[at as usize..at as usize + 65536].copy_from_slice(&data);
     }
+}
+
+/// The first writes to a new volume: `n` pieces overwritten (as by [`overwrite`]) and
+/// flushed. Returns the model of the volume after them.
+fn first_writes(engine: &Engine, v: u32, seed: u64, n: u64) -> Vec<u8> {
+    let mut model = vec![0u8; VOLUME as usize];
+    overwrite(engine, v, &mut model, seed, n);
+    engine.flush().unwrap();
+    model
 }
 
 fn read_back(dir: &Path) -> Vec<u8> {
@@ -222,9 +231,7 @@ fn a_clean_stop_continues_the_stream_a_crash_takes_a_base_and_a_stranger_is_refu
     let a = tempfile::tempdir().unwrap();
     let store = Arc::new(MemStore::default());
     let mut model = vec![0u8; VOLUME as usize];
-    let (backend, shipper) = start(a.path(), &store);
-    let engine = Engine::create(backend, config(), Tuning::default()).unwrap();
-    let v = engine.create_volume(VOLUME).unwrap();
+    let (engine, v, shipper) = shipping_array(a.path(), &store);
     overwrite(&engine, v, &mut model, 1, 40);
     engine.shutdown().unwrap();
     drop(engine);
@@ -431,12 +438,8 @@ fn points_restore_their_state_and_retention_deletes_only_what_nothing_needs() {
         rebase_min_bytes: 4 << 20,
         ..fast()
     };
-    let (backend, shipper) = start_with(a.path(), &store, ship);
-    let engine = Engine::create(backend, config(), Tuning::default()).unwrap();
-    let v = engine.create_volume(VOLUME).unwrap();
-    let mut model = vec![0u8; VOLUME as usize];
-    overwrite(&engine, v, &mut model, 1, 64);
-    engine.flush().unwrap();
+    let (engine, v, shipper) = shipping_array_with(a.path(), &store, ship);
+    let mut model = first_writes(&engine, v, 1, 64);
     let take = |name: &str| {
         point_within(&shipper, name, Duration::from_secs(60))
             .unwrap()
@@ -469,19 +472,15 @@ fn points_restore_their_state_and_retention_deletes_only_what_nothing_needs() {
     // Both points restore their own state, the newest state its own.
     let r = tempfile::tempdir().unwrap();
     let at = |name: &str| r.path().join(name);
-    let rep = restore(
-        &dynamic(&store),
-        &at("one"),
-        None,
-        &Target::Point("one".into()),
-    )
-    .unwrap();
+    let restore_at =
+        |name: &str, target: Target| restore(&dynamic(&store), &at(name), None, &target);
+    let rep = restore_at("one", Target::Point("one".into())).unwrap();
     assert_eq!(rep.point.as_ref().map(|p| p.name.as_str()), Some("one"));
     assert!(read_back(&at("one")) == model_one, "point one differs");
     let t = two.time_ms;
-    restore(&dynamic(&store), &at("two"), None, &Target::At(t)).unwrap();
+    restore_at("two", Target::At(t)).unwrap();
     assert!(read_back(&at("two")) == model_two, "point two differs");
-    restore(&dynamic(&store), &at("newest"), None, &Target::Newest).unwrap();
+    restore_at("newest", Target::Newest).unwrap();
     assert!(
         read_back(&at("newest")) == model,
         "the newest state differs"
@@ -528,31 +527,13 @@ fn points_restore_their_state_and_retention_deletes_only_what_nothing_needs() {
         bases.len() <= 2,
         "only point two's base and the newest: {bases:?}"
     );
-    let err = restore(
-        &dynamic(&store),
-        &at("one-again"),
-        None,
-        &Target::Point("one".into()),
-    )
-    .unwrap_err();
+    let err = restore_at("one-again", Target::Point("one".into())).unwrap_err();
     assert!(err.to_string().contains("no restore point named"), "{err}");
-    let err = restore(
-        &dynamic(&store),
-        &at("early"),
-        None,
-        &Target::At(one.time_ms),
-    )
-    .unwrap_err();
+    let err = restore_at("early", Target::At(one.time_ms)).unwrap_err();
     assert!(err.to_string().contains("at or before"), "{err}");
-    restore(
-        &dynamic(&store),
-        &at("two-again"),
-        None,
-        &Target::Point("two".into()),
-    )
-    .unwrap();
+    restore_at("two-again", Target::Point("two".into())).unwrap();
     assert!(read_back(&at("two-again")) == model_two);
-    restore(&dynamic(&store), &at("newest-again"), None, &Target::Newest).unwrap();
+    restore_at("newest-again", Target::Newest).unwrap();
     assert!(read_back(&at("newest-again")) == model);
     stop_cleanly(engine, shipper);
 }
@@ -568,9 +549,7 @@ fn scheduled_points_are_kept_to_their_count_and_each_restores() {
         keep_points: 2,
         ..fast()
     };
-    let (backend, shipper) = start_with(a.path(), &store, ship);
-    let engine = Engine::create(backend, config(), Tuning::default()).unwrap();
-    let v = engine.create_volume(VOLUME).unwrap();
+    let (engine, v, shipper) = shipping_array_with(a.path(), &store, ship);
     let mut model = vec![0u8; VOLUME as usize];
     for round in 0..5 {
         overwrite(&engine, v, &mut model, 100 + round, 8);
@@ -666,9 +645,7 @@ fn a_store_down_at_start_is_waited_for_and_the_copy_then_holds_every_write() {
     }
     let engine = Engine::create(Arc::new(backend), config(), Tuning::default()).unwrap();
     let v = engine.create_volume(VOLUME).unwrap();
-    let mut model = vec![0u8; VOLUME as usize];
-    overwrite(&engine, v, &mut model, 7, 32);
-    engine.flush().unwrap();
+    let mut model = first_writes(&engine, v, 7, 32);
     assert!(matches!(shipper.status().state, ShipState::Waiting(_)));
     assert_eq!(
         shipper.status().backlog_bytes,
@@ -695,9 +672,7 @@ fn a_bucket_emptied_while_the_store_failed_is_copied_again() {
     let a = tempfile::tempdir().unwrap();
     let store = Switchable::new(false);
     let (engine, v, shipper) = shipping_array(a.path(), &store);
-    let mut model = vec![0u8; VOLUME as usize];
-    overwrite(&engine, v, &mut model, 11, 32);
-    engine.flush().unwrap();
+    let mut model = first_writes(&engine, v, 11, 32);
     drained(&shipper);
     let before = shipper.status();
     // Down, emptied, back.
@@ -758,9 +733,7 @@ fn a_restore_from_a_failing_store_ends_with_its_error() {
     let a = tempfile::tempdir().unwrap();
     let store = Switchable::new(false);
     let (engine, v, shipper) = shipping_array(a.path(), &store);
-    let mut model = vec![0u8; VOLUME as usize];
-    overwrite(&engine, v, &mut model, 21, 64);
-    engine.flush().unwrap();
+    first_writes(&engine, v, 21, 64);
     let point = point_within(&shipper, "p", Duration::from_secs(60))
         .unwrap()
         .unwrap();
@@ -832,10 +805,18 @@ fn a_restore_from_a_failing_store_ends_with_its_error() {
 }
 
 /// A new array in `dir` shipping to `store`, with one volume.
-fn shipping_array(dir: &Path, store: &Arc<Switchable>) -> (Engine, u32, Shipper) {
-    let fb = FileBackend::open(dir, CAPACITY).unwrap();
-    let (backend, shipper) = ShippingBackend::start(dir, fb, store.clone(), fast(), None).unwrap();
-    let engine = Engine::create(Arc::new(backend), config(), Tuning::default()).unwrap();
+fn shipping_array<S: ObjectStore + 'static>(dir: &Path, store: &Arc<S>) -> (Engine, u32, Shipper) {
+    shipping_array_with(dir, store, fast())
+}
+
+/// The same, shipping as `ship` says.
+fn shipping_array_with<S: ObjectStore + 'static>(
+    dir: &Path,
+    store: &Arc<S>,
+    ship: ShipConfig,
+) -> (Engine, u32, Shipper) {
+    let (backend, shipper) = start_with(dir, store, ship);
+    let engine = Engine::create(backend, config(), Tuning::default()).unwrap();
     let v = engine.create_volume(VOLUME).unwrap();
     (engine, v, shipper)
 }
@@ -971,14 +952,8 @@ fn a_point_asked_for_while_another_is_being_created_is_not_lost() {
         change: SlowPoints,
         inner: Switchable::new(false),
     });
-    let fb = FileBackend::open(a.path(), CAPACITY).unwrap();
-    let (backend, shipper) =
-        ShippingBackend::start(a.path(), fb, store.clone(), fast(), None).unwrap();
-    let engine = Engine::create(Arc::new(backend), config(), Tuning::default()).unwrap();
-    let v = engine.create_volume(VOLUME).unwrap();
-    let mut model = vec![0u8; VOLUME as usize];
-    overwrite(&engine, v, &mut model, 1, 8);
-    engine.flush().unwrap();
+    let (engine, v, shipper) = shipping_array(a.path(), &store);
+    let mut model = first_writes(&engine, v, 1, 8);
     let answer =
         |rx: std::sync::mpsc::Receiver<Result<_, String>>| rx.recv_timeout(Duration::from_secs(30));
     assert!(matches!(
@@ -1007,9 +982,7 @@ fn a_damaged_point_neither_fences_the_copy_nor_loses_its_number() {
     let a = tempfile::tempdir().unwrap();
     let store = Switchable::new(false);
     let (engine, v, shipper) = shipping_array(a.path(), &store);
-    let mut model = vec![0u8; VOLUME as usize];
-    overwrite(&engine, v, &mut model, 1, 8);
-    engine.flush().unwrap();
+    let mut model = first_writes(&engine, v, 1, 8);
     let first = point_within(&shipper, "first", Duration::from_secs(30));
     assert!(matches!(first, Ok(Ok(_))));
     stop_cleanly(engine, shipper);
@@ -1017,10 +990,8 @@ fn a_damaged_point_neither_fences_the_copy_nor_loses_its_number() {
         .inner
         .put("points/0000000000000002", b"not a point".to_vec())
         .unwrap();
-    let fb = FileBackend::open(a.path(), CAPACITY).unwrap();
-    let (backend, shipper) =
-        ShippingBackend::start(a.path(), fb, store.clone(), fast(), None).unwrap();
-    let engine = Engine::open(Arc::new(backend), Tuning::default(), false).unwrap();
+    let (backend, shipper) = start(a.path(), &store);
+    let engine = Engine::open(backend, Tuning::default(), false).unwrap();
     overwrite(&engine, v, &mut model, 2, 8);
     engine.flush().unwrap();
     let next = point_within(&shipper, "next", Duration::from_secs(30));
@@ -1069,9 +1040,7 @@ fn an_array_restored_on_demand_serves_before_its_data_is_local() {
     use sliver_replica::hydrate;
     let a = tempfile::tempdir().unwrap();
     let store = Arc::new(MemStore::default());
-    let (backend, shipper) = start(a.path(), &store);
-    let engine = Engine::create(backend, config(), Tuning::default()).unwrap();
-    let v = engine.create_volume(VOLUME).unwrap();
+    let (engine, v, shipper) = shipping_array(a.path(), &store);
     let mut model = noise(41, VOLUME as usize);
     engine.write(v, 0, &model).unwrap();
     // A checkpoint, as the engine takes on its timer: the restored array's recovery then
@@ -1140,9 +1109,7 @@ fn an_array_restored_on_demand_serves_before_its_data_is_local() {
 fn a_damaged_piece_is_an_error_naming_its_object() {
     let a = tempfile::tempdir().unwrap();
     let store = Arc::new(MemStore::default());
-    let (backend, shipper) = start(a.path(), &store);
-    let engine = Engine::create(backend, config(), Tuning::default()).unwrap();
-    let v = engine.create_volume(VOLUME).unwrap();
+    let (engine, v, shipper) = shipping_array(a.path(), &store);
     engine.write(v, 0, &noise(51, VOLUME as usize)).unwrap();
     engine.flush().unwrap();
     crash_when_drained(engine, shipper);
