@@ -42,18 +42,8 @@ impl Command {
     }
 }
 
-pub mod opcode {
-    pub const TEST_UNIT_READY: u8 = 0x00;
-    pub const INQUIRY: u8 = 0x12;
-    pub const UNMAP: u8 = 0x42;
-    pub const READ_16: u8 = 0x88;
-    pub const WRITE_16: u8 = 0x8a;
-    pub const SYNCHRONIZE_CACHE_16: u8 = 0x91;
-    pub const WRITE_SAME_16: u8 = 0x93;
-    pub const SERVICE_ACTION_IN_16: u8 = 0x9e;
-    pub const SA_READ_CAPACITY_16: u8 = 0x10;
-    pub const SA_GET_LBA_STATUS: u8 = 0x12;
-}
+/// The operation codes and service actions, as the target defines them.
+pub use sliver_scsi::cdb::opcode;
 
 fn lba_len_cdb(op: u8, byte1: u8, lba: u64, len: u32) -> Vec<u8> {
     let mut cdb = vec![0u8; 16];

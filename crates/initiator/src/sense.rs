@@ -2,16 +2,19 @@
 
 use std::fmt;
 
-/// SAM status codes.
+/// SAM status codes as the status bytes a SCSI Response carries; the values are the target's
+/// [`sliver_scsi::Status`].
 pub mod status {
-    pub const GOOD: u8 = 0x00;
-    pub const CHECK_CONDITION: u8 = 0x02;
-    pub const CONDITION_MET: u8 = 0x04;
-    pub const BUSY: u8 = 0x08;
-    pub const RESERVATION_CONFLICT: u8 = 0x18;
-    pub const TASK_SET_FULL: u8 = 0x28;
-    pub const ACA_ACTIVE: u8 = 0x30;
-    pub const TASK_ABORTED: u8 = 0x40;
+    use sliver_scsi::Status;
+
+    pub const GOOD: u8 = Status::Good as u8;
+    pub const CHECK_CONDITION: u8 = Status::CheckCondition as u8;
+    pub const CONDITION_MET: u8 = Status::ConditionMet as u8;
+    pub const BUSY: u8 = Status::Busy as u8;
+    pub const RESERVATION_CONFLICT: u8 = Status::ReservationConflict as u8;
+    pub const TASK_SET_FULL: u8 = Status::TaskSetFull as u8;
+    pub const ACA_ACTIVE: u8 = Status::AcaActive as u8;
+    pub const TASK_ABORTED: u8 = Status::TaskAborted as u8;
 
     /// A readable name for a status byte.
     pub fn name(status: u8) -> &'static str {
