@@ -109,6 +109,31 @@ pub struct RawConnection {
     pub pending: Vec<u8>,
 }
 
+impl RawConnection {
+    /// The NOP-Out that answers the target's NOP-In `ping` as a [`Session`] would. It
+    /// acknowledges the StatSN the ping carries, which a caller reading PDUs itself may not have
+    /// folded into `exp_stat_sn`.
+    pub fn ping_answer(&self, ping: &ReplyHeader) -> RequestHeader {
+        ping_answer(ping, self.cmd_sn, ping.sn.stat_sn)
+    }
+}
+
+/// The NOP-Out that answers a NOP-In `ping` of the target (RFC 7143 §11.18): immediate, with the
+/// ping's LUN and Target Transfer Tag and no task tag of its own.
+fn ping_answer(ping: &ReplyHeader, cmd_sn: u32, exp_stat_sn: u32) -> RequestHeader {
+    RequestHeader {
+        opcode: Opcode::NopOut,
+        immediate: true,
+        final_bit: true,
+        cont: false,
+        lun: ping.lun,
+        itt: RESERVED_TAG,
+        ttt: ping.ttt,
+        cmd_sn,
+        exp_stat_sn,
+    }
+}
+
 /// Handle of a submitted command (its Initiator Task Tag).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Tag(pub u32);
@@ -790,17 +815,7 @@ impl Session {
                     self.update_window(&h.sn);
                 }
                 if h.ttt != RESERVED_TAG {
-                    let reply = RequestHeader {
-                        opcode: Opcode::NopOut,
-                        immediate: true,
-                        final_bit: true,
-                        cont: false,
-                        lun: h.lun,
-                        itt: RESERVED_TAG,
-                        ttt: h.ttt,
-                        cmd_sn: self.cmd_sn,
-                        exp_stat_sn: self.exp_stat_sn,
-                    };
+                    let reply = ping_answer(&h, self.cmd_sn, self.exp_stat_sn);
                     let data = p.data.clone();
                     self.write_pdu(&reply.to_bhs(), &data)?;
                     self.nop_ins_answered += 1;

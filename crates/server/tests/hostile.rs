@@ -1283,17 +1283,7 @@ fn a_silent_initiator_is_pinged_and_disconnected_one_that_answers_stays() {
             answering.pending.drain(..BHS_LEN);
             assert_eq!(ping.bhs.opcode(), Opcode::NopIn, "only pings while idle");
             let h = ReplyHeader::parse(&ping.bhs);
-            let answer = RequestHeader {
-                opcode: Opcode::NopOut,
-                immediate: true,
-                final_bit: true,
-                cont: false,
-                lun: h.lun,
-                itt: RESERVED_TAG,
-                ttt: h.ttt,
-                cmd_sn: answering.cmd_sn,
-                exp_stat_sn: h.sn.stat_sn,
-            };
+            let answer = answering.ping_answer(&h);
             answering
                 .stream
                 .write_all(&encode(Pdu::new(answer.to_bhs())))
