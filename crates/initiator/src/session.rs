@@ -1101,17 +1101,7 @@ impl Session {
     pub fn ping(&mut self) -> Result<(), Error> {
         self.check_usable()?;
         let itt = self.alloc_itt();
-        let h = RequestHeader {
-            opcode: Opcode::NopOut,
-            immediate: true,
-            final_bit: true,
-            cont: false,
-            lun: [0; 8],
-            itt,
-            ttt: RESERVED_TAG,
-            cmd_sn: self.cmd_sn,
-            exp_stat_sn: self.exp_stat_sn,
-        };
+        let h = RequestHeader::opening(Opcode::NopOut, true, itt, self.cmd_sn, self.exp_stat_sn);
         self.pings.insert(itt);
         self.write_pdu(&h.to_bhs(), b"sliver-ping")?;
         while self.pings.contains(&itt) {

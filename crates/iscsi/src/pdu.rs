@@ -823,6 +823,28 @@ pub struct RequestHeader {
 }
 
 impl RequestHeader {
+    /// A NOP-Out or Text Request, tagged `itt`, that starts an exchange: final, no LUN, the
+    /// target transfer tag reserved (not an answer to the target).
+    pub fn opening(
+        opcode: Opcode,
+        immediate: bool,
+        itt: u32,
+        cmd_sn: u32,
+        exp_stat_sn: u32,
+    ) -> Self {
+        RequestHeader {
+            opcode,
+            immediate,
+            final_bit: true,
+            cont: false,
+            lun: [0; 8],
+            itt,
+            ttt: RESERVED_TAG,
+            cmd_sn,
+            exp_stat_sn,
+        }
+    }
+
     fn fields(&mut self, f: &mut impl BhsFields) {
         f.opcode(&mut self.opcode);
         f.immediate(&mut self.immediate);

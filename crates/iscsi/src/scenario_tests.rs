@@ -284,17 +284,7 @@ impl Initiator {
     /// A NOP-Out or Text Request header, tagged `itt`, that starts an exchange (final, TTT
     /// reserved, no LUN) at the current CmdSN.
     fn request(&self, opcode: Opcode, immediate: bool, itt: u32) -> RequestHeader {
-        RequestHeader {
-            opcode,
-            immediate,
-            final_bit: true,
-            cont: false,
-            lun: [0; 8],
-            itt,
-            ttt: RESERVED_TAG,
-            cmd_sn: self.cmd_sn,
-            exp_stat_sn: self.exp_stat_sn,
-        }
+        RequestHeader::opening(opcode, immediate, itt, self.cmd_sn, self.exp_stat_sn)
     }
 
     /// An immediate ABORT TASK, tagged `itt`, of the task tagged `referenced`: the last command
