@@ -5,7 +5,7 @@
 //! registry crate would only duplicate state we keep anyway.
 
 use crate::array::{Array, ArrayError};
-use sliver_scsi::{CommandClass, LATENCY_BOUNDS_US};
+use sliver_scsi::{ClassStats, CommandClass, LATENCY_BOUNDS_US};
 use std::fmt::Write;
 
 /// Metric text for every volume and the array.
@@ -20,46 +20,32 @@ pub fn render(array: &Array) -> Result<String, ArrayError> {
         volumes.push((record.name, unit.stats(), space));
     }
 
-    out.help(
-        "sliver_volume_commands_total",
-        "counter",
-        "SCSI commands completed, by command class.",
-    );
-    for (name, stats, _) in &volumes {
-        for (class, s) in &stats.classes {
-            out.sample(
-                "sliver_volume_commands_total",
-                &[("volume", name), ("class", class.name())],
-                s.commands as f64,
-            );
-        }
-    }
-    out.help(
-        "sliver_volume_command_errors_total",
-        "counter",
-        "SCSI commands that completed with CHECK CONDITION or RESERVATION CONFLICT.",
-    );
-    for (name, stats, _) in &volumes {
-        for (class, s) in &stats.classes {
-            out.sample(
-                "sliver_volume_command_errors_total",
-                &[("volume", name), ("class", class.name())],
-                s.errors as f64,
-            );
-        }
-    }
-    out.help(
-        "sliver_volume_bytes_total",
-        "counter",
-        "Bytes read or written by hosts; for WRITE SAME, UNMAP and EXTENDED COPY the bytes of the ranges affected.",
-    );
-    for (name, stats, _) in &volumes {
-        for (class, s) in &stats.classes {
-            out.sample(
-                "sliver_volume_bytes_total",
-                &[("volume", name), ("class", class.name())],
-                s.bytes as f64,
-            );
+    for (metric, help, pick) in [
+        (
+            "sliver_volume_commands_total",
+            "SCSI commands completed, by command class.",
+            (|s: &ClassStats| s.commands) as fn(&_) -> u64,
+        ),
+        (
+            "sliver_volume_command_errors_total",
+            "SCSI commands that completed with CHECK CONDITION or RESERVATION CONFLICT.",
+            |s| s.errors,
+        ),
+        (
+            "sliver_volume_bytes_total",
+            "Bytes read or written by hosts; for WRITE SAME, UNMAP and EXTENDED COPY the bytes of the ranges affected.",
+            |s| s.bytes,
+        ),
+    ] {
+        out.help(metric, "counter", help);
+        for (name, stats, _) in &volumes {
+            for (class, s) in &stats.classes {
+                out.sample(
+                    metric,
+                    &[("volume", name), ("class", class.name())],
+                    pick(s) as f64,
+                );
+            }
         }
     }
     out.help(
