@@ -213,11 +213,15 @@ mod tests {
 
     const W: Duration = Duration::from_micros(50);
 
+    /// A pacing with window `W`, and a clock: `us(n)` is `n` microseconds from now.
+    fn pacing() -> (Pacing, impl Fn(u64) -> Instant) {
+        let t0 = Instant::now();
+        (Pacing::new(W), move |n| t0 + Duration::from_micros(n))
+    }
+
     #[test]
     fn polls_only_after_a_quiet_period_that_ended_within_the_window() {
-        let t0 = Instant::now();
-        let us = |n| t0 + Duration::from_micros(n);
-        let mut p = Pacing::new(W);
+        let (mut p, us) = pacing();
         // Nothing known yet: sleep.
         assert_eq!(p.quiet(us(0), 1), None);
         // The next command came 30 us later: worth polling for the one after.
@@ -240,9 +244,7 @@ mod tests {
 
     #[test]
     fn a_quiet_period_is_timed_from_its_start() {
-        let t0 = Instant::now();
-        let us = |n| t0 + Duration::from_micros(n);
-        let mut p = Pacing::new(W);
+        let (mut p, us) = pacing();
         p.quiet(us(0), 1);
         // The loop looks again (a timer, a kick) without input meanwhile: still quiet since 0.
         p.quiet(us(40), 1);
@@ -256,9 +258,7 @@ mod tests {
 
     #[test]
     fn a_connection_with_many_commands_outstanding_sleeps() {
-        let t0 = Instant::now();
-        let us = |n| t0 + Duration::from_micros(n);
-        let mut p = Pacing::new(W);
+        let (mut p, us) = pacing();
         p.quiet(us(0), 1);
         p.input(us(10));
         // Quick answers, but 32 commands in the burst: the sleeper takes them in one read.
@@ -270,9 +270,7 @@ mod tests {
 
     #[test]
     fn a_quiet_period_the_loop_slept_through_counts_from_the_completion() {
-        let t0 = Instant::now();
-        let us = |n| t0 + Duration::from_micros(n);
-        let mut p = Pacing::new(W);
+        let (mut p, us) = pacing();
         // Commands completed on the pool while the loop slept: each completion that left
         // nothing in flight says when, and the next command came 30 us after it.
         p.quiet_at(us(0), 1);
@@ -296,9 +294,7 @@ mod tests {
 
     #[test]
     fn a_sleeper_is_allowed_its_wake_up_but_a_poller_only_the_window() {
-        let t0 = Instant::now();
-        let us = |n| t0 + Duration::from_micros(n);
-        let mut p = Pacing::new(W);
+        let (mut p, us) = pacing();
         // Slept through 80 us (the initiator's 40 and as much to wake): worth polling.
         p.quiet(us(0), 1);
         p.input(us(80));
@@ -316,9 +312,7 @@ mod tests {
 
     #[test]
     fn an_initiator_that_does_not_wait_for_answers_is_not_polled_for() {
-        let t0 = Instant::now();
-        let us = |n| t0 + Duration::from_micros(n);
-        let mut p = Pacing::new(W);
+        let (mut p, us) = pacing();
         p.quiet(us(0), 1);
         p.input(us(30));
         assert!(p.would_poll());
