@@ -32,14 +32,11 @@ fn refusal(ctx: &ApiContext, request: &Request, console: bool) -> Option<ApiErro
         .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned())
         .unwrap_or_default();
     if !ctx.allowed_hosts.permits(&host) {
-        let shown: String = host.chars().take(80).collect();
-        return Some(ApiError::new(
-            StatusCode::FORBIDDEN,
-            "host_not_allowed",
+        return Some(forbidden("host_not_allowed", &host, |shown| {
             format!(
                 "the API does not answer requests addressed to '{shown}' (protection against DNS rebinding): use an IP address or localhost, or add the name to [api] allowed_hosts or --api-allowed-host"
-            ),
-        ));
+            )
+        }));
     }
     let changes = !matches!(
         *request.method(),
@@ -49,14 +46,11 @@ fn refusal(ctx: &ApiContext, request: &Request, console: bool) -> Option<ApiErro
         if let Some(origin) = request.headers().get(header::ORIGIN) {
             let origin = String::from_utf8_lossy(origin.as_bytes());
             if !same_origin(&origin, &host) {
-                let shown: String = origin.chars().take(80).collect();
-                return Some(ApiError::new(
-                    StatusCode::FORBIDDEN,
-                    "origin_not_allowed",
+                return Some(forbidden("origin_not_allowed", &origin, |shown| {
                     format!(
                         "changes are accepted only from sliver's own pages, not from a page of '{shown}'"
-                    ),
-                ));
+                    )
+                }));
             }
         }
     }
@@ -70,6 +64,13 @@ fn refusal(ctx: &ApiContext, request: &Request, console: bool) -> Option<ApiErro
         }
     }
     None
+}
+
+/// 403 Forbidden with `code`, its message quoting `sent` (a header of the request) up to 80
+/// characters.
+fn forbidden(code: &'static str, sent: &str, message: impl FnOnce(&str) -> String) -> ApiError {
+    let shown: String = sent.chars().take(80).collect();
+    ApiError::new(StatusCode::FORBIDDEN, code, message(&shown))
 }
 
 /// Whether an `Origin` header (`http://name:port`) names the host and port the request was
