@@ -1,9 +1,8 @@
 //! `/api/v1/array`: the array's space and GC figures, and its settings.
 
 use super::error::ApiResult;
-use super::{blocking, ApiContext, ApiError, Ctx};
+use super::{blocking, ApiContext, ApiError, Ctx, JsonBody};
 use crate::array::{gc_priority_name, parse_gc_priority};
-use axum::extract::rejection::JsonRejection;
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::Json;
@@ -15,9 +14,8 @@ pub(super) async fn array_show(State(ctx): State<Ctx>) -> Json<ArrayInfo> {
 
 pub(super) async fn array_update(
     State(ctx): State<Ctx>,
-    body: Result<Json<UpdateArray>, JsonRejection>,
+    JsonBody(req): JsonBody<UpdateArray>,
 ) -> ApiResult<Json<ArrayInfo>> {
-    let Json(req) = body?;
     let gc = req
         .gc_priority
         .as_deref()

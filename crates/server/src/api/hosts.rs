@@ -1,9 +1,8 @@
 //! `/api/v1/hosts`: hosts, their initiator names and CHAP credentials.
 
 use super::error::ApiResult;
-use super::{blocking, ApiError, Ctx};
+use super::{blocking, ApiError, Ctx, JsonBody};
 use crate::array::{ArrayError, ChapChange, ChapSecret};
-use axum::extract::rejection::JsonRejection;
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::Json;
@@ -47,9 +46,8 @@ pub(super) async fn host_list(State(ctx): State<Ctx>) -> Json<Vec<HostInfo>> {
 
 pub(super) async fn host_create(
     State(ctx): State<Ctx>,
-    body: Result<Json<CreateHost>, JsonRejection>,
+    JsonBody(req): JsonBody<CreateHost>,
 ) -> ApiResult<(StatusCode, Json<HostInfo>)> {
-    let Json(req) = body?;
     let iqns = iscsi_names(&req.iqns)?;
     let chap = match (req.chap_user, req.chap_secret) {
         (None, None) => None,
@@ -75,9 +73,8 @@ pub(super) async fn host_create(
 pub(super) async fn host_update(
     State(ctx): State<Ctx>,
     Path(name): Path<String>,
-    body: Result<Json<UpdateHost>, JsonRejection>,
+    JsonBody(req): JsonBody<UpdateHost>,
 ) -> ApiResult<Json<HostInfo>> {
-    let Json(req) = body?;
     let iqns = req.iqns.as_deref().map(iscsi_names).transpose()?;
     let invalid_chap = |m: &str| ApiError::new(StatusCode::BAD_REQUEST, "invalid_chap", m);
     let chap = match (req.chap_user, req.chap_secret, req.clear_chap) {

@@ -29,10 +29,11 @@ use crate::array::{now_ms, Array, ArrayError};
 use crate::history::{self, Counters, History, SpaceReading};
 use array::{array_show, array_update};
 use auth::authorize;
+use axum::extract::{FromRequest, Request};
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
-use axum::Router;
+use axum::{Json, Router};
 use error::{method_not_allowed, not_found, ApiResult};
 use hosts::{host_create, host_delete, host_list, host_update};
 use replication::{hydration_show, point_delete, point_take, points_list, replication_show};
@@ -257,6 +258,19 @@ async fn off_workers<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) 
             e.to_string(),
         )
     })
+}
+
+/// A JSON request body; a body that is not the JSON expected is refused as every API error
+/// is (`bad_request`).
+struct JsonBody<T>(T);
+
+impl<S: Send + Sync, T: serde::de::DeserializeOwned> FromRequest<S> for JsonBody<T> {
+    type Rejection = ApiError;
+
+    async fn from_request(request: Request, state: &S) -> Result<Self, ApiError> {
+        let Json(body) = Json::<T>::from_request(request, state).await?;
+        Ok(JsonBody(body))
+    }
 }
 
 async fn openapi() -> Response {

@@ -2,8 +2,7 @@
 //! array restored from it.
 
 use super::error::ApiResult;
-use super::{off_workers, ApiError, Ctx};
-use axum::extract::rejection::JsonRejection;
+use super::{off_workers, ApiError, Ctx, JsonBody};
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::Json;
@@ -62,9 +61,8 @@ const POINT_WAIT: std::time::Duration = std::time::Duration::from_secs(60);
 
 pub(super) async fn point_take(
     State(ctx): State<Ctx>,
-    body: Result<Json<NewName>, JsonRejection>,
+    JsonBody(req): JsonBody<NewName>,
 ) -> ApiResult<(StatusCode, Json<PointInfo>)> {
-    let Json(req) = body?;
     if ctx.array.replication().is_none() {
         return Err(no_replication());
     }

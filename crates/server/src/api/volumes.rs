@@ -2,10 +2,9 @@
 
 use super::error::ApiResult;
 use super::stats::vaai_counters;
-use super::{blocking, ApiContext, ApiError, Ctx};
+use super::{blocking, ApiContext, ApiError, Ctx, JsonBody};
 use crate::array::{ArrayError, VolumeKind, VolumeRecord};
 use crate::Array;
-use axum::extract::rejection::JsonRejection;
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::Json;
@@ -123,9 +122,8 @@ pub(super) async fn volume_show(
 
 pub(super) async fn volume_create(
     State(ctx): State<Ctx>,
-    body: Result<Json<CreateVolume>, JsonRejection>,
+    JsonBody(req): JsonBody<CreateVolume>,
 ) -> ApiResult<(StatusCode, Json<VolumeInfo>)> {
-    let Json(req) = body?;
     let block_size = req.block_size.unwrap_or(512);
     if block_size != 512 && block_size != 4096 {
         return Err(ApiError::new(
@@ -172,9 +170,8 @@ async fn created_volume(
 pub(super) async fn volume_update(
     State(ctx): State<Ctx>,
     Path(name): Path<String>,
-    body: Result<Json<UpdateVolume>, JsonRejection>,
+    JsonBody(req): JsonBody<UpdateVolume>,
 ) -> ApiResult<Json<VolumeInfo>> {
-    let Json(req) = body?;
     blocking(move || {
         find_volume(&ctx, &name)?;
         if let Some(size) = req.size_bytes {
@@ -204,33 +201,35 @@ pub(super) async fn volume_delete(
 pub(super) async fn volume_snapshot(
     State(ctx): State<Ctx>,
     Path(source): Path<String>,
-    body: Result<Json<NewName>, JsonRejection>,
+    JsonBody(req): JsonBody<NewName>,
 ) -> ApiResult<(StatusCode, Json<VolumeInfo>)> {
-    let Json(req) = body?;
-    created_volume(ctx, req.name, move |array, name| {
-        array.snapshot_volume(&source, name)
-    })
-    .await
+    copied_volume(ctx, source, req.name, Array::snapshot_volume).await
 }
 
 pub(super) async fn volume_clone(
     State(ctx): State<Ctx>,
     Path(source): Path<String>,
-    body: Result<Json<NewName>, JsonRejection>,
+    JsonBody(req): JsonBody<NewName>,
 ) -> ApiResult<(StatusCode, Json<VolumeInfo>)> {
-    let Json(req) = body?;
-    created_volume(ctx, req.name, move |array, name| {
-        array.clone_volume(&source, name)
-    })
-    .await
+    copied_volume(ctx, source, req.name, Array::clone_volume).await
+}
+
+/// Make the volume `name` from `source` with `copy` (a snapshot or a clone) and answer 201
+/// Created with it.
+async fn copied_volume(
+    ctx: Ctx,
+    source: String,
+    name: String,
+    copy: fn(&Array, &str, &str) -> Result<(), ArrayError>,
+) -> ApiResult<(StatusCode, Json<VolumeInfo>)> {
+    created_volume(ctx, name, move |array, name| copy(array, &source, name)).await
 }
 
 pub(super) async fn volume_connect(
     State(ctx): State<Ctx>,
     Path(volume): Path<String>,
-    body: Result<Json<Connect>, JsonRejection>,
+    JsonBody(req): JsonBody<Connect>,
 ) -> ApiResult<(StatusCode, Json<ConnectionInfo>)> {
-    let Json(req) = body?;
     if req.lun.is_some_and(|l| l > 16383) {
         return Err(ApiError::new(
             StatusCode::BAD_REQUEST,
