@@ -249,11 +249,17 @@ fn one_line(e: &toml::de::Error, text: &str) -> String {
     }
 }
 
-fn size<'de, D: Deserializer<'de>>(d: D) -> Result<Option<u64>, D::Error> {
+/// A string value read with `parse`; its error becomes the deserializer's.
+fn parsed<'de, D: Deserializer<'de>, T, E: std::fmt::Display>(
+    d: D,
+    parse: impl FnOnce(&str) -> Result<T, E>,
+) -> Result<Option<T>, D::Error> {
     let s = String::deserialize(d)?;
-    sliver_reclaim::units::parse_size(&s)
-        .map(Some)
-        .map_err(serde::de::Error::custom)
+    parse(&s).map(Some).map_err(serde::de::Error::custom)
+}
+
+fn size<'de, D: Deserializer<'de>>(d: D) -> Result<Option<u64>, D::Error> {
+    parsed(d, sliver_reclaim::units::parse_size)
 }
 
 fn percent<'de, D: Deserializer<'de>>(d: D) -> Result<Option<f64>, D::Error> {
@@ -267,10 +273,7 @@ fn percent<'de, D: Deserializer<'de>>(d: D) -> Result<Option<f64>, D::Error> {
 }
 
 fn duration<'de, D: Deserializer<'de>>(d: D) -> Result<Option<std::time::Duration>, D::Error> {
-    let s = String::deserialize(d)?;
-    sliver_reclaim::units::parse_duration(&s)
-        .map(Some)
-        .map_err(serde::de::Error::custom)
+    parsed(d, sliver_reclaim::units::parse_duration)
 }
 
 fn poll_us<'de, D: Deserializer<'de>>(d: D) -> Result<Option<std::time::Duration>, D::Error> {
@@ -290,10 +293,7 @@ pub fn parse_gc_priority(s: &str) -> Result<GcPriority, String> {
 }
 
 fn gc_priority<'de, D: Deserializer<'de>>(d: D) -> Result<Option<GcPriority>, D::Error> {
-    let s = String::deserialize(d)?;
-    parse_gc_priority(&s)
-        .map(Some)
-        .map_err(serde::de::Error::custom)
+    parsed(d, parse_gc_priority)
 }
 
 /// Parse a compression setting: none, lz4, zstd or zstd:LEVEL (1..=19).
@@ -314,10 +314,7 @@ pub fn parse_compression(s: &str) -> Result<Compression, String> {
 }
 
 fn compression<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Compression>, D::Error> {
-    let s = String::deserialize(d)?;
-    parse_compression(&s)
-        .map(Some)
-        .map_err(serde::de::Error::custom)
+    parsed(d, parse_compression)
 }
 
 #[cfg(test)]
