@@ -165,8 +165,8 @@ pub struct Connect {
     pub lun: Option<u64>,
 }
 
-/// The VAAI counters, named after esxtop's VAAI columns (the LU's counters as the API shows
-/// them).
+/// The VAAI counters, named after esxtop's VAAI columns. The LU keeps its counters in this
+/// type (`sliver_scsi` re-exports it), so the API shows them as they are.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct VaaiCounters {
     /// COMPARE AND WRITE that succeeded (ATS).
@@ -191,6 +191,24 @@ pub struct VaaiCounters {
     pub cloned_bytes: u64,
     /// Bytes covered by successful WRITE SAME.
     pub zeroed_bytes: u64,
+}
+
+impl VaaiCounters {
+    /// Adds `other`'s counts (a volume's into the array's total).
+    pub fn add(&mut self, other: &VaaiCounters) {
+        self.ats += other.ats;
+        self.ats_failed += other.ats_failed;
+        self.clone_read += other.clone_read;
+        self.clone_write += other.clone_write;
+        self.clone_failed += other.clone_failed;
+        self.zero += other.zero;
+        self.zero_failed += other.zero_failed;
+        self.delete += other.delete;
+        self.delete_failed += other.delete_failed;
+        self.deleted_bytes += other.deleted_bytes;
+        self.cloned_bytes += other.cloned_bytes;
+        self.zeroed_bytes += other.zeroed_bytes;
+    }
 }
 
 // ---- hosts ----
@@ -272,7 +290,8 @@ pub struct EventsInfo {
     pub next: u64,
 }
 
-/// One command class's cumulative counters (the LU's counters as the API shows them).
+/// One command class's cumulative counters. The LU keeps its counters in this type
+/// (`sliver_scsi` re-exports it), so the API shows them as they are.
 #[derive(Clone, Debug, Default, PartialEq, Serialize)]
 pub struct ClassStats {
     /// Completed commands.
@@ -285,6 +304,22 @@ pub struct ClassStats {
     pub latency_sum_us: u64,
     /// Non-cumulative counts per bucket of `latency_bounds_us`, then one above the last.
     pub latency_buckets: Vec<u64>,
+}
+
+impl ClassStats {
+    /// Adds `other`'s counts (a volume's into the array's total).
+    pub fn add(&mut self, other: &ClassStats) {
+        self.commands += other.commands;
+        self.errors += other.errors;
+        self.bytes += other.bytes;
+        self.latency_sum_us += other.latency_sum_us;
+        if self.latency_buckets.len() < other.latency_buckets.len() {
+            self.latency_buckets.resize(other.latency_buckets.len(), 0);
+        }
+        for (a, b) in self.latency_buckets.iter_mut().zip(&other.latency_buckets) {
+            *a += b;
+        }
+    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]

@@ -5,6 +5,9 @@
 use serde::Serialize;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
+// A snapshot's counters are the API's own types, so what the API sends is what the LU counted.
+pub use sliver_api_types::{ClassStats, VaaiCounters};
+
 /// Command classes, like esxtop's disk columns.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
 #[serde(rename_all = "snake_case")]
@@ -58,81 +61,6 @@ const _: () = assert!(LATENCY_BOUNDS_US.len() + 1 == BUCKETS);
 /// The bucket a latency falls in: the first bound it does not exceed.
 pub fn latency_bucket(us: u64) -> usize {
     LATENCY_BOUNDS_US.partition_point(|&bound| bound < us)
-}
-
-#[derive(Clone, Debug, Default, PartialEq, Serialize)]
-pub struct ClassStats {
-    /// Completed commands.
-    pub commands: u64,
-    /// Commands completed with CHECK CONDITION or RESERVATION CONFLICT.
-    pub errors: u64,
-    /// Data-In bytes for reads; bytes written for writes; bytes of the LBA ranges affected
-    /// for WRITE SAME, UNMAP and EXTENDED COPY.
-    pub bytes: u64,
-    pub latency_sum_us: u64,
-    /// Non-cumulative counts per bucket of [`LATENCY_BOUNDS_US`], then one above the last.
-    pub latency_buckets: Vec<u64>,
-}
-
-impl ClassStats {
-    /// Adds `other`'s counts (a volume's into the array's total).
-    pub fn add(&mut self, other: &ClassStats) {
-        self.commands += other.commands;
-        self.errors += other.errors;
-        self.bytes += other.bytes;
-        self.latency_sum_us += other.latency_sum_us;
-        if self.latency_buckets.len() < other.latency_buckets.len() {
-            self.latency_buckets.resize(other.latency_buckets.len(), 0);
-        }
-        for (a, b) in self.latency_buckets.iter_mut().zip(&other.latency_buckets) {
-            *a += b;
-        }
-    }
-}
-
-/// The VAAI counters, named after esxtop's VAAI columns.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, serde::Deserialize)]
-pub struct VaaiCounters {
-    /// COMPARE AND WRITE that succeeded (ATS).
-    pub ats: u64,
-    /// COMPARE AND WRITE that failed: miscompare or any other error (ATSF).
-    pub ats_failed: u64,
-    /// EXTENDED COPY segments read from this LU (CLONE_RD).
-    pub clone_read: u64,
-    /// EXTENDED COPY segments written to this LU (CLONE_WR).
-    pub clone_write: u64,
-    /// EXTENDED COPY commands received by this LU that failed (CLONE_F).
-    pub clone_failed: u64,
-    /// WRITE SAME that succeeded (ZERO; every pattern counts, as in esxtop).
-    pub zero: u64,
-    pub zero_failed: u64,
-    /// UNMAP that succeeded (DELETE).
-    pub delete: u64,
-    pub delete_failed: u64,
-    /// Bytes of successful UNMAP descriptors (MBDEL = deleted_bytes / 2^20).
-    pub deleted_bytes: u64,
-    /// Bytes copied into this LU by EXTENDED COPY.
-    pub cloned_bytes: u64,
-    /// Bytes covered by successful WRITE SAME.
-    pub zeroed_bytes: u64,
-}
-
-impl VaaiCounters {
-    /// Adds `other`'s counts (a volume's into the array's total).
-    pub fn add(&mut self, other: &VaaiCounters) {
-        self.ats += other.ats;
-        self.ats_failed += other.ats_failed;
-        self.clone_read += other.clone_read;
-        self.clone_write += other.clone_write;
-        self.clone_failed += other.clone_failed;
-        self.zero += other.zero;
-        self.zero_failed += other.zero_failed;
-        self.delete += other.delete;
-        self.delete_failed += other.delete_failed;
-        self.deleted_bytes += other.deleted_bytes;
-        self.cloned_bytes += other.cloned_bytes;
-        self.zeroed_bytes += other.zeroed_bytes;
-    }
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize)]
