@@ -165,8 +165,8 @@ pub struct Connect {
     pub lun: Option<u64>,
 }
 
-/// The VAAI counters, named after esxtop's VAAI columns. The LU keeps its counters in this
-/// type (`sliver_scsi` re-exports it), so the API shows them as they are.
+/// The VAAI counters, named after esxtop's VAAI columns: what an LU's statistics snapshot
+/// holds (`sliver_scsi` re-exports the type), so the API sends them as the LU counted them.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct VaaiCounters {
     /// COMPARE AND WRITE that succeeded (ATS).
@@ -290,8 +290,8 @@ pub struct EventsInfo {
     pub next: u64,
 }
 
-/// One command class's cumulative counters. The LU keeps its counters in this type
-/// (`sliver_scsi` re-exports it), so the API shows them as they are.
+/// One command class's cumulative counters: what an LU's statistics snapshot holds
+/// (`sliver_scsi` re-exports the type), so the API sends them as the LU counted them.
 #[derive(Clone, Debug, Default, PartialEq, Serialize)]
 pub struct ClassStats {
     /// Completed commands.
