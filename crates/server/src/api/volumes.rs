@@ -1,7 +1,6 @@
 //! `/api/v1/volumes`: volumes, their snapshots and clones, and their connections to hosts.
 
 use super::error::ApiResult;
-use super::stats::vaai_counters;
 use super::{blocking, ApiContext, ApiError, Ctx, JsonBody};
 use crate::array::{ArrayError, VolumeKind, VolumeRecord};
 use crate::Array;
@@ -53,7 +52,7 @@ fn volume_info_among(
     let vaai = ctx
         .array
         .unit(&record.name)
-        .map(|u| vaai_counters(&u.stats().vaai))
+        .map(|u| u.stats().vaai)
         .unwrap_or_default();
     Ok(VolumeInfo {
         name: record.name.clone(),
