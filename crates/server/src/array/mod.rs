@@ -121,7 +121,7 @@ pub struct VolumeRecord {
     pub source_id: Option<String>,
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
 pub struct HostRecord {
     pub name: String,
     pub iqns: Vec<String>,
@@ -868,10 +868,8 @@ impl Array {
         let record = HostRecord::new(name, iqns, chap)?;
         let mut config = self.config_mut();
         let existing = config.hosts.iter().position(|h| h.name == name);
-        if let Some(h) = existing.map(|i| &config.hosts[i]) {
-            if h.iqns == record.iqns && h.chap == record.chap {
-                return Ok(());
-            }
+        if existing.is_some_and(|i| config.hosts[i] == record) {
+            return Ok(());
         }
         self.commit(&mut config, |c| match existing {
             Some(i) => c.hosts[i] = record,
