@@ -15,6 +15,9 @@
 #      yet fetched, hydration finishes in the background (and resumes after a SIGKILL).
 # Usage: replication-e2e.sh WEED SLIVER. Ends only the processes it started, by PID.
 set -euo pipefail
+# Reads a command's whole output before matching it: under pipefail, `cmd | grep -q` fails
+# whenever grep stops reading at its match before `cmd` has written everything (EPIPE).
+lists() { local pattern=$1; shift; local out; out=$("$@") && grep -q -- "$pattern" <<<"$out"; }
 weed=$1
 sliver=$2
 work=$(mktemp -d /tmp/sliver-repl-e2e.XXXXXX)
@@ -132,10 +135,10 @@ cp --sparse=always "$work/expected.img" "$work/point.img"
 sleep 1.1
 point_time=$(date -u +%Y-%m-%dT%H:%M:%SZ)
 sleep 1.1
-"$sliver" replication --api "$api" points | grep -q '^before-hang ' || { echo "the point is not listed" >&2; exit 1; }
-curl -sf "$api/metrics" | grep -q '^sliver_replication_newest_point_age_seconds' || { echo "no restore point age metric" >&2; exit 1; }
-"$sliver" replication --api "$api" show | grep -q '^newest restore point *before-hang at ' || { echo "sliver replication show: no point" >&2; exit 1; }
-curl -sf "$api/metrics" | grep -q '^sliver_replication_shipped_bytes_total' || { echo "no replication metrics" >&2; exit 1; }
+lists '^before-hang ' "$sliver" replication --api "$api" points || { echo "the point is not listed" >&2; exit 1; }
+lists '^sliver_replication_newest_point_age_seconds' curl -sf "$api/metrics" || { echo "no restore point age metric" >&2; exit 1; }
+lists '^newest restore point *before-hang at ' "$sliver" replication --api "$api" show || { echo "sliver replication show: no point" >&2; exit 1; }
+lists '^sliver_replication_shipped_bytes_total' curl -sf "$api/metrics" || { echo "no replication metrics" >&2; exit 1; }
 
 # The store hangs (SIGSTOP): hosts keep writing, the copy's backlog shows; then it drains.
 head -c $((16 << 20)) /dev/urandom >"$work/random2"
@@ -232,7 +235,7 @@ left=$(hfield bytes_left)
 [ "$left" -gt $((32 << 20)) ] || { echo "too little left in the store to test reads of it: $(hstatus)" >&2; exit 1; }
 qemu-img compare -f raw -F raw "$work/expected.img" "$lun"
 [ "$(hfield on_demand_fetches)" -gt 0 ] || { echo "no read waited for the store: $(hstatus)" >&2; exit 1; }
-curl -sf "$api/metrics" | grep -q '^sliver_hydration_on_demand_fetches_total' || { echo "no hydration metrics" >&2; exit 1; }
+lists '^sliver_hydration_on_demand_fetches_total' curl -sf "$api/metrics" || { echo "no hydration metrics" >&2; exit 1; }
 echo "read while $left bytes were in the store: equal; $(hstatus)"
 # SIGKILL during hydration: the next start goes on from what the journal kept.
 cp --sparse=always "$work/expected.img" "$work/od.img"
