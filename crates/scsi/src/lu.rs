@@ -92,6 +92,8 @@ pub struct LogicalUnit {
     /// tokens made from this LU.
     pub(crate) copy_manager: CopyManager,
     pub(crate) stats: LuStats,
+    /// Every nexus's running tasks here, for task management that reaches across nexuses.
+    pub(crate) tasks: crate::tmf::UnitTasks,
     /// The pool behind the volume: its soft threshold raises 38/07, LOG SENSE reports its
     /// free space, MODE SENSE its threshold and MODE SELECT changes it (through its owner,
     /// which keeps it); `None`: no pool, none of that.
@@ -115,6 +117,7 @@ impl LogicalUnit {
             sanitizing: std::sync::atomic::AtomicBool::new(false),
             copy_manager: CopyManager::default(),
             stats: LuStats::default(),
+            tasks: Default::default(),
             pool: None,
         }
     }

@@ -381,6 +381,29 @@ fn set_control_page_bits(lu: &LogicalUnit, n: &Nexus, at: usize, bits: u8) {
 }
 
 #[test]
+fn the_control_page_says_one_task_set_for_all_and_task_aborted_status() {
+    let (f, n) = ready();
+    let current = mode_sense6(&f.lu, &n, 0x0a, 0).data_in[4..].to_vec();
+    assert_eq!(
+        current[2] >> 5,
+        0,
+        "TST=000: one task set shared by every nexus"
+    );
+    assert_eq!(current[5] & 0x40, 0x40, "TAS=1: {current:02x?}");
+    let changeable = mode_sense6(&f.lu, &n, 0x0a, 1).data_in[4..].to_vec();
+    assert_eq!(changeable[5], 0, "nothing in byte 5 is changeable");
+    // Selecting the page back as it is works; clearing TAS is refused.
+    good(&mode_select6(&f.lu, &n, &current));
+    let mut cleared = current.clone();
+    cleared[5] &= !0x40;
+    assert_eq!(
+        sense_codes(&mode_select6(&f.lu, &n, &cleared)),
+        (0x5, 0x26, 0x00),
+        "INVALID FIELD IN PARAMETER LIST"
+    );
+}
+
+#[test]
 fn mode_select_round_trip_and_unit_attention_for_others() {
     let (f, n) = ready();
     let other = nexus(2);

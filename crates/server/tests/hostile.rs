@@ -1718,14 +1718,106 @@ fn task_management_reaches_only_the_initiators_own_logical_units() {
     let c = b.execute(cdb::test_unit_ready()).unwrap();
     assert!(c.is_good(), "host B sees no reset: {c:?}");
     // Positive control: host A's own LU reports the reset.
-    let tur = raw_command(&mut a, &[0x00], 0, false, false);
+    assert_eq!(
+        raw_sense_of_test_unit_ready(&mut a).0,
+        SenseKey::UnitAttention
+    );
+    t.assert_healthy();
+}
+
+/// TEST UNIT READY on a raw connection, which must end in CHECK CONDITION: its sense key,
+/// ASC and ASCQ.
+fn raw_sense_of_test_unit_ready(raw: &mut RawConnection) -> (SenseKey, u8, u8) {
+    let tur = raw_command(raw, &[0x00], 0, false, false);
     let itt = tur.bhs.itt();
-    a.stream.write_all(&encode(tur)).unwrap();
-    let r = read_until(&mut a, |p| {
+    raw.stream.write_all(&encode(tur)).unwrap();
+    let r = read_until(raw, |p| {
         p.bhs.opcode() == Opcode::ScsiResponse && p.bhs.itt() == itt
     });
+    assert_eq!(r.bhs.0[3], 0x02, "CHECK CONDITION");
     let sense = sliver_initiator::Sense::parse(&r.data[2..]).expect("sense data");
-    assert_eq!((r.bhs.0[3], sense.key), (0x02, SenseKey::UnitAttention));
+    (sense.key, sense.asc, sense.ascq)
+}
+
+#[test]
+fn a_unit_reset_from_one_host_aborts_the_other_hosts_commands_and_waits_for_them() {
+    // Both hosts see one volume at LUN 0 (a cluster's datastore, or two paths of one host).
+    let t = start(
+        |array| {
+            hosts::two_hosts(
+                array,
+                &[("shared", 8 << 20)],
+                &[("shared", "host-a", 0), ("shared", "host-b", 0)],
+            )
+        },
+        |_| {},
+    );
+    let bs = session_as(&t, HOST_B, 0).block_size().unwrap();
+    let blocks = ((8u64 << 20) / bs as u64) as u32;
+    let mut a = raw_login(&t, HOST_A);
+    let mut b = raw_login(&t, HOST_B);
+    // Host B keeps WRITE SAMEs of the whole volume running (each writes 8 MiB of a pattern).
+    const WRITES: usize = 8;
+    let mut itts = Vec::new();
+    for i in 0..WRITES {
+        let mut cdb = [0u8; 16];
+        cdb[0] = 0x93; // WRITE SAME(16), without UNMAP: the pattern is written
+        cdb[10..14].copy_from_slice(&blocks.to_be_bytes());
+        let mut cmd = raw_command(&mut b, &cdb, bs, false, true);
+        itts.push(cmd.bhs.itt());
+        cmd.data = vec![i as u8 + 1; bs as usize];
+        cmd.bhs.set_data_segment_length(bs);
+        b.stream.write_all(&encode(cmd)).unwrap();
+    }
+    // A ping behind them: once it is answered, the target has started all of them.
+    let ping_itt = b.next_itt;
+    b.next_itt += 1;
+    let ping = RequestHeader::opening(Opcode::NopOut, true, ping_itt, b.cmd_sn, b.exp_stat_sn);
+    b.stream
+        .write_all(&encode(Pdu::new(ping.to_bhs())))
+        .unwrap();
+    // The status of the next SCSI Response; `None` for the ping's answer.
+    let reply = |b: &mut RawConnection| {
+        let p = read_until(b, |p| {
+            matches!(p.bhs.opcode(), Opcode::NopIn | Opcode::ScsiResponse)
+        });
+        (p.bhs.opcode() == Opcode::ScsiResponse).then(|| {
+            let h = pdu::ScsiResponseHeader::parse(&p.bhs);
+            assert!(itts.contains(&h.itt), "{}", h.itt);
+            h.status
+        })
+    };
+    let mut statuses = Vec::new();
+    while let Some(status) = reply(&mut b) {
+        statuses.push(status);
+    }
+    // Host A resets the LU while they run: its answer waits until every command of host B
+    // that the reset aborted has ended.
+    const LOGICAL_UNIT_RESET: u8 = 5;
+    assert_eq!(
+        raw_tmf(&mut a, LOGICAL_UNIT_RESET, 0),
+        0,
+        "FUNCTION COMPLETE"
+    );
+    // Every command of host B is answered: done (it ended before the reset) or TASK ABORTED
+    // (TAS=1), never left without an answer. All started before the reset, so none hears of
+    // it instead (BUS DEVICE RESET is for the commands after).
+    while statuses.len() < WRITES {
+        statuses.push(reply(&mut b).expect("one ping only"));
+    }
+    assert!(
+        statuses.iter().all(|&s| s == 0x00 || s == 0x40),
+        "{statuses:02x?}"
+    );
+    // 64 MiB of writes take far longer than the reset's round trip: some were still running.
+    let aborted = statuses.iter().filter(|&&s| s == 0x40).count();
+    assert!(aborted > 0, "{statuses:02x?}");
+    eprintln!("{aborted} of {WRITES} commands of host B were aborted by host A's reset");
+    // Host B then hears of the reset: BUS DEVICE RESET FUNCTION OCCURRED.
+    assert_eq!(
+        raw_sense_of_test_unit_ready(&mut b),
+        (SenseKey::UnitAttention, 0x29, 0x03)
+    );
     t.assert_healthy();
 }
 

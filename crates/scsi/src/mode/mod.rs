@@ -5,7 +5,9 @@
 //!   default and SYNCHRONIZE CACHE / FUA make data durable; with WCE=0 every write is
 //!   made durable before completion.
 //! - 0x0A control: D_SENSE (descriptor-format sense) and SWP (software write protect) are
-//!   changeable.
+//!   changeable. TST=000 (one task set shared by every nexus) and TAS=1 (a command aborted by
+//!   another nexus's task management ends with TASK ABORTED status, `crate::tmf::unit`) are
+//!   fixed.
 //! - 0x1C informational exceptions (fixed: reporting disabled)
 //! - 0x1C/0x02 logical block provisioning (SBC-3 6.5.8), for volumes in a pool: one soft
 //!   threshold descriptor on used LBA mapping resources, in threshold sets of
@@ -54,6 +56,7 @@ const RESOURCE_USED_LBA_MAPPING: u8 = 0x02;
 const WCE: u8 = 0x04; // caching page byte 2
 const D_SENSE: u8 = 0x04; // control page byte 2
 const SWP: u8 = 0x08; // control page byte 4
+const TAS: u8 = 0x40; // control page byte 5
 
 /// The pool's soft threshold as the LBP mode page expresses it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -176,6 +179,7 @@ fn page(code: u8, subpage: u8, control: PageControl, v: Values) -> Option<Vec<u8
                 // QUEUE ALGORITHM MODIFIER 1: commands run concurrently, unordered.
                 p[3] = 0x10;
                 p[4] = flag(v.swp, SWP);
+                p[5] = TAS;
                 // BUSY TIMEOUT PERIOD: unlimited.
                 p[8] = 0xff;
                 p[9] = 0xff;

@@ -20,7 +20,7 @@ use sliver_iscsi::{
     Command, CommandResult, Connection, Event, SessionInfo, SessionType, TaskManagement,
     TmfFunction, TmfResponse,
 };
-use sliver_scsi::tmf::{self, TaskId, TaskSet};
+use sliver_scsi::tmf::{self, TaskId, TaskSet, UnitTask};
 use sliver_scsi::{CopyTargets, LogicalUnit, Nexus, Request, TaskAttr};
 use std::collections::HashMap;
 use std::io::IoSlice;
@@ -243,6 +243,16 @@ pub(crate) async fn drive(
         kick: Notify::new(),
         poll_soon: AtomicBool::new(false),
     });
+    // Another nexus's task that a function of this session aborted has ended, on the thread
+    // that ran it: the loop answers the function (`send_output`). Only a wake-up here, so
+    // that no thread ever holds two connections' locks (two sessions resetting each other's
+    // units at once would deadlock).
+    let weak = Arc::downgrade(&shared);
+    shared.lock().session.tasks.wake_with(move || {
+        if let Some(shared) = weak.upgrade() {
+            shared.kick.notify_one();
+        }
+    });
     let (out_tx, out_rx) = mpsc::channel::<Output>(WRITE_QUEUE);
     let mut writer_task = tokio::spawn(write_output(shared.clone(), out_rx, timeouts.stall, peer));
     let mut writer_done = false;
@@ -432,6 +442,8 @@ fn receive(shared: &Arc<Shared>, input: &[u8], peer: SocketAddr, pacing: &mut cr
 async fn send_output(shared: &Arc<Shared>, out_tx: &mpsc::Sender<Output>) -> bool {
     let (out, close) = {
         let mut core = shared.lock();
+        let Core { session, conn, .. } = &mut *core;
+        session.answer_drained(conn);
         shared.write_direct(&mut core.conn);
         let out = shared.take_for_writer(&mut core);
         let close = core.conn.is_closing() || core.session.close_after_output;

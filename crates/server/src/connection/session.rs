@@ -134,7 +134,7 @@ impl Session {
         let bytes = (cmd.data_out.len() as u64).max(cmd.expected_data_transfer_length as u64);
         // The SCSI core decides what the command is; the session only reads it.
         let facts = sliver_scsi::dispatch(&cmd.cdb, bytes, &cmd.data_out);
-        let id = self.tasks.start(cmd.itt, cmd.lun, facts);
+        let started = self.tasks.start(cmd.itt, cmd.lun, facts, unit.as_ref());
         let budget = self.budget.clone();
         let cost = (bytes / 1024 + 1).min(EXECUTION_BUDGET_KIB as u64) as u32;
         let quick = facts.quick;
@@ -142,7 +142,8 @@ impl Session {
             shared: shared.clone(),
             nexus,
             cmd,
-            id,
+            id: started.id,
+            on_unit: started.on_unit,
             luns,
             unit,
         };
@@ -215,6 +216,14 @@ impl Session {
             self.tasks
                 .manage(tmf.itt, function, tmf.lun, unit.as_ref(), &units, &nexus)
         {
+            self.answer(conn, answer);
+        }
+    }
+
+    /// Answer the functions that waited only for other nexuses' tasks, which have ended
+    /// (the task set's wake-up kicked the loop).
+    pub(super) fn answer_drained(&mut self, conn: &mut Connection) {
+        for answer in self.tasks.drained_elsewhere() {
             self.answer(conn, answer);
         }
     }

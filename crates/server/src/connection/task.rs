@@ -61,6 +61,10 @@ pub(super) struct Task {
     pub(super) cmd: Command,
     /// Its name in the session's task set (its tag may come again once it is aborted).
     pub(super) id: TaskId,
+    /// Its place among its unit's tasks from every nexus: another nexus's CLEAR TASK SET or
+    /// reset may abort it, and waits until it has ended (dropped with the task if it never
+    /// completes).
+    pub(super) on_unit: Option<UnitTask>,
     /// LUNs the nexus may see, for REPORT LUNS.
     /// What the session's LUNs were when it was received.
     pub(super) luns: Arc<LunTable>,
@@ -135,6 +139,12 @@ impl Task {
         permit: OwnedSemaphorePermit,
         counted: bool,
     ) {
+        // Ended on the unit before it is delivered: a function of another nexus that aborted
+        // it may be answered from now on, and its initiator hears TASK ABORTED instead.
+        let resp = match self.on_unit {
+            Some(on_unit) => on_unit.end(resp),
+            None => resp,
+        };
         let result = CommandResult {
             status: resp.status as u8,
             sense: resp.sense,

@@ -2,7 +2,8 @@
 //! when its response may go. A transport feeds a [`TaskSet`] the commands it starts and
 //! finishes and the functions it receives, and sends what comes back; the semantics live here
 //! once (as in LIO's target_core_tmr.c), so a second transport reuses them. No sockets, no
-//! clocks: the state machine is tested on its own.
+//! clocks: the state machine is tested on its own. The task set is the nexus's; `unit`
+//! counts every nexus's tasks on a logical unit, for the functions that reach across nexuses.
 //!
 //! Our commands run to completion on their own threads (a synchronous device server cannot
 //! stop one halfway), so "aborting" a task means: its result is dropped, and the function's
@@ -15,10 +16,17 @@
 //! for it, and its eventual response is dropped. Its tag is free again once the function is
 //! answered (the initiator may reuse it), so tasks are told apart by a [`TaskId`], not by tag.
 
+mod unit;
+
 use std::collections::{HashMap, HashSet};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
+use crate::range_lock::lock_unpoisoned;
 use crate::{Dispatch, LogicalUnit, Nexus, Reset};
+pub use unit::UnitTask;
+pub(crate) use unit::UnitTasks;
+use unit::{Drained, Elsewhere, Owner};
 
 /// A task management function, as a transport decodes it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -63,6 +71,17 @@ pub struct Finished {
     pub deliver: bool,
     /// Functions that were waiting for it and may be answered now.
     pub answers: Vec<Answer>,
+}
+
+/// A task [`TaskSet::start`] started.
+#[derive(Debug)]
+pub struct Started {
+    /// Its name in the task set, for [`TaskSet::finish`].
+    pub id: TaskId,
+    /// Its place among its logical unit's tasks from every nexus, which the transport ends
+    /// with the task's response ([`UnitTask::end`]); `None` for a task without a unit, and
+    /// for SANITIZE, which no abort stops.
+    pub on_unit: Option<UnitTask>,
 }
 
 /// One started task, as [`TaskSet::start`] names it; [`TaskSet::finish`] takes it back. Tags
@@ -111,15 +130,19 @@ impl std::fmt::Debug for Effect {
 /// A function waiting for aborted tasks to finish.
 #[derive(Debug)]
 struct Pending {
+    /// Its number in [`Elsewhere`]'s reports.
+    id: u64,
     tag: u32,
     waiting: HashSet<TaskId>,
+    /// Units where it aborted other nexuses' tasks that have not all ended.
+    elsewhere: usize,
     ends_nexus: bool,
     /// Applied when `waiting` empties, before the answer goes.
     effect: Effect,
 }
 
 /// One nexus's tasks that have started and not finished, and the functions waiting for them.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct TaskSet {
     tasks: HashMap<TaskId, Task>,
     /// The tag of every task the initiator may still refer to: all but aborted ones that run
@@ -127,11 +150,36 @@ pub struct TaskSet {
     by_tag: HashMap<u32, TaskId>,
     next_id: u64,
     pending: Vec<Pending>,
+    /// This task set among the units' tasks from every nexus.
+    owner: Owner,
+    /// Where units report that other nexuses' tasks a function aborted have ended.
+    elsewhere: Arc<Elsewhere>,
+}
+
+impl Default for TaskSet {
+    fn default() -> Self {
+        TaskSet {
+            tasks: HashMap::new(),
+            by_tag: HashMap::new(),
+            next_id: 0,
+            pending: Vec::new(),
+            owner: Owner::new(),
+            elsewhere: Arc::default(),
+        }
+    }
 }
 
 impl TaskSet {
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// `wake` is called, from any thread, when other nexuses' tasks that a function of this
+    /// set aborted have ended; the transport then calls [`TaskSet::drained_elsewhere`] from
+    /// where it calls the set's other methods. `wake` must not block on anything the
+    /// transport holds while calling them. Set once; later calls are ignored.
+    pub fn wake_with(&self, wake: impl Fn() + Send + Sync + 'static) {
+        let _ = self.elsewhere.wake.set(Box::new(wake));
     }
 
     /// No task is running (nor waiting to be dropped).
@@ -144,9 +192,16 @@ impl TaskSet {
         self.by_tag.contains_key(&tag)
     }
 
-    /// The command tagged `tag` for `lun` starts, with the facts its parser gave. The caller
-    /// checked [`TaskSet::contains`] first; the id names the task in [`TaskSet::finish`].
-    pub fn start(&mut self, tag: u32, lun: u64, facts: Dispatch) -> TaskId {
+    /// The command tagged `tag` for `lun` starts, with the facts its parser gave, on `unit`
+    /// (the LU at `lun` for this nexus; `None`: not mapped). The caller checked
+    /// [`TaskSet::contains`] first.
+    pub fn start(
+        &mut self,
+        tag: u32,
+        lun: u64,
+        facts: Dispatch,
+        unit: Option<&Arc<LogicalUnit>>,
+    ) -> Started {
         let id = TaskId(self.next_id);
         self.next_id += 1;
         self.tasks.insert(
@@ -159,7 +214,10 @@ impl TaskSet {
             },
         );
         self.by_tag.insert(tag, id);
-        id
+        let on_unit = unit
+            .filter(|_| !facts.survives_abort)
+            .map(|unit| unit.tasks.start(self.owner));
+        Started { id, on_unit }
     }
 
     /// The task `id` finished. Unknown ids (never started here) are neither delivered nor
@@ -177,11 +235,36 @@ impl TaskSet {
                 answers: Vec::new(),
             };
         }
+        self.pending.iter_mut().for_each(|p| {
+            p.waiting.remove(&id);
+        });
+        Finished {
+            deliver: false,
+            answers: self.settle(),
+        }
+    }
+
+    /// Other nexuses' tasks some functions aborted have ended on a unit (the set's `wake`
+    /// said so): the responses of the functions that waited for nothing else.
+    pub fn drained_elsewhere(&mut self) -> Vec<Answer> {
+        if !self.elsewhere.any.swap(false, Ordering::AcqRel) {
+            return Vec::new();
+        }
+        let drained = std::mem::take(&mut *lock_unpoisoned(&self.elsewhere.drained));
+        for function in drained {
+            if let Some(p) = self.pending.iter_mut().find(|p| p.id == function) {
+                p.elsewhere = p.elsewhere.saturating_sub(1);
+            }
+        }
+        self.settle()
+    }
+
+    /// Answer the functions that wait for nothing any more, after applying their effects.
+    fn settle(&mut self) -> Vec<Answer> {
         let mut answers = Vec::new();
         let mut ready = Vec::new();
         self.pending.retain_mut(|p| {
-            p.waiting.remove(&id);
-            if !p.waiting.is_empty() {
+            if !p.waiting.is_empty() || p.elsewhere > 0 {
                 return true;
             }
             answers.push(Answer {
@@ -193,10 +276,7 @@ impl TaskSet {
             false
         });
         ready.into_iter().for_each(Effect::apply);
-        Finished {
-            deliver: false,
-            answers,
-        }
+        answers
     }
 
     /// Carry out `function` (tagged `tag`) from `nexus` on `lun`: `unit` is the LU at `lun`
@@ -219,6 +299,8 @@ impl TaskSet {
                 ends_nexus,
             })
         };
+        // The units whose task set (shared by every nexus: TST=000) the function clears.
+        let mut shared: &[Arc<LogicalUnit>] = &[];
         let (waiting, ends_nexus, effect) = match function {
             Function::AbortTask { tag: referenced } => {
                 (self.abort(|t| t.tag == referenced), false, Effect::Nothing)
@@ -234,6 +316,10 @@ impl TaskSet {
                     }
                     _ => Effect::Nothing,
                 };
+                // ABORT TASK SET is the nexus's own tasks only (SAM-5 7.3).
+                if function != Function::AbortTaskSet {
+                    shared = std::slice::from_ref(unit);
+                }
                 (self.abort(|t| t.lun == lun), false, effect)
             }
             Function::TargetWarmReset | Function::TargetColdReset => {
@@ -243,6 +329,7 @@ impl TaskSet {
                 } else {
                     Reset::TargetWarm
                 };
+                shared = units;
                 (
                     self.abort(|_| true),
                     cold,
@@ -250,13 +337,27 @@ impl TaskSet {
                 )
             }
         };
-        if waiting.is_empty() {
+        let id = self.next_id;
+        self.next_id += 1;
+        let mut elsewhere = 0;
+        for unit in shared {
+            let done = Drained {
+                to: self.elsewhere.clone(),
+                function: id,
+            };
+            if unit.tasks.abort_others(self.owner, done) {
+                elsewhere += 1;
+            }
+        }
+        if waiting.is_empty() && elsewhere == 0 {
             effect.apply();
             return answer(Outcome::Complete, ends_nexus);
         }
         self.pending.push(Pending {
+            id,
             tag,
             waiting,
+            elsewhere,
             ends_nexus,
             effect,
         });
@@ -302,7 +403,7 @@ mod tests {
         let mut set = TaskSet::new();
         let ids = tasks
             .iter()
-            .map(|&(tag, lun, dispatch)| set.start(tag, lun, dispatch))
+            .map(|&(tag, lun, dispatch)| set.start(tag, lun, dispatch, None).id)
             .collect();
         (set, ids)
     }
@@ -375,7 +476,7 @@ mod tests {
             !set.contains(3),
             "the initiator may reuse the tag once answered"
         );
-        let reused = set.start(3, 0, PLAIN);
+        let reused = set.start(3, 0, PLAIN, None).id;
         assert!(set.contains(3));
         // The sanitize ends first: dropped, and the new task is still the tag's.
         assert_eq!(set.finish(id[0]), Finished::default());
@@ -467,7 +568,7 @@ mod tests {
             crate::Status::Good
         );
         // A RESERVE(6) is running when the LOGICAL UNIT RESET arrives.
-        let reserving = set.start(1, 0, PLAIN);
+        let reserving = set.start(1, 0, PLAIN, None).id;
         assert_eq!(
             set.manage(100, Function::LogicalUnitReset, 0, Some(&unit), &[], &n),
             None
@@ -491,5 +592,186 @@ mod tests {
             crate::Status::Good,
             "not reserved"
         );
+    }
+
+    /// Another initiator's nexus, and a task set for it.
+    fn other_nexus() -> (Nexus, TaskSet) {
+        let other = Nexus {
+            initiator_port: "iqn.2026-11.test:j,i,0x2".into(),
+            initiator_name: "iqn.2026-11.test:j".into(),
+            relative_target_port: 1,
+        };
+        (other, TaskSet::new())
+    }
+
+    /// A task set that counts its wake-ups.
+    fn waking_set() -> (TaskSet, Arc<std::sync::atomic::AtomicUsize>) {
+        let set = TaskSet::new();
+        let woken = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let count = woken.clone();
+        set.wake_with(move || {
+            count.fetch_add(1, Ordering::SeqCst);
+        });
+        (set, woken)
+    }
+
+    fn good() -> crate::Response {
+        crate::Response {
+            status: crate::Status::Good,
+            sense: Vec::new(),
+            data_in: vec![1, 2, 3],
+            data_out_expected: 0,
+        }
+    }
+
+    #[test]
+    fn a_unit_reset_aborts_other_nexuses_tasks_and_answers_once_they_have_ended() {
+        let n = nexus();
+        let (other, mut theirs) = other_nexus();
+        let unit = Arc::new(crate::tests::fixture().lu); // its file stays open
+        let tur = [0u8; 6];
+        assert_eq!(run(&unit, &other, &tur).status, crate::Status::Good);
+        // The other initiator's write runs (on another path of a multipath host, say).
+        let write = theirs.start(1, 0, PLAIN, Some(&unit));
+        let (mut mine, woken) = waking_set();
+        let f = Function::LogicalUnitReset;
+        assert_eq!(mine.manage(100, f, 0, Some(&unit), &[], &n), None);
+        assert!(mine.drained_elsewhere().is_empty());
+        assert_eq!(woken.load(Ordering::SeqCst), 0);
+        // Nothing is reset while it runs.
+        assert_eq!(run(&unit, &other, &tur).status, crate::Status::Good);
+        // It ends: its initiator hears TASK ABORTED (TAS=1), not its result.
+        let heard = write.on_unit.unwrap().end(good());
+        assert_eq!(heard.status, crate::Status::TaskAborted);
+        assert!(heard.data_in.is_empty() && heard.sense.is_empty());
+        assert!(
+            theirs.finish(write.id).deliver,
+            "its own set did not abort it"
+        );
+        assert_eq!(woken.load(Ordering::SeqCst), 1);
+        assert_eq!(mine.drained_elsewhere(), vec![complete(100).unwrap()]);
+        assert!(mine.drained_elsewhere().is_empty(), "answered once");
+        // Then the reset took effect.
+        let r = unit.execute(&request(&other, &tur));
+        assert_eq!((r.sense[12], r.sense[13]), (0x29, 0x03), "{r:?}");
+        assert_eq!(unit.tasks.len(), 0);
+    }
+
+    #[test]
+    fn a_clear_task_set_waits_for_its_own_and_other_nexuses_tasks_in_either_order() {
+        let n = nexus();
+        let (_, mut theirs) = other_nexus();
+        let unit = Arc::new(crate::tests::fixture().lu); // its file stays open
+        for own_first in [true, false] {
+            let (mut mine, _) = waking_set();
+            let own = mine.start(1, 0, PLAIN, Some(&unit));
+            let their = theirs.start(1, 0, PLAIN, Some(&unit));
+            let f = Function::ClearTaskSet;
+            assert_eq!(mine.manage(100, f, 0, Some(&unit), &[], &n), None);
+            // The own task's handle says nothing of aborts by its own nexus: the set does.
+            assert_eq!(own.on_unit.unwrap().end(good()).status, crate::Status::Good);
+            if own_first {
+                assert_eq!(mine.finish(own.id).answers, vec![]);
+                their.on_unit.unwrap().end(good());
+                assert_eq!(mine.drained_elsewhere(), vec![complete(100).unwrap()]);
+            } else {
+                their.on_unit.unwrap().end(good());
+                assert!(mine.drained_elsewhere().is_empty(), "its own task runs");
+                let finished = mine.finish(own.id);
+                assert!(!finished.deliver);
+                assert_eq!(finished.answers, vec![complete(100).unwrap()]);
+            }
+            theirs.finish(their.id);
+        }
+    }
+
+    #[test]
+    fn abort_task_set_and_abort_task_leave_other_nexuses_tasks_alone() {
+        let n = nexus();
+        let (_, mut theirs) = other_nexus();
+        let unit = Arc::new(crate::tests::fixture().lu); // its file stays open
+        let their = theirs.start(1, 0, PLAIN, Some(&unit));
+        let (mut mine, _) = waking_set();
+        let f = Function::AbortTaskSet;
+        assert_eq!(mine.manage(100, f, 0, Some(&unit), &[], &n), complete(100));
+        let f = Function::AbortTask { tag: 1 };
+        assert_eq!(mine.manage(101, f, 0, Some(&unit), &[], &n), complete(101));
+        let heard = their.on_unit.unwrap().end(good());
+        assert_eq!(heard, good());
+    }
+
+    #[test]
+    fn a_task_that_starts_after_the_function_is_not_aborted_by_it() {
+        let n = nexus();
+        let (_, mut theirs) = other_nexus();
+        let unit = Arc::new(crate::tests::fixture().lu); // its file stays open
+        let before = theirs.start(1, 0, PLAIN, Some(&unit));
+        let (mut mine, _) = waking_set();
+        let f = Function::LogicalUnitReset;
+        assert_eq!(mine.manage(100, f, 0, Some(&unit), &[], &n), None);
+        let after = theirs.start(2, 0, PLAIN, Some(&unit));
+        assert_eq!(after.on_unit.unwrap().end(good()), good());
+        assert!(mine.drained_elsewhere().is_empty());
+        let heard = before.on_unit.unwrap().end(good());
+        assert_eq!(heard.status, crate::Status::TaskAborted);
+        assert_eq!(mine.drained_elsewhere(), vec![complete(100).unwrap()]);
+    }
+
+    #[test]
+    fn a_target_reset_waits_for_other_nexuses_on_every_unit_it_resets() {
+        let n = nexus();
+        let (_, mut theirs) = other_nexus();
+        let units = [
+            Arc::new(crate::tests::fixture().lu), // their files stay open
+            Arc::new(crate::tests::fixture().lu),
+        ];
+        let first = theirs.start(1, 0, PLAIN, Some(&units[0]));
+        let second = theirs.start(2, 1, PLAIN, Some(&units[1]));
+        let (mut mine, woken) = waking_set();
+        let f = Function::TargetWarmReset;
+        assert_eq!(mine.manage(100, f, 0, None, &units, &n), None);
+        first.on_unit.unwrap().end(good());
+        assert!(
+            mine.drained_elsewhere().is_empty(),
+            "the second unit's task runs"
+        );
+        // A task that never gets to end (its thread panicked) ends when dropped.
+        drop(second.on_unit);
+        assert_eq!(woken.load(Ordering::SeqCst), 2);
+        assert_eq!(mine.drained_elsewhere(), vec![complete(100).unwrap()]);
+    }
+
+    #[test]
+    fn sanitize_of_another_nexus_is_neither_aborted_nor_waited_for() {
+        let n = nexus();
+        let (_, mut theirs) = other_nexus();
+        let unit = Arc::new(crate::tests::fixture().lu); // its file stays open
+        let sanitize = theirs.start(1, 0, SANITIZE, Some(&unit));
+        assert!(sanitize.on_unit.is_none());
+        let (mut mine, _) = waking_set();
+        let f = Function::LogicalUnitReset;
+        assert_eq!(mine.manage(100, f, 0, Some(&unit), &[], &n), complete(100));
+        assert!(theirs.finish(sanitize.id).deliver);
+    }
+
+    #[test]
+    fn two_nexuses_resetting_at_once_each_wait_for_the_others_task() {
+        let (n, o) = (nexus(), other_nexus().0);
+        let unit = Arc::new(crate::tests::fixture().lu); // its file stays open
+        let (mut a, _) = waking_set();
+        let (mut b, _) = waking_set();
+        let a_task = a.start(1, 0, PLAIN, Some(&unit));
+        let b_task = b.start(1, 0, PLAIN, Some(&unit));
+        let f = Function::LogicalUnitReset;
+        assert_eq!(a.manage(100, f, 0, Some(&unit), &[], &n), None);
+        assert_eq!(b.manage(200, f, 0, Some(&unit), &[], &o), None);
+        // Each task was aborted by the other nexus's reset.
+        let heard = a_task.on_unit.unwrap().end(good());
+        assert_eq!(heard.status, crate::Status::TaskAborted);
+        assert_eq!(a.finish(a_task.id).answers, vec![], "b's task runs");
+        assert_eq!(b.drained_elsewhere(), vec![], "b's own task runs");
+        b_task.on_unit.unwrap().end(good());
+        assert_eq!(a.drained_elsewhere(), vec![complete(100).unwrap()]);
+        assert_eq!(b.finish(b_task.id).answers, vec![complete(200).unwrap()]);
     }
 }

@@ -1,0 +1,206 @@
+//! One logical unit's running tasks from every nexus. The control mode page says TST=000: all
+//! I_T nexuses share one task set, so CLEAR TASK SET, LOGICAL UNIT RESET and the target
+//! resets abort other initiators' tasks too (SAM-5 7.4, 7.6), and their response waits until
+//! those tasks have ended, as it waits for the issuing nexus's own (LIO drains every
+//! session's commands on the LUN in target_core_tmr.c). Without that, a multipath host that
+//! resets the LU through one path and retries its writes there could see a write still
+//! running on the other path land after the retry, over newer data.
+//!
+//! A nexus's own tasks stay in its [`super::TaskSet`]; here they are only counted under
+//! their owner, so that another owner's function can abort them. TAS=1 (the control mode
+//! page says so): a task aborted by another nexus's function ends with TASK ABORTED status.
+//! SANITIZE, which runs on through aborts and resets (SBC-3 4.11), is not registered.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+
+use crate::range_lock::lock_unpoisoned;
+use crate::{Response, Status};
+
+/// Who started a task: one [`super::TaskSet`], unique in the process.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub(super) struct Owner(u64);
+
+impl Owner {
+    pub(super) fn new() -> Self {
+        static NEXT: AtomicU64 = AtomicU64::new(0);
+        Owner(NEXT.fetch_add(1, Ordering::Relaxed))
+    }
+}
+
+/// The logical unit's tasks across nexuses ([`crate::LogicalUnit`] holds one).
+#[derive(Default)]
+pub(crate) struct UnitTasks {
+    registry: Arc<Mutex<Registry>>,
+}
+
+#[derive(Default)]
+struct Registry {
+    running: HashMap<u64, Running>,
+    next_task: u64,
+    /// Functions of other owners waiting for aborted tasks here, by drain number.
+    drains: HashMap<u64, Drain>,
+    next_drain: u64,
+}
+
+struct Running {
+    owner: Owner,
+    /// Aborted by another owner's function: its initiator hears TASK ABORTED.
+    aborted: bool,
+    /// The drains waiting for it to end.
+    drains: Vec<u64>,
+}
+
+/// A function waiting for the tasks it aborted on this unit.
+struct Drain {
+    left: usize,
+    done: Drained,
+}
+
+/// Tells the owner of a function that its aborted tasks on one unit have ended.
+pub(super) struct Drained {
+    pub(super) to: Arc<Elsewhere>,
+    /// The function, as its owner's task set numbers it.
+    pub(super) function: u64,
+}
+
+impl Drained {
+    fn tell(self) {
+        lock_unpoisoned(&self.to.drained).push(self.function);
+        self.to.any.store(true, Ordering::Release);
+        if let Some(wake) = self.to.wake.get() {
+            wake();
+        }
+    }
+}
+
+/// What a task set hears from units where its functions aborted other owners' tasks. Told
+/// from the thread where the last such task ended, which may hold nothing of the owner's:
+/// `wake` must only wake it (never take a lock the owner may hold while it aborts).
+#[derive(Default)]
+pub(super) struct Elsewhere {
+    pub(super) drained: Mutex<Vec<u64>>,
+    pub(super) any: AtomicBool,
+    pub(super) wake: OnceLock<Box<dyn Fn() + Send + Sync>>,
+}
+
+impl std::fmt::Debug for Elsewhere {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Elsewhere")
+            .field("any", &self.any.load(Ordering::Relaxed))
+            .finish_non_exhaustive()
+    }
+}
+
+impl UnitTasks {
+    /// A task of `owner` starts on this unit; it is counted until the returned handle ends
+    /// or is dropped (a task that panics still ends here).
+    pub(super) fn start(&self, owner: Owner) -> UnitTask {
+        let mut registry = lock_unpoisoned(&self.registry);
+        let id = registry.next_task;
+        registry.next_task += 1;
+        registry.running.insert(
+            id,
+            Running {
+                owner,
+                aborted: false,
+                drains: Vec::new(),
+            },
+        );
+        UnitTask {
+            registry: self.registry.clone(),
+            id: Some(id),
+        }
+    }
+
+    /// Abort every task here that `owner` did not start; `done` is told once all of them
+    /// have ended. `false`: none was running, and `done` is dropped untold.
+    pub(super) fn abort_others(&self, owner: Owner, done: Drained) -> bool {
+        let mut registry = lock_unpoisoned(&self.registry);
+        let drain = registry.next_drain;
+        let mut left = 0;
+        for task in registry.running.values_mut() {
+            if task.owner != owner {
+                task.aborted = true;
+                task.drains.push(drain);
+                left += 1;
+            }
+        }
+        if left == 0 {
+            return false;
+        }
+        registry.next_drain += 1;
+        registry.drains.insert(drain, Drain { left, done });
+        true
+    }
+
+    /// Tasks running here now, from every owner.
+    #[cfg(test)]
+    pub(super) fn len(&self) -> usize {
+        lock_unpoisoned(&self.registry).running.len()
+    }
+}
+
+/// A running task as its unit counts it: [`UnitTask::end`] takes its response.
+pub struct UnitTask {
+    registry: Arc<Mutex<Registry>>,
+    /// `None` once ended.
+    id: Option<u64>,
+}
+
+impl std::fmt::Debug for UnitTask {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("UnitTask").field("id", &self.id).finish()
+    }
+}
+
+impl UnitTask {
+    /// The task ended with `response`; what its initiator is to hear: the response, or
+    /// TASK ABORTED if another nexus's function aborted it meanwhile.
+    pub fn end(mut self, response: Response) -> Response {
+        if !self.release() {
+            return response;
+        }
+        Response {
+            status: Status::TaskAborted,
+            sense: Vec::new(),
+            data_in: Vec::new(),
+            data_out_expected: response.data_out_expected,
+        }
+    }
+
+    /// Stop counting the task; tells the functions that waited for it last. `true`: it was
+    /// aborted by another owner.
+    fn release(&mut self) -> bool {
+        let Some(id) = self.id.take() else {
+            return false;
+        };
+        let mut done = Vec::new();
+        let aborted = {
+            let mut registry = lock_unpoisoned(&self.registry);
+            let Some(task) = registry.running.remove(&id) else {
+                return false;
+            };
+            for drain in task.drains {
+                let last = registry.drains.get_mut(&drain).is_some_and(|d| {
+                    d.left -= 1;
+                    d.left == 0
+                });
+                if last {
+                    done.extend(registry.drains.remove(&drain).map(|d| d.done));
+                }
+            }
+            task.aborted
+        };
+        // Told outside the registry's lock: the owner may be aborting on this unit now.
+        done.into_iter().for_each(Drained::tell);
+        aborted
+    }
+}
+
+impl Drop for UnitTask {
+    fn drop(&mut self) {
+        self.release();
+    }
+}
