@@ -52,10 +52,17 @@ pub(crate) fn execute(lu: &LogicalUnit, req: &Request, cmd: &Command) -> Outcome
         }
         Command::PersistentReserveOut { param_len } => {
             let params = data_out_prefix(req.data_out, param_len)?;
-            let pending = lu
+            let mut effects = lu
                 .reservations
                 .persistent_reserve_out(req.nexus, req.cdb, params)?;
-            lu.queue_pending(pending);
+            lu.queue_pending(std::mem::take(&mut effects.unit_attentions));
+            if effects.aborts_tasks() {
+                // The preempted nexuses' new commands already meet the reservation; their
+                // running ones end before this command does. Never this nexus's own (this
+                // command among them), even if another of its registrations went.
+                lu.tasks
+                    .abort_nexuses_and_wait(|n| n != req.nexus && effects.aborts_tasks_of(n));
+            }
             Ok(Done::good())
         }
         Command::ReportTargetPortGroups {

@@ -1739,9 +1739,9 @@ fn raw_sense_of_test_unit_ready(raw: &mut RawConnection) -> (SenseKey, u8, u8) {
     (sense.key, sense.asc, sense.ascq)
 }
 
-#[test]
-fn a_unit_reset_from_one_host_aborts_the_other_hosts_commands_and_waits_for_them() {
-    // Both hosts see one volume at LUN 0 (a cluster's datastore, or two paths of one host).
+/// A target where host A and host B both see one 8 MiB volume at LUN 0 (a cluster's
+/// datastore, or two paths of one host), and its block size.
+fn shared_volume() -> (Target, u32) {
     let t = start(
         |array| {
             hosts::two_hosts(
@@ -1753,44 +1753,113 @@ fn a_unit_reset_from_one_host_aborts_the_other_hosts_commands_and_waits_for_them
         |_| {},
     );
     let bs = session_as(&t, HOST_B, 0).block_size().unwrap();
-    let blocks = ((8u64 << 20) / bs as u64) as u32;
-    let mut a = raw_login(&t, HOST_A);
-    let mut b = raw_login(&t, HOST_B);
-    // Host B keeps WRITE SAMEs of the whole volume running (each writes 8 MiB of a pattern).
-    const WRITES: usize = 8;
-    let mut itts = Vec::new();
-    for i in 0..WRITES {
-        let mut cdb = [0u8; 16];
-        cdb[0] = 0x93; // WRITE SAME(16), without UNMAP: the pattern is written
-        cdb[10..14].copy_from_slice(&blocks.to_be_bytes());
-        let mut cmd = raw_command(&mut b, &cdb, bs, false, true);
-        itts.push(cmd.bhs.itt());
-        cmd.data = vec![i as u8 + 1; bs as usize];
-        cmd.bhs.set_data_segment_length(bs);
-        b.stream.write_all(&encode(cmd)).unwrap();
+    (t, bs)
+}
+
+/// Sends a command with `data` as immediate data; returns its task tag.
+fn raw_send_with_data(raw: &mut RawConnection, cdb: &[u8], data: Vec<u8>) -> u32 {
+    let mut cmd = raw_command(raw, cdb, data.len() as u32, false, true);
+    let itt = cmd.bhs.itt();
+    cmd.bhs.set_data_segment_length(data.len() as u32);
+    cmd.data = data;
+    raw.stream.write_all(&encode(cmd)).unwrap();
+    itt
+}
+
+/// The status of the SCSI Response to `itt`.
+fn raw_status(raw: &mut RawConnection, itt: u32) -> u8 {
+    let r = read_until(raw, |p| {
+        p.bhs.opcode() == Opcode::ScsiResponse && p.bhs.itt() == itt
+    });
+    pdu::ScsiResponseHeader::parse(&r.bhs).status
+}
+
+/// PERSISTENT RESERVE OUT `service_action` (type WRITE EXCLUSIVE) with a basic parameter list.
+fn raw_prout(raw: &mut RawConnection, service_action: u8, key: u64, sa_key: u64) -> u8 {
+    let mut params = vec![0u8; 24];
+    params[..8].copy_from_slice(&key.to_be_bytes());
+    params[8..16].copy_from_slice(&sa_key.to_be_bytes());
+    let cdb = [0x5f, service_action, 0x01, 0, 0, 0, 0, 0, 24, 0];
+    let itt = raw_send_with_data(raw, &cdb, params);
+    raw_status(raw, itt)
+}
+
+/// WRITE SAMEs of the whole volume (8 MiB of a pattern each) that one host keeps running.
+struct RunningWrites {
+    itts: Vec<u32>,
+    /// Statuses of those that have ended.
+    statuses: Vec<u8>,
+}
+
+impl RunningWrites {
+    const COUNT: usize = 8;
+
+    /// Sends them with a ping behind: once the ping is answered, the target has started all.
+    fn start(raw: &mut RawConnection, bs: u32) -> Self {
+        let blocks = ((8u64 << 20) / bs as u64) as u32;
+        let itts = (0..Self::COUNT)
+            .map(|i| {
+                let mut cdb = [0u8; 16];
+                cdb[0] = 0x93; // WRITE SAME(16), without UNMAP: the pattern is written
+                cdb[10..14].copy_from_slice(&blocks.to_be_bytes());
+                raw_send_with_data(raw, &cdb, vec![i as u8 + 1; bs as usize])
+            })
+            .collect();
+        let ping_itt = raw.next_itt;
+        raw.next_itt += 1;
+        let ping =
+            RequestHeader::opening(Opcode::NopOut, true, ping_itt, raw.cmd_sn, raw.exp_stat_sn);
+        raw.stream
+            .write_all(&encode(Pdu::new(ping.to_bhs())))
+            .unwrap();
+        let mut running = RunningWrites {
+            itts,
+            statuses: Vec::new(),
+        };
+        while let Some(status) = running.next_reply(raw) {
+            running.statuses.push(status);
+        }
+        running
     }
-    // A ping behind them: once it is answered, the target has started all of them.
-    let ping_itt = b.next_itt;
-    b.next_itt += 1;
-    let ping = RequestHeader::opening(Opcode::NopOut, true, ping_itt, b.cmd_sn, b.exp_stat_sn);
-    b.stream
-        .write_all(&encode(Pdu::new(ping.to_bhs())))
-        .unwrap();
-    // The status of the next SCSI Response; `None` for the ping's answer.
-    let reply = |b: &mut RawConnection| {
-        let p = read_until(b, |p| {
+
+    /// The status of the next SCSI Response; `None` for the ping's answer.
+    fn next_reply(&self, raw: &mut RawConnection) -> Option<u8> {
+        let p = read_until(raw, |p| {
             matches!(p.bhs.opcode(), Opcode::NopIn | Opcode::ScsiResponse)
         });
         (p.bhs.opcode() == Opcode::ScsiResponse).then(|| {
             let h = pdu::ScsiResponseHeader::parse(&p.bhs);
-            assert!(itts.contains(&h.itt), "{}", h.itt);
+            assert!(self.itts.contains(&h.itt), "{}", h.itt);
             h.status
         })
-    };
-    let mut statuses = Vec::new();
-    while let Some(status) = reply(&mut b) {
-        statuses.push(status);
     }
+
+    /// After another host's abort: every one was answered, done (it ended before the
+    /// abort) or TASK ABORTED (TAS=1), never left without an answer, and none heard of the
+    /// abort's effects instead (all started before it). Returns how many were aborted: some
+    /// must have been, as 64 MiB of writes take far longer than the abort's round trip.
+    fn finish(mut self, raw: &mut RawConnection) -> usize {
+        while self.statuses.len() < Self::COUNT {
+            let status = self.next_reply(raw).expect("one ping only");
+            self.statuses.push(status);
+        }
+        let statuses = &self.statuses;
+        assert!(
+            statuses.iter().all(|&s| s == 0x00 || s == 0x40),
+            "{statuses:02x?}"
+        );
+        let aborted = statuses.iter().filter(|&&s| s == 0x40).count();
+        assert!(aborted > 0, "{statuses:02x?}");
+        aborted
+    }
+}
+
+#[test]
+fn a_unit_reset_from_one_host_aborts_the_other_hosts_commands_and_waits_for_them() {
+    let (t, bs) = shared_volume();
+    let mut a = raw_login(&t, HOST_A);
+    let mut b = raw_login(&t, HOST_B);
+    let writes = RunningWrites::start(&mut b, bs);
     // Host A resets the LU while they run: its answer waits until every command of host B
     // that the reset aborted has ended.
     const LOGICAL_UNIT_RESET: u8 = 5;
@@ -1799,25 +1868,44 @@ fn a_unit_reset_from_one_host_aborts_the_other_hosts_commands_and_waits_for_them
         0,
         "FUNCTION COMPLETE"
     );
-    // Every command of host B is answered: done (it ended before the reset) or TASK ABORTED
-    // (TAS=1), never left without an answer. All started before the reset, so none hears of
-    // it instead (BUS DEVICE RESET is for the commands after).
-    while statuses.len() < WRITES {
-        statuses.push(reply(&mut b).expect("one ping only"));
-    }
-    assert!(
-        statuses.iter().all(|&s| s == 0x00 || s == 0x40),
-        "{statuses:02x?}"
-    );
-    // 64 MiB of writes take far longer than the reset's round trip: some were still running.
-    let aborted = statuses.iter().filter(|&&s| s == 0x40).count();
-    assert!(aborted > 0, "{statuses:02x?}");
-    eprintln!("{aborted} of {WRITES} commands of host B were aborted by host A's reset");
+    let aborted = writes.finish(&mut b);
+    eprintln!("the reset aborted {aborted} of host B's writes");
     // Host B then hears of the reset: BUS DEVICE RESET FUNCTION OCCURRED.
     assert_eq!(
         raw_sense_of_test_unit_ready(&mut b),
         (SenseKey::UnitAttention, 0x29, 0x03)
     );
+    t.assert_healthy();
+}
+
+#[test]
+fn preempt_and_abort_fences_a_host_once_its_running_commands_have_ended() {
+    const REGISTER: u8 = 0x00;
+    const RESERVE: u8 = 0x01;
+    const PREEMPT_AND_ABORT: u8 = 0x05;
+    const GOOD: u8 = 0x00;
+    let (t, bs) = shared_volume();
+    let mut a = raw_login(&t, HOST_A);
+    let mut b = raw_login(&t, HOST_B);
+    assert_eq!(raw_prout(&mut a, REGISTER, 0, 1), GOOD);
+    assert_eq!(raw_prout(&mut b, REGISTER, 0, 2), GOOD);
+    assert_eq!(raw_prout(&mut b, RESERVE, 2, 0), GOOD);
+    // Host B writes; host A fences it (as Pacemaker's fence_scsi does).
+    let writes = RunningWrites::start(&mut b, bs);
+    assert_eq!(raw_prout(&mut a, PREEMPT_AND_ABORT, 1, 2), GOOD);
+    let aborted = writes.finish(&mut b);
+    eprintln!("the fence aborted {aborted} of host B's writes");
+    // Host B hears it was preempted, and its writes meet host A's reservation.
+    assert_eq!(
+        raw_sense_of_test_unit_ready(&mut b),
+        (SenseKey::UnitAttention, 0x2a, 0x05)
+    );
+    let itt = raw_send_with_data(
+        &mut b,
+        &[0x2a, 0, 0, 0, 0, 0, 0, 0, 1, 0],
+        vec![0; bs as usize],
+    );
+    assert_eq!(raw_status(&mut b, itt), 0x18, "RESERVATION CONFLICT");
     t.assert_healthy();
 }
 

@@ -28,11 +28,15 @@
 //! - `access`: which commands a reservation lets through;
 //! - `aptpl`: the APTPL file.
 //!
+//! PREEMPT AND ABORT also aborts the preempted nexuses' running commands and ends only once
+//! they have ended (`crate::tmf::unit`): they end with TASK ABORTED, and their effects are
+//! all in place before the fencing node hears GOOD. The sender's own nexus is spared whole
+//! (SPC-4 spares only the command itself; another registration of the sender's own port is
+//! a corner no cluster uses).
+//!
 //! # Not implemented
 //!
-//! PREEMPT AND ABORT does not abort the preempted nexuses' commands: commands run to completion
-//! on their own threads, so there is nothing queued to abort. Only the iSCSI TransportID
-//! (protocol identifier 5) is accepted.
+//! Only the iSCSI TransportID (protocol identifier 5) is accepted.
 
 mod access;
 mod aptpl;
@@ -59,7 +63,7 @@ use prin::{
 use prout::ProutRequest;
 use state::PrState;
 
-pub use model::{PendingUa, PrError, MAX_REGISTRATIONS};
+pub use model::{PendingUa, PrError, ProutEffects, MAX_REGISTRATIONS};
 
 #[derive(Debug, Default)]
 struct State {
@@ -186,13 +190,14 @@ impl Reservations {
     }
 
     /// PERSISTENT RESERVE OUT with its parameter list (exactly PARAMETER LIST LENGTH bytes).
-    /// Returns the unit attentions to establish for other initiator ports.
+    /// Returns the unit attentions to establish for other initiator ports, and the nexuses
+    /// whose tasks a PREEMPT AND ABORT aborts.
     pub fn persistent_reserve_out(
         &self,
         nexus: &Nexus,
         cdb: &[u8],
         params: &[u8],
-    ) -> Result<Vec<PendingUa>, PrError> {
+    ) -> Result<ProutEffects, PrError> {
         let request =
             ProutRequest::parse(cdb, ParamList::new(params), self.persist_path.is_some())?;
         self.update(|state| {
@@ -200,7 +205,7 @@ impl Reservations {
                 return Err(PrError::Conflict);
             }
             let mut next = state.persistent.clone();
-            let unit_attentions = next.apply(nexus, &request)?;
+            let effects = next.apply(nexus, &request)?;
             if let Some(path) = &self.persist_path {
                 if next.aptpl && next != state.persistent {
                     write_atomically(path, &next.to_aptpl_file()?)
@@ -211,7 +216,7 @@ impl Reservations {
                 }
             }
             state.persistent = next;
-            Ok(unit_attentions)
+            Ok(effects)
         })
     }
 

@@ -199,6 +199,34 @@ pub(super) struct Reservation {
     pub(super) holder: Registrant,
 }
 
+/// What a PERSISTENT RESERVE OUT asks of the logical unit beyond its reservation state.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct ProutEffects {
+    /// Unit attentions to establish for other initiator ports.
+    pub unit_attentions: Vec<PendingUa>,
+    /// PREEMPT AND ABORT: the registrants it preempted, whose tasks it aborts.
+    preempted: Vec<Registrant>,
+}
+
+impl ProutEffects {
+    pub(super) fn new(unit_attentions: Vec<PendingUa>, preempted: Vec<Registrant>) -> Self {
+        ProutEffects {
+            unit_attentions,
+            preempted,
+        }
+    }
+
+    /// Whether the command aborts tasks at all.
+    pub fn aborts_tasks(&self) -> bool {
+        !self.preempted.is_empty()
+    }
+
+    /// Whether it aborts the tasks of `nexus`.
+    pub fn aborts_tasks_of(&self, nexus: &Nexus) -> bool {
+        self.preempted.iter().any(|r| r.matches(nexus))
+    }
+}
+
 /// Why a reservation command failed.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum PrError {

@@ -54,7 +54,11 @@ pub(super) enum ProutAction {
         type_code: u8,
     },
     Clear,
-    Preempt(PrType),
+    /// PREEMPT, or PREEMPT AND ABORT (`abort`): the preempted nexuses' tasks are aborted too.
+    Preempt {
+        pr_type: PrType,
+        abort: bool,
+    },
     RegisterAndMove {
         destination: Initiator,
         target_port: u16,
@@ -149,7 +153,10 @@ impl ProutRequest {
             PROUT_CLEAR => ProutAction::Clear,
             PROUT_PREEMPT | PROUT_PREEMPT_AND_ABORT => {
                 valid_scope()?;
-                ProutAction::Preempt(valid_type()?)
+                ProutAction::Preempt {
+                    pr_type: valid_type()?,
+                    abort: service_action == PROUT_PREEMPT_AND_ABORT,
+                }
             }
             _ => return Err(invalid_cdb(1, Some(4))),
         };

@@ -6,7 +6,7 @@ use crate::outcome::invalid_param;
 use crate::{Nexus, SenseReason};
 
 use super::model::{Initiator, PrType, Registrant, Registration, Reservation, SCOPE_LU};
-use super::model::{PendingUa, PrError, MAX_REGISTRATIONS};
+use super::model::{PendingUa, PrError, ProutEffects, MAX_REGISTRATIONS};
 use super::prout::{ProutAction, ProutRequest, BASIC_PARAMETER_LIST_LEN};
 
 /// Persistent reservation state. Invariants: registrations do not overlap, keys are
@@ -51,7 +51,7 @@ impl PrState {
         &mut self,
         nexus: &Nexus,
         request: &ProutRequest,
-    ) -> Result<Vec<PendingUa>, PrError> {
+    ) -> Result<ProutEffects, PrError> {
         // Every service action but the registering ones needs the sender registered under
         // the key it names.
         let sender = match self.registration_of(nexus) {
@@ -60,7 +60,9 @@ impl PrState {
             }
             _ => Err(PrError::Conflict),
         };
-        match &request.action {
+        // PREEMPT AND ABORT: whom it preempted.
+        let mut preempted = Vec::new();
+        let unit_attentions = match &request.action {
             ProutAction::Register {
                 ignore_existing_key,
                 also_register,
@@ -88,9 +90,12 @@ impl PrState {
                 self.bump_generation();
                 Ok(unit_attentions)
             }
-            ProutAction::Preempt(pr_type) => {
-                let unit_attentions =
+            ProutAction::Preempt { pr_type, abort } => {
+                let (unit_attentions, removed) =
                     self.preempt(nexus, sender?, request.service_action_key, *pr_type)?;
+                if *abort {
+                    preempted = removed.into_iter().map(|r| r.registrant).collect();
+                }
                 self.bump_generation();
                 Ok(unit_attentions)
             }
@@ -115,7 +120,8 @@ impl PrState {
                 self.bump_generation();
                 Ok(Vec::new())
             }
-        }
+        }?;
+        Ok(ProutEffects::new(unit_attentions, preempted))
     }
 
     fn bump_generation(&mut self) {
@@ -314,14 +320,14 @@ impl PrState {
     }
 
     /// PREEMPT / PREEMPT AND ABORT (SPC-4). The sender's own registration is never
-    /// removed.
+    /// removed. Returns the unit attentions and the registrations it removed.
     fn preempt(
         &mut self,
         nexus: &Nexus,
         own_registrant: Registrant,
         preempted_key: u64,
         pr_type: PrType,
-    ) -> Result<Vec<PendingUa>, PrError> {
+    ) -> Result<(Vec<PendingUa>, Vec<Registration>), PrError> {
         let not_own = |r: &Registration| r.registrant != own_registrant;
         let takes_reservation = match &self.reservation {
             None => false,
@@ -337,11 +343,9 @@ impl PrState {
             if removed.is_empty() {
                 return Err(PrError::Conflict);
             }
-            return Ok(unit_attentions_for(
-                nexus,
-                SenseReason::RegistrationsPreempted,
-                removed.iter(),
-            ));
+            let unit_attentions =
+                unit_attentions_for(nexus, SenseReason::RegistrationsPreempted, removed.iter());
+            return Ok((unit_attentions, removed));
         }
         let old_type = self.reservation.as_ref().map(|r| r.pr_type);
         // Key 0 preempts an all-registrants reservation: every other registration goes.
@@ -361,7 +365,7 @@ impl PrState {
                 |_| true,
             ));
         }
-        Ok(unit_attentions)
+        Ok((unit_attentions, removed))
     }
 
     /// REGISTER AND MOVE (SPC-4): the holder hands its reservation to another I_T

@@ -69,6 +69,16 @@ fn prout(
     pr_type: u8,
     params: &[u8],
 ) -> Result<Vec<PendingUa>, PrError> {
+    prout_effects(r, n, service_action, pr_type, params).map(|e| e.unit_attentions)
+}
+
+fn prout_effects(
+    r: &Reservations,
+    n: &Nexus,
+    service_action: u8,
+    pr_type: u8,
+    params: &[u8],
+) -> Result<ProutEffects, PrError> {
     r.persistent_reserve_out(n, &prout_cdb(service_action, pr_type, params.len()), params)
 }
 
@@ -637,16 +647,27 @@ fn preempt_all_registrants_with_key_zero() {
 }
 
 #[test]
-fn preempt_and_abort_behaves_like_preempt() {
-    let (r, [a, b]) = with_registrations([1, 2]);
+fn preempt_and_abort_preempts_like_preempt_and_names_the_nexuses_whose_tasks_it_aborts() {
+    let (r, [a, b, c]) = with_registrations([1, 2, 3]);
     reserve(&r, &a, 1, EA).unwrap();
     let params = basic_params(2, 1, 0);
-    let unit_attentions = prout(&r, &b, PROUT_PREEMPT_AND_ABORT, EA, &params).unwrap();
+    let effects = prout_effects(&r, &b, PROUT_PREEMPT_AND_ABORT, EA, &params).unwrap();
     assert_eq!(
-        unit_attentions,
+        effects.unit_attentions,
         vec![ua(&a, SenseReason::RegistrationsPreempted)]
     );
     assert_eq!(read_reservation(&r, &b), Some((2, EA)));
+    assert!(effects.aborts_tasks());
+    assert!(effects.aborts_tasks_of(&a));
+    assert!(!effects.aborts_tasks_of(&b) && !effects.aborts_tasks_of(&c));
+    // PREEMPT alone aborts nothing.
+    let params = basic_params(2, 3, 0);
+    let effects = prout_effects(&r, &b, PROUT_PREEMPT, EA, &params).unwrap();
+    assert_eq!(
+        effects.unit_attentions,
+        vec![ua(&c, SenseReason::RegistrationsPreempted)]
+    );
+    assert!(!effects.aborts_tasks() && !effects.aborts_tasks_of(&c));
 }
 
 #[test]

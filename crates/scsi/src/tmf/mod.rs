@@ -152,6 +152,8 @@ pub struct TaskSet {
     pending: Vec<Pending>,
     /// This task set among the units' tasks from every nexus.
     owner: Owner,
+    /// Its nexus, once logged in (a PREEMPT AND ABORT names nexuses).
+    nexus: Option<Arc<Nexus>>,
     /// Where units report that other nexuses' tasks a function aborted have ended.
     elsewhere: Arc<Elsewhere>,
 }
@@ -164,6 +166,7 @@ impl Default for TaskSet {
             next_id: 0,
             pending: Vec::new(),
             owner: Owner::new(),
+            nexus: None,
             elsewhere: Arc::default(),
         }
     }
@@ -172,6 +175,11 @@ impl Default for TaskSet {
 impl TaskSet {
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// The set's tasks are from now on `nexus`'s (the login made it).
+    pub fn logged_in(&mut self, nexus: &Nexus) {
+        self.nexus = Some(Arc::new(nexus.clone()));
     }
 
     /// `wake` is called, from any thread, when other nexuses' tasks that a function of this
@@ -216,7 +224,7 @@ impl TaskSet {
         self.by_tag.insert(tag, id);
         let on_unit = unit
             .filter(|_| !facts.survives_abort)
-            .map(|unit| unit.tasks.start(self.owner));
+            .map(|unit| unit.tasks.start(self.owner, self.nexus.clone()));
         Started { id, on_unit }
     }
 
@@ -341,7 +349,7 @@ impl TaskSet {
         self.next_id += 1;
         let mut elsewhere = 0;
         for unit in shared {
-            let done = Drained {
+            let done = Drained::Function {
                 to: self.elsewhere.clone(),
                 function: id,
             };
@@ -773,5 +781,85 @@ mod tests {
         b_task.on_unit.unwrap().end(good());
         assert_eq!(a.drained_elsewhere(), vec![complete(100).unwrap()]);
         assert_eq!(b.finish(b_task.id).answers, vec![complete(200).unwrap()]);
+    }
+
+    /// PERSISTENT RESERVE OUT `service_action` from `nexus` with a basic parameter list.
+    fn prout(
+        unit: &LogicalUnit,
+        nexus: &Nexus,
+        service_action: u8,
+        key: u64,
+        sa_key: u64,
+    ) -> crate::Response {
+        let mut params = [0u8; 24];
+        params[..8].copy_from_slice(&key.to_be_bytes());
+        params[8..16].copy_from_slice(&sa_key.to_be_bytes());
+        // Type 1 (WRITE EXCLUSIVE) for the actions that take one.
+        let cdb = [0x5f, service_action, 0x01, 0, 0, 0, 0, 0, 24, 0];
+        let req = crate::test_kit::request(nexus, &cdb, &params, &[0], &crate::NoCopyTargets);
+        crate::test_kit::execute_past_power_on(unit, &req)
+    }
+
+    #[test]
+    fn preempt_and_abort_ends_once_the_preempted_nexus_tasks_have_ended() {
+        const REGISTER: u8 = 0x00;
+        const RESERVE: u8 = 0x01;
+        const PREEMPT_AND_ABORT: u8 = 0x05;
+        let n = nexus();
+        let (other, mut theirs) = other_nexus();
+        theirs.logged_in(&other);
+        let unit = Arc::new(crate::tests::fixture().lu); // its file stays open
+        assert_eq!(prout(&unit, &n, REGISTER, 0, 1).status, crate::Status::Good);
+        assert_eq!(
+            prout(&unit, &other, REGISTER, 0, 2).status,
+            crate::Status::Good
+        );
+        assert_eq!(
+            prout(&unit, &other, RESERVE, 2, 0).status,
+            crate::Status::Good
+        );
+        // The other node's write is running when this one fences it.
+        let write = theirs.start(1, 0, PLAIN, Some(&unit));
+        let (returned_tx, returned) = std::sync::mpsc::channel();
+        let fencing = {
+            let (unit, n) = (unit.clone(), n.clone());
+            std::thread::spawn(move || {
+                let r = prout(&unit, &n, PREEMPT_AND_ABORT, 1, 2);
+                returned_tx.send(()).unwrap();
+                r
+            })
+        };
+        // It does not return while the write runs (however long this thread takes to look).
+        assert!(returned
+            .recv_timeout(std::time::Duration::from_millis(200))
+            .is_err());
+        let heard = write.on_unit.unwrap().end(good());
+        assert_eq!(heard.status, crate::Status::TaskAborted);
+        assert_eq!(fencing.join().unwrap().status, crate::Status::Good);
+        assert!(returned.try_recv().is_ok());
+        // The fenced node hears it was preempted, and its next write meets the reservation.
+        let write10 = [0x2a, 0, 0, 0, 0, 0, 0, 0, 0, 0];
+        let r = run(&unit, &other, &write10);
+        assert_eq!((r.sense[12], r.sense[13]), (0x2a, 0x05), "{r:?}");
+        assert_eq!(
+            run(&unit, &other, &write10).status,
+            crate::Status::ReservationConflict
+        );
+        assert_eq!(unit.tasks.len(), 0);
+    }
+
+    #[test]
+    fn preempt_and_abort_with_nothing_running_returns_at_once_and_spares_its_own_nexus() {
+        let n = nexus();
+        let (other, _) = other_nexus();
+        let mut mine = TaskSet::new();
+        mine.logged_in(&n);
+        let unit = Arc::new(crate::tests::fixture().lu); // its file stays open
+        assert_eq!(prout(&unit, &n, 0x00, 0, 1).status, crate::Status::Good);
+        assert_eq!(prout(&unit, &other, 0x00, 0, 2).status, crate::Status::Good);
+        // A task of the fencing nexus itself runs; it is neither aborted nor waited for.
+        let own = mine.start(1, 0, PLAIN, Some(&unit));
+        assert_eq!(prout(&unit, &n, 0x05, 1, 2).status, crate::Status::Good);
+        assert_eq!(own.on_unit.unwrap().end(good()), good());
     }
 }

@@ -10,13 +10,18 @@
 //! their owner, so that another owner's function can abort them. TAS=1 (the control mode
 //! page says so): a task aborted by another nexus's function ends with TASK ABORTED status.
 //! SANITIZE, which runs on through aborts and resets (SBC-3 4.11), is not registered.
+//!
+//! PERSISTENT RESERVE OUT PREEMPT AND ABORT aborts the preempted nexuses' tasks the same way
+//! (SPC-4 5.12.11.2.5) and ends only once they have: a cluster that fences a node with it
+//! (Pacemaker's fence_scsi, Windows failover clustering) knows no write of that node lands
+//! afterwards.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Condvar, Mutex, OnceLock};
 
 use crate::range_lock::lock_unpoisoned;
-use crate::{Response, Status};
+use crate::{Nexus, Response, Status};
 
 /// Who started a task: one [`super::TaskSet`], unique in the process.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -46,6 +51,8 @@ struct Registry {
 
 struct Running {
     owner: Owner,
+    /// The owner's nexus (`None` before its login).
+    nexus: Option<Arc<Nexus>>,
     /// Aborted by another owner's function: its initiator hears TASK ABORTED.
     aborted: bool,
     /// The drains waiting for it to end.
@@ -58,21 +65,41 @@ struct Drain {
     done: Drained,
 }
 
-/// Tells the owner of a function that its aborted tasks on one unit have ended.
-pub(super) struct Drained {
-    pub(super) to: Arc<Elsewhere>,
-    /// The function, as its owner's task set numbers it.
-    pub(super) function: u64,
+/// Who waits for the tasks an abort aborted on one unit, and is told when they have ended.
+pub(super) enum Drained {
+    /// A task management function, answered by its task set's transport.
+    Function {
+        to: Arc<Elsewhere>,
+        /// The function, as its owner's task set numbers it.
+        function: u64,
+    },
+    /// A command (PREEMPT AND ABORT) whose thread waits.
+    Command(Arc<Ended>),
 }
 
 impl Drained {
     fn tell(self) {
-        lock_unpoisoned(&self.to.drained).push(self.function);
-        self.to.any.store(true, Ordering::Release);
-        if let Some(wake) = self.to.wake.get() {
-            wake();
+        match self {
+            Drained::Function { to, function } => {
+                lock_unpoisoned(&to.drained).push(function);
+                to.any.store(true, Ordering::Release);
+                if let Some(wake) = to.wake.get() {
+                    wake();
+                }
+            }
+            Drained::Command(ended) => {
+                *lock_unpoisoned(&ended.done) = true;
+                ended.signal.notify_all();
+            }
         }
     }
+}
+
+/// Set once every task a command aborted has ended.
+#[derive(Default)]
+pub(super) struct Ended {
+    done: Mutex<bool>,
+    signal: Condvar,
 }
 
 /// What a task set hears from units where its functions aborted other owners' tasks. Told
@@ -96,7 +123,7 @@ impl std::fmt::Debug for Elsewhere {
 impl UnitTasks {
     /// A task of `owner` starts on this unit; it is counted until the returned handle ends
     /// or is dropped (a task that panics still ends here).
-    pub(super) fn start(&self, owner: Owner) -> UnitTask {
+    pub(super) fn start(&self, owner: Owner, nexus: Option<Arc<Nexus>>) -> UnitTask {
         let mut registry = lock_unpoisoned(&self.registry);
         let id = registry.next_task;
         registry.next_task += 1;
@@ -104,6 +131,7 @@ impl UnitTasks {
             id,
             Running {
                 owner,
+                nexus,
                 aborted: false,
                 drains: Vec::new(),
             },
@@ -117,11 +145,31 @@ impl UnitTasks {
     /// Abort every task here that `owner` did not start; `done` is told once all of them
     /// have ended. `false`: none was running, and `done` is dropped untold.
     pub(super) fn abort_others(&self, owner: Owner, done: Drained) -> bool {
+        self.abort_where(|task| task.owner != owner, done)
+    }
+
+    /// Abort the tasks of the nexuses `aborts` names (they must not include the caller's)
+    /// and wait until all of them have ended.
+    pub(crate) fn abort_nexuses_and_wait(&self, aborts: impl Fn(&Nexus) -> bool) {
+        let ended = Arc::new(Ended::default());
+        let named = |task: &Running| task.nexus.as_deref().is_some_and(&aborts);
+        if !self.abort_where(named, Drained::Command(ended.clone())) {
+            return;
+        }
+        let mut done = lock_unpoisoned(&ended.done);
+        while !*done {
+            done = ended.signal.wait(done).unwrap_or_else(|e| e.into_inner());
+        }
+    }
+
+    /// Abort the running tasks `filter` picks; `done` is told once all have ended. `false`:
+    /// it picked none, and `done` is dropped untold.
+    fn abort_where(&self, filter: impl Fn(&Running) -> bool, done: Drained) -> bool {
         let mut registry = lock_unpoisoned(&self.registry);
         let drain = registry.next_drain;
         let mut left = 0;
         for task in registry.running.values_mut() {
-            if task.owner != owner {
+            if filter(task) {
                 task.aborted = true;
                 task.drains.push(drain);
                 left += 1;

@@ -50,11 +50,13 @@ impl Session {
                     "login"
                 );
                 let isid: String = info.isid.iter().map(|b| format!("{b:02x}")).collect();
-                self.nexus = Some(Nexus {
+                let nexus = Nexus {
                     initiator_port: format!("{},i,0x{isid}", info.initiator_name),
                     initiator_name: info.initiator_name.clone(),
                     relative_target_port: 1,
-                });
+                };
+                self.tasks.logged_in(&nexus);
+                self.nexus = Some(nexus);
                 self.info = Some(info);
                 self.lun_table = None;
             }
