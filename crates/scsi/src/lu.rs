@@ -14,6 +14,7 @@ use crate::mode::ModeParams;
 use crate::pr::{PendingUa, Reservations};
 use crate::range_lock::{lock_unpoisoned, RangeLocks};
 use crate::stats::{LuStats, StatsSnapshot};
+use crate::tmf::UnitTasks;
 use crate::tpc::CopyManager;
 use crate::{Nexus, SenseReason};
 
@@ -93,7 +94,7 @@ pub struct LogicalUnit {
     pub(crate) copy_manager: CopyManager,
     pub(crate) stats: LuStats,
     /// Every nexus's running tasks here, for task management that reaches across nexuses.
-    pub(crate) tasks: crate::tmf::UnitTasks,
+    pub(crate) tasks: UnitTasks,
     /// The pool behind the volume: its soft threshold raises 38/07, LOG SENSE reports its
     /// free space, MODE SENSE its threshold and MODE SELECT changes it (through its owner,
     /// which keeps it); `None`: no pool, none of that.
