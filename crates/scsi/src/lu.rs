@@ -197,14 +197,6 @@ impl LogicalUnit {
         }
     }
 
-    /// CLEAR TASK SET / ABORT TASK SET by `by`: with TST=000 (one task set shared by all
-    /// nexuses) and CLEAR TASK SET, other nexuses lose commands and get COMMANDS CLEARED BY
-    /// ANOTHER INITIATOR. Our commands run to completion on their own threads, so we queue
-    /// the unit attention for the other nexuses.
-    pub fn task_set_cleared(&self, by: &Nexus) {
-        self.unit_attention_all(SenseReason::CommandsClearedByAnotherInitiator, Some(by));
-    }
-
     /// The nexus is gone (logout, connection drop): forget its unit attentions, so a new
     /// login gets POWER ON, RESET again, and drop what it held by RESERVE(6).
     pub fn nexus_lost(&self, nexus: &Nexus) {

@@ -52,16 +52,22 @@ pub(crate) fn execute(lu: &LogicalUnit, req: &Request, cmd: &Command) -> Outcome
         }
         Command::PersistentReserveOut { param_len } => {
             let params = data_out_prefix(req.data_out, param_len)?;
-            let mut effects = lu
+            let effects = lu
                 .reservations
                 .persistent_reserve_out(req.nexus, req.cdb, params)?;
-            lu.queue_pending(std::mem::take(&mut effects.unit_attentions));
-            if effects.aborts_tasks() {
-                // The preempted nexuses' new commands already meet the reservation; their
-                // running ones end before this command does. Never this nexus's own (this
-                // command among them), even if another of its registrations went.
+            // PREEMPT AND ABORT: the preempted nexuses' new commands already meet the
+            // reservation; their running ones are aborted before the unit attentions are
+            // queued (an aborted command that took one would hide it behind TASK ABORTED;
+            // `UnitTask::end` keeps those anyway) and end before this command does. Never
+            // this nexus's own (this command among them), even if another of its
+            // registrations went.
+            let aborted = effects.aborts_tasks().then(|| {
                 lu.tasks
-                    .abort_nexuses_and_wait(|n| n != req.nexus && effects.aborts_tasks_of(n));
+                    .abort_nexuses(|n| n != req.nexus && effects.aborts_tasks_of(n))
+            });
+            lu.queue_pending(effects.unit_attentions);
+            if let Some(aborted) = aborted {
+                aborted.wait();
             }
             Ok(Done::good())
         }

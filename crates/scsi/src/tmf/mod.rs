@@ -101,8 +101,6 @@ struct Task {
 /// What a function changes in the logical units, once the tasks it aborted have ended.
 enum Effect {
     Nothing,
-    /// CLEAR TASK SET: the other initiators learn that their commands were cleared.
-    TaskSetCleared(Arc<LogicalUnit>, Nexus),
     /// LOGICAL UNIT RESET, or a target reset of every unit the nexus can address.
     Reset(Vec<Arc<LogicalUnit>>, Reset),
 }
@@ -111,7 +109,6 @@ impl Effect {
     fn apply(self) {
         match self {
             Effect::Nothing => {}
-            Effect::TaskSetCleared(unit, by) => unit.task_set_cleared(&by),
             Effect::Reset(units, kind) => units.iter().for_each(|unit| unit.reset(kind)),
         }
     }
@@ -121,7 +118,6 @@ impl std::fmt::Debug for Effect {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             Effect::Nothing => f.write_str("Nothing"),
-            Effect::TaskSetCleared(..) => f.write_str("TaskSetCleared"),
             Effect::Reset(units, kind) => write!(f, "Reset({} units, {kind:?})", units.len()),
         }
     }
@@ -287,7 +283,7 @@ impl TaskSet {
         answers
     }
 
-    /// Carry out `function` (tagged `tag`) from `nexus` on `lun`: `unit` is the LU at `lun`
+    /// Carry out `function` (tagged `tag`) from this nexus on `lun`: `unit` is the LU at `lun`
     /// for this nexus (`None`: not mapped) and `units` every LU the nexus can address (a target
     /// reset resets them all). Returns the response when it may go now; `None` when it waits
     /// for aborted tasks, and [`TaskSet::finish`] hands it back once they have finished.
@@ -298,7 +294,6 @@ impl TaskSet {
         lun: u64,
         unit: Option<&Arc<LogicalUnit>>,
         units: &[Arc<LogicalUnit>],
-        nexus: &Nexus,
     ) -> Option<Answer> {
         let answer = |outcome, ends_nexus| {
             Some(Answer {
@@ -318,7 +313,8 @@ impl TaskSet {
                     return answer(Outcome::NoSuchLun, false);
                 };
                 let effect = match function {
-                    Function::ClearTaskSet => Effect::TaskSetCleared(unit.clone(), nexus.clone()),
+                    // CLEAR TASK SET queues no COMMANDS CLEARED BY ANOTHER INITIATOR: that
+                    // is for TAS=0; with TAS=1 the cleared commands end with TASK ABORTED.
                     Function::LogicalUnitReset => {
                         Effect::Reset(vec![unit.clone()], Reset::LogicalUnit)
                     }
@@ -435,9 +431,8 @@ mod tests {
     #[test]
     fn abort_task_answers_once_the_task_has_finished_and_drops_its_result() {
         let (mut set, id) = running(&[(1, 0, PLAIN), (2, 0, PLAIN)]);
-        let n = nexus();
         let f = Function::AbortTask { tag: 1 };
-        assert_eq!(set.manage(100, f, 0, None, &[], &n), None);
+        assert_eq!(set.manage(100, f, 0, None, &[]), None);
         // The other task is untouched; the aborted one's end releases the answer.
         assert_eq!(
             set.finish(id[1]),
@@ -455,18 +450,16 @@ mod tests {
     #[test]
     fn abort_task_of_a_finished_or_unknown_task_completes_at_once() {
         let mut set = TaskSet::new();
-        let n = nexus();
         let f = Function::AbortTask { tag: 7 };
-        assert_eq!(set.manage(100, f, 0, None, &[], &n), complete(100));
+        assert_eq!(set.manage(100, f, 0, None, &[]), complete(100));
         assert_eq!(set.finish(TaskId(7)), Finished::default(), "never started");
     }
 
     #[test]
     fn a_task_set_abort_waits_for_its_lun_only_and_sanitize_runs_on() {
         let (mut set, id) = running(&[(1, 0, PLAIN), (2, 1, PLAIN), (3, 0, SANITIZE)]);
-        let n = nexus();
         let unit = Arc::new(crate::tests::fixture().lu); // its file stays open
-        let answer = set.manage(100, Function::AbortTaskSet, 0, Some(&unit), &[], &n);
+        let answer = set.manage(100, Function::AbortTaskSet, 0, Some(&unit), &[]);
         assert_eq!(answer, None, "task 1 still runs");
         assert!(set.finish(id[1]).deliver, "another LUN's task");
         assert_eq!(set.finish(id[0]).answers, vec![complete(100).unwrap()]);
@@ -477,9 +470,8 @@ mod tests {
     #[test]
     fn an_aborted_sanitize_frees_its_tag_and_a_new_task_with_it_is_told_apart() {
         let (mut set, id) = running(&[(3, 0, SANITIZE)]);
-        let n = nexus();
         let f = Function::AbortTask { tag: 3 };
-        assert_eq!(set.manage(100, f, 0, None, &[], &n), complete(100));
+        assert_eq!(set.manage(100, f, 0, None, &[]), complete(100));
         assert!(
             !set.contains(3),
             "the initiator may reuse the tag once answered"
@@ -496,13 +488,12 @@ mod tests {
     #[test]
     fn a_function_on_a_lun_the_nexus_cannot_address_says_so() {
         let (mut set, id) = running(&[(1, 5, PLAIN)]);
-        let n = nexus();
         for f in [
             Function::AbortTaskSet,
             Function::ClearTaskSet,
             Function::LogicalUnitReset,
         ] {
-            let answer = set.manage(100, f, 5, None, &[], &n).unwrap();
+            let answer = set.manage(100, f, 5, None, &[]).unwrap();
             assert_eq!(answer.outcome, Outcome::NoSuchLun);
         }
         assert!(set.finish(id[0]).deliver, "nothing was aborted");
@@ -511,10 +502,9 @@ mod tests {
     #[test]
     fn a_cold_reset_aborts_everything_and_ends_the_nexus_once_answered() {
         let (mut set, id) = running(&[(1, 0, PLAIN), (2, 3, PLAIN)]);
-        let n = nexus();
         let units = [Arc::new(crate::tests::fixture().lu)]; // its file stays open
         assert_eq!(
-            set.manage(100, Function::TargetColdReset, 0, None, &units, &n),
+            set.manage(100, Function::TargetColdReset, 0, None, &units),
             None
         );
         assert!(set.finish(id[0]).answers.is_empty());
@@ -528,7 +518,7 @@ mod tests {
         );
         // A warm reset with nothing running answers at once and keeps the nexus.
         assert_eq!(
-            set.manage(101, Function::TargetWarmReset, 0, None, &units, &n),
+            set.manage(101, Function::TargetWarmReset, 0, None, &units),
             complete(101)
         );
     }
@@ -536,14 +526,13 @@ mod tests {
     #[test]
     fn two_functions_waiting_for_one_task_are_both_answered() {
         let (mut set, id) = running(&[(1, 0, PLAIN)]);
-        let n = nexus();
         let unit = Arc::new(crate::tests::fixture().lu); // its file stays open
         assert_eq!(
-            set.manage(100, Function::AbortTask { tag: 1 }, 0, None, &[], &n),
+            set.manage(100, Function::AbortTask { tag: 1 }, 0, None, &[]),
             None
         );
         assert_eq!(
-            set.manage(101, Function::LogicalUnitReset, 0, Some(&unit), &[], &n),
+            set.manage(101, Function::LogicalUnitReset, 0, Some(&unit), &[]),
             None
         );
         let tags: Vec<u32> = set.finish(id[0]).answers.iter().map(|a| a.tag).collect();
@@ -578,7 +567,7 @@ mod tests {
         // A RESERVE(6) is running when the LOGICAL UNIT RESET arrives.
         let reserving = set.start(1, 0, PLAIN, None).id;
         assert_eq!(
-            set.manage(100, Function::LogicalUnitReset, 0, Some(&unit), &[], &n),
+            set.manage(100, Function::LogicalUnitReset, 0, Some(&unit), &[]),
             None
         );
         // Nothing is reset while it runs; then it reserves the unit and ends.
@@ -634,7 +623,6 @@ mod tests {
 
     #[test]
     fn a_unit_reset_aborts_other_nexuses_tasks_and_answers_once_they_have_ended() {
-        let n = nexus();
         let (other, mut theirs) = other_nexus();
         let unit = Arc::new(crate::tests::fixture().lu); // its file stays open
         let tur = [0u8; 6];
@@ -643,7 +631,7 @@ mod tests {
         let write = theirs.start(1, 0, PLAIN, Some(&unit));
         let (mut mine, woken) = waking_set();
         let f = Function::LogicalUnitReset;
-        assert_eq!(mine.manage(100, f, 0, Some(&unit), &[], &n), None);
+        assert_eq!(mine.manage(100, f, 0, Some(&unit), &[]), None);
         assert!(mine.drained_elsewhere().is_empty());
         assert_eq!(woken.load(Ordering::SeqCst), 0);
         // Nothing is reset while it runs.
@@ -667,7 +655,6 @@ mod tests {
 
     #[test]
     fn a_clear_task_set_waits_for_its_own_and_other_nexuses_tasks_in_either_order() {
-        let n = nexus();
         let (_, mut theirs) = other_nexus();
         let unit = Arc::new(crate::tests::fixture().lu); // its file stays open
         for own_first in [true, false] {
@@ -675,7 +662,7 @@ mod tests {
             let own = mine.start(1, 0, PLAIN, Some(&unit));
             let their = theirs.start(1, 0, PLAIN, Some(&unit));
             let f = Function::ClearTaskSet;
-            assert_eq!(mine.manage(100, f, 0, Some(&unit), &[], &n), None);
+            assert_eq!(mine.manage(100, f, 0, Some(&unit), &[]), None);
             // The own task's handle says nothing of aborts by its own nexus: the set does.
             assert_eq!(own.on_unit.unwrap().end(good()).status, crate::Status::Good);
             if own_first {
@@ -695,28 +682,26 @@ mod tests {
 
     #[test]
     fn abort_task_set_and_abort_task_leave_other_nexuses_tasks_alone() {
-        let n = nexus();
         let (_, mut theirs) = other_nexus();
         let unit = Arc::new(crate::tests::fixture().lu); // its file stays open
         let their = theirs.start(1, 0, PLAIN, Some(&unit));
         let (mut mine, _) = waking_set();
         let f = Function::AbortTaskSet;
-        assert_eq!(mine.manage(100, f, 0, Some(&unit), &[], &n), complete(100));
+        assert_eq!(mine.manage(100, f, 0, Some(&unit), &[]), complete(100));
         let f = Function::AbortTask { tag: 1 };
-        assert_eq!(mine.manage(101, f, 0, Some(&unit), &[], &n), complete(101));
+        assert_eq!(mine.manage(101, f, 0, Some(&unit), &[]), complete(101));
         let heard = their.on_unit.unwrap().end(good());
         assert_eq!(heard, good());
     }
 
     #[test]
     fn a_task_that_starts_after_the_function_is_not_aborted_by_it() {
-        let n = nexus();
         let (_, mut theirs) = other_nexus();
         let unit = Arc::new(crate::tests::fixture().lu); // its file stays open
         let before = theirs.start(1, 0, PLAIN, Some(&unit));
         let (mut mine, _) = waking_set();
         let f = Function::LogicalUnitReset;
-        assert_eq!(mine.manage(100, f, 0, Some(&unit), &[], &n), None);
+        assert_eq!(mine.manage(100, f, 0, Some(&unit), &[]), None);
         let after = theirs.start(2, 0, PLAIN, Some(&unit));
         assert_eq!(after.on_unit.unwrap().end(good()), good());
         assert!(mine.drained_elsewhere().is_empty());
@@ -727,7 +712,6 @@ mod tests {
 
     #[test]
     fn a_target_reset_waits_for_other_nexuses_on_every_unit_it_resets() {
-        let n = nexus();
         let (_, mut theirs) = other_nexus();
         let units = [
             Arc::new(crate::tests::fixture().lu), // their files stay open
@@ -737,7 +721,7 @@ mod tests {
         let second = theirs.start(2, 1, PLAIN, Some(&units[1]));
         let (mut mine, woken) = waking_set();
         let f = Function::TargetWarmReset;
-        assert_eq!(mine.manage(100, f, 0, None, &units, &n), None);
+        assert_eq!(mine.manage(100, f, 0, None, &units), None);
         first.on_unit.unwrap().end(good());
         assert!(
             mine.drained_elsewhere().is_empty(),
@@ -751,28 +735,26 @@ mod tests {
 
     #[test]
     fn sanitize_of_another_nexus_is_neither_aborted_nor_waited_for() {
-        let n = nexus();
         let (_, mut theirs) = other_nexus();
         let unit = Arc::new(crate::tests::fixture().lu); // its file stays open
         let sanitize = theirs.start(1, 0, SANITIZE, Some(&unit));
         assert!(sanitize.on_unit.is_none());
         let (mut mine, _) = waking_set();
         let f = Function::LogicalUnitReset;
-        assert_eq!(mine.manage(100, f, 0, Some(&unit), &[], &n), complete(100));
+        assert_eq!(mine.manage(100, f, 0, Some(&unit), &[]), complete(100));
         assert!(theirs.finish(sanitize.id).deliver);
     }
 
     #[test]
     fn two_nexuses_resetting_at_once_each_wait_for_the_others_task() {
-        let (n, o) = (nexus(), other_nexus().0);
         let unit = Arc::new(crate::tests::fixture().lu); // its file stays open
         let (mut a, _) = waking_set();
         let (mut b, _) = waking_set();
         let a_task = a.start(1, 0, PLAIN, Some(&unit));
         let b_task = b.start(1, 0, PLAIN, Some(&unit));
         let f = Function::LogicalUnitReset;
-        assert_eq!(a.manage(100, f, 0, Some(&unit), &[], &n), None);
-        assert_eq!(b.manage(200, f, 0, Some(&unit), &[], &o), None);
+        assert_eq!(a.manage(100, f, 0, Some(&unit), &[]), None);
+        assert_eq!(b.manage(200, f, 0, Some(&unit), &[]), None);
         // Each task was aborted by the other nexus's reset.
         let heard = a_task.on_unit.unwrap().end(good());
         assert_eq!(heard.status, crate::Status::TaskAborted);
@@ -861,5 +843,32 @@ mod tests {
         let own = mine.start(1, 0, PLAIN, Some(&unit));
         assert_eq!(prout(&unit, &n, 0x05, 1, 2).status, crate::Status::Good);
         assert_eq!(own.on_unit.unwrap().end(good()), good());
+    }
+
+    #[test]
+    fn an_aborted_task_that_reported_a_unit_attention_keeps_it_and_one_not_yet_run_knows() {
+        let (other, mut theirs) = other_nexus();
+        let unit = Arc::new(crate::tests::fixture().lu); // its file stays open
+        let queued = theirs.start(1, 0, PLAIN, Some(&unit));
+        let reporting = theirs.start(2, 0, PLAIN, Some(&unit));
+        assert!(!queued.on_unit.as_ref().unwrap().is_aborted());
+        let (mut mine, _) = waking_set();
+        let f = Function::ClearTaskSet;
+        assert_eq!(mine.manage(100, f, 0, Some(&unit), &[]), None);
+        // One still waiting for a thread learns it need not run.
+        assert!(queued.on_unit.as_ref().unwrap().is_aborted());
+        // One that ran and reported a unit attention: that is what its initiator hears.
+        let tur = [0u8; 6];
+        let ua = unit.execute(&request(&other, &tur));
+        assert_eq!(ua.sense[2] & 0x0f, 0x06, "{ua:?}");
+        assert_eq!(reporting.on_unit.unwrap().end(ua.clone()), ua);
+        let heard = queued.on_unit.unwrap().end(good());
+        assert_eq!(heard.status, crate::Status::TaskAborted);
+        assert_eq!(mine.drained_elsewhere(), vec![complete(100).unwrap()]);
+        // A task that starts after the clear is not aborted, though the unit counted one.
+        let later = theirs.start(3, 0, PLAIN, Some(&unit));
+        assert!(!later.on_unit.as_ref().unwrap().is_aborted());
+        // TAS=1: no COMMANDS CLEARED BY ANOTHER INITIATOR for the other nexus.
+        assert_eq!(run(&unit, &other, &tur).status, crate::Status::Good);
     }
 }

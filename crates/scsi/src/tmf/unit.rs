@@ -37,7 +37,16 @@ impl Owner {
 /// The logical unit's tasks across nexuses ([`crate::LogicalUnit`] holds one).
 #[derive(Default)]
 pub(crate) struct UnitTasks {
-    registry: Arc<Mutex<Registry>>,
+    shared: Arc<Shared>,
+}
+
+/// What the unit and its task handles share.
+#[derive(Default)]
+struct Shared {
+    registry: Mutex<Registry>,
+    /// Aborts that marked any task here, ever: a task that starts at one count and finds it
+    /// unchanged was not aborted, without taking the registry's lock ([`UnitTask::is_aborted`]).
+    aborts: AtomicU64,
 }
 
 #[derive(Default)]
@@ -124,7 +133,9 @@ impl UnitTasks {
     /// A task of `owner` starts on this unit; it is counted until the returned handle ends
     /// or is dropped (a task that panics still ends here).
     pub(super) fn start(&self, owner: Owner, nexus: Option<Arc<Nexus>>) -> UnitTask {
-        let mut registry = lock_unpoisoned(&self.registry);
+        let mut registry = lock_unpoisoned(&self.shared.registry);
+        // Read under the lock: an abort that marks tasks bumps it under the lock too.
+        let aborts_seen = self.shared.aborts.load(Ordering::Relaxed);
         let id = registry.next_task;
         registry.next_task += 1;
         registry.running.insert(
@@ -137,8 +148,9 @@ impl UnitTasks {
             },
         );
         UnitTask {
-            registry: self.registry.clone(),
+            shared: self.shared.clone(),
             id: Some(id),
+            aborts_seen,
         }
     }
 
@@ -148,24 +160,19 @@ impl UnitTasks {
         self.abort_where(|task| task.owner != owner, done)
     }
 
-    /// Abort the tasks of the nexuses `aborts` names (they must not include the caller's)
-    /// and wait until all of them have ended.
-    pub(crate) fn abort_nexuses_and_wait(&self, aborts: impl Fn(&Nexus) -> bool) {
+    /// Abort the tasks of the nexuses `aborts` names (they must not include the caller's);
+    /// [`AbortedTasks::wait`] returns once all of them have ended.
+    pub(crate) fn abort_nexuses(&self, aborts: impl Fn(&Nexus) -> bool) -> AbortedTasks {
         let ended = Arc::new(Ended::default());
         let named = |task: &Running| task.nexus.as_deref().is_some_and(&aborts);
-        if !self.abort_where(named, Drained::Command(ended.clone())) {
-            return;
-        }
-        let mut done = lock_unpoisoned(&ended.done);
-        while !*done {
-            done = ended.signal.wait(done).unwrap_or_else(|e| e.into_inner());
-        }
+        let any = self.abort_where(named, Drained::Command(ended.clone()));
+        AbortedTasks(any.then_some(ended))
     }
 
     /// Abort the running tasks `filter` picks; `done` is told once all have ended. `false`:
     /// it picked none, and `done` is dropped untold.
     fn abort_where(&self, filter: impl Fn(&Running) -> bool, done: Drained) -> bool {
-        let mut registry = lock_unpoisoned(&self.registry);
+        let mut registry = lock_unpoisoned(&self.shared.registry);
         let drain = registry.next_drain;
         let mut left = 0;
         for task in registry.running.values_mut() {
@@ -178,6 +185,7 @@ impl UnitTasks {
         if left == 0 {
             return false;
         }
+        self.shared.aborts.fetch_add(1, Ordering::Relaxed);
         registry.next_drain += 1;
         registry.drains.insert(drain, Drain { left, done });
         true
@@ -186,15 +194,33 @@ impl UnitTasks {
     /// Tasks running here now, from every owner.
     #[cfg(test)]
     pub(super) fn len(&self) -> usize {
-        lock_unpoisoned(&self.registry).running.len()
+        lock_unpoisoned(&self.shared.registry).running.len()
+    }
+}
+
+/// Tasks a command aborted ([`UnitTasks::abort_nexuses`]).
+pub(crate) struct AbortedTasks(Option<Arc<Ended>>);
+
+impl AbortedTasks {
+    /// Block until every one of them has ended.
+    pub(crate) fn wait(self) {
+        let Some(ended) = self.0 else {
+            return;
+        };
+        let mut done = lock_unpoisoned(&ended.done);
+        while !*done {
+            done = ended.signal.wait(done).unwrap_or_else(|e| e.into_inner());
+        }
     }
 }
 
 /// A running task as its unit counts it: [`UnitTask::end`] takes its response.
 pub struct UnitTask {
-    registry: Arc<Mutex<Registry>>,
+    shared: Arc<Shared>,
     /// `None` once ended.
     id: Option<u64>,
+    /// The unit's abort count when it started.
+    aborts_seen: u64,
 }
 
 impl std::fmt::Debug for UnitTask {
@@ -204,10 +230,27 @@ impl std::fmt::Debug for UnitTask {
 }
 
 impl UnitTask {
+    /// Another nexus's function has aborted the task: if it has not run yet, it need not
+    /// (its initiator hears TASK ABORTED from [`UnitTask::end`] all the same). One atomic
+    /// load while no abort has touched the unit since the task started.
+    pub fn is_aborted(&self) -> bool {
+        let Some(id) = self.id else {
+            return false;
+        };
+        if self.shared.aborts.load(Ordering::Relaxed) == self.aborts_seen {
+            return false;
+        }
+        lock_unpoisoned(&self.shared.registry)
+            .running
+            .get(&id)
+            .is_some_and(|task| task.aborted)
+    }
+
     /// The task ended with `response`; what its initiator is to hear: the response, or
-    /// TASK ABORTED if another nexus's function aborted it meanwhile.
+    /// TASK ABORTED if another nexus's function aborted it meanwhile. A unit attention the
+    /// task reported stays as it is: reporting it cleared it, and the task did nothing else.
     pub fn end(mut self, response: Response) -> Response {
-        if !self.release() {
+        if !self.release() || reports_unit_attention(&response) {
             return response;
         }
         Response {
@@ -226,7 +269,7 @@ impl UnitTask {
         };
         let mut done = Vec::new();
         let aborted = {
-            let mut registry = lock_unpoisoned(&self.registry);
+            let mut registry = lock_unpoisoned(&self.shared.registry);
             let Some(task) = registry.running.remove(&id) else {
                 return false;
             };
@@ -251,4 +294,15 @@ impl Drop for UnitTask {
     fn drop(&mut self) {
         self.release();
     }
+}
+
+/// CHECK CONDITION with sense key UNIT ATTENTION, in fixed or descriptor format.
+fn reports_unit_attention(response: &Response) -> bool {
+    const UNIT_ATTENTION: u8 = crate::SenseKey::UnitAttention as u8;
+    let key = match response.sense.first().map(|code| code & 0x7f) {
+        Some(0x70 | 0x71) => response.sense.get(2),
+        Some(0x72 | 0x73) => response.sense.get(1),
+        _ => None,
+    };
+    response.status == Status::CheckCondition && key.is_some_and(|k| k & 0x0f == UNIT_ATTENTION)
 }

@@ -205,18 +205,18 @@ impl Session {
                 return;
             }
         };
-        let Some(nexus) = self.nexus.clone() else {
+        if self.nexus.is_none() {
             // Task management comes in the full feature phase, after the login that made the
             // nexus; answered all the same, so that nothing waits for a response.
             conn.complete_task_management(tmf.itt, TmfResponse::NotSupported);
             return;
-        };
+        }
         let luns = self.luns();
         let unit = Self::unit_at(&luns, tmf.lun);
         let units: Vec<Arc<LogicalUnit>> = luns.luns.iter().map(|l| l.unit.clone()).collect();
-        if let Some(answer) =
-            self.tasks
-                .manage(tmf.itt, function, tmf.lun, unit.as_ref(), &units, &nexus)
+        if let Some(answer) = self
+            .tasks
+            .manage(tmf.itt, function, tmf.lun, unit.as_ref(), &units)
         {
             self.answer(conn, answer);
         }

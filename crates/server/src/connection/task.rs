@@ -90,6 +90,17 @@ impl Task {
         let guard = QuickGuard(counted.then(|| self.shared.clone()));
         let req = self.request();
         let resp = match &self.unit {
+            // Aborted by another nexus while it waited for a thread: it need not run, and
+            // the function that aborted it is answered sooner (LIO checks before it executes
+            // too). Its initiator hears TASK ABORTED either way.
+            Some(_) if self.on_unit.as_ref().is_some_and(UnitTask::is_aborted) => {
+                sliver_scsi::Response {
+                    status: sliver_scsi::Status::TaskAborted,
+                    sense: Vec::new(),
+                    data_in: Vec::new(),
+                    data_out_expected: self.cmd.data_out.len(),
+                }
+            }
             Some(unit) => unit.execute(&req),
             None => sliver_scsi::execute_without_lu(&req),
         };
