@@ -132,3 +132,26 @@ pub struct Response {
     /// transport can compute write residuals against its expected transfer length.
     pub data_out_expected: usize,
 }
+
+impl Response {
+    /// TASK ABORTED (TAS=1): what the initiator of a command another nexus aborted hears.
+    pub fn task_aborted(data_out_expected: usize) -> Self {
+        Response {
+            status: Status::TaskAborted,
+            sense: Vec::new(),
+            data_in: Vec::new(),
+            data_out_expected,
+        }
+    }
+
+    /// CHECK CONDITION with sense key UNIT ATTENTION, in fixed or descriptor format.
+    pub fn reports_unit_attention(&self) -> bool {
+        let key = match self.sense.first().map(|code| code & 0x7f) {
+            Some(0x70 | 0x71) => self.sense.get(2),
+            Some(0x72 | 0x73) => self.sense.get(1),
+            _ => None,
+        };
+        self.status == Status::CheckCondition
+            && key.is_some_and(|k| k & 0x0f == SenseKey::UnitAttention as u8)
+    }
+}

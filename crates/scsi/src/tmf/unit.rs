@@ -21,7 +21,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, OnceLock};
 
 use crate::range_lock::lock_unpoisoned;
-use crate::{Nexus, Response, Status};
+use crate::{Nexus, Response};
 
 /// Who started a task: one [`super::TaskSet`], unique in the process.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -250,15 +250,10 @@ impl UnitTask {
     /// TASK ABORTED if another nexus's function aborted it meanwhile. A unit attention the
     /// task reported stays as it is: reporting it cleared it, and the task did nothing else.
     pub fn end(mut self, response: Response) -> Response {
-        if !self.release() || reports_unit_attention(&response) {
+        if !self.release() || response.reports_unit_attention() {
             return response;
         }
-        Response {
-            status: Status::TaskAborted,
-            sense: Vec::new(),
-            data_in: Vec::new(),
-            data_out_expected: response.data_out_expected,
-        }
+        Response::task_aborted(response.data_out_expected)
     }
 
     /// Stop counting the task; tells the functions that waited for it last. `true`: it was
@@ -294,15 +289,4 @@ impl Drop for UnitTask {
     fn drop(&mut self) {
         self.release();
     }
-}
-
-/// CHECK CONDITION with sense key UNIT ATTENTION, in fixed or descriptor format.
-fn reports_unit_attention(response: &Response) -> bool {
-    const UNIT_ATTENTION: u8 = crate::SenseKey::UnitAttention as u8;
-    let key = match response.sense.first().map(|code| code & 0x7f) {
-        Some(0x70 | 0x71) => response.sense.get(2),
-        Some(0x72 | 0x73) => response.sense.get(1),
-        _ => None,
-    };
-    response.status == Status::CheckCondition && key.is_some_and(|k| k & 0x0f == UNIT_ATTENTION)
 }

@@ -94,12 +94,7 @@ impl Task {
             // the function that aborted it is answered sooner (LIO checks before it executes
             // too). Its initiator hears TASK ABORTED either way.
             Some(_) if self.on_unit.as_ref().is_some_and(UnitTask::is_aborted) => {
-                sliver_scsi::Response {
-                    status: sliver_scsi::Status::TaskAborted,
-                    sense: Vec::new(),
-                    data_in: Vec::new(),
-                    data_out_expected: self.cmd.data_out.len(),
-                }
+                sliver_scsi::Response::task_aborted(self.cmd.data_out.len())
             }
             Some(unit) => unit.execute(&req),
             None => sliver_scsi::execute_without_lu(&req),
