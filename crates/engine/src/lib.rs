@@ -24,7 +24,7 @@ pub mod volume;
 
 pub use backend::{holds_engine, Backend, FileBackend, MemBackend};
 pub use engine::{
-    default_metadata_cache, ChunkState, Compression, Engine, EngineConfig, EngineError,
+    default_metadata_cache, ChunkState, Compression, Durable, Engine, EngineConfig, EngineError,
     EngineSpace, GcPriority, Recovery, Tuning, VolumeUsage, MIN_METADATA_CACHE, STATUS_SCAN_CHUNKS,
 };
 pub use volume::EngineVolume;

@@ -140,6 +140,11 @@ impl Volume for EngineVolume {
         self.engine.flush().map_err(to_volume_error)
     }
 
+    fn flush_then(&self, done: Box<dyn FnOnce(sliver_volume::Result<()>) + Send>) {
+        self.engine
+            .flush_then(Box::new(move |r| done(r.map_err(to_volume_error))));
+    }
+
     fn unmap(&self, lba: u64, blocks: u64) -> sliver_volume::Result<()> {
         self.writable()?;
         let (offset, len) = self.bytes(lba, blocks)?;

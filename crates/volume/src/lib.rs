@@ -179,6 +179,15 @@ pub trait Volume: Send + Sync {
     /// Make every completed write durable.
     fn flush(&self) -> Result<()>;
 
+    /// Run `done` once every write completed before this call is durable, with what
+    /// [`Volume::flush`] would have returned. A volume that can wait without holding the
+    /// caller's thread (the engine's group commit) runs `done` later, on a thread of its own,
+    /// so a transport answers write-through commands without a thread waiting for each
+    /// sync; by default this flushes here and runs `done` before returning.
+    fn flush_then(&self, done: Box<dyn FnOnce(Result<()>) + Send>) {
+        done(self.flush())
+    }
+
     /// Deallocate `blocks` blocks at `lba`; they read back as zeros afterwards.
     fn unmap(&self, lba: u64, blocks: u64) -> Result<()>;
 

@@ -19,6 +19,8 @@ mod budget;
 mod check;
 mod checkpointing;
 mod gc;
+mod group_commit;
+pub use group_commit::Durable;
 mod inflight;
 mod log;
 mod maintenance;
@@ -533,6 +535,8 @@ pub struct Engine {
     read_pins: read_pins::ReadPins,
     flush: Mutex<FlushState>,
     flushed: Condvar,
+    /// Completions waiting for the log to be durable, and the thread that syncs for them.
+    group_commit: Arc<group_commit::GroupCommit>,
     /// Log ranges applied but still being written (host writes write outside `meta`).
     inflight: inflight::InFlight,
     poison: Mutex<Option<String>>,

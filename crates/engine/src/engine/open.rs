@@ -292,6 +292,7 @@ impl Engine {
                 syncing: false,
             }),
             flushed: Condvar::new(),
+            group_commit: Default::default(),
             inflight: Default::default(),
             poison: Mutex::new(None),
             poisoned: AtomicBool::new(false),
