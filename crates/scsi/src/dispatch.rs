@@ -16,10 +16,12 @@ pub const QUICK_MAX_COPY_BYTES: u64 = 32 << 20;
 /// The facts about one command that its transport acts on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Dispatch {
-    /// It holds the device server for microseconds and never waits for a flush: READ and
-    /// WRITE (any size of CDB) and COMPARE AND WRITE without FUA, moving at most
-    /// [`QUICK_MAX_BYTES`], and EXTENDED COPY(LID1) whose parameter list asks for at most
-    /// [`QUICK_MAX_COPY_BYTES`]. Hypervisors clone with many small copies (QEMU: 2 MiB each,
+    /// It holds the device server for microseconds and never waits for a flush on its
+    /// thread: READ and WRITE (any size of CDB) and COMPARE AND WRITE, moving at most
+    /// [`QUICK_MAX_BYTES`], SYNCHRONIZE CACHE, and EXTENDED COPY(LID1) whose parameter list
+    /// asks for at most [`QUICK_MAX_COPY_BYTES`]. A write with FUA or under WCE=0, and
+    /// SYNCHRONIZE CACHE, wait for durability without a thread
+    /// ([`crate::LogicalUnit::execute_deferring`]). Hypervisors clone with many small copies (QEMU: 2 MiB each,
     /// ESXi: 4 MiB by default), one at a time per stream, so handing them to a pool for slow
     /// commands was a visible share of each.
     pub quick: bool,
@@ -38,8 +40,12 @@ pub fn dispatch(cdb: &[u8], transfer_bytes: u64, data_out: &[u8]) -> Dispatch {
         && match &parsed {
             // FUA on a read only bypasses our cache, which costs nothing extra.
             Ok(Command::Read { .. }) => true,
-            // With FUA they wait for a flush.
-            Ok(Command::Write { fua, .. } | Command::CompareAndWrite { fua, .. }) => !fua,
+            // With FUA they wait for a sync, but not on the thread that runs them.
+            Ok(
+                Command::Write { .. }
+                | Command::CompareAndWrite { .. }
+                | Command::SynchronizeCache { .. },
+            ) => true,
             // LID1 only: a token copy's list says nothing about its size.
             Ok(Command::ExtendedCopy { .. }) => crate::tpc::copy_bytes_at_most(data_out)
                 .is_some_and(|bytes| bytes <= QUICK_MAX_COPY_BYTES),
@@ -68,22 +74,28 @@ mod tests {
     }
 
     #[test]
-    fn reads_and_plain_writes_are_quick_flushes_and_large_transfers_are_not() {
+    fn reads_writes_and_syncs_are_quick_large_transfers_are_not() {
         assert!(quick(&cdb(0x08, 0, 6), 4096), "READ(6)");
         assert!(quick(&cdb(0x28, 0, 10), 4096), "READ(10)");
         assert!(quick(&cdb(0x88, 0x08, 16), 4096), "READ(16) with FUA");
         assert!(quick(&cdb(0x0a, 0, 6), 4096), "WRITE(6) has no FUA");
         assert!(quick(&cdb(0x8a, 0, 16), 65536), "WRITE(16)");
-        assert!(!quick(&cdb(0x8a, 0x08, 16), 4096), "WRITE(16) with FUA");
-        assert!(!quick(&cdb(0x2a, 0x08, 10), 4096), "WRITE(10) with FUA");
-        assert!(!quick(&cdb(0xaa, 0x08, 12), 4096), "WRITE(12) with FUA");
+        assert!(quick(&cdb(0x8a, 0x08, 16), 4096), "WRITE(16) with FUA");
+        assert!(quick(&cdb(0x2a, 0x08, 10), 4096), "WRITE(10) with FUA");
+        assert!(quick(&cdb(0xaa, 0x08, 12), 4096), "WRITE(12) with FUA");
         assert!(quick(&cdb(0x89, 0, 16), 1024), "COMPARE AND WRITE");
         assert!(
-            !quick(&cdb(0x89, 0x08, 16), 1024),
+            quick(&cdb(0x89, 0x08, 16), 1024),
             "COMPARE AND WRITE with FUA"
         );
         assert!(!quick(&cdb(0x28, 0, 10), QUICK_MAX_BYTES + 512));
-        assert!(!quick(&cdb(0x35, 0, 10), 0), "SYNCHRONIZE CACHE(10)");
+        assert!(!quick(&cdb(0x2a, 0x08, 10), QUICK_MAX_BYTES + 512));
+        assert!(quick(&cdb(0x35, 0, 10), 0), "SYNCHRONIZE CACHE(10)");
+        assert!(quick(&cdb(0x91, 0, 16), 0), "SYNCHRONIZE CACHE(16)");
+        assert!(
+            !quick(&cdb(0x2e, 0, 10), 4096),
+            "WRITE AND VERIFY waits on its thread"
+        );
         assert!(!quick(&cdb(0x93, 0, 16), 512), "WRITE SAME(16)");
         assert!(!quick(&[0x28, 0], 4096), "a truncated CDB");
         assert!(!quick(&[], 0));

@@ -7,9 +7,65 @@ use std::sync::Arc;
 
 use crate::cdb::{self, Command};
 use crate::lu::{LogicalUnit, LuConfig};
-use crate::outcome::{Failure, Outcome};
+use crate::outcome::{write_failure, Done, Failure, Outcome};
 use crate::stats::CommandClass;
 use crate::{sbc, spc, tpc, Nexus, Request, Response, Sense, SenseReason, Status};
+
+/// A command run up to the point where it may wait for its writes to be durable.
+struct Ran {
+    outcome: Outcome,
+    started: std::time::Instant,
+    class: CommandClass,
+    data_out_expected: usize,
+}
+
+/// A command's answer, now or once what it wrote is durable ([`LogicalUnit::execute_deferring`]).
+#[must_use = "an answer must be given to its initiator"]
+pub struct Answer(Pending);
+
+enum Pending {
+    Now(Response),
+    Durable {
+        lu: Arc<LogicalUnit>,
+        volume: Arc<dyn sliver_volume::Volume>,
+        done: Done,
+        started: std::time::Instant,
+        class: CommandClass,
+        data_out_expected: usize,
+    },
+}
+
+impl Answer {
+    /// An answer given at once.
+    pub fn now(response: Response) -> Self {
+        Answer(Pending::Now(response))
+    }
+
+    /// Give the answer to `complete`: here and now, or on the thread that made the writes
+    /// durable. A failed sync answers the command with WRITE ERROR (or the volume's own
+    /// sense), never GOOD.
+    pub fn then(self, complete: impl FnOnce(Response) + Send + 'static) {
+        match self.0 {
+            Pending::Now(response) => complete(response),
+            Pending::Durable {
+                lu,
+                volume,
+                done,
+                started,
+                class,
+                data_out_expected,
+            } => volume.flush_then(Box::new(move |synced| {
+                let outcome = synced.map(|()| done).map_err(write_failure);
+                complete(lu.conclude(started, class, outcome, data_out_expected));
+            })),
+        }
+    }
+
+    /// Whether the answer waits for a sync (tests).
+    pub fn waits_for_durability(&self) -> bool {
+        matches!(self.0, Pending::Durable { .. })
+    }
+}
 
 /// The statistics class of a command.
 fn classify(cmd: &Command) -> CommandClass {
@@ -30,16 +86,56 @@ fn classify(cmd: &Command) -> CommandClass {
 }
 
 impl LogicalUnit {
-    /// Run one command to completion. Safe to call concurrently from many threads.
+    /// Run one command to completion, waiting here for what it wrote to be durable where it
+    /// must be (FUA, WCE=0, SYNCHRONIZE CACHE). Safe to call concurrently from many threads.
     pub fn execute(&self, req: &Request) -> Response {
+        let ran = self.start(req);
+        let outcome = ran.outcome.and_then(|mut done| match done.durable.take() {
+            Some(volume) => volume.flush().map(|()| done).map_err(write_failure),
+            None => Ok(done),
+        });
+        self.conclude(ran.started, ran.class, outcome, ran.data_out_expected)
+    }
+
+    /// Run one command; its answer once it may be given. A command that must wait for its
+    /// writes to be durable does not wait on this thread: the [`Answer`] is given to the
+    /// transport's completion when the volume has synced (the engine's group commit answers
+    /// every write waiting for a sync from one thread), so a queue of write-through commands
+    /// shares syncs instead of holding a thread each.
+    pub fn execute_deferring(self: &Arc<Self>, req: &Request) -> Answer {
+        let ran = self.start(req);
+        match ran.outcome {
+            Ok(mut done) if done.durable.is_some() => {
+                let volume = done.durable.take().expect("checked");
+                Answer(Pending::Durable {
+                    lu: self.clone(),
+                    volume,
+                    done,
+                    started: ran.started,
+                    class: ran.class,
+                    data_out_expected: ran.data_out_expected,
+                })
+            }
+            outcome => {
+                Answer::now(self.conclude(ran.started, ran.class, outcome, ran.data_out_expected))
+            }
+        }
+    }
+
+    /// Parse and run `req` up to the point where it may wait for durability.
+    fn start(&self, req: &Request) -> Ran {
         let started = std::time::Instant::now();
         let parsed = cdb::parse(req.cdb);
         let (data_out_expected, class) = match &parsed {
             Ok(cmd) => (self.data_out_len(cmd), classify(cmd)),
             Err(_) => (0, CommandClass::Other),
         };
-        let outcome = self.run(req, parsed);
-        self.conclude(started, class, outcome, data_out_expected)
+        Ran {
+            outcome: self.run(req, parsed),
+            started,
+            class,
+            data_out_expected,
+        }
     }
 
     /// Execute `req` only if it is a READ that completes without waiting for a device (its

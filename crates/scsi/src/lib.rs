@@ -47,8 +47,9 @@ mod tpc;
 mod vpd;
 
 pub use dispatch::{dispatch, Dispatch};
-pub use execute::execute_without_lu;
+pub use execute::{execute_without_lu, Answer};
 pub use lu::{LogicalUnit, LuConfig, Reset};
+pub use mode::SavedModePages;
 pub use sense::{Sense, SenseKey, SenseReason, Status};
 pub use stats::{
     latency_bucket, ClassStats, CommandClass, LuStats, StatsSnapshot, VaaiCounters,

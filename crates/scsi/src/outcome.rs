@@ -4,7 +4,9 @@
 //! Data-Out and allocation-length bounds. Families and the dispatcher share them without
 //! importing each other.
 
-use sliver_volume::VolumeError;
+use std::sync::Arc;
+
+use sliver_volume::{Volume, VolumeError};
 
 use crate::{Sense, SenseReason, Status};
 
@@ -14,6 +16,11 @@ pub(crate) struct Done {
     pub data_in: Vec<u8>,
     /// Bytes of the medium a write, WRITE SAME, UNMAP or EXTENDED COPY affected (statistics).
     pub affected_bytes: u64,
+    /// A volume whose completed writes must be durable before the command is answered
+    /// (FUA, WCE=0, SYNCHRONIZE CACHE). The command's thread does not wait for that: the
+    /// LU answers once the volume says so (`LogicalUnit::execute_then`), so a queue of
+    /// write-through commands shares one sync.
+    pub durable: Option<Arc<dyn Volume>>,
 }
 
 impl Done {
@@ -22,6 +29,7 @@ impl Done {
             status: Status::Good,
             data_in: Vec::new(),
             affected_bytes: 0,
+            durable: None,
         }
     }
 
@@ -30,6 +38,7 @@ impl Done {
             status: Status::Good,
             data_in,
             affected_bytes: 0,
+            durable: None,
         }
     }
 
@@ -38,6 +47,14 @@ impl Done {
         Done {
             affected_bytes: bytes,
             ..Done::good()
+        }
+    }
+
+    /// The same, answered only once `volume`'s completed writes are durable.
+    pub fn once_durable(self, volume: &Arc<dyn Volume>) -> Self {
+        Done {
+            durable: Some(volume.clone()),
+            ..self
         }
     }
 }

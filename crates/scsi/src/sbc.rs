@@ -49,8 +49,7 @@ pub(crate) fn execute(lu: &LogicalUnit, req: &Request, cmd: &Command) -> Outcome
         }
         Command::SynchronizeCache { range } => {
             check_range(lu, range)?;
-            lu.volume.flush().map_err(write_failure)?;
-            Ok(Done::good())
+            Ok(Done::good().once_durable(&lu.volume))
         }
         Command::PreFetch { range } => {
             // Nothing is staged in a cache for later, so GOOD rather than CONDITION MET
@@ -101,14 +100,18 @@ fn check_writable(lu: &LogicalUnit) -> Result<(), Failure> {
     Ok(())
 }
 
-/// Write honouring FUA and the caching mode page (WCE=0 makes every write durable).
-fn store(lu: &LogicalUnit, lba: u64, data: &[u8], fua: bool) -> Result<(), Failure> {
-    let result = if fua || !lu.mode.write_cache() {
-        lu.volume.write_durable(lba, data)
+/// Write `data` at `lba` (into the volume's cache: [`durable_if`] decides when it is answered).
+fn store(lu: &LogicalUnit, lba: u64, data: &[u8]) -> Result<(), Failure> {
+    lu.volume.write(lba, data).map_err(write_failure)
+}
+
+/// `done`, answered only once durable when FUA or the caching mode page (WCE=0) asks it.
+fn durable_if(lu: &LogicalUnit, fua: bool, done: Done) -> Done {
+    if fua || !lu.mode.write_cache() {
+        done.once_durable(&lu.volume)
     } else {
-        lu.volume.write(lba, data)
-    };
-    result.map_err(write_failure)
+        done
+    }
 }
 
 fn read(lu: &LogicalUnit, r: BlockRange) -> Outcome {
@@ -154,9 +157,9 @@ fn write(lu: &LogicalUnit, r: BlockRange, fua: bool, data_out: &[u8]) -> Outcome
     check_writable(lu)?;
     if bytes > 0 {
         let _lock = lu.locks.lock(r.lba, r.blocks);
-        store(lu, r.lba, data, fua)?;
+        store(lu, r.lba, data)?;
     }
-    Ok(Done::affected(bytes as u64))
+    Ok(durable_if(lu, fua, Done::affected(bytes as u64)))
 }
 
 /// WRITE ATOMIC(16): the volume applies the write as one unit (crash-atomic), and the LBA
@@ -235,7 +238,8 @@ fn write_and_verify(lu: &LogicalUnit, r: BlockRange, data_out: &[u8]) -> Outcome
     }
     let _lock = lu.locks.lock(r.lba, r.blocks);
     // Verification is of the medium, so the data must be there first.
-    store(lu, r.lba, data, true)?;
+    store(lu, r.lba, data)?;
+    lu.volume.flush().map_err(write_failure)?;
     let mut medium = sliver_volume::io_buffer(bytes);
     lu.volume.read(r.lba, &mut medium).map_err(read_failure)?;
     compare(data, &medium)?;
@@ -255,8 +259,8 @@ fn or_write(lu: &LogicalUnit, r: BlockRange, fua: bool, data_out: &[u8]) -> Outc
     for (m, d) in merged.iter_mut().zip(data) {
         *m |= d;
     }
-    store(lu, r.lba, &merged, fua)?;
-    Ok(Done::affected(bytes as u64))
+    store(lu, r.lba, &merged)?;
+    Ok(durable_if(lu, fua, Done::affected(bytes as u64)))
 }
 
 fn compare_and_write(lu: &LogicalUnit, r: BlockRange, fua: bool, data_out: &[u8]) -> Outcome {
@@ -285,8 +289,8 @@ fn compare_and_write(lu: &LogicalUnit, r: BlockRange, fua: bool, data_out: &[u8]
     let mut medium = sliver_volume::io_buffer(half);
     lu.volume.read(r.lba, &mut medium).map_err(read_failure)?;
     compare(expected, &medium)?;
-    store(lu, r.lba, new_data, fua)?;
-    Ok(Done::affected(half as u64))
+    store(lu, r.lba, new_data)?;
+    Ok(durable_if(lu, fua, Done::affected(half as u64)))
 }
 
 /// Write `block` repeatedly over `blocks` blocks at `lba`, a megabyte at a time.
@@ -365,10 +369,7 @@ fn write_same(
     } else {
         fill(lu, r.lba, blocks, block)?;
     }
-    if !lu.mode.write_cache() {
-        lu.volume.flush().map_err(write_failure)?;
-    }
-    Ok(Done::affected(blocks * bs as u64))
+    Ok(durable_if(lu, false, Done::affected(blocks * bs as u64)))
 }
 
 fn unmap(lu: &LogicalUnit, anchor: bool, param_len: usize, data_out: &[u8]) -> Outcome {
@@ -417,7 +418,13 @@ fn unmap(lu: &LogicalUnit, anchor: bool, param_len: usize, data_out: &[u8]) -> O
             lu.volume.unmap(r.lba, r.blocks).map_err(write_failure)?;
         }
     }
-    Ok(Done::affected(total * lu.volume.block_size() as u64))
+    // With WCE=0 an unmap is durable before GOOD like a write: a crash must not bring back
+    // data the host was told reads as zeros (LBPRZ).
+    Ok(durable_if(
+        lu,
+        false,
+        Done::affected(total * lu.volume.block_size() as u64),
+    ))
 }
 
 fn get_lba_status(lu: &LogicalUnit, lba: u64, alloc_len: usize) -> Outcome {

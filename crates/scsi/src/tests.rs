@@ -439,10 +439,155 @@ fn mode_select_round_trip_and_unit_attention_for_others() {
         sense_codes(&mode_select6(&f.lu, &n, &bad)),
         (0x5, 0x26, 0x00)
     );
-    // Saved values are not supported.
+    // Saved values are not supported by an LU with nowhere to keep them.
     assert_eq!(
         sense_codes(&mode_sense6(&f.lu, &n, 0x08, 3)),
         (0x5, 0x39, 0x00)
+    );
+}
+
+/// The array's record of a volume's saved caching page, for the tests: what was saved, and
+/// whether saving fails.
+#[derive(Default)]
+struct SavedPages {
+    saved: std::sync::Mutex<Vec<bool>>,
+    fail: std::sync::atomic::AtomicBool,
+}
+
+impl crate::SavedModePages for SavedPages {
+    fn save_write_cache(&self, write_cache: bool) -> Result<(), String> {
+        if self.fail.load(std::sync::atomic::Ordering::SeqCst) {
+            return Err("the disk is gone".into());
+        }
+        self.saved.lock().unwrap().push(write_cache);
+        Ok(())
+    }
+}
+
+/// MODE SELECT(6) of `page` with SP (save pages) set.
+fn mode_select6_saving(lu: &LogicalUnit, n: &Nexus, page: &[u8]) -> Response {
+    let mut params = vec![0u8, 0, 0, 0];
+    params.extend_from_slice(page);
+    run(lu, n, &[0x15, 0x11, 0, 0, params.len() as u8, 0], &params)
+}
+
+#[test]
+fn the_caching_page_is_saveable_when_the_lu_has_a_place_to_keep_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let volume = file_volume(dir.path(), "v", BLOCKS);
+    let store = Arc::new(SavedPages::default());
+    // A write-through volume: WCE=0 current and saved.
+    let lu = LogicalUnit::new(Arc::new(volume), lu_config("serial-2".into(), [0x6b; 16]))
+        .with_saved_mode_pages(false, store.clone());
+    let (n, other) = (nexus(1), nexus(2));
+    for nexus in [&n, &other] {
+        assert_eq!(
+            sense_codes(&run(&lu, nexus, &[0; 6], &[])),
+            (0x6, 0x29, 0x00)
+        );
+    }
+    let caching = |pc: u8| mode_sense6(&lu, &n, 0x08, pc).data_in[4..].to_vec();
+    let current = caching(0);
+    assert_eq!(current[0], 0x88, "PS set: the page is saveable");
+    assert_eq!(current[2] & 0x04, 0, "WCE off: write-through");
+    assert_eq!(caching(3)[2] & 0x04, 0, "saved WCE off");
+    assert_eq!(caching(2)[2] & 0x04, 0x04, "the default stays WCE on");
+
+    // A host turns the cache on without saving: current only, and the other nexus is told.
+    let mut on = current.clone();
+    on[2] |= 0x04;
+    good(&mode_select6(&lu, &n, &on));
+    assert!(lu.write_cache() && !lu.saved_write_cache());
+    assert_eq!(caching(3)[2] & 0x04, 0, "not saved");
+    assert!(store.saved.lock().unwrap().is_empty());
+    assert_eq!(
+        sense_codes(&run(&lu, &other, &[0; 6], &[])),
+        (0x6, 0x2a, 0x01),
+        "MODE PARAMETERS CHANGED"
+    );
+
+    // Saving the same page keeps it, without telling anyone again (nothing changed now).
+    good(&mode_select6_saving(&lu, &n, &on));
+    assert_eq!(*store.saved.lock().unwrap(), vec![true]);
+    assert_eq!(caching(3)[2] & 0x04, 0x04, "saved WCE on");
+    good(&run(&lu, &other, &[0; 6], &[]));
+
+    // A save that cannot be kept changes nothing.
+    store.fail.store(true, std::sync::atomic::Ordering::SeqCst);
+    let mut off = on.clone();
+    off[2] &= !0x04;
+    assert_eq!(
+        sense_codes(&mode_select6_saving(&lu, &n, &off)),
+        (0x4, 0x44, 0x00),
+        "INTERNAL TARGET FAILURE"
+    );
+    assert!(lu.write_cache() && lu.saved_write_cache());
+    good(&run(&lu, &other, &[0; 6], &[]));
+
+    // The administrator's change (the API): current and saved, every nexus told.
+    lu.set_write_cache(false).unwrap();
+    assert!(!lu.write_cache() && !lu.saved_write_cache());
+    for nexus in [&n, &other] {
+        assert_eq!(
+            sense_codes(&run(&lu, nexus, &[0; 6], &[])),
+            (0x6, 0x2a, 0x01)
+        );
+    }
+}
+
+#[test]
+fn saving_pages_is_refused_where_nothing_keeps_them() {
+    let (f, n) = ready();
+    let page = mode_sense6(&f.lu, &n, 0x08, 0).data_in[4..].to_vec();
+    assert_eq!(page[0], 0x08, "PS clear");
+    assert_eq!(
+        sense_codes(&mode_select6_saving(&f.lu, &n, &page)),
+        (0x5, 0x24, 0x00),
+        "INVALID FIELD IN CDB"
+    );
+}
+
+#[test]
+fn write_through_answers_wait_for_durability_and_write_back_answers_do_not() {
+    let (f, n) = ready();
+    let lu = Arc::new(f.lu);
+    let deferred = |cdb: &[u8], data: &[u8]| {
+        let answer = lu.execute_deferring(&request(&n, cdb, data));
+        let waits = answer.waits_for_durability();
+        let (tx, rx) = std::sync::mpsc::channel();
+        answer.then(move |r| tx.send(r).unwrap());
+        let r = rx.recv().unwrap();
+        good(&r);
+        waits
+    };
+    let block = [7u8; BS];
+    let mut fua = cdb16(0x8a, 2, 1);
+    fua[1] = 0x08;
+    assert!(!deferred(&cdb16(0x8a, 1, 1), &block), "write-back WRITE");
+    assert!(deferred(&fua, &block), "WRITE with FUA");
+    assert!(deferred(&cdb16(0x91, 0, 0), &[]), "SYNCHRONIZE CACHE");
+    assert!(!deferred(&cdb16(0x28, 0, 0)[..10], &[]), "READ(10)");
+
+    // Write-through: every command that changes the medium waits.
+    lu.set_write_cache(false).unwrap();
+    assert_eq!(sense_codes(&run(&lu, &n, &[0; 6], &[])), (0x6, 0x2a, 0x01));
+    assert!(deferred(&cdb16(0x8a, 1, 1), &block), "WRITE");
+    assert!(deferred(&cdb16(0x93, 8, 4), &block), "WRITE SAME");
+    let mut unmap = vec![0u8; 24];
+    unmap[1] = 22;
+    unmap[3] = 16;
+    unmap[15] = 8;
+    unmap[19] = 4;
+    assert!(
+        deferred(&[0x42, 0, 0, 0, 0, 0, 0, 0, 24, 0], &unmap),
+        "UNMAP"
+    );
+    let mut caw = cdb16(0x89, 1, 0);
+    caw[13] = 1;
+    caw[10..13].fill(0);
+    assert!(
+        deferred(&caw, &[block, [9u8; BS]].concat()),
+        "COMPARE AND WRITE"
     );
 }
 

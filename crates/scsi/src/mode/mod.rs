@@ -14,11 +14,16 @@
 //!   2^THRESHOLD EXPONENT blocks (VPD B2h). ENABLED and THRESHOLD COUNT are changeable; the
 //!   threshold belongs to the pool, so a change applies to every volume of the array.
 //!
-//! Parameters are shared by all nexuses and not saveable; the LU holds them (`params`).
+//! Parameters are shared by all nexuses; the LU holds them (`params`). The caching page is
+//! saveable (PS=1) when the LU has a place to keep it ([`SavedModePages`], the array's volume
+//! record): MODE SELECT with SP=1 saves WCE there, MODE SENSE reports it as the saved value,
+//! and the volume starts with it. The other pages are not saveable; their saved values are
+//! their defaults (the threshold's is the pool's kept value).
 
 mod params;
 
 pub(crate) use params::ModeParams;
+pub use params::SavedModePages;
 
 use crate::outcome::invalid_cdb;
 use std::sync::atomic::Ordering;
@@ -53,6 +58,7 @@ const ARMING_INCREASING: u8 = 0x01;
 /// THRESHOLD RESOURCE 02h: used LBA mapping resources.
 const RESOURCE_USED_LBA_MAPPING: u8 = 0x02;
 
+const PS: u8 = 0x80; // page byte 0: parameters saveable
 const WCE: u8 = 0x04; // caching page byte 2
 const D_SENSE: u8 = 0x04; // control page byte 2
 const SWP: u8 = 0x08; // control page byte 4
@@ -99,6 +105,8 @@ impl Threshold {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Values {
     wce: bool,
+    /// The caching page can be saved (PS).
+    caching_saveable: bool,
     d_sense: bool,
     swp: bool,
     /// `None` for volumes without a pool (no LBP page).
@@ -115,9 +123,20 @@ fn threshold_set_bytes(lu: &LogicalUnit) -> u64 {
 fn values(lu: &LogicalUnit, control: PageControl) -> Values {
     let set_bytes = threshold_set_bytes(lu);
     let pool = lu.pool.as_ref().map(|p| p.soft_threshold());
+    let caching_saveable = lu.mode.saved.is_some();
+    if control == PageControl::Saved {
+        let current = values(lu, PageControl::Current);
+        return Values {
+            wce: lu.mode.saved_write_cache(),
+            // The threshold is kept by the pool: what is in effect is what is saved.
+            threshold: current.threshold,
+            ..values(lu, PageControl::Default)
+        };
+    }
     if control == PageControl::Default {
         return Values {
             wce: true,
+            caching_saveable,
             d_sense: false,
             swp: false,
             threshold: pool.map(|(_, capacity)| {
@@ -127,6 +146,7 @@ fn values(lu: &LogicalUnit, control: PageControl) -> Values {
     }
     Values {
         wce: lu.mode.write_cache(),
+        caching_saveable,
         d_sense: lu.mode.descriptor_sense(),
         swp: lu.mode.write_protected(),
         threshold: pool.map(|(share, capacity)| Threshold::from_share(share, capacity, set_bytes)),
@@ -167,6 +187,7 @@ fn page(code: u8, subpage: u8, control: PageControl, v: Values) -> Option<Vec<u8
         PAGE_CACHING => {
             let mut p = vec![0u8; 20];
             p[2] = if changeable { WCE } else { flag(v.wce, WCE) };
+            p[0] = flag(v.caching_saveable, PS);
             p
         }
         PAGE_CONTROL => {
@@ -194,7 +215,7 @@ fn page(code: u8, subpage: u8, control: PageControl, v: Values) -> Option<Vec<u8
         _ => return None,
     };
     let mut p = p;
-    p[0] = code;
+    p[0] |= code;
     p[1] = (p.len() - 2) as u8;
     Some(p)
 }
@@ -211,7 +232,7 @@ pub(crate) fn mode_sense(
     subpage: u8,
     alloc_len: usize,
 ) -> Outcome {
-    if control == PageControl::Saved {
+    if control == PageControl::Saved && lu.mode.saved.is_none() {
         return Err(SenseReason::SavingParametersNotSupported.into());
     }
     let current = values(lu, control);
@@ -296,7 +317,7 @@ pub(crate) fn mode_select(
     param_len: usize,
     data_out: &[u8],
 ) -> Outcome {
-    if save_pages {
+    if save_pages && lu.mode.saved.is_none() {
         return Err(invalid_cdb(1, Some(0)));
     }
     if param_len == 0 {
@@ -388,6 +409,18 @@ pub(crate) fn mode_select(
         at += total;
     }
 
+    if save_pages {
+        // Every saveable page is saved (SPC-4 MODE SELECT, SP=1): WCE as it now stands.
+        // Kept first: a failure changes nothing.
+        if new.wce != lu.mode.saved_write_cache() {
+            let store = lu.mode.saved.as_ref().expect("checked above");
+            store.save_write_cache(new.wce).map_err(|e| {
+                tracing::error!("MODE SELECT: the caching page was not saved: {e}");
+                Failure::from(SenseReason::InternalTargetFailure)
+            })?;
+            lu.mode.saved_write_cache.store(new.wce, Ordering::Relaxed);
+        }
+    }
     if new != current {
         // The pool's owner keeps the threshold (a write of the array's configuration): done
         // first, so that a failure leaves every other parameter as it was.
@@ -412,4 +445,50 @@ pub(crate) fn mode_select(
         }
     }
     Ok(Done::good())
+}
+
+impl LogicalUnit {
+    /// This LU with `write_cache` as its saved and current WCE, the caching page saveable
+    /// through `saved` (which already holds `write_cache`).
+    pub fn with_saved_mode_pages(
+        mut self,
+        write_cache: bool,
+        saved: std::sync::Arc<dyn SavedModePages>,
+    ) -> Self {
+        self.mode.write_cache.store(write_cache, Ordering::Relaxed);
+        self.mode
+            .saved_write_cache
+            .store(write_cache, Ordering::Relaxed);
+        self.mode.saved = Some(saved);
+        self
+    }
+
+    /// WCE now: writes are answered before they are durable (write-back).
+    pub fn write_cache(&self) -> bool {
+        self.mode.write_cache()
+    }
+
+    /// WCE as saved: what the LU starts with.
+    pub fn saved_write_cache(&self) -> bool {
+        self.mode.saved_write_cache()
+    }
+
+    /// Change WCE as an administrator does (the array has kept the setting already): the
+    /// current and saved values, a MODE PARAMETERS CHANGED unit attention for every nexus,
+    /// and, when the cache turns off, every write answered before made durable, so that
+    /// nothing acknowledged under write-back stays volatile once the volume says
+    /// write-through.
+    pub fn set_write_cache(&self, write_cache: bool) -> sliver_volume::Result<()> {
+        let _serialized = lock_unpoisoned(&self.mode.select);
+        self.mode
+            .saved_write_cache
+            .store(write_cache, Ordering::Relaxed);
+        if self.mode.write_cache.swap(write_cache, Ordering::Relaxed) != write_cache {
+            self.unit_attention_all(SenseReason::ModeParametersChanged, None);
+        }
+        if !write_cache {
+            self.volume.flush()?;
+        }
+        Ok(())
+    }
 }

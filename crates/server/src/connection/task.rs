@@ -1,6 +1,7 @@
 //! A SCSI command from its receipt to its completion, and where it runs.
 
 use super::*;
+use sliver_scsi::Answer;
 
 /// Run the quick commands one receive started. A READ whose data and metadata are cached
 /// completes here, on the connection's task, in microseconds: handing it to the pool cost
@@ -89,18 +90,20 @@ impl Task {
         // A command that panics still counts out of `quick_running`.
         let guard = QuickGuard(counted.then(|| self.shared.clone()));
         let req = self.request();
-        let resp = match &self.unit {
+        let answer = match &self.unit {
             // Aborted by another nexus while it waited for a thread: it need not run, and
             // the function that aborted it is answered sooner (LIO checks before it executes
             // too). Its initiator hears TASK ABORTED either way.
             Some(_) if self.on_unit.as_ref().is_some_and(UnitTask::is_aborted) => {
-                sliver_scsi::Response::task_aborted(self.cmd.data_out.len())
+                Answer::now(sliver_scsi::Response::task_aborted(self.cmd.data_out.len()))
             }
-            Some(unit) => unit.execute(&req),
-            None => sliver_scsi::execute_without_lu(&req),
+            Some(unit) => unit.execute_deferring(&req),
+            None => Answer::now(sliver_scsi::execute_without_lu(&req)),
         };
         guard.disarm();
-        self.complete(resp, permit, counted);
+        // A write-through command is answered from the engine's group-commit thread once
+        // its sync is done; this thread goes on to the next command meanwhile.
+        answer.then(move |resp| self.complete(resp, permit, counted));
     }
 
     /// Execute and complete a quick command here, on the connection's task. A panic fails

@@ -27,6 +27,9 @@ pub trait Model: Send + Sync {
     fn store_checkpoint(&self, mem: &MemBackend, bytes: &[u8]) -> io::Result<()> {
         mem.store_checkpoint(bytes)
     }
+    fn sync(&self, mem: &MemBackend) -> io::Result<()> {
+        mem.sync()
+    }
 }
 
 /// A [`MemBackend`] with `model` in front of it.
@@ -46,7 +49,7 @@ impl<M: Model> Backend for Modelled<M> {
         self.model.write_at(&self.mem, data, offset)
     }
     fn sync(&self) -> io::Result<()> {
-        self.mem.sync()
+        self.model.sync(&self.mem)
     }
     fn allocate(&self, offset: u64, len: u64) -> io::Result<()> {
         self.model.allocate(&self.mem, offset, len)
