@@ -275,6 +275,14 @@ test("volumes: create, resize, rename, snapshot, clone, connect, disconnect, del
   await submit(page, "Resize", { size: "128M" });
   await waitFor("ui1 grown", async () => (await volume("ui1")).provisioned_bytes === 128 << 20);
 
+  // New volumes are write-through; the panel turns the cache on, and the API shows it kept.
+  assert.equal((await volume("ui1")).write_cache, "write-through");
+  await submit(page, "Write cache", { write_cache: "write-back" });
+  await waitFor("ui1 write-back", async () => {
+    const v = await volume("ui1");
+    return v.write_cache === "write-back" && v.write_cache_saved === "write-back";
+  });
+
   // Each action shows the API's own sentence when refused: a name taken, a host connected.
   form = await submit(page, "Rename", { name: "demo" });
   assert.equal(await formError(form), (await apiCall(server, "PATCH", "/api/v1/volumes/ui1", { name: "demo" })).body.error.message);

@@ -83,6 +83,60 @@ pub struct UpdateArray {
 
 // ---- volumes ----
 
+/// When a volume answers a write: `write-through` once it is durable (WCE=0; safe for every
+/// host, VMware ESXi included, which never flushes), or `write-back` once it is in the array's
+/// memory, durable at the host's next SYNCHRONIZE CACHE or FUA write (WCE=1; only for hosts
+/// that flush: Linux, QEMU/Proxmox with a cache mode that passes flushes on, Windows).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum WriteCache {
+    #[default]
+    WriteThrough,
+    WriteBack,
+}
+
+impl WriteCache {
+    /// The caching mode page's WCE bit for this setting.
+    pub fn wce(self) -> bool {
+        self == WriteCache::WriteBack
+    }
+
+    /// The setting a WCE bit stands for.
+    pub fn from_wce(wce: bool) -> Self {
+        if wce {
+            WriteCache::WriteBack
+        } else {
+            WriteCache::WriteThrough
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            WriteCache::WriteThrough => "write-through",
+            WriteCache::WriteBack => "write-back",
+        }
+    }
+}
+
+impl std::fmt::Display for WriteCache {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl std::str::FromStr for WriteCache {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "write-through" => Ok(WriteCache::WriteThrough),
+            "write-back" => Ok(WriteCache::WriteBack),
+            _ => Err(format!(
+                "'{s}' is not a write cache setting (write-through or write-back)"
+            )),
+        }
+    }
+}
+
 /// One volume as the API shows it.
 #[derive(Debug, Serialize, Deserialize)]
 pub struct VolumeInfo {
@@ -114,6 +168,13 @@ pub struct VolumeInfo {
     /// That volume's current name; null once it is deleted.
     #[serde(default)]
     pub source: Option<String>,
+    /// The write cache in effect (a host's MODE SELECT may have changed it until restart).
+    #[serde(default)]
+    pub write_cache: WriteCache,
+    /// The write cache the volume starts with (set by the API, the CLI, the console, the
+    /// configuration file, or a host saving the caching mode page).
+    #[serde(default)]
+    pub write_cache_saved: WriteCache,
 }
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -136,9 +197,12 @@ pub struct CreateVolume {
     /// `engine` (default) or `passthrough`.
     #[serde(default)]
     pub kind: Option<String>,
+    /// `write-through` (default) or `write-back`.
+    #[serde(default)]
+    pub write_cache: Option<WriteCache>,
 }
 
-/// `PATCH /api/v1/volumes/{name}`: grow and/or rename.
+/// `PATCH /api/v1/volumes/{name}`: grow, rename, and/or change the write cache.
 #[derive(Debug, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct UpdateVolume {
@@ -146,6 +210,8 @@ pub struct UpdateVolume {
     pub name: Option<String>,
     #[serde(default)]
     pub size_bytes: Option<u64>,
+    #[serde(default)]
+    pub write_cache: Option<WriteCache>,
 }
 
 /// Body of snapshot and clone requests.
@@ -528,12 +594,31 @@ mod tests {
             r#""vaai":{"ats":1,"ats_failed":2,"clone_read":3,"clone_write":4,"clone_failed":5,"#,
             r#""zero":6,"zero_failed":7,"delete":8,"delete_failed":9,"deleted_bytes":10,"#,
             r#""cloned_bytes":11,"zeroed_bytes":12},"#,
-            r#""created_ms":17,"source_id":null,"source":null}"#
+            r#""created_ms":17,"source_id":null,"source":null,"#,
+            r#""write_cache":"write-back","write_cache_saved":"write-through"}"#
         );
         let v: VolumeInfo = serde_json::from_str(text).unwrap();
         assert_eq!(v.vaai.zeroed_bytes, 12);
+        assert_eq!(v.write_cache, WriteCache::WriteBack);
+        assert_eq!(v.write_cache_saved, WriteCache::WriteThrough);
         assert_eq!(v.connections[0].host, "h");
         assert_eq!(serde_json::to_string(&v).unwrap(), text);
+    }
+
+    #[test]
+    fn write_cache_settings_are_named_as_the_cli_and_the_configuration_name_them() {
+        for setting in [WriteCache::WriteThrough, WriteCache::WriteBack] {
+            let json = serde_json::to_string(&setting).unwrap();
+            assert_eq!(json, format!("\"{setting}\""));
+            assert_eq!(setting.as_str().parse::<WriteCache>().unwrap(), setting);
+            assert_eq!(WriteCache::from_wce(setting.wce()), setting);
+        }
+        assert!(
+            !WriteCache::default().wce(),
+            "new volumes are write-through"
+        );
+        let err = "writeback".parse::<WriteCache>().unwrap_err();
+        assert!(err.contains("write-through or write-back"), "{err}");
     }
 
     #[test]

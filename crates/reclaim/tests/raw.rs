@@ -29,7 +29,9 @@ fn start_with(size: u64, engine: bool) -> Target {
         if engine {
             array.create_volume("v", size, 512).unwrap();
         } else {
-            array.create_passthrough_volume("v", size, 512).unwrap();
+            array
+                .create_passthrough_volume("v", size, 512, sliver_server::WriteCache::WriteBack)
+                .unwrap();
         }
         array.connect("v", "*", Some(0)).unwrap();
     }))

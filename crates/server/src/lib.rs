@@ -18,4 +18,6 @@ pub mod poll;
 mod target;
 
 pub use array::{Array, ArrayError};
+/// A volume's write cache setting, as the API and the array records name it.
+pub use sliver_api_types::WriteCache;
 pub use target::{Server, ServerOptions, SessionSummary, Timeouts, MAX_CONNECTIONS, MAX_SESSIONS};

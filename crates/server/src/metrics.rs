@@ -168,6 +168,24 @@ pub fn render(array: &Array) -> Result<String, ArrayError> {
         }
     }
 
+    // One series per volume, the value saying which setting is in effect: dashboards and
+    // alerts find write-back volumes with `sliver_volume_write_back == 1`.
+    out.help(
+        "sliver_volume_write_back",
+        "gauge",
+        "1 when the volume answers writes before they are durable (write-back, WCE=1), 0 when write-through.",
+    );
+    for record in array.volumes() {
+        if let Some(unit) = array.unit(&record.name) {
+            let write_back = f64::from(u8::from(unit.write_cache()));
+            out.sample(
+                "sliver_volume_write_back",
+                &[("volume", &record.name)],
+                write_back,
+            );
+        }
+    }
+
     let space = array.engine_space();
     let engine = array.engine();
     let cache = engine.cache_stats();

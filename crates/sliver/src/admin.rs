@@ -3,7 +3,7 @@
 use crate::client::{segment, ApiArgs, Client};
 use clap::Subcommand;
 use serde_json::{json, Value};
-use sliver_api_types::{ArrayInfo, ConnectionInfo, HostInfo, VolumeInfo};
+use sliver_api_types::{ArrayInfo, ConnectionInfo, HostInfo, VolumeInfo, WriteCache};
 use sliver_reclaim::units::{human_bytes, parse_size};
 
 #[derive(Subcommand)]
@@ -20,6 +20,10 @@ pub enum VolumeCommand {
         /// Store data byte for byte in a sparse file instead of the engine.
         #[arg(long)]
         passthrough: bool,
+        /// write-through (every write durable before it is answered; for every host, ESXi
+        /// included) or write-back (for hosts that flush: Linux, QEMU/Proxmox, Windows).
+        #[arg(long, default_value = "write-through")]
+        write_cache: WriteCache,
     },
     /// List volumes and snapshots.
     List {
@@ -38,6 +42,8 @@ pub enum VolumeCommand {
         #[arg(long)]
         size: String,
     },
+    /// Set a volume's write cache: write-through or write-back (connected hosts are told).
+    WriteCache { name: String, setting: WriteCache },
     /// Rename a volume (hosts keep seeing the same disk).
     Rename { name: String, new_name: String },
     /// Delete a volume or snapshot (it must be disconnected first).
@@ -134,19 +140,29 @@ pub fn volume(api: &ApiArgs, cmd: VolumeCommand) -> Result<(), String> {
             size,
             block_size,
             passthrough,
+            write_cache,
         } => {
             let body = json!({
                 "name": name,
                 "size_bytes": size_arg(&size)?,
                 "block_size": block_size,
                 "kind": if passthrough { "passthrough" } else { "engine" },
+                "write_cache": write_cache,
             });
             let v: VolumeInfo = c.post("/api/v1/volumes", &body)?;
             println!(
-                "created volume '{}' ({})",
+                "created volume '{}' ({}, {})",
                 v.name,
-                human_bytes(v.provisioned_bytes)
+                human_bytes(v.provisioned_bytes),
+                v.write_cache
             );
+        }
+        VolumeCommand::WriteCache { name, setting } => {
+            let v: VolumeInfo = c.patch(
+                &format!("/api/v1/volumes/{}", segment(&name)),
+                &json!({ "write_cache": setting }),
+            )?;
+            println!("volume '{}' is now {}", v.name, v.write_cache);
         }
         VolumeCommand::List { json } => {
             let list: Vec<VolumeInfo> = c.get("/api/v1/volumes")?;
@@ -258,12 +274,25 @@ fn create_from(c: &Client, source: &str, kind: &str, new: &str) -> Result<(), St
     Ok(())
 }
 
+/// The setting in effect, and the saved one where a host changed it until restart.
+fn write_cache_text(v: &VolumeInfo) -> String {
+    if v.write_cache == v.write_cache_saved {
+        v.write_cache.to_string()
+    } else {
+        format!(
+            "{} (set by a host until restart; saved: {})",
+            v.write_cache, v.write_cache_saved
+        )
+    }
+}
+
 fn print_volume(v: &VolumeInfo) {
     let row = |k: &str, val: String| println!("{k:<20} {val}");
     row("name", v.name.clone());
     row("kind", v.kind.clone());
     row("id", v.id.clone());
     row("block size", v.block_size.to_string());
+    row("write cache", write_cache_text(v));
     row("provisioned", human_bytes(v.provisioned_bytes));
     row(
         "mapped",

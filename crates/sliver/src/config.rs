@@ -34,6 +34,18 @@ pub struct Config {
     /// Hosts: created or updated at start to match this list.
     #[serde(default)]
     pub hosts: Vec<Host>,
+    /// Settings of existing volumes, applied at start.
+    #[serde(default)]
+    pub volumes: Vec<VolumeSettings>,
+}
+
+/// `[[volumes]]`: one existing volume's settings (volumes are created through the API or CLI).
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct VolumeSettings {
+    pub name: String,
+    /// `write-through` or `write-back`.
+    pub write_cache: Option<sliver_api_types::WriteCache>,
 }
 
 #[derive(Debug, Default, Deserialize)]

@@ -227,6 +227,7 @@ struct Settings {
     poll: Option<std::time::Duration>,
     target_chap: Option<ChapSecret>,
     hosts: Vec<config::Host>,
+    volumes: Vec<config::VolumeSettings>,
     soft_threshold: Option<f64>,
     gc_priority: Option<sliver_engine::GcPriority>,
 }
@@ -365,6 +366,7 @@ fn settings(args: ServeArgs) -> Result<Settings, String> {
             .transpose()
             .map_err(|e| format!("[chap]: {e}"))?,
         hosts: file.hosts,
+        volumes: file.volumes,
         soft_threshold,
         gc_priority,
     })
@@ -411,6 +413,16 @@ fn serve(args: ServeArgs) -> Result<(), String> {
             .and_then(|()| array.connect(DEMO_VOLUME, ANY_HOST, Some(0)))
             .map_err(|e| format!("cannot create the demo volume: {e}"))?;
         tracing::info!("created volume '{DEMO_VOLUME}' (10 GiB) connected to every initiator");
+    }
+    for v in &s.volumes {
+        if let Some(setting) = v.write_cache {
+            array.set_write_cache(&v.name, setting).map_err(|e| {
+                format!(
+                    "cannot apply volume '{}' from the configuration: {e}",
+                    v.name
+                )
+            })?;
+        }
     }
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()

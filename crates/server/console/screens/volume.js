@@ -73,7 +73,8 @@ export function volume(root, ctx, name) {
     figure("physical", "physical_bytes", "stored only for this volume"),
     figure("shared", "shared_bytes", "stored once, used by others too"),
     figure("data reduction", "data_reduction"),
-    figure("thin provisioning", "thin_provisioning", "provisioned / mapped"));
+    figure("thin provisioning", "thin_provisioning", "provisioned / mapped"),
+    figure("write cache", "write_cache"));
   const charts = ioCharts(POINTS);
   const classes = h("tbody");
   const vaai = h("tbody");
@@ -136,6 +137,10 @@ export function volume(root, ctx, name) {
     setFigure(root, "shared_bytes", v.shared_bytes, fmt.bytes(v.shared_bytes));
     setFigure(root, "data_reduction", v.data_reduction, fmt.ratio(v.data_reduction));
     setFigure(root, "thin_provisioning", v.thin_provisioning, fmt.ratio(v.thin_provisioning));
+    setFigure(root, "write_cache", v.write_cache, v.write_cache,
+      v.write_cache === v.write_cache_saved
+        ? (v.write_cache === "write-through" ? "durable before answered" : "durable at the host's flush")
+        : `set by a host until restart (saved: ${v.write_cache_saved})`);
 
     const s = stats.volumes.find((x) => x.name === name);
     if (s) {
@@ -172,7 +177,7 @@ export function volume(root, ctx, name) {
       (x) => h("li", null, h("a", { href: `#/volumes/${encodeURIComponent(x.name)}`, text: x.name }), h("span", { class: "hint" })),
       (li, x) => setText(li.children[1], ` ${x.kind === "snapshot" ? "snapshot" : "clone"}, ${fmt.dateTime(x.created_ms)}, ${fmt.bytes(x.physical_bytes)} of its own`));
 
-    const actionsKey = JSON.stringify([v.connections, hostNames, v.read_only]);
+    const actionsKey = JSON.stringify([v.connections, hostNames, v.read_only, v.write_cache]);
     if (actionsFor !== actionsKey) {
       actionsFor = actionsKey;
       replace(actions, h("h2", { text: "Actions" }), volumeActions(v, hostNames, ctx,

@@ -36,6 +36,17 @@ export function input(name, attrs) {
   return h("input", { name, autocomplete: "off", ...attrs });
 }
 
+/** What each write cache setting means, for the hosts that may use it. */
+export const WRITE_CACHE = [
+  ["write-through", "write-through: every write durable before it is answered (any host, ESXi included)"],
+  ["write-back", "write-back: durable at the host's flush (only hosts that flush: Linux, QEMU/Proxmox, Windows)"],
+];
+
+function writeCacheSelect(value) {
+  return h("select", { name: "write_cache" }, WRITE_CACHE.map(([v, text]) =>
+    h("option", { value: v, text, selected: v === value })));
+}
+
 /** The actions on one volume, in a panel under the table (volume screen uses them too). */
 export function volumeActions(v, hostNames, ctx, afterDelete, afterChange) {
   const path = `/api/v1/volumes/${api.enc(v.name)}`;
@@ -50,6 +61,13 @@ export function volumeActions(v, hostNames, ctx, afterDelete, afterChange) {
       const bytes = fmt.parseSize(size.value);
       if (bytes === null) throw new Error(`'${size.value}' is not a size (e.g. 200G)`);
       await api.send("PATCH", path, { size_bytes: bytes });
+      done();
+    }));
+  }
+  if (!v.read_only) {
+    const cache = writeCacheSelect(v.write_cache);
+    forms.push(actionForm("Write cache", [{ label: "answer writes", input: cache, hint: "connected hosts are told at once" }], "Set", async () => {
+      await api.send("PATCH", path, { write_cache: cache.value });
       done();
     }));
   }
@@ -99,13 +117,15 @@ export function volumes(root, ctx) {
   const panel = h("div", { class: "panel", hidden: true });
   const name = input("name", { required: true, placeholder: "datastore1" });
   const size = input("size", { required: true, placeholder: "100G" });
+  const cache = writeCacheSelect("write-through");
   const create = actionForm("Create volume", [
     { label: "name", input: name },
     { label: "size", input: size, hint: "thin: space is used as data is written" },
+    { label: "write cache", input: cache },
   ], "Create", async () => {
     const bytes = fmt.parseSize(size.value);
     if (bytes === null) throw new Error(`'${size.value}' is not a size (e.g. 100G)`);
-    await api.send("POST", "/api/v1/volumes", { name: name.value, size_bytes: bytes });
+    await api.send("POST", "/api/v1/volumes", { name: name.value, size_bytes: bytes, write_cache: cache.value });
     name.value = "";
     size.value = "";
     ctx.refresh();
@@ -127,7 +147,7 @@ export function volumes(root, ctx) {
   let panelKey = null;
   let hostNames = [];
   let list = [];
-  const keyOf = (v) => JSON.stringify([v.name, v.read_only, v.connections, hostNames]);
+  const keyOf = (v) => JSON.stringify([v.name, v.read_only, v.write_cache, v.connections, hostNames]);
 
   function open(v) {
     selected = v.name;

@@ -7,7 +7,9 @@ use crate::Array;
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::Json;
-use sliver_api_types::{Connect, ConnectionInfo, CreateVolume, NewName, UpdateVolume, VolumeInfo};
+use sliver_api_types::{
+    Connect, ConnectionInfo, CreateVolume, NewName, UpdateVolume, VolumeInfo, WriteCache,
+};
 use std::net::SocketAddr;
 
 pub(crate) fn volume_info(
@@ -49,11 +51,11 @@ fn volume_info_among(
             lun: c.lun,
         })
         .collect();
-    let vaai = ctx
-        .array
-        .unit(&record.name)
-        .map(|u| u.stats().vaai)
-        .unwrap_or_default();
+    let unit = ctx.array.unit(&record.name);
+    let vaai = unit.as_ref().map(|u| u.stats().vaai).unwrap_or_default();
+    let write_cache = unit.as_ref().map_or(record.write_cache, |u| {
+        WriteCache::from_wce(u.write_cache())
+    });
     Ok(VolumeInfo {
         name: record.name.clone(),
         id: record.id.clone(),
@@ -75,6 +77,8 @@ fn volume_info_among(
             .and_then(|id| names.get(id.as_str()))
             .map(|n| n.to_string()),
         source_id: record.source_id.clone(),
+        write_cache,
+        write_cache_saved: record.write_cache,
     })
 }
 
@@ -142,11 +146,12 @@ pub(super) async fn volume_create(
             ))
         }
     };
+    let write_cache = req.write_cache.unwrap_or_default();
     created_volume(ctx, req.name, move |array, name| {
         if passthrough {
-            array.create_passthrough_volume(name, req.size_bytes, block_size)
+            array.create_passthrough_volume(name, req.size_bytes, block_size, write_cache)
         } else {
-            array.create_volume(name, req.size_bytes, block_size)
+            array.create_volume_caching(name, req.size_bytes, block_size, write_cache)
         }
     })
     .await
@@ -175,6 +180,9 @@ pub(super) async fn volume_update(
         find_volume(&ctx, &name)?;
         if let Some(size) = req.size_bytes {
             ctx.array.resize_volume(&name, size)?;
+        }
+        if let Some(setting) = req.write_cache {
+            ctx.array.set_write_cache(&name, setting)?;
         }
         let name = match req.name {
             Some(new) if new != name => {

@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuar
 
 use sliver_replica::ship::ShippingBackend;
 
-use super::{ArrayConfig, ArrayError, Result, Settings, CONFIG_FILE};
+use super::{ArrayConfig, ArrayError, Result, Settings, VolumeRecord, CONFIG_FILE};
 use crate::events::EventLog;
 
 pub(super) struct ConfigStore {
@@ -88,6 +88,28 @@ impl ConfigStore {
         }
         apply();
         Ok(changed)
+    }
+}
+
+impl ConfigStore {
+    /// Apply `change` to the record of the volume whose id is `id` and save it; its name, or
+    /// `None` when no volume has that id. Like the settings, a volume's own settings do not
+    /// move the generation: no session's LUN table depends on them.
+    pub(super) fn update_volume(
+        &self,
+        id: &str,
+        change: impl FnOnce(&mut VolumeRecord),
+    ) -> Result<Option<String>> {
+        let mut config = self.current.write().unwrap_or_else(|e| e.into_inner());
+        let mut updated = config.clone();
+        let Some(record) = updated.volumes.iter_mut().find(|v| v.id == id) else {
+            return Ok(None);
+        };
+        change(record);
+        let name = record.name.clone();
+        self.save(&updated)?;
+        *config = updated;
+        Ok(Some(name))
     }
 }
 

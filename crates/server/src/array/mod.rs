@@ -10,12 +10,13 @@ use crate::events::{EventLog, NewEvent};
 mod chap;
 mod config_store;
 mod pool;
+mod write_cache;
 
 pub use chap::{ChapSecret, StoredChap};
 use config_store::{lock_events, ConfigStore};
 use pool::Pool;
 use serde::{Deserialize, Serialize};
-use sliver_api_types::{InvalidIscsiName, IscsiName};
+use sliver_api_types::{InvalidIscsiName, IscsiName, WriteCache};
 use sliver_engine::{
     Engine, EngineConfig, EngineSpace, EngineVolume, FileBackend, GcPriority, Tuning,
 };
@@ -119,6 +120,10 @@ pub struct VolumeRecord {
     /// is deleted, so siblings still group.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub source_id: Option<String>,
+    /// When writes are answered (the saved WCE). Volumes recorded before the setting existed
+    /// were write-back, and stay so until changed: an upgrade changes no volume's behaviour.
+    #[serde(default = "write_cache::recorded_before_the_setting")]
+    pub write_cache: WriteCache,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
@@ -485,9 +490,21 @@ impl Array {
         self.units.read().unwrap().get(volume).cloned()
     }
 
-    /// Create a thin engine volume of `size_bytes` (a multiple of the engine's chunk size).
+    /// Create a thin engine volume of `size_bytes` (a multiple of the engine's chunk size),
+    /// write-through.
     pub fn create_volume(&self, name: &str, size_bytes: u64, block_size: u32) -> Result<()> {
-        self.create_volume_unrecorded(name, size_bytes, block_size)
+        self.create_volume_caching(name, size_bytes, block_size, WriteCache::WriteThrough)
+    }
+
+    /// [`Array::create_volume`] with the write cache `write_cache`.
+    pub fn create_volume_caching(
+        &self,
+        name: &str,
+        size_bytes: u64,
+        block_size: u32,
+        write_cache: WriteCache,
+    ) -> Result<()> {
+        self.create_volume_unrecorded(name, size_bytes, block_size, write_cache)
             .inspect(|_| {
                 self.volume_event(
                     "volume_created",
@@ -497,7 +514,13 @@ impl Array {
             })
     }
 
-    fn create_volume_unrecorded(&self, name: &str, size_bytes: u64, block_size: u32) -> Result<()> {
+    fn create_volume_unrecorded(
+        &self,
+        name: &str,
+        size_bytes: u64,
+        block_size: u32,
+        write_cache: WriteCache,
+    ) -> Result<()> {
         self.check_new_volume(name, size_bytes, block_size)?;
         let chunk = self.engine.chunk_size() as u64;
         if !size_bytes.is_multiple_of(chunk) || !chunk.is_multiple_of(block_size as u64) {
@@ -516,6 +539,7 @@ impl Array {
                 read_only: false,
             },
             None,
+            write_cache,
         )
         .inspect_err(|_| {
             let _ = self.engine.delete_volume(volume);
@@ -528,8 +552,9 @@ impl Array {
         name: &str,
         size_bytes: u64,
         block_size: u32,
+        write_cache: WriteCache,
     ) -> Result<()> {
-        self.create_passthrough_volume_unrecorded(name, size_bytes, block_size)
+        self.create_passthrough_volume_unrecorded(name, size_bytes, block_size, write_cache)
             .inspect(|_| {
                 self.volume_event(
                     "volume_created",
@@ -547,6 +572,7 @@ impl Array {
         name: &str,
         size_bytes: u64,
         block_size: u32,
+        write_cache: WriteCache,
     ) -> Result<()> {
         self.check_new_volume(name, size_bytes, block_size)?;
         let path = PathBuf::from("volumes").join(format!("{:032x}.img", rand::random::<u128>()));
@@ -556,6 +582,7 @@ impl Array {
             block_size,
             VolumeKind::Passthrough { path },
             None,
+            write_cache,
         )
     }
 
@@ -601,6 +628,8 @@ impl Array {
             record.block_size,
             VolumeKind::Engine { volume, read_only },
             Some(record.id.clone()),
+            // A clone starts as its source is set up (a snapshot has no writes to cache).
+            record.write_cache,
         )
         .inspect_err(|_| {
             let _ = self.engine.delete_volume(volume);
@@ -626,6 +655,7 @@ impl Array {
         block_size: u32,
         kind: VolumeKind,
         source_id: Option<String>,
+        write_cache: WriteCache,
     ) -> Result<()> {
         let mut config = self.config_mut();
         if config.volumes.iter().any(|v| v.name == name) {
@@ -643,6 +673,7 @@ impl Array {
             kind,
             created_ms,
             source_id,
+            write_cache,
         };
         let unit = self.open_unit(&record, &config.target_name)?;
         self.commit(&mut config, |c| c.volumes.push(record))?;
@@ -1293,7 +1324,13 @@ impl Array {
             target_port_group: 1,
             state_dir: Some(state_dir),
         };
-        let unit = LogicalUnit::new(volume, config);
+        let saved = write_cache::SavedCachingPage::new(
+            self.config.clone(),
+            self.events.clone(),
+            &record.id,
+        );
+        let unit = LogicalUnit::new(volume, config)
+            .with_saved_mode_pages(record.write_cache.wce(), Arc::new(saved));
         // An engine volume lives in the array's pool; a passthrough file has none.
         Ok(Arc::new(match record.kind {
             VolumeKind::Engine { .. } => unit.with_pool(self.pool.clone()),
