@@ -30,6 +30,9 @@ pub const BATCH_BYTES: usize = 8 << 20;
 /// relocation, a checkpoint's pages) could break the copy with the store well.
 pub const MIN_BACKLOG: u64 = 16 << 20;
 
+/// How long a batch collects writes before a log sync cuts it ([`Shared::cut_at_sync`]).
+const SYNC_CUT_AGE: Duration = Duration::from_millis(250);
+
 const POOL_FILE: &str = "replication-pool";
 const STATE_FILE: &str = "replication-state";
 
@@ -251,6 +254,18 @@ impl Shared {
     fn cut(&self) {
         let mut b = self.batch.lock().unwrap();
         self.cut_locked(&mut b);
+    }
+
+    /// A log sync: cut the batch once it has waited [`SYNC_CUT_AGE`] (or the whole cut
+    /// interval, if shorter); a younger batch is cut by a later sync or the timer. Hosts that
+    /// flush often, and write-through volumes, which sync for every group of writes (thousands
+    /// of times a second), would otherwise make an object of every few writes.
+    fn cut_at_sync(&self) {
+        let mut b = self.batch.lock().unwrap();
+        let age = SYNC_CUT_AGE.min(self.config.cut_interval);
+        if b.since.is_some_and(|t| t.elapsed() >= age) {
+            self.cut_locked(&mut b);
+        }
     }
 
     fn cut_locked(&self, b: &mut Batch) {
@@ -1636,7 +1651,7 @@ impl Backend for ShippingBackend {
 
     fn sync(&self) -> io::Result<()> {
         self.inner.sync()?;
-        self.shared.cut();
+        self.shared.cut_at_sync();
         Ok(())
     }
 
