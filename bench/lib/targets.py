@@ -138,6 +138,18 @@ def stop_all():
             pass
 
 
+def peak_rss(proc):
+    """The peak resident set (VmHWM) of a process we started, in bytes; None once it ended."""
+    try:
+        with open(f"/proc/{proc.pid}/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
 def size_arg(n):
     """Bytes as the sliver CLI's size syntax, exactly."""
     for unit, mult in (("T", 1 << 40), ("G", GIB), ("M", MIB), ("K", 1024)):
@@ -170,9 +182,14 @@ class Sliver:
     def cli(self, *args, timeout=60):
         return run([self.binary, *map(str, args)], env=self.env, timeout=timeout)[1]
 
-    def volume(self, name, size):
+    def volume(self, name, size, write_cache="write-back"):
+        """Create and connect a volume; returns its iscsi:// URL.
+
+        write-back by default, although sliver's own default is write-through: the benchmarks
+        compare sliver with tgt's default, which answers writes from the page cache, and must
+        compare like with like. bench/write-through asks for write-through explicitly."""
         lun = len(self.luns) + 1
-        self.cli("volume", "create", name, "--size", size_arg(size))
+        self.cli("volume", "create", name, "--size", size_arg(size), "--write-cache", write_cache)
         self.cli("volume", "connect", name, "--host", "*", "--lun", lun)
         self.luns[name] = lun
         return self.url(name)
@@ -227,13 +244,17 @@ class Tgt:
         return run(["tgtadm", "-C", str(self.control), "--lld", "iscsi", *map(str, args)],
                    timeout=60)[1]
 
-    def volume(self, name, size):
+    def volume(self, name, size, sync=False):
+        """A sparse backing file as a new LUN; returns its iscsi:// URL. sync=True opens the
+        file O_SYNC (`--bsoflags sync`): every write durable before tgt answers, tgt's write
+        cache off (its caching mode page still reports WCE=1)."""
         path = os.path.join(self.dir, name + ".img")
         with open(path, "wb") as f:
             f.truncate(size)
         lun = len(self.luns) + 1
+        flags = ["--bsoflags", "sync"] if sync else []
         self.adm("--op", "new", "--mode", "logicalunit", "--tid", 1, "--lun", lun, "-b", path,
-                 "--bstype", "rdwr")
+                 "--bstype", "rdwr", *flags)
         self.adm("--op", "update", "--mode", "logicalunit", "--tid", 1, "--lun", lun,
                  "--params", "thin_provisioning=1")
         self.luns[name] = (lun, path)
@@ -241,6 +262,23 @@ class Tgt:
 
     def url(self, name):
         return f"iscsi://127.0.0.1:{self.port}/{self.target_iqn}/{self.luns[name][0]}"
+
+    def open_flags(self, name):
+        """The flags tgtd opened the backing file of `name` with (/proc/PID/fdinfo), or None
+        when no descriptor of tgtd points at it."""
+        path = os.path.realpath(self.luns[name][1])
+        fds = f"/proc/{self.proc.pid}/fd"
+        for fd in os.listdir(fds):
+            try:
+                if os.readlink(os.path.join(fds, fd)) != path:
+                    continue
+                with open(f"/proc/{self.proc.pid}/fdinfo/{fd}") as f:
+                    for line in f:
+                        if line.startswith("flags:"):
+                            return int(line.split()[1], 8)
+            except OSError:
+                continue
+        return None
 
     def allocated(self, name):
         return os.stat(self.luns[name][1]).st_blocks * 512
