@@ -14,11 +14,12 @@ command -v node >/dev/null || { echo "console tests: node is missing (apt-get in
 command -v qemu-io >/dev/null || { echo "console tests: qemu-io is missing (apt-get install qemu-utils qemu-block-extra)" >&2; exit 1; }
 
 cargo build --quiet --bin sliver
+sliver="$(realpath -m "${CARGO_TARGET_DIR:-target}")/debug/sliver"
 # The copy screen's test ships to a real object store.
 weed=$(scripts/seaweedfs.sh)
 cd tests/console
 # The locked versions from the machine's configured npm source; playwright-core's install
 # script would download a browser: skipped, Debian's is used.
 PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD=1 npm ci --ignore-scripts --no-audit --no-fund --loglevel=error
-SLIVER_BIN="$PWD/../../target/debug/sliver" CHROMIUM="$chromium" SLIVER_WEED="$weed" \
+SLIVER_BIN="$sliver" CHROMIUM="$chromium" SLIVER_WEED="$weed" \
   node --test --test-concurrency=1 --test-timeout=180000 console.test.mjs

@@ -15,4 +15,4 @@ SLIVER_WEED="$weed" cargo test -p sliver-replica --test seaweedfs -- --ignored -
 # `sliver restore` into another directory, and every written block reads back from the
 # restored array (qemu-io's pattern check).
 cargo build --quiet --bin sliver
-"$(dirname "$0")/replication-e2e.sh" "$weed" "$PWD/target/debug/sliver"
+"$(dirname "$0")/replication-e2e.sh" "$weed" "$(realpath -m "${CARGO_TARGET_DIR:-target}")/debug/sliver"

@@ -12,7 +12,8 @@
 #   7. a store hung at start and refused credentials: the array serves, the copy waits and
 #      says why, and starts (with a base) once the store answers;
 #   8. every restore is on demand: the array serves at once, `qemu-img compare` reads data not
-#      yet fetched, hydration finishes in the background (and resumes after a SIGKILL).
+#      yet fetched, hydration finishes in the background (and resumes after a SIGKILL);
+#   9. (first) an endpoint without credentials: one sentence on how to give them, at once.
 # Usage: replication-e2e.sh WEED SLIVER. Ends only the processes it started, by PID.
 set -euo pipefail
 # Reads a command's whole output before matching it: under pipefail, `cmd | grep -q` fails
@@ -50,6 +51,30 @@ for _ in $(seq 1 240); do
 done
 export AWS_ACCESS_KEY_ID=sliver AWS_SECRET_ACCESS_KEY=sliver-e2e AWS_REGION=us-east-1
 url=s3://sliver-e2e/array1
+
+# An endpoint and no credentials: `sliver restore` and `sliver serve --replicate-to` say so in
+# one sentence, at once, before any request; never the cloud's instance metadata (were it
+# tried, AWS_METADATA_ENDPOINT keeps it on a closed loopback port, and the sentence is missing).
+nocreds() {
+  env -u AWS_ACCESS_KEY_ID -u AWS_SECRET_ACCESS_KEY AWS_METADATA_ENDPOINT="http://127.0.0.1:$(port)" "$@"
+}
+said="no credentials are configured for $url at $endpoint: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY"
+t0=$(date +%s%N)
+if nocreds "$sliver" restore --from "$url" --s3-endpoint "$endpoint" --data-dir "$work/nc" 2>"$work/nc.err"; then
+  echo "a restore without credentials succeeded" >&2
+  exit 1
+fi
+ms=$(( ($(date +%s%N) - t0) / 1000000 ))
+grep -qF "$said" "$work/nc.err" || { cat "$work/nc.err" >&2; echo "no sentence on the missing credentials" >&2; exit 1; }
+[ "$ms" -lt 3000 ] || { echo "a restore without credentials took $ms ms to fail" >&2; exit 1; }
+[ ! -e "$work/nc" ] || { echo "a restore without credentials left $work/nc" >&2; exit 1; }
+if nocreds timeout -s KILL 30 "$sliver" serve --data-dir "$work/nc" --capacity 1G --iscsi-listen 127.0.0.1:0 \
+  --api-listen 127.0.0.1:0 --replicate-to "$url" --s3-endpoint "$endpoint" >"$work/nc.out" 2>&1; then
+  echo "sliver serve --replicate-to without credentials exited 0" >&2
+  exit 1
+fi
+grep -qF "$said" "$work/nc.out" || { cat "$work/nc.out" >&2; echo "serve: no sentence on the missing credentials" >&2; exit 1; }
+echo "no credentials: $(grep -o 'no credentials are configured.*' "$work/nc.err")"
 
 # serve DIR [extra args]: starts sliver, sets $api and $lun from its first lines.
 serve() {

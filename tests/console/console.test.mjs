@@ -190,6 +190,26 @@ test("charts gain points while I/O runs, and VAAI zeroing and unmapping show", a
   await server.stop();
 });
 
+test("the space screen's hour view labels its time axis in whole minutes, also with its first few points", async () => {
+  const server = await startSliver();
+  const { page, context, record } = await openConsole(server, "#/space");
+  for (const title of ["Space (last hour)", "Host writes and GC relocation (last hour)"]) {
+    const chart = `[data-chart="${title}"]`;
+    await waitFor(`${title}: two points`, async () => Number(await page.getAttribute(chart, "data-points")) >= 2, 30000);
+    const labels = await waitFor(`${title}: the time axis drawn`, async () => JSON.parse(await page.getAttribute(chart, "data-time-labels") || "null"));
+    // Under a minute of the 5 s ring: where the axis fell to seconds and their fractions (":48.500").
+    const points = Number(await page.getAttribute(chart, "data-points"));
+    assert.ok(points < 12, `${title}: ${points} points, not a few`);
+    assert.ok(labels.length >= 2, `${title}: time axis labels ${JSON.stringify(labels)}`);
+    for (const label of labels) {
+      assert.match(label.split("\n")[0], /^\d{1,2}:\d{2}(am|pm)$/, `${title}: a time axis label not in whole minutes among ${JSON.stringify(labels)}`);
+    }
+  }
+  assert.deepEqual(record.errors, [], "console errors");
+  await context.close();
+  await server.stop();
+});
+
 test("polling: one request in flight at most, none while hidden, stale when the API fails or stops, then live", async () => {
   const server = await startSliver();
   const { page, context, record } = await openConsole(server);

@@ -74,6 +74,86 @@ pub struct S3Config {
     pub secret_access_key: Option<String>,
 }
 
+/// Where the S3 client takes its credentials from (see [`credential_source`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CredentialSource {
+    /// An access key: the configuration's, or `AWS_ACCESS_KEY_ID` and `AWS_SECRET_ACCESS_KEY`.
+    AccessKey,
+    /// What the platform names in the environment: a web identity token
+    /// (`AWS_WEB_IDENTITY_TOKEN_FILE` and `AWS_ROLE_ARN`) or a container's credentials
+    /// (`AWS_CONTAINER_CREDENTIALS_RELATIVE_URI`, or `..._FULL_URI` with
+    /// `AWS_CONTAINER_AUTHORIZATION_TOKEN_FILE`).
+    Platform,
+    /// None: unsigned requests (`AWS_SKIP_SIGNATURE=true`, a public bucket).
+    Unsigned,
+    /// The cloud's instance metadata (169.254.169.254): on AWS itself (no endpoint given), or
+    /// elsewhere when asked for with [`CREDENTIALS_VAR`]`=instance-metadata`.
+    InstanceMetadata,
+}
+
+/// The environment variable that asks for the instance metadata's credentials with an endpoint.
+pub const CREDENTIALS_VAR: &str = "SLIVER_S3_CREDENTIALS";
+
+/// Where the client for `config` takes its credentials from, reading the environment through
+/// `env`: the sources `object_store`'s builder tries, in its order, except that its last one,
+/// the instance metadata, is never used with an endpoint unless asked for. An endpoint with no
+/// credentials is an error in one sentence that says how to give them, before any request.
+pub fn credential_source(
+    config: &S3Config,
+    env: &dyn Fn(&str) -> Option<String>,
+) -> Result<CredentialSource, StoreError> {
+    let set = |name: &str| env(name).is_some();
+    let describe = match &config.endpoint {
+        Some(e) => format!("{} at {e}", config.url),
+        None => config.url.clone(),
+    };
+    let asked = match env(CREDENTIALS_VAR) {
+        None => false,
+        Some(v) if v == "instance-metadata" => true,
+        Some(v) => {
+            return Err(StoreError::Config(format!(
+                "{CREDENTIALS_VAR}={v:?}: the one value it takes is instance-metadata"
+            )))
+        }
+    };
+    let key = config.access_key_id.is_some() || set("AWS_ACCESS_KEY_ID");
+    let secret = config.secret_access_key.is_some() || set("AWS_SECRET_ACCESS_KEY");
+    if key != secret {
+        let (given, missing) = if key {
+            ("an access key id", "secret access key")
+        } else {
+            ("a secret access key", "access key id")
+        };
+        return Err(StoreError::Config(format!(
+            "{describe}: {given} is configured but no {missing}: give both (AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or [replication] access_key_id and secret_access_key_file)"
+        )));
+    }
+    let truthy = |name: &str| {
+        env(name).is_some_and(|v| {
+            ["1", "true", "on", "yes", "y"].contains(&v.to_ascii_lowercase().as_str())
+        })
+    };
+    Ok(if key {
+        CredentialSource::AccessKey
+    } else if (set("AWS_WEB_IDENTITY_TOKEN_FILE") && set("AWS_ROLE_ARN"))
+        || set("AWS_CONTAINER_CREDENTIALS_RELATIVE_URI")
+        || (set("AWS_CONTAINER_CREDENTIALS_FULL_URI")
+            && set("AWS_CONTAINER_AUTHORIZATION_TOKEN_FILE"))
+    {
+        CredentialSource::Platform
+    } else if truthy("AWS_SKIP_SIGNATURE") {
+        CredentialSource::Unsigned
+    } else if asked
+        || (config.endpoint.is_none() && !set("AWS_ENDPOINT") && !set("AWS_ENDPOINT_URL"))
+    {
+        CredentialSource::InstanceMetadata
+    } else {
+        return Err(StoreError::Config(format!(
+            "no credentials are configured for {describe}: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY in sliver's environment (or, for `sliver serve`, access_key_id and secret_access_key_file under [replication]), or {CREDENTIALS_VAR}=instance-metadata to take them from the cloud's instance metadata"
+        )));
+    })
+}
+
 /// The bucket and the prefix of an `s3://BUCKET/PREFIX` URL, checked.
 pub fn parse_s3_url(url: &str) -> Result<(String, String), StoreError> {
     let bad =
@@ -116,6 +196,8 @@ pub struct S3Store {
 impl S3Store {
     pub fn connect(config: &S3Config) -> Result<Self, StoreError> {
         let (bucket, prefix) = parse_s3_url(&config.url)?;
+        // Before the builder, whose last resort is the instance metadata at 169.254.169.254.
+        credential_source(config, &|name| std::env::var(name).ok())?;
         let mut builder = AmazonS3Builder::from_env()
             .with_bucket_name(&bucket)
             // If-None-Match / If-Match on PUT (AWS since 2024, SeaweedFS, Ceph RGW, MinIO, R2).
@@ -305,5 +387,97 @@ mod tests {
             let e = parse_s3_url(bad).unwrap_err().to_string();
             assert!(e.contains("is not an s3://BUCKET/PREFIX URL"), "{bad}: {e}");
         }
+    }
+
+    /// The credential decision for a store at `endpoint` with `env` as the environment.
+    fn source(
+        endpoint: Option<&str>,
+        keys: bool,
+        env: &[(&str, &str)],
+    ) -> Result<CredentialSource, String> {
+        let config = S3Config {
+            url: "s3://pool/site-a".into(),
+            endpoint: endpoint.map(str::to_string),
+            access_key_id: keys.then(|| "sliver".to_string()),
+            secret_access_key: keys.then(|| "s3cr3t".to_string()),
+            ..S3Config::default()
+        };
+        let lookup = |name: &str| {
+            env.iter()
+                .find(|(k, _)| *k == name)
+                .map(|(_, v)| v.to_string())
+        };
+        credential_source(&config, &lookup).map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn instance_metadata_only_on_aws_itself_or_when_asked_for() {
+        use CredentialSource::*;
+        let seaweed = Some("http://127.0.0.1:8333");
+        // An endpoint and nothing else: one sentence that says how to give credentials.
+        for env in [
+            &[][..],
+            &[("AWS_REGION", "us-east-1")],
+            &[("AWS_ROLE_ARN", "arn:aws:iam::1:role/r")],
+            &[("AWS_SKIP_SIGNATURE", "false")],
+        ] {
+            let e = source(seaweed, false, env).unwrap_err();
+            assert_eq!(
+                e,
+                "no credentials are configured for s3://pool/site-a at http://127.0.0.1:8333: \
+                 set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY in sliver's environment (or, \
+                 for `sliver serve`, access_key_id and secret_access_key_file under \
+                 [replication]), or SLIVER_S3_CREDENTIALS=instance-metadata to take them from \
+                 the cloud's instance metadata",
+                "{env:?}"
+            );
+        }
+        // An endpoint in the environment is an endpoint too.
+        for var in ["AWS_ENDPOINT", "AWS_ENDPOINT_URL"] {
+            let e = source(None, false, &[(var, "http://127.0.0.1:8333")]).unwrap_err();
+            assert!(
+                e.starts_with("no credentials are configured for s3://pool/site-a:"),
+                "{e}"
+            );
+        }
+        // Without an endpoint (AWS itself) the instance metadata is the last source, as in
+        // every AWS client; with one, only when asked for.
+        assert_eq!(source(None, false, &[]), Ok(InstanceMetadata));
+        let asked = [(CREDENTIALS_VAR, "instance-metadata")];
+        assert_eq!(source(seaweed, false, &asked), Ok(InstanceMetadata));
+        let e = source(seaweed, false, &[(CREDENTIALS_VAR, "imds")]).unwrap_err();
+        assert!(
+            e.contains("the one value it takes is instance-metadata"),
+            "{e}"
+        );
+        // Keys, from the configuration or the environment, come first, asked or not.
+        assert_eq!(source(seaweed, true, &[]), Ok(AccessKey));
+        assert_eq!(source(seaweed, true, &asked), Ok(AccessKey));
+        let env_keys = [("AWS_ACCESS_KEY_ID", "k"), ("AWS_SECRET_ACCESS_KEY", "s")];
+        assert_eq!(source(seaweed, false, &env_keys), Ok(AccessKey));
+        assert_eq!(source(None, false, &env_keys), Ok(AccessKey));
+        // Half a key is an error, never a reason to look elsewhere.
+        for half in [&env_keys[..1], &env_keys[1..]] {
+            let e = source(None, false, half).unwrap_err();
+            assert!(e.contains("give both"), "{e}");
+        }
+        // What the platform names in the environment, and unsigned requests.
+        for env in [
+            &[
+                ("AWS_WEB_IDENTITY_TOKEN_FILE", "/t"),
+                ("AWS_ROLE_ARN", "arn"),
+            ][..],
+            &[("AWS_CONTAINER_CREDENTIALS_RELATIVE_URI", "/v2/c")],
+            &[
+                ("AWS_CONTAINER_CREDENTIALS_FULL_URI", "http://127.0.0.1:1/c"),
+                ("AWS_CONTAINER_AUTHORIZATION_TOKEN_FILE", "/t"),
+            ],
+        ] {
+            assert_eq!(source(seaweed, false, env), Ok(Platform), "{env:?}");
+        }
+        assert_eq!(
+            source(seaweed, false, &[("AWS_SKIP_SIGNATURE", "true")]),
+            Ok(Unsigned)
+        );
     }
 }

@@ -7,6 +7,9 @@ import { h } from "./dom.js";
 
 const COLORS = ["#2f6fdf", "#e0742b", "#2a9d6f", "#9b59b6", "#c0392b", "#7f8c8d"];
 
+/** uPlot's time axis steps of a minute and more (s). */
+const MINUTE_STEPS = [60, 300, 600, 900, 1800, 3600, 7200, 10800, 14400, 21600, 28800, 43200, 86400];
+
 /** Width of the value axis from its widest label (a fixed width clipped "10.0 MB/s"). */
 function axisWidth(u, values, axisIdx, cycleNum) {
   const axis = u.axes[axisIdx];
@@ -24,10 +27,12 @@ export class TimeChart {
   /**
    * `series`: [{label, value: point => number|null, unit: "iops"|"bytes"|"us"|"bytes/s"}];
    * `limit`: most points kept; `every`: how often the ring gains a point, for the text shown
-   * until the first one.
+   * until the first one; `minutes`: label the time axis in whole minutes only, however few
+   * the points (uPlot otherwise labels a few seconds of them in seconds and their fractions).
    */
-  constructor(title, series, format, limit, every = "every 5 s") {
+  constructor(title, series, format, limit, every = "every 5 s", minutes = false) {
     this.series = series;
+    this.minutes = minutes;
     this.limit = limit;
     this.format = format;
     this.times = [];
@@ -77,13 +82,26 @@ export class TimeChart {
       if (!this.el.isConnected || !this.times.length) return;
       this.empty.remove();
       const fmt = this.format;
+      const x = { time: true };
+      const timeAxis = {};
+      if (this.minutes) {
+        // The shown range widened to whole minutes (one at least), ticks a minute apart or more.
+        x.range = (u, min, max) => {
+          const from = Math.floor(min / 60) * 60;
+          return [from, Math.max(Math.ceil(max / 60) * 60, from + 60)];
+        };
+        timeAxis.incrs = MINUTE_STEPS;
+      }
       this.plot = new uPlot({
         width: this.width(),
         height: 180,
         legend: { live: true },
         cursor: { drag: { x: false, y: false } },
-        scales: { x: { time: true } },
-        axes: [{}, { values: (u, ticks) => ticks.map((v) => fmt(v)), size: axisWidth }],
+        scales: { x },
+        axes: [timeAxis, { values: (u, ticks) => ticks.map((v) => fmt(v)), size: axisWidth }],
+        // The time axis's labels as drawn, in `data-time-labels` (the browser tests read them;
+        // `_values` is the vendored uPlot's own, pinned by vendor/SHA256SUMS).
+        hooks: { draw: [(u) => { this.el.dataset.timeLabels = JSON.stringify(u.axes[0]._values || []); }] },
         series: [{}, ...this.series.map((s, i) => ({
           label: s.label,
           stroke: COLORS[i % COLORS.length],

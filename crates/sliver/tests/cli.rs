@@ -423,3 +423,71 @@ chap_secret = "esx1-chap-secret"
     let a: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(a["gc"]["priority"], "low");
 }
+
+#[test]
+fn an_endpoint_without_credentials_is_one_sentence_at_once_never_instance_metadata() {
+    let dir = tempfile::tempdir().unwrap();
+    // Nothing listens on these ports: the store's, and the instance metadata's were it tried
+    // (AWS_METADATA_ENDPOINT keeps it off 169.254.169.254).
+    let closed = || {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().port()
+    };
+    let endpoint = format!("http://127.0.0.1:{}", closed());
+    let data = dir.path().join("data");
+    let data = data.to_str().unwrap();
+    for args in [
+        vec!["restore", "--from", "s3://pool/site-a", "--data-dir", data],
+        vec!["restore", "--from", "s3://pool/site-a", "--list"],
+        vec![
+            "serve",
+            "--data-dir",
+            data,
+            "--capacity",
+            "1G",
+            "--iscsi-listen",
+            "127.0.0.1:0",
+            "--api-listen",
+            "127.0.0.1:0",
+            "--replicate-to",
+            "s3://pool/site-a",
+        ],
+    ] {
+        let started = Instant::now();
+        let mut child = Command::new(SLIVER)
+            .args(&args)
+            .args(["--s3-endpoint", &endpoint])
+            .env_remove("AWS_ACCESS_KEY_ID")
+            .env_remove("AWS_SECRET_ACCESS_KEY")
+            .env_remove("SLIVER_S3_CREDENTIALS")
+            .env(
+                "AWS_METADATA_ENDPOINT",
+                format!("http://127.0.0.1:{}", closed()),
+            )
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        // A server that started anyway is stopped (by its PID) and the test fails below.
+        while child.try_wait().unwrap().is_none() && started.elapsed() < Duration::from_secs(20) {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let _ = child.kill();
+        let out = child.wait_with_output().unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{args:?}: {stderr}");
+        let said = format!(
+            "no credentials are configured for s3://pool/site-a at {endpoint}: set \
+             AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY in sliver's environment"
+        );
+        assert!(stderr.contains(&said), "{args:?}: {stderr}");
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "{args:?}: failed after {:?}",
+            started.elapsed()
+        );
+        if args[0] == "restore" {
+            assert!(!std::path::Path::new(data).exists(), "{args:?} made {data}");
+        }
+    }
+}

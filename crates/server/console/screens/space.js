@@ -64,11 +64,11 @@ export function space(root, ctx) {
         { label: "used", value: (p) => p.space && p.space.physical_used_bytes },
         { label: "live", value: (p) => p.space && p.space.live_bytes },
         { label: "reclaimable", value: (p) => p.space && p.space.reclaimable_bytes },
-      ], fmt.bytes, r.points, r.every),
+      ], fmt.bytes, r.points, r.every, true),
       new TimeChart(`Host writes and GC relocation (${r.label})`, [
         { label: "host writes", value: (p) => p.host_written_bytes_per_s },
         { label: "GC relocation", value: (p) => p.gc_relocated_bytes_per_s },
-      ], fmt.rate, r.points, r.every),
+      ], fmt.rate, r.points, r.every, true),
     ];
     replace(chartBox, charts.map((c) => c.el));
     for (const b of rangeButtons.children) b.setAttribute("aria-pressed", String(b.dataset.range === r.key));
