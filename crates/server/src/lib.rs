@@ -16,6 +16,8 @@ pub mod history;
 mod metrics;
 pub mod poll;
 mod target;
+pub mod throttle;
+pub mod tls;
 
 pub use array::{Array, ArrayError};
 pub use target::{Server, ServerOptions, SessionSummary, Timeouts, MAX_CONNECTIONS, MAX_SESSIONS};

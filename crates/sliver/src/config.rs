@@ -62,6 +62,14 @@ pub struct ApiSection {
     /// name (requests naming anything else are refused: DNS rebinding).
     #[serde(default)]
     pub allowed_hosts: Vec<String>,
+    /// HTTPS on a loopback address too (beyond loopback it always is; `false` there is an
+    /// error).
+    pub tls: Option<bool>,
+    /// The administrator's certificate chain (PEM) instead of the generated one; read again
+    /// when it changes.
+    pub tls_cert: Option<PathBuf>,
+    /// Its private key (PEM).
+    pub tls_key: Option<PathBuf>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -169,6 +177,12 @@ impl Config {
             return Err(format!(
                 "{}[api]: give token or token_file, not both",
                 line_of("token")
+            ));
+        }
+        if self.api.tls_cert.is_some() != self.api.tls_key.is_some() {
+            return Err(format!(
+                "{}[api]: give tls_cert and tls_key together",
+                line_of("tls_")
             ));
         }
         sliver_server::api::AllowedHosts::new(&self.api.allowed_hosts)

@@ -96,6 +96,10 @@ pub struct ApiContext {
     pub history: Arc<std::sync::Mutex<History>>,
     /// The iSCSI server, for its live sessions (`None`: an API without one lists none).
     pub server: Option<Arc<crate::Server>>,
+    /// The certificate served over HTTPS; `None`: plain HTTP (loopback only).
+    pub tls: Option<Arc<crate::tls::CertFiles>>,
+    /// Wrong tokens by source address, which slow that address down.
+    pub failed_logins: crate::throttle::FailedLogins,
 }
 
 type Ctx = Arc<ApiContext>;
@@ -164,20 +168,43 @@ fn router_shared(ctx: Ctx) -> Router {
         .with_state(ctx)
 }
 
-/// Serve the API on `listener` until `shutdown` resolves, sampling the statistics history
-/// every [`history::SAMPLE_SECONDS`] meanwhile.
+/// Serve the API on `listener` (over HTTPS when `ctx.tls` is set) until `shutdown`
+/// resolves, sampling the statistics history every [`history::SAMPLE_SECONDS`] meanwhile.
 pub async fn serve(
     listener: tokio::net::TcpListener,
     ctx: ApiContext,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
+    let tls = match &ctx.tls {
+        Some(certs) => Some(Arc::new(
+            crate::tls::server_config(certs.clone()).map_err(std::io::Error::other)?,
+        )),
+        None => None,
+    };
+    let listener = crate::tls::ApiListener::new(listener, tls)?;
     let ctx = Arc::new(ctx);
     let sampler = tokio::spawn(sample_history(Arc::downgrade(&ctx)));
-    let served = axum::serve(listener, router_shared(ctx))
-        .with_graceful_shutdown(shutdown)
-        .await;
+    let served = axum::serve(
+        listener,
+        router_shared(ctx).into_make_service_with_connect_info::<Peer>(),
+    )
+    .with_graceful_shutdown(shutdown)
+    .await;
     sampler.abort();
     served
+}
+
+/// The address a request came from (`ConnectInfo<Peer>` in a request's extensions).
+#[derive(Clone, Copy, Debug)]
+pub struct Peer(pub SocketAddr);
+
+impl
+    axum::extract::connect_info::Connected<axum::serve::IncomingStream<'_, crate::tls::ApiListener>>
+    for Peer
+{
+    fn connect_info(stream: axum::serve::IncomingStream<'_, crate::tls::ApiListener>) -> Self {
+        Peer(*stream.remote_addr())
+    }
 }
 
 /// Samples the history until the API is gone. A reading costs O(volumes): counters only.
