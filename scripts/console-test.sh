@@ -11,6 +11,7 @@ if [ ! -x "$chromium" ]; then
   exit 1
 fi
 command -v node >/dev/null || { echo "console tests: node is missing (apt-get install nodejs npm)" >&2; exit 1; }
+command -v openssl >/dev/null || { echo "console tests: openssl is missing (apt-get install openssl)" >&2; exit 1; }
 command -v qemu-io >/dev/null || { echo "console tests: qemu-io is missing (apt-get install qemu-utils qemu-block-extra)" >&2; exit 1; }
 
 cargo build --quiet --bin sliver
@@ -20,5 +21,5 @@ cd tests/console
 # The locked versions from the machine's configured npm source; playwright-core's install
 # script would download a browser: skipped, Debian's is used.
 PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD=1 npm ci --ignore-scripts --no-audit --no-fund --loglevel=error
-SLIVER_BIN="$PWD/../../target/debug/sliver" CHROMIUM="$chromium" SLIVER_WEED="$weed" \
+SLIVER_BIN="${CARGO_TARGET_DIR:-$PWD/../../target}/debug/sliver" CHROMIUM="$chromium" SLIVER_WEED="$weed" \
   node --test --test-concurrency=1 --test-timeout=180000 console.test.mjs
