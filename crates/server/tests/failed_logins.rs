@@ -40,12 +40,20 @@ fn wrong_chap_responses_are_slowed_and_logged_while_another_address_is_not() {
     });
     // Enough failures that the guessing address's next attempt waits seconds.
     let failures = FREE_FAILURES + 5;
+    let mut previous_start = Instant::now();
     for n in 1..=failures {
-        let (result, took) = login(&t, "wrong-secret-123", "127.0.0.1");
+        let started = Instant::now();
+        let (result, _) = login(&t, "wrong-secret-123", "127.0.0.1");
         assert!(result.is_err(), "attempt {n} with a wrong secret logged in");
-        // The nth attempt comes after n - 1 failures: it waited at least their delay.
+        // The nth attempt is answered no sooner than the delay of n - 1 failures after the
+        // last of them, which came after the previous attempt began.
         let floor = delay_after(n - 1);
-        assert!(took >= floor, "attempt {n} took {took:?}, under {floor:?}");
+        let since = previous_start.elapsed();
+        assert!(
+            since >= floor,
+            "attempt {n} answered {since:?} after the previous began, under {floor:?}"
+        );
+        previous_start = started;
     }
     // Another address is not held up by the guessing one (which now waits
     // delay_after(failures), seconds).
