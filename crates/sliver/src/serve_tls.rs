@@ -57,7 +57,9 @@ fn certificate_names(listen: SocketAddr, allowed_names: &[String]) -> Vec<String
         names.push(listen.ip().to_string());
     }
     names.extend(allowed_names.iter().cloned());
-    names.retain(|n| !n.is_empty());
+    // A certificate holds ASCII names only (IA5String); an internationalised host name
+    // would have to be in its punycode form, which is what a client then sends anyway.
+    names.retain(|n| !n.is_empty() && n.is_ascii());
     let mut seen = std::collections::HashSet::new();
     names.retain(|n| seen.insert(n.clone()));
     names

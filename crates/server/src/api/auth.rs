@@ -1,6 +1,7 @@
 //! What refuses a request before it reaches a route: a `Host` an attacker could own (DNS
-//! rebinding), a change sent by a page of another origin, a missing or wrong token. Every
-//! answer leaves with its security headers.
+//! rebinding), a change sent by a page of another origin, a missing or wrong token (an
+//! address that keeps sending wrong ones is slowed down: `crate::throttle`). Every answer
+//! leaves with its security headers.
 
 use super::{ApiContext, ApiError, Ctx, Peer};
 use axum::extract::{ConnectInfo, Request, State};

@@ -1,4 +1,6 @@
-//! The HTTP management API (JSON over HTTP, default 127.0.0.1:8600) and Prometheus metrics.
+//! The HTTP management API (JSON over HTTP, default 127.0.0.1:8600) and Prometheus metrics,
+//! over HTTPS when [`ApiContext::tls`] holds a certificate (always beyond loopback:
+//! `crate::tls`).
 //!
 //! Routes live in [`ROUTES`] and in `openapi.json`; a test keeps the two identical and
 //! checks that every documented route answers. Errors are JSON objects with a stable
@@ -27,12 +29,15 @@ pub use error::{error_code, ApiError};
 
 use crate::array::{now_ms, Array, ArrayError};
 use crate::history::{self, Counters, History, SpaceReading};
+use crate::tls::ApiListener;
 use array::{array_show, array_update};
 use auth::authorize;
+use axum::extract::connect_info::Connected;
 use axum::extract::{FromRequest, Request};
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
+use axum::serve::IncomingStream;
 use axum::{Json, Router};
 use error::{method_not_allowed, not_found, ApiResult};
 use hosts::{host_create, host_delete, host_list, host_update};
@@ -181,7 +186,7 @@ pub async fn serve(
         )),
         None => None,
     };
-    let listener = crate::tls::ApiListener::new(listener, tls)?;
+    let listener = ApiListener::new(listener, tls)?;
     let ctx = Arc::new(ctx);
     let sampler = tokio::spawn(sample_history(Arc::downgrade(&ctx)));
     let served = axum::serve(
@@ -198,11 +203,8 @@ pub async fn serve(
 #[derive(Clone, Copy, Debug)]
 pub struct Peer(pub SocketAddr);
 
-impl
-    axum::extract::connect_info::Connected<axum::serve::IncomingStream<'_, crate::tls::ApiListener>>
-    for Peer
-{
-    fn connect_info(stream: axum::serve::IncomingStream<'_, crate::tls::ApiListener>) -> Self {
+impl Connected<IncomingStream<'_, ApiListener>> for Peer {
+    fn connect_info(stream: IncomingStream<'_, ApiListener>) -> Self {
         Peer(*stream.remote_addr())
     }
 }
