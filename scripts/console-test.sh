@@ -11,6 +11,7 @@ if [ ! -x "$chromium" ]; then
   exit 1
 fi
 command -v node >/dev/null || { echo "console tests: node is missing (apt-get install nodejs npm)" >&2; exit 1; }
+command -v openssl >/dev/null || { echo "console tests: openssl is missing (apt-get install openssl)" >&2; exit 1; }
 command -v qemu-io >/dev/null || { echo "console tests: qemu-io is missing (apt-get install qemu-utils qemu-block-extra)" >&2; exit 1; }
 
 cargo build --quiet --bin sliver
@@ -21,5 +22,7 @@ cd tests/console
 # The locked versions from the machine's configured npm source; playwright-core's install
 # script would download a browser: skipped, Debian's is used.
 PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD=1 npm ci --ignore-scripts --no-audit --no-fund --loglevel=error
+# Node 20 holds the whole file to --test-timeout as well as each test, and the suite takes
+# about three minutes on a busy two-core machine: the bound is the file's, not a test's.
 SLIVER_BIN="$sliver" CHROMIUM="$chromium" SLIVER_WEED="$weed" \
-  node --test --test-concurrency=1 --test-timeout=180000 console.test.mjs
+  node --test --test-concurrency=1 --test-timeout=900000 console.test.mjs

@@ -1,13 +1,17 @@
 // The sliver console in a real browser: Debian's chromium, driven by playwright-core, against
 // a real `sliver serve` on ephemeral ports, with real I/O from qemu-io (RFC 0002, "Test plan").
-// Run by scripts/console-test.sh (a step of scripts/test.sh).
+// Run by scripts/console-test.sh (a step of scripts/test.sh). Every sliver serves HTTPS
+// (--api-tls) with one certificate made by OpenSSL for the run; chromium trusts exactly that
+// certificate's key (--ignore-certificate-errors-spki-list), Node's requests its certificate.
 
 import { test, before, after } from "node:test";
 import assert from "node:assert/strict";
 import { spawn, execFile, execFileSync } from "node:child_process";
 import { promisify } from "node:util";
-import { mkdtempSync, rmSync, mkdirSync, readFileSync, writeFileSync } from "node:fs";
-import { randomBytes } from "node:crypto";
+import { mkdtempSync, rmSync, mkdirSync, readFileSync, writeFileSync, copyFileSync, chmodSync } from "node:fs";
+import { randomBytes, createHash, X509Certificate } from "node:crypto";
+import https from "node:https";
+import http from "node:http";
 import { createServer } from "node:net";
 import { createInterface } from "node:readline";
 import { chromium } from "playwright-core";
@@ -20,22 +24,40 @@ const SHOTS = `${ROOT}target/console-screenshots`;
 /** The console's poll interval in these tests (?poll=MS). */
 const POLL = 400;
 
+/** The run's certificate and key (an administrator's own files, as far as sliver can tell). */
+const TLS_DIR = mkdtempSync("/tmp/sliver-console-tls-");
+execFileSync("openssl", ["req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
+  "-nodes", "-keyout", `${TLS_DIR}/key.pem`, "-out", `${TLS_DIR}/cert.pem`, "-days", "2",
+  "-subj", "/CN=localhost", "-addext", "subjectAltName=IP:127.0.0.1,DNS:localhost"], { stdio: "ignore" });
+const CERT_PEM = readFileSync(`${TLS_DIR}/cert.pem`);
+const CERT = new X509Certificate(CERT_PEM);
+/** Upper-case hex pairs joined by colons: how sliver prints a fingerprint too. */
+const FINGERPRINT = CERT.fingerprint256;
+const SPKI_SHA256 = createHash("sha256")
+  .update(CERT.publicKey.export({ type: "spki", format: "der" })).digest("base64");
+
 let browser;
 const servers = [];
 
 before(async () => {
-  browser = await chromium.launch({ executablePath: CHROMIUM, headless: true, args: ["--no-sandbox"] });
+  browser = await chromium.launch({ executablePath: CHROMIUM, headless: true,
+    args: ["--no-sandbox", `--ignore-certificate-errors-spki-list=${SPKI_SHA256}`] });
   mkdirSync(SHOTS, { recursive: true });
 });
 
 after(async () => {
   for (const s of servers) await s.stop();
   if (browser) await browser.close();
+  rmSync(TLS_DIR, { recursive: true, force: true });
 });
 
 /** `sliver serve` on a fresh data directory and ephemeral ports; resolves once it printed them. */
 async function startSliver(extra = [], dir = mkdtempSync("/tmp/sliver-console-")) {
-  const child = spawn(SLIVER, ["serve", "--data-dir", dir, "--capacity", "1G",
+  // The pair where sliver keeps the one it generates: it serves it instead.
+  copyFileSync(`${TLS_DIR}/cert.pem`, `${dir}/api-cert.pem`);
+  copyFileSync(`${TLS_DIR}/key.pem`, `${dir}/api-key.pem`);
+  chmodSync(`${dir}/api-key.pem`, 0o600);
+  const child = spawn(SLIVER, ["serve", "--data-dir", dir, "--capacity", "1G", "--api-tls",
     "--iscsi-listen", "127.0.0.1:0", "--api-listen", "127.0.0.1:0", ...extra],
   { stdio: ["ignore", "pipe", "pipe"] });
   let stderr = "";
@@ -48,9 +70,11 @@ async function startSliver(extra = [], dir = mkdtempSync("/tmp/sliver-console-")
     lines.on("line", (line) => {
       const url = /iscsi:\/\/\S+/.exec(line);
       if (url && !found.lun) found.lun = url[0];
-      const api = /^API: (http:\/\/\S+)/.exec(line);
+      const fingerprint = /^API certificate SHA-256 fingerprint: (\S+)/.exec(line);
+      if (fingerprint) found.fingerprint = fingerprint[1];
+      const api = /^API: (https:\/\/\S+)/.exec(line);
       if (api) found.api = api[1];
-      const consoleUrl = /^console: (http:\/\/\S+)/.exec(line);
+      const consoleUrl = /^console: (https:\/\/\S+)/.exec(line);
       if (consoleUrl) found.console = consoleUrl[1];
       if (found.api && found.console && found.lun) {
         clearTimeout(timer);
@@ -75,13 +99,29 @@ async function startSliver(extra = [], dir = mkdtempSync("/tmp/sliver-console-")
   return server;
 }
 
-/** The API from the test, as a client other than the console (Node's fetch). */
+/** `method` on `url` with Node's own client: { status, text }. Over HTTPS it trusts the
+ * run's certificate alone. */
+function request(url, method = "GET", headers = {}, body = undefined) {
+  const client = url.startsWith("https:") ? https : http;
+  return new Promise((resolve, reject) => {
+    const req = client.request(url, { method, headers, ca: CERT_PEM, timeout: 30000 }, (res) => {
+      let text = "";
+      res.setEncoding("utf8");
+      res.on("data", (d) => { text += d; });
+      res.on("end", () => resolve({ status: res.statusCode, text }));
+    });
+    req.on("timeout", () => req.destroy(new Error(`${method} ${url}: no answer in 30 s`)));
+    req.on("error", reject);
+    req.end(body);
+  });
+}
+
+/** The API from the test, as a client other than the console. */
 async function apiCall(server, method, path, body, token) {
   const headers = { "Content-Type": "application/json" };
   if (token) headers.Authorization = `Bearer ${token}`;
-  const r = await fetch(`${server.api}${path}`, { method, headers, body: body === undefined ? undefined : JSON.stringify(body) });
-  const text = await r.text();
-  return { status: r.status, body: text ? JSON.parse(text) : null };
+  const r = await request(`${server.api}${path}`, method, headers, body === undefined ? undefined : JSON.stringify(body));
+  return { status: r.status, body: r.text ? JSON.parse(r.text) : null };
 }
 
 /** A page on the console, recording console errors, page errors and every request. */
@@ -157,6 +197,22 @@ test("a clean load: no console error, nothing leaves the origin, the dashboard e
   const foreign = record.requests.filter((u) => new URL(u).origin !== origin);
   assert.deepEqual(foreign, [], "requests to other origins");
   await context.close();
+  await server.stop();
+});
+
+test("HTTPS: the settings show the certificate's fingerprint, plain HTTP is refused", async () => {
+  const server = await startSliver();
+  assert.equal(server.fingerprint, FINGERPRINT, "sliver printed the certificate's fingerprint");
+  const { page, context, record } = await openConsole(server, "#/settings");
+  const shown = '[data-about="certificate (SHA-256)"]';
+  await waitFor("the fingerprint in the settings", async () => (await page.textContent(shown)) === FINGERPRINT);
+  const overHttp = record.requests.filter((u) => u.startsWith("http:"));
+  assert.deepEqual(overHttp, [], "every request over HTTPS");
+  assert.deepEqual(record.errors, [], "console errors");
+  await context.close();
+  const plain = await request(server.console.replace("https://", "http://"));
+  assert.equal(plain.status, 400);
+  assert.match(plain.text, /use https:\/\//);
   await server.stop();
 });
 

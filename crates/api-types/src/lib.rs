@@ -58,6 +58,11 @@ pub struct ArrayInfo {
     /// log): the array then serves reads only until it is restarted.
     #[serde(default)]
     pub poisoned: Option<String>,
+    /// The SHA-256 fingerprint of the certificate the API serves over HTTPS (colon-separated
+    /// hex), absent over plain HTTP: what a client pins, and what an administrator compares
+    /// with the one `sliver serve` printed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tls_fingerprint: Option<String>,
 }
 
 #[derive(Debug, Serialize, Deserialize)]

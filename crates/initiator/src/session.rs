@@ -47,6 +47,9 @@ pub struct SessionOptions {
     pub initial_r2t: bool,
     /// How long to wait for the target before giving up on the connection.
     pub timeout: Duration,
+    /// The address to connect from (default: the system's choice); tests log in from
+    /// 127.0.0.2 and the like to be another source on one machine.
+    pub local_address: Option<std::net::IpAddr>,
 }
 
 impl Default for SessionOptions {
@@ -60,6 +63,7 @@ impl Default for SessionOptions {
             immediate_data: true,
             initial_r2t: false,
             timeout: Duration::from_secs(30),
+            local_address: None,
         }
     }
 }
@@ -244,7 +248,7 @@ impl Session {
         let mut last = None;
         let mut stream = None;
         for a in addrs {
-            match TcpStream::connect_timeout(&a, options.timeout) {
+            match connect_from(options.local_address, &a, options.timeout) {
                 Ok(s) => {
                     stream = Some(s);
                     break;
@@ -1249,4 +1253,23 @@ impl Drop for Session {
             let _ = self.logout_inner();
         }
     }
+}
+
+/// A TCP connection to `to`, from `from` when given.
+fn connect_from(
+    from: Option<std::net::IpAddr>,
+    to: &std::net::SocketAddr,
+    timeout: Duration,
+) -> std::io::Result<TcpStream> {
+    let Some(from) = from else {
+        return TcpStream::connect_timeout(to, timeout);
+    };
+    let socket = socket2::Socket::new(
+        socket2::Domain::for_address(*to),
+        socket2::Type::STREAM,
+        None,
+    )?;
+    socket.bind(&std::net::SocketAddr::new(from, 0).into())?;
+    socket.connect_timeout(&(*to).into(), timeout)?;
+    Ok(socket.into())
 }

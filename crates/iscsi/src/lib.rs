@@ -107,6 +107,9 @@ pub trait Authority: Send + Sync {
     fn fill_random(&self, buf: &mut [u8]) {
         rand::RngCore::fill_bytes(&mut rand::rngs::OsRng, buf)
     }
+    /// Called when `initiator_name`'s CHAP response is wrong (the login then fails with an
+    /// authentication failure): the server slows down an address that keeps guessing.
+    fn chap_failed(&self, _initiator_name: &str) {}
 }
 
 /// A logged-in session as the server sees it.

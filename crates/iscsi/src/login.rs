@@ -254,7 +254,7 @@ impl Login {
             }
         }
         if chap_keys.any() {
-            self.check_chap(&chap_keys, settings, &mut reply)?;
+            self.check_chap(&chap_keys, settings, authority, &mut reply)?;
             auth_progressed = true;
         }
 
@@ -438,6 +438,7 @@ impl Login {
         &mut self,
         keys: &ChapKeys,
         settings: &TargetSettings,
+        authority: &dyn Authority,
         reply: &mut Vec<(String, String)>,
     ) -> Result<(), LoginStatus> {
         let Auth::AwaitingResponse(ours) = &self.auth else {
@@ -452,6 +453,7 @@ impl Login {
             .as_ref()
             .ok_or(LoginStatus::AuthenticationFailure)?;
         if !ours.verify(expected, user, &response) {
+            authority.chap_failed(&self.initiator_name);
             return Err(LoginStatus::AuthenticationFailure);
         }
         match (&keys.identifier, &keys.challenge) {

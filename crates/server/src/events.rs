@@ -207,6 +207,38 @@ impl EventLog {
         )
     }
 
+    /// Records `failures` failed authentications in a row from `remote` (`what`: "wrong
+    /// API token", "wrong CHAP response of ..."), and how long its next attempts wait.
+    /// Callers record the few that [`crate::throttle::worth_reporting`] picks.
+    pub fn failed_logins(
+        &mut self,
+        now_ms: u64,
+        what: &str,
+        remote: &str,
+        failures: u32,
+        initiator: Option<&str>,
+    ) -> Option<u64> {
+        let delay = crate::throttle::delay_after(failures);
+        let slowed = if delay.is_zero() {
+            String::new()
+        } else {
+            format!(
+                "; its attempts are slowed down, the next waits {} ms",
+                delay.as_millis()
+            )
+        };
+        self.record(
+            now_ms,
+            NewEvent {
+                kind: "authentication_failed",
+                severity: Some(Severity::Warning),
+                message: format!("{what} from {remote} ({failures} in a row){slowed}"),
+                initiator: initiator.map(str::to_string),
+                ..NewEvent::default()
+            },
+        )
+    }
+
     /// Records the changes of states that are sampled rather than reported: the soft
     /// threshold crossed (either way; not at the first observation unless exceeded) and the
     /// engine poisoned (once).

@@ -16,6 +16,8 @@ pub mod history;
 mod metrics;
 pub mod poll;
 mod target;
+pub mod throttle;
+pub mod tls;
 
 pub use array::{Array, ArrayError};
 /// A volume's write cache setting, as the API and the array records name it.

@@ -43,6 +43,8 @@ fn start(token: Option<&str>) -> Api {
         allowed_hosts: AllowedHosts::new(["array1.example.com"]).unwrap(),
         history: Default::default(),
         server: None,
+        tls: None,
+        failed_logins: Default::default(),
     };
     let history = ctx.history.clone();
     runtime.spawn(api::serve(listener, ctx, std::future::pending()));

@@ -133,7 +133,7 @@ fn print_json(v: &impl serde::Serialize) -> Result<(), String> {
 }
 
 pub fn volume(api: &ApiArgs, cmd: VolumeCommand) -> Result<(), String> {
-    let c = Client::new(api);
+    let c = Client::new(api)?;
     match cmd {
         VolumeCommand::Create {
             name,
@@ -331,7 +331,7 @@ fn print_volume(v: &VolumeInfo) {
 }
 
 pub fn host(api: &ApiArgs, cmd: HostCommand) -> Result<(), String> {
-    let c = Client::new(api);
+    let c = Client::new(api)?;
     match cmd {
         HostCommand::Create {
             name,
@@ -375,7 +375,7 @@ pub fn host(api: &ApiArgs, cmd: HostCommand) -> Result<(), String> {
 }
 
 pub fn array(api: &ApiArgs, cmd: ArrayCommand) -> Result<(), String> {
-    let c = Client::new(api);
+    let c = Client::new(api)?;
     match cmd {
         ArrayCommand::Set {
             soft_threshold,
@@ -490,7 +490,7 @@ fn point_line(p: &Value) -> String {
 }
 
 pub fn replication(api: &ApiArgs, cmd: ReplicationCommand) -> Result<(), String> {
-    let c = Client::new(api);
+    let c = Client::new(api)?;
     match cmd {
         ReplicationCommand::Show { json } => {
             let r: Value = c.get("/api/v1/replication")?;

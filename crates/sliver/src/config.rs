@@ -74,6 +74,14 @@ pub struct ApiSection {
     /// name (requests naming anything else are refused: DNS rebinding).
     #[serde(default)]
     pub allowed_hosts: Vec<String>,
+    /// HTTPS on a loopback address too (beyond loopback it always is; `false` there is an
+    /// error).
+    pub tls: Option<bool>,
+    /// The administrator's certificate chain (PEM) instead of the generated one; read again
+    /// when it changes.
+    pub tls_cert: Option<PathBuf>,
+    /// Its private key (PEM).
+    pub tls_key: Option<PathBuf>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -181,6 +189,12 @@ impl Config {
             return Err(format!(
                 "{}[api]: give token or token_file, not both",
                 line_of("token")
+            ));
+        }
+        if self.api.tls_cert.is_some() != self.api.tls_key.is_some() {
+            return Err(format!(
+                "{}[api]: give tls_cert and tls_key together",
+                line_of("tls_")
             ));
         }
         sliver_server::api::AllowedHosts::new(&self.api.allowed_hosts)
@@ -452,6 +466,28 @@ chap_secret = "host-secret-1234"
         std::fs::write(&secret, "\n").unwrap();
         assert!(c.s3_secret().unwrap_err().contains("is empty"));
         assert!(Config::parse("[replication]\nbucket = \"x\"\n").is_err());
+    }
+
+    #[test]
+    fn volume_settings_parse_and_a_bad_write_cache_names_its_line() {
+        let c = Config::parse(
+            "[[volumes]]\nname = \"scratch\"\nwrite_cache = \"write-back\"\n\n\
+             [[volumes]]\nname = \"vmfs1\"\nwrite_cache = \"write-through\"\n",
+        )
+        .unwrap();
+        let settings: Vec<_> = c
+            .volumes
+            .iter()
+            .map(|v| (v.name.as_str(), v.write_cache))
+            .collect();
+        use sliver_api_types::WriteCache::*;
+        assert_eq!(
+            settings,
+            [("scratch", Some(WriteBack)), ("vmfs1", Some(WriteThrough))]
+        );
+        let e =
+            Config::parse("[[volumes]]\nname = \"a\"\nwrite_cache = \"writeback\"\n").unwrap_err();
+        assert!(e.contains("line 3") && e.contains("writeback"), "{e}");
     }
 
     #[test]

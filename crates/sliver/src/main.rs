@@ -3,6 +3,7 @@
 mod admin;
 mod client;
 mod config;
+mod serve_tls;
 mod top;
 
 use clap::{CommandFactory, Parser, Subcommand};
@@ -111,9 +112,13 @@ struct ServeArgs {
     /// [default: 127.0.0.1:3260].
     #[arg(long = "iscsi-listen")]
     iscsi_listen: Vec<SocketAddr>,
-    /// HTTP API and metrics address [default: 127.0.0.1:8600].
+    /// HTTP API and metrics address [default: 127.0.0.1:8600]; beyond loopback, HTTPS.
     #[arg(long)]
     api_listen: Option<SocketAddr>,
+    /// Serve the API over HTTPS on a loopback address too (beyond loopback it always is),
+    /// with the certificate of [api] tls_cert or the one generated in the data directory.
+    #[arg(long)]
+    api_tls: bool,
     /// API token; required when the API listens beyond loopback.
     #[arg(long, env = "SLIVER_API_TOKEN", hide_env_values = true)]
     api_token: Option<String>,
@@ -222,6 +227,8 @@ struct Settings {
     api_listen: SocketAddr,
     api_token: Option<String>,
     api_allowed_hosts: AllowedHosts,
+    /// `None`: plain HTTP (loopback only).
+    api_certificate: Option<serve_tls::ApiCertificate>,
     options: ArrayOptions,
     login_timeout: Option<std::time::Duration>,
     poll: Option<std::time::Duration>,
@@ -338,6 +345,20 @@ fn settings(args: ServeArgs) -> Result<Settings, String> {
     if let Ok(own) = std::fs::read_to_string("/proc/sys/kernel/hostname") {
         let _ = api_allowed_hosts.add(own.trim());
     }
+    let allowed_names: Vec<String> = file
+        .api
+        .allowed_hosts
+        .iter()
+        .chain(&args.api_allowed_hosts)
+        .cloned()
+        .collect();
+    let api_certificate = serve_tls::choose(
+        api_listen,
+        args.api_tls,
+        file.api.tls,
+        file.api.tls_cert.clone().zip(file.api.tls_key.clone()),
+        &allowed_names,
+    )?;
     if !api_listen.ip().is_loopback() && api_token.is_none() {
         return Err(format!(
             "the API would listen on {api_listen}, beyond loopback, without a token: set [api] token or token_file in the configuration, or --api-token / SLIVER_API_TOKEN"
@@ -356,6 +377,7 @@ fn settings(args: ServeArgs) -> Result<Settings, String> {
         api_listen,
         api_token,
         api_allowed_hosts,
+        api_certificate,
         options,
         login_timeout: file.iscsi.login_timeout,
         poll: file.iscsi.poll_us,
@@ -424,6 +446,12 @@ fn serve(args: ServeArgs) -> Result<(), String> {
             })?;
         }
     }
+    let api_tls = s
+        .api_certificate
+        .as_ref()
+        .map(|c| serve_tls::load(c, &s.data_dir))
+        .transpose()?;
+    let scheme = if api_tls.is_some() { "https" } else { "http" };
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -447,7 +475,7 @@ fn serve(args: ServeArgs) -> Result<(), String> {
             tracing::info!("iSCSI portal {portal} serving {target}");
         }
         tracing::info!(
-            "API on http://{api_addr}{}",
+            "API on {scheme}://{api_addr}{}",
             if s.api_token.is_some() {
                 " (token required)"
             } else {
@@ -462,8 +490,8 @@ fn serve(args: ServeArgs) -> Result<(), String> {
                 );
             }
         }
-        println!("API: http://{api_addr}");
-        println!("console: {}", console_url(api_addr));
+        println!("API: {scheme}://{api_addr}");
+        println!("console: {}", console_url(scheme, api_addr));
         let (stop_api, api_stopped) = tokio::sync::oneshot::channel::<()>();
         let api = tokio::spawn(sliver_server::api::serve(
             api_listener,
@@ -474,6 +502,8 @@ fn serve(args: ServeArgs) -> Result<(), String> {
                 allowed_hosts: s.api_allowed_hosts,
                 history: Default::default(),
                 server: Some(server.clone()),
+                tls: api_tls,
+                failed_logins: Default::default(),
             },
             async move {
                 let _ = api_stopped.await;
@@ -671,16 +701,16 @@ async fn shutdown_signal() {
 
 /// Where the console is: the API's address, or for a wildcard listener the machine's host
 /// name (which the API's `Host` check accepts).
-fn console_url(api: std::net::SocketAddr) -> String {
+fn console_url(scheme: &str, api: std::net::SocketAddr) -> String {
     if !api.ip().is_unspecified() {
-        return format!("http://{api}/");
+        return format!("{scheme}://{api}/");
     }
     let name = std::fs::read_to_string("/proc/sys/kernel/hostname")
         .ok()
         .map(|n| n.trim().to_string())
         .filter(|n| !n.is_empty())
         .unwrap_or_else(|| "localhost".into());
-    format!("http://{name}:{}/", api.port())
+    format!("{scheme}://{name}:{}/", api.port())
 }
 
 /// jemalloc rather than the C library's allocator. glibc either maps and unmaps every large

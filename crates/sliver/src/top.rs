@@ -284,7 +284,7 @@ pub fn run(api: &ApiArgs, args: TopArgs) -> Result<(), String> {
             args.delay
         ));
     }
-    let client = Client::new(api);
+    let client = Client::new(api)?;
     let (mut last_time, mut last) = sample(&client)?;
     let mut out = std::io::stdout().lock();
     if args.batch {

@@ -1,6 +1,7 @@
 // Settings: the soft threshold, the collector's priority, what this array is (version,
-// target name, portals, start time), and the OpenAPI document and metrics, fetched with the
-// token and shown as text (a plain link could not carry it).
+// target name, portals, start time, the API certificate's fingerprint), and the OpenAPI
+// document and metrics, fetched with the token and shown as text (a plain link could not
+// carry it).
 
 import { h, replace, setText, field, errorSlot, showError } from "../dom.js";
 import * as api from "../api.js";
@@ -71,6 +72,9 @@ export function settings(root, ctx) {
       ["iSCSI portals", a.portals.join(", ")],
       ["started", fmt.dateTime(a.started_ms)],
       ["engine", a.poisoned ? `stopped accepting writes: ${a.poisoned}` : "healthy"],
+      // What an administrator compares with the fingerprint `sliver serve` printed, and what
+      // the CLI pins (--api-fingerprint).
+      ["certificate (SHA-256)", a.tls_fingerprint || "none: plain HTTP on loopback"],
     ];
     if (about.children.length !== rows.length * 2) {
       replace(about, rows.map(([k]) => [h("dt", { text: k }), h("dd", { data: { about: k } })]));

@@ -63,5 +63,6 @@ pub(crate) fn array_info(ctx: &ApiContext) -> ArrayInfo {
         hosts: ctx.array.hosts().len(),
         started_ms: ctx.array.opened_ms(),
         poisoned: ctx.array.engine().poisoned(),
+        tls_fingerprint: ctx.tls.as_ref().map(|t| t.fingerprint().to_string()),
     }
 }

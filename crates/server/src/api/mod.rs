@@ -1,4 +1,6 @@
-//! The HTTP management API (JSON over HTTP, default 127.0.0.1:8600) and Prometheus metrics.
+//! The HTTP management API (JSON over HTTP, default 127.0.0.1:8600) and Prometheus metrics,
+//! over HTTPS when [`ApiContext::tls`] holds a certificate (always beyond loopback:
+//! `crate::tls`).
 //!
 //! Routes live in [`ROUTES`] and in `openapi.json`; a test keeps the two identical and
 //! checks that every documented route answers. Errors are JSON objects with a stable
@@ -27,12 +29,15 @@ pub use error::{error_code, ApiError};
 
 use crate::array::{now_ms, Array, ArrayError};
 use crate::history::{self, Counters, History, SpaceReading};
+use crate::tls::ApiListener;
 use array::{array_show, array_update};
 use auth::authorize;
+use axum::extract::connect_info::Connected;
 use axum::extract::{FromRequest, Request};
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
+use axum::serve::IncomingStream;
 use axum::{Json, Router};
 use error::{method_not_allowed, not_found, ApiResult};
 use hosts::{host_create, host_delete, host_list, host_update};
@@ -96,6 +101,10 @@ pub struct ApiContext {
     pub history: Arc<std::sync::Mutex<History>>,
     /// The iSCSI server, for its live sessions (`None`: an API without one lists none).
     pub server: Option<Arc<crate::Server>>,
+    /// The certificate served over HTTPS; `None`: plain HTTP (loopback only).
+    pub tls: Option<Arc<crate::tls::CertFiles>>,
+    /// Wrong tokens by source address, which slow that address down.
+    pub failed_logins: crate::throttle::FailedLogins,
 }
 
 type Ctx = Arc<ApiContext>;
@@ -164,20 +173,40 @@ fn router_shared(ctx: Ctx) -> Router {
         .with_state(ctx)
 }
 
-/// Serve the API on `listener` until `shutdown` resolves, sampling the statistics history
-/// every [`history::SAMPLE_SECONDS`] meanwhile.
+/// Serve the API on `listener` (over HTTPS when `ctx.tls` is set) until `shutdown`
+/// resolves, sampling the statistics history every [`history::SAMPLE_SECONDS`] meanwhile.
 pub async fn serve(
     listener: tokio::net::TcpListener,
     ctx: ApiContext,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
+    let tls = match &ctx.tls {
+        Some(certs) => Some(Arc::new(
+            crate::tls::server_config(certs.clone()).map_err(std::io::Error::other)?,
+        )),
+        None => None,
+    };
+    let listener = ApiListener::new(listener, tls)?;
     let ctx = Arc::new(ctx);
     let sampler = tokio::spawn(sample_history(Arc::downgrade(&ctx)));
-    let served = axum::serve(listener, router_shared(ctx))
-        .with_graceful_shutdown(shutdown)
-        .await;
+    let served = axum::serve(
+        listener,
+        router_shared(ctx).into_make_service_with_connect_info::<Peer>(),
+    )
+    .with_graceful_shutdown(shutdown)
+    .await;
     sampler.abort();
     served
+}
+
+/// The address a request came from (`ConnectInfo<Peer>` in a request's extensions).
+#[derive(Clone, Copy, Debug)]
+pub struct Peer(pub SocketAddr);
+
+impl Connected<IncomingStream<'_, ApiListener>> for Peer {
+    fn connect_info(stream: IncomingStream<'_, ApiListener>) -> Self {
+        Peer(*stream.remote_addr())
+    }
 }
 
 /// Samples the history until the API is gone. A reading costs O(volumes): counters only.

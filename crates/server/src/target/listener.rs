@@ -54,6 +54,11 @@ impl Server {
                         tokio::spawn(async move {
                             // Released on drop, also if the connection task panics.
                             let _slot = slot;
+                            // An address that keeps failing CHAP waits its turn first.
+                            if !server.failed_logins.wait_turn(peer.ip()).await {
+                                tracing::debug!(%peer, "too many wrong CHAP responses waiting: closing");
+                                return;
+                            }
                             connection::drive(server, stream, peer, shutdown).await;
                         });
                     }

@@ -91,6 +91,9 @@ pub struct Server {
     registry: Mutex<Registry>,
     portals: Mutex<Vec<SocketAddr>>,
     shutdown: watch::Sender<bool>,
+    /// Wrong CHAP responses by source address: new connections from an address that keeps
+    /// guessing wait before they are served.
+    pub(crate) failed_logins: crate::throttle::FailedLogins,
 }
 
 impl Server {
@@ -114,6 +117,7 @@ impl Server {
             registry: Mutex::new(Registry::new()),
             portals: Mutex::new(vec![]),
             shutdown: watch::channel(false).0,
+            failed_logins: crate::throttle::FailedLogins::new(),
         })
     }
 

@@ -109,6 +109,24 @@ impl ConnectionAuthority {
 }
 
 impl Authority for ConnectionAuthority {
+    fn chap_failed(&self, initiator_name: &str) {
+        let ip = self.peer.ip();
+        let failures = self
+            .server
+            .failed_logins
+            .failed(ip, std::time::Instant::now());
+        if crate::throttle::worth_reporting(failures) {
+            tracing::warn!(%ip, initiator = initiator_name, failures, "wrong CHAP response");
+            self.server.array.events().failed_logins(
+                crate::array::now_ms(),
+                &format!("wrong CHAP response of {initiator_name}"),
+                &ip.to_string(),
+                failures,
+                Some(initiator_name),
+            );
+        }
+    }
+
     fn send_targets(&self, initiator_name: &str) -> Vec<DiscoveredTarget> {
         if matches!(self.server.array.access(initiator_name), Access::Unknown) {
             // ESXi discovers before it logs in: this is where an unknown host shows first.
@@ -183,6 +201,9 @@ impl Authority for ConnectionAuthority {
             tsih = tsih.wrapping_add(1);
         }
         reg.next_tsih = tsih.wrapping_add(1);
+        if self.chap.load(Ordering::Relaxed) {
+            self.server.failed_logins.succeeded(self.peer.ip());
+        }
         let summary = SessionSummary {
             initiator: info.initiator_name.clone(),
             alias: info.initiator_alias.clone(),
