@@ -18,7 +18,7 @@ pub(crate) struct Done {
     pub affected_bytes: u64,
     /// A volume whose completed writes must be durable before the command is answered
     /// (FUA, WCE=0, SYNCHRONIZE CACHE). The command's thread does not wait for that: the
-    /// LU answers once the volume says so (`LogicalUnit::execute_then`), so a queue of
+    /// LU answers once the volume says so (`LogicalUnit::execute_deferring`), so a queue of
     /// write-through commands shares one sync.
     pub durable: Option<Arc<dyn Volume>>,
 }

@@ -238,8 +238,9 @@ fn write_and_verify(lu: &LogicalUnit, r: BlockRange, data_out: &[u8]) -> Outcome
     }
     let _lock = lu.locks.lock(r.lba, r.blocks);
     // Verification is of the medium, so the data must be there first.
-    store(lu, r.lba, data)?;
-    lu.volume.flush().map_err(write_failure)?;
+    lu.volume
+        .write_durable(r.lba, data)
+        .map_err(write_failure)?;
     let mut medium = sliver_volume::io_buffer(bytes);
     lu.volume.read(r.lba, &mut medium).map_err(read_failure)?;
     compare(data, &medium)?;

@@ -17,7 +17,7 @@ pub fn render(array: &Array) -> Result<String, ArrayError> {
             continue;
         };
         let space = unit.volume().space()?;
-        volumes.push((record.name, unit.stats(), space));
+        volumes.push((record.name, unit.stats(), space, unit.write_cache()));
     }
 
     for (metric, help, pick) in [
@@ -38,7 +38,7 @@ pub fn render(array: &Array) -> Result<String, ArrayError> {
         ),
     ] {
         out.help(metric, "counter", help);
-        for (name, stats, _) in &volumes {
+        for (name, stats, _, _) in &volumes {
             for (class, s) in &stats.classes {
                 out.sample(
                     metric,
@@ -53,7 +53,7 @@ pub fn render(array: &Array) -> Result<String, ArrayError> {
         "histogram",
         "Time from command arrival at the SCSI device server to its completion.",
     );
-    for (name, stats, _) in &volumes {
+    for (name, stats, _, _) in &volumes {
         for class in CommandClass::ALL {
             let s = stats.class(class);
             let mut cumulative = 0u64;
@@ -87,7 +87,7 @@ pub fn render(array: &Array) -> Result<String, ArrayError> {
         "counter",
         "VAAI primitives by esxtop column: ats, ats_failed, clone_read, clone_write, clone_failed, zero, zero_failed, delete, delete_failed.",
     );
-    for (name, stats, _) in &volumes {
+    for (name, stats, _, _) in &volumes {
         let v = &stats.vaai;
         for (primitive, value) in [
             ("ats", v.ats),
@@ -125,7 +125,7 @@ pub fn render(array: &Array) -> Result<String, ArrayError> {
         ),
     ] {
         out.help(metric, "counter", help);
-        for (name, stats, _) in &volumes {
+        for (name, stats, _, _) in &volumes {
             out.sample(metric, &[("volume", name)], pick(&stats.vaai) as f64);
         }
     }
@@ -163,7 +163,7 @@ pub fn render(array: &Array) -> Result<String, ArrayError> {
         ),
     ] {
         out.help(metric, "gauge", help);
-        for (name, _, space) in &volumes {
+        for (name, _, space, _) in &volumes {
             out.sample(metric, &[("volume", name)], pick(space));
         }
     }
@@ -175,15 +175,9 @@ pub fn render(array: &Array) -> Result<String, ArrayError> {
         "gauge",
         "1 when the volume answers writes before they are durable (write-back, WCE=1), 0 when write-through.",
     );
-    for record in array.volumes() {
-        if let Some(unit) = array.unit(&record.name) {
-            let write_back = f64::from(u8::from(unit.write_cache()));
-            out.sample(
-                "sliver_volume_write_back",
-                &[("volume", &record.name)],
-                write_back,
-            );
-        }
+    for (name, _, _, write_back) in &volumes {
+        let value = f64::from(u8::from(*write_back));
+        out.sample("sliver_volume_write_back", &[("volume", name)], value);
     }
 
     let space = array.engine_space();

@@ -6,6 +6,7 @@ use sliver_initiator::{Session, SessionOptions};
 use sliver_server::array::ChapSecret;
 use sliver_server::throttle::{delay_after, worth_reporting, FREE_FAILURES};
 use sliver_test_support::hosts::{iqn, HOST_A};
+use sliver_test_support::slowdown::each_attempt_slowed;
 use sliver_test_support::target::Running;
 use std::time::{Duration, Instant};
 
@@ -40,21 +41,10 @@ fn wrong_chap_responses_are_slowed_and_logged_while_another_address_is_not() {
     });
     // Enough failures that the guessing address's next attempt waits seconds.
     let failures = FREE_FAILURES + 5;
-    let mut previous_start = Instant::now();
-    for n in 1..=failures {
-        let started = Instant::now();
+    each_attempt_slowed(failures, |n| {
         let (result, _) = login(&t, "wrong-secret-123", "127.0.0.1");
         assert!(result.is_err(), "attempt {n} with a wrong secret logged in");
-        // The nth attempt is answered no sooner than the delay of n - 1 failures after the
-        // last of them, which came after the previous attempt began.
-        let floor = delay_after(n - 1);
-        let since = previous_start.elapsed();
-        assert!(
-            since >= floor,
-            "attempt {n} answered {since:?} after the previous began, under {floor:?}"
-        );
-        previous_start = started;
-    }
+    });
     // Another address is not held up by the guessing one (which now waits
     // delay_after(failures), seconds).
     let (good, took) = login(&t, SECRET, "127.0.0.2");

@@ -5,6 +5,7 @@
 
 use serde_json::Value;
 use sliver_server::throttle::{delay_after, worth_reporting, FREE_FAILURES};
+use sliver_test_support::slowdown::each_attempt_slowed;
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
@@ -307,21 +308,10 @@ fn wrong_tokens_are_slowed_and_logged_while_another_address_is_not() {
         (status, body, started.elapsed())
     };
     let failures = FREE_FAILURES + 5;
-    let mut previous_start = Instant::now();
-    for n in 1..=failures {
-        let started = Instant::now();
+    each_attempt_slowed(failures, |n| {
         let (status, body, _) = from("127.0.0.1", "a-wrong-token-0123456789");
-        assert_eq!(status, 401, "{body}");
-        // The nth attempt is answered no sooner than the delay of n - 1 failures after the
-        // last of them, which came after the previous attempt began.
-        let floor = delay_after(n - 1);
-        let since = previous_start.elapsed();
-        assert!(
-            since >= floor,
-            "attempt {n} answered {since:?} after the previous began, under {floor:?}"
-        );
-        previous_start = started;
-    }
+        assert_eq!(status, 401, "attempt {n}: {body}");
+    });
     // Another address with the right token is not held up by the guessing one.
     let (status, body, took) = from("127.0.0.2", TOKEN);
     assert_eq!(status, 200, "{body}");

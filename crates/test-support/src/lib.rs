@@ -5,7 +5,8 @@
 //!   ephemeral loopback port, stopped when dropped;
 //! - [`data`]: test data that dedup and compression cannot shrink, different per seed;
 //! - [`hosts`]: two hosts and their volumes, for access-control tests;
-//! - [`layers`]: the cycles of a crate's module graph, for the test that keeps crates layered.
+//! - [`layers`]: the cycles of a crate's module graph, for the test that keeps crates layered;
+//! - [`slowdown`]: the failed-login slowdown as a client sees it.
 //!
 //! Only integration tests (`tests/*.rs`) use it: it links the server, so a crate's own unit
 //! tests would get a second copy of the crate they test.
@@ -13,4 +14,5 @@
 pub mod data;
 pub mod hosts;
 pub mod layers;
+pub mod slowdown;
 pub mod target;

@@ -22,6 +22,9 @@ use std::time::Duration;
 use super::Engine;
 use super::{EngineError, Result};
 
+/// Why waiters left when the engine went away are answered with an error.
+const CLOSED: &str = "the engine was closed before the write was durable";
+
 /// What runs once the log up to a command's write is durable (or the sync failed).
 pub type Durable = Box<dyn FnOnce(Result<()>) + Send>;
 
@@ -71,7 +74,7 @@ impl GroupCommit {
     }
 
     /// Answer every waiter with an error and refuse new ones.
-    pub(super) fn close(&self, why: &str) {
+    fn close(&self, why: &str) {
         let waiting = {
             let mut queue = self.lock();
             queue.closed = true;
@@ -86,7 +89,7 @@ impl GroupCommit {
 
 impl Drop for GroupCommit {
     fn drop(&mut self) {
-        self.close("the engine was closed before the write was durable");
+        self.close(CLOSED);
     }
 }
 
@@ -100,8 +103,8 @@ fn shared_error(e: &EngineError) -> EngineError {
 
 impl Engine {
     /// Run `done` once every write completed before this call is durable, on the engine's
-    /// group-commit thread (or here, at once, when there is nothing to wait for). `done`
-    /// must not block for long: it runs before the next sync's waiters are answered.
+    /// group-commit thread (here, at once, for a read-only or poisoned engine). `done` must
+    /// not block for long: it runs before the next sync's waiters are answered.
     pub fn flush_then(self: &Arc<Self>, done: Durable) {
         if self.read_only {
             return done(Ok(()));
@@ -134,7 +137,7 @@ fn group_commit_thread(engine: Weak<Engine>, commit: Arc<GroupCommit>) {
         // Holding only the queue while idle: the engine can be dropped meanwhile.
         let waiting = commit.take(Duration::from_secs(1));
         let Some(engine) = engine.upgrade() else {
-            commit.close("the engine was closed before the write was durable");
+            commit.close(CLOSED);
             return;
         };
         if waiting.is_empty() {

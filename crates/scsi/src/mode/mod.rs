@@ -124,17 +124,10 @@ fn values(lu: &LogicalUnit, control: PageControl) -> Values {
     let set_bytes = threshold_set_bytes(lu);
     let pool = lu.pool.as_ref().map(|p| p.soft_threshold());
     let caching_saveable = lu.mode.saved.is_some();
-    if control == PageControl::Saved {
-        let current = values(lu, PageControl::Current);
-        return Values {
-            wce: lu.mode.saved_write_cache(),
-            // The threshold is kept by the pool: what is in effect is what is saved.
-            threshold: current.threshold,
-            ..values(lu, PageControl::Default)
-        };
-    }
-    if control == PageControl::Default {
-        return Values {
+    let kept_threshold =
+        pool.map(|(share, capacity)| Threshold::from_share(share, capacity, set_bytes));
+    match control {
+        PageControl::Default => Values {
             wce: true,
             caching_saveable,
             d_sense: false,
@@ -142,14 +135,23 @@ fn values(lu: &LogicalUnit, control: PageControl) -> Values {
             threshold: pool.map(|(_, capacity)| {
                 Threshold::from_share(DEFAULT_THRESHOLD_SHARE, capacity, set_bytes)
             }),
-        };
-    }
-    Values {
-        wce: lu.mode.write_cache(),
-        caching_saveable,
-        d_sense: lu.mode.descriptor_sense(),
-        swp: lu.mode.write_protected(),
-        threshold: pool.map(|(share, capacity)| Threshold::from_share(share, capacity, set_bytes)),
+        },
+        // Only the caching page is saveable (the others' saved values are their defaults);
+        // the pool keeps the threshold, so the one in effect is the one saved.
+        PageControl::Saved => Values {
+            wce: lu.mode.saved_write_cache(),
+            caching_saveable,
+            d_sense: false,
+            swp: false,
+            threshold: kept_threshold,
+        },
+        _ => Values {
+            wce: lu.mode.write_cache(),
+            caching_saveable,
+            d_sense: lu.mode.descriptor_sense(),
+            swp: lu.mode.write_protected(),
+            threshold: kept_threshold,
+        },
     }
 }
 

@@ -48,7 +48,7 @@ impl SavedModePages for SavedCachingPage {
             .update_volume(&self.volume_id, |v| v.write_cache = setting)
             .map_err(|e| e.to_string())?
             .ok_or_else(|| format!("volume {} is no longer configured", self.volume_id))?;
-        record(
+        record_change(
             &self.events,
             &name,
             format!("volume {name}: write cache set to {setting} by a host (MODE SELECT, saved)"),
@@ -57,7 +57,7 @@ impl SavedModePages for SavedCachingPage {
     }
 }
 
-fn record(events: &Mutex<EventLog>, volume: &str, message: String) {
+fn record_change(events: &Mutex<EventLog>, volume: &str, message: String) {
     lock_events(events).record(
         now_ms(),
         NewEvent {
@@ -88,15 +88,11 @@ impl Array {
         self.config
             .update_volume(&record.id, |v| v.write_cache = setting)?;
         unit.set_write_cache(setting.wce())?;
-        record_event(self, name, setting);
+        record_change(
+            &self.events,
+            name,
+            format!("volume {name}: write cache set to {setting}"),
+        );
         Ok(())
     }
-}
-
-fn record_event(array: &Array, name: &str, setting: WriteCache) {
-    record(
-        &array.events,
-        name,
-        format!("volume {name}: write cache set to {setting}"),
-    );
 }
