@@ -269,6 +269,12 @@ pub fn render(array: &Array) -> Result<String, ArrayError> {
             space.data_chunks_written as f64,
         ),
         (
+            "sliver_engine_log_syncs_total",
+            "counter",
+            "Syncs of the log (SYNCHRONIZE CACHE, FUA, write-through writes, checkpoints), since the process started; writes per sync is what group commit shares.",
+            space.log_syncs as f64,
+        ),
+        (
             "sliver_engine_dedup_chunks_total",
             "counter",
             "Of those, chunks found already stored (deduplicated), since the process started.",

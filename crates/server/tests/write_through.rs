@@ -393,6 +393,11 @@ fn writes_that_arrive_during_a_sync_share_the_next_one() {
         assert_eq!(status, Status::Good);
     }
     let syncs = backend.model.syncs.load(SeqCst);
+    assert_eq!(
+        engine.space().log_syncs,
+        syncs as u64 + 1,
+        "the engine counts its syncs (the one before the gate, and these)"
+    );
     assert!(
         (1..=2).contains(&syncs),
         "{writes} writes waiting together took {syncs} syncs"

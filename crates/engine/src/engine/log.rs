@@ -345,6 +345,7 @@ impl Engine {
                         .map_or(m.appended, |p| p.min(m.appended))
                 };
                 let result = self.backend.sync();
+                self.log_syncs.fetch_add(1, Ordering::Relaxed);
                 if result.is_ok() {
                     // The segments opened before `upto` are durable with all the log before
                     // them: replay reaches them.

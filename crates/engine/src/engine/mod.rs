@@ -269,6 +269,9 @@ pub struct EngineSpace {
     pub data_chunks_written: u64,
     /// Of those, the ones found already stored (deduplicated) instead of written.
     pub dedup_chunks: u64,
+    /// Syncs of the log since open: with the writes, how many writes a sync covers (group
+    /// commit).
+    pub log_syncs: u64,
     /// Bytes of metadata pages checkpoints wrote since open.
     pub metadata_written_bytes: u64,
 }
@@ -530,6 +533,8 @@ pub struct Engine {
     /// Data chunks hosts wrote since open, and how many of them dedup found stored.
     data_chunks_written: AtomicU64,
     dedup_chunks: AtomicU64,
+    /// Log syncs since open ([`EngineSpace::log_syncs`]).
+    log_syncs: AtomicU64,
     /// Readers still reading segments they resolved: the collector waits them out before a
     /// freed segment is written again.
     read_pins: read_pins::ReadPins,

@@ -286,6 +286,7 @@ impl Engine {
             total_hold_ns: AtomicU64::new(0),
             data_chunks_written: AtomicU64::new(0),
             dedup_chunks: AtomicU64::new(0),
+            log_syncs: AtomicU64::new(0),
             read_pins: Default::default(),
             flush: Mutex::new(FlushState {
                 durable: 0,

@@ -56,6 +56,7 @@ impl Engine {
             unique_chunks: m.state.chunks.len(),
             data_chunks_written: self.data_chunks_written.load(Ordering::Relaxed),
             dedup_chunks: self.dedup_chunks.load(Ordering::Relaxed),
+            log_syncs: self.log_syncs.load(Ordering::Relaxed),
             metadata_written_bytes: self.metadata_written(),
             anchored_bytes: held,
         }
