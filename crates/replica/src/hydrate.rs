@@ -1265,6 +1265,14 @@ impl Backend for HydratingBackend {
         self.shared.inner.allocation_reserves()
     }
 
+    /// As a discard: the range's old contents must never be fetched over what is written
+    /// there next.
+    fn write_ahead(&self, offset: u64, len: u64) -> io::Result<()> {
+        let inner = &self.shared.inner;
+        self.shared
+            .drop_range(Area::Log, offset, len, || inner.write_ahead(offset, len))
+    }
+
     fn discard(&self, offset: u64, len: u64) -> io::Result<()> {
         let inner = &self.shared.inner;
         self.shared

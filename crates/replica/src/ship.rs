@@ -1663,6 +1663,12 @@ impl Backend for ShippingBackend {
         self.inner.allocation_reserves()
     }
 
+    /// Not shipped: the range is free, its contents undefined, and the records later written
+    /// there are shipped as any others.
+    fn write_ahead(&self, offset: u64, len: u64) -> io::Result<()> {
+        self.inner.write_ahead(offset, len)
+    }
+
     fn discard(&self, offset: u64, len: u64) -> io::Result<()> {
         self.inner.discard(offset, len)?;
         // Split below the record's 4 GiB length.

@@ -69,7 +69,9 @@ impl Engine {
                         return Err(EngineError::NoSpace);
                     };
                     let s = m.free.remove(i);
-                    m.preparing.remove(&s);
+                    if m.preparing.remove(&s) {
+                        self.stop_writing_ahead(s);
+                    }
                     s
                 }
             };

@@ -535,6 +535,8 @@ pub struct Engine {
     dedup_chunks: AtomicU64,
     /// Log syncs since open ([`EngineSpace::log_syncs`]).
     log_syncs: AtomicU64,
+    /// Free segments written before the head reaches them (`segments.rs`).
+    write_ahead: segments::WriteAhead,
     /// Readers still reading segments they resolved: the collector waits them out before a
     /// freed segment is written again.
     read_pins: read_pins::ReadPins,
@@ -1456,6 +1458,75 @@ mod tests {
         std::thread::sleep(Duration::from_millis(50));
         engine.maintain().unwrap();
         assert_eq!(engine.metadata_written(), written);
+    }
+
+    /// While the log's syncs are small, the segments prepared next are written ahead (zeros,
+    /// unsynced: a crash may keep any part of them); after large syncs they are not. The
+    /// head writes into them either way, and a crash that keeps any subset of the unsynced
+    /// writes loses nothing that was flushed.
+    #[test]
+    fn segments_are_written_ahead_while_syncs_are_small() {
+        let (backend, engine) = mem_engine(1 << 30, 1 << 20, gc_off());
+        let v = engine.create_volume(256 << 20).unwrap();
+        for i in 0..16 {
+            engine.write(v, i * 4096, &noise(i, 4096)).unwrap();
+            engine.flush().unwrap();
+        }
+        let pending = backend.pending_writes();
+        assert_eq!(engine.prepare_segments(), READY_SEGMENTS);
+        assert_eq!(
+            backend.pending_writes(),
+            pending + READY_SEGMENTS,
+            "small syncs: each 1 MiB segment written ahead"
+        );
+        for &s in engine.lock_meta().ready.iter() {
+            let mut seg = vec![1u8; 1 << 20];
+            backend.read_at(&mut seg, (s as u64) << 20).unwrap();
+            assert!(seg.iter().all(|&b| b == 0), "segment {s} not zeroed");
+        }
+        // The head writes into segments written ahead.
+        let first = noise(100, 8 << 20);
+        engine.write(v, 1 << 20, &first).unwrap();
+        engine.flush().unwrap();
+        // One large sync: the next round writes nothing ahead.
+        let second = noise(101, 16 << 20);
+        engine.write(v, 16 << 20, &second).unwrap();
+        engine.flush().unwrap();
+        let unflushed = noise(102, 64 << 10);
+        engine.write(v, 64 << 20, &unflushed).unwrap();
+        let pending = backend.pending_writes();
+        assert!(engine.prepare_segments() > 0);
+        assert_eq!(
+            backend.pending_writes(),
+            pending,
+            "large syncs: nothing written ahead"
+        );
+        let mut x = 0x9e37_79b9_7f4a_7c15u64;
+        for round in 0..4 {
+            let crashed = Arc::new(backend.crash(|_, n| {
+                (0..n)
+                    .map(|_| round == 3 || xorshift64(&mut x) & 1 == 1)
+                    .collect()
+            }));
+            let reopened = Engine::open(crashed, gc_off(), false).unwrap();
+            for i in 0..16 {
+                assert!(read_back(&reopened, v, i * 4096, 4096) == noise(i, 4096));
+            }
+            assert!(read_back(&reopened, v, 1 << 20, 8 << 20) == first);
+            assert!(read_back(&reopened, v, 16 << 20, 16 << 20) == second);
+        }
+    }
+
+    /// A segment being written ahead that the head takes is written no further: the head
+    /// clears the mark the writer checks before each piece.
+    #[test]
+    fn the_head_stops_writing_ahead_of_a_segment_it_takes() {
+        let (_, engine) = mem_engine(64 << 20, 1 << 20, gc_off());
+        *engine.write_ahead.segment.lock().unwrap() = Some(5);
+        engine.stop_writing_ahead(4);
+        assert_eq!(*engine.write_ahead.segment.lock().unwrap(), Some(5));
+        engine.stop_writing_ahead(5);
+        assert_eq!(*engine.write_ahead.segment.lock().unwrap(), None);
     }
 
     /// Segments prepared outside the lock are allocated in the file, stay on the free list

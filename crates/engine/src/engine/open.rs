@@ -287,6 +287,7 @@ impl Engine {
             data_chunks_written: AtomicU64::new(0),
             dedup_chunks: AtomicU64::new(0),
             log_syncs: AtomicU64::new(0),
+            write_ahead: Default::default(),
             read_pins: Default::default(),
             flush: Mutex::new(FlushState {
                 durable: 0,
