@@ -22,8 +22,9 @@
 //! through the `use`, at module granularity, which is what a cycle is about.
 //!
 //! A cycle whose files all lie in one directory module (`connection/mod.rs` and the
-//! `connection/session.rs` that uses `super::*`) is one module split into files for reading,
-//! and is not reported; a cycle that leaves the directory is.
+//! `connection/session.rs` that uses `super::*`) may be one module split into files for
+//! reading: each cycle says which directory holds it, if one does, and the test allows the
+//! directories it lists by name.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -47,12 +48,11 @@ struct ModuleFile {
 /// The cycles of the module graph of the crate whose source is in `src`: each cycle is the
 /// sorted list of its files (relative to `src`), and a line per file naming the files of
 /// the cycle it uses. Empty when the crate is layered. Errors are files that do not parse.
-pub fn module_cycles(src: &Path) -> Result<Vec<String>, String> {
+pub fn module_cycles(src: &Path) -> Result<Vec<Cycle>, String> {
     let modules = read_crate(src)?;
     let edges = dependencies(&modules);
     Ok(strongly_connected(&edges)
         .into_iter()
-        .filter(|cycle| !within_one_directory(cycle))
         .map(|cycle| {
             let mut lines = vec![cycle.join(" <-> ")];
             for file in &cycle {
@@ -63,20 +63,37 @@ pub fn module_cycles(src: &Path) -> Result<Vec<String>, String> {
                     .collect();
                 lines.push(format!("  {file} uses {}", uses.join(", ")));
             }
-            lines.join("\n")
+            Cycle {
+                directory: one_directory(&cycle),
+                report: lines.join("\n"),
+            }
         })
         .collect())
 }
 
-/// Whether every file of `cycle` is below one directory of `src` (not `src` itself).
-fn within_one_directory(cycle: &[String]) -> bool {
+/// A cycle of a crate's module graph.
+#[derive(Debug)]
+pub struct Cycle {
+    /// The directory of `src` (not `src` itself) below which all its files lie, if one does.
+    pub directory: Option<String>,
+    /// Its files and, per file, the files of the cycle it uses.
+    pub report: String,
+}
+
+/// The directory of `src` below which every file of `cycle` lies, if one does.
+fn one_directory(cycle: &[String]) -> Option<String> {
     let top = |file: &String| {
         let mut parts = Path::new(file).components();
         let first = parts.next()?;
-        parts.next().map(|_| first.as_os_str().to_owned())
+        parts
+            .next()
+            .map(|_| first.as_os_str().to_string_lossy().into_owned())
     };
-    let first = top(&cycle[0]);
-    first.is_some() && cycle.iter().all(|file| top(file) == first)
+    let first = top(&cycle[0])?;
+    cycle
+        .iter()
+        .all(|file| top(file).as_ref() == Some(&first))
+        .then_some(first)
 }
 
 /// Every non-test module of the crate, by module path, with the file it is in.
@@ -429,8 +446,9 @@ fn strongly_connected(edges: &BTreeMap<String, BTreeSet<String>>) -> Vec<Vec<Str
 mod tests {
     use super::*;
 
-    /// A crate made of `files` (path relative to `src`, contents) in a temporary directory.
-    fn cycles_of(files: &[(&str, &str)]) -> Vec<String> {
+    /// The cycles of a crate made of `files` (path relative to `src`, contents) in a
+    /// temporary directory.
+    fn all_cycles_of(files: &[(&str, &str)]) -> Vec<Cycle> {
         let dir = tempfile::tempdir().unwrap();
         for (path, text) in files {
             let file = dir.path().join(path);
@@ -438,6 +456,15 @@ mod tests {
             std::fs::write(file, text).unwrap();
         }
         module_cycles(dir.path()).unwrap()
+    }
+
+    /// The reports of those cycles not within one directory.
+    fn cycles_of(files: &[(&str, &str)]) -> Vec<String> {
+        all_cycles_of(files)
+            .into_iter()
+            .filter(|c| c.directory.is_none())
+            .map(|c| c.report)
+            .collect()
     }
 
     #[test]
@@ -501,13 +528,15 @@ mod tests {
 
     #[test]
     fn super_paths_and_child_paths_are_uses_and_test_code_is_not() {
-        // Inside one directory module the cycle is allowed; through a module outside it, not.
+        // Inside one directory module the cycle says so; through a module outside it, not.
         let inside = [
             ("lib.rs", "mod p;"),
             ("p/mod.rs", "mod c; pub struct T; pub fn f() { c::g(); }"),
             ("p/c.rs", "pub fn g() { let _ = super::T; }"),
         ];
-        assert!(cycles_of(&inside).is_empty());
+        let cycles = all_cycles_of(&inside);
+        assert_eq!(cycles.len(), 1, "{cycles:?}");
+        assert_eq!(cycles[0].directory.as_deref(), Some("p"));
         let cycles = cycles_of(&[
             ("lib.rs", "mod p; mod q;"),
             ("p/mod.rs", "mod c; pub struct T; pub fn f() { c::g(); }"),

@@ -6,7 +6,8 @@
 //! - [`data`]: test data that dedup and compression cannot shrink, different per seed;
 //! - [`hosts`]: two hosts and their volumes, for access-control tests;
 //! - [`layers`]: the cycles of a crate's module graph, for the test that keeps crates layered;
-//! - [`slowdown`]: the failed-login slowdown as a client sees it.
+//! - [`slowdown`]: the failed-login slowdown as a client sees it;
+//! - [`tidy`]: the sizes of source files and functions, for the tidy test's ratchet.
 //!
 //! Only integration tests (`tests/*.rs`) use it: it links the server, so a crate's own unit
 //! tests would get a second copy of the crate they test.
@@ -16,3 +17,4 @@ pub mod hosts;
 pub mod layers;
 pub mod slowdown;
 pub mod target;
+pub mod tidy;

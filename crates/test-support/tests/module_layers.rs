@@ -1,10 +1,26 @@
 //! No module of a workspace crate uses a module that uses it, directly or around a cycle, so a
 //! reader follows each crate from the bottom up (docs/design.md). Every crate under `crates/`
 //! is checked, so a new one is too.
+//!
+//! Cycles inside one directory are allowed only for the directories listed in
+//! [`CYCLES_WITHIN`]: one module split into files for reading (`use super::*`). An entry whose
+//! directory has no cycle any more must go, so the list only gets shorter (issue 41).
 
 use std::path::Path;
 
 use sliver_test_support::layers::module_cycles;
+
+/// Directories, as `crate/directory` (under `src`), whose files may form a cycle.
+/// `engine/meta` is not one module split for reading but ten that reach into each other
+/// (the pager into the journal and the root file; RFC 0005): the first to go.
+const CYCLES_WITHIN: &[&str] = &[
+    "engine/meta",
+    "engine/engine",
+    "server/api",
+    "server/array",
+    "server/connection",
+    "server/target",
+];
 
 #[test]
 fn no_module_of_a_workspace_crate_uses_one_that_uses_it() {
@@ -26,10 +42,29 @@ fn no_module_of_a_workspace_crate_uses_one_that_uses_it() {
         "the crates were not found: {names:?}"
     );
     let mut report = Vec::new();
+    let mut cyclic_directories = Vec::new();
     for name in &names {
         match module_cycles(&crates.join(name).join("src")) {
-            Ok(cycles) => report.extend(cycles.into_iter().map(|c| format!("{name}: {c}"))),
+            Ok(cycles) => {
+                for cycle in cycles {
+                    let within = cycle.directory.map(|d| format!("{name}/{d}"));
+                    match within {
+                        Some(dir) if CYCLES_WITHIN.contains(&dir.as_str()) => {
+                            cyclic_directories.push(dir)
+                        }
+                        Some(dir) => report.push(format!("{dir} (not listed): {}", cycle.report)),
+                        None => report.push(format!("{name}: {}", cycle.report)),
+                    }
+                }
+            }
             Err(e) => report.push(format!("{name}: {e}")),
+        }
+    }
+    for dir in CYCLES_WITHIN {
+        if !cyclic_directories.iter().any(|d| d == dir) {
+            report.push(format!(
+                "{dir}: no cycle any more: remove it from CYCLES_WITHIN"
+            ));
         }
     }
     assert!(report.is_empty(), "module cycles:\n{}", report.join("\n"));
