@@ -7,9 +7,8 @@
 
 #[path = "support/proc_status.rs"]
 mod proc_status;
-use sliver_engine::meta::chunk_table::CHUNK_TABLE;
 use sliver_engine::meta::journal::Journal;
-use sliver_engine::meta::map_tree::T_NODES;
+use sliver_engine::meta::tables::{CHUNK_TABLE, T_NODES};
 
 fn rss() -> u64 {
     proc_status::status_bytes("VmRSS:")

@@ -145,7 +145,7 @@ pub fn fuzz_page(data: &[u8]) {
         for (i, &loc) in pager.directory(t.table).iter().enumerate().take(64) {
             if !loc.is_none() {
                 if let Ok(body) = read_page(&*area, t.table, i as u64, loc) {
-                    if t.table == meta::journal::T_JOURNAL {
+                    if t.table == meta::tables::T_JOURNAL {
                         let _ = meta::journal::decode(&body);
                     }
                 }

@@ -5,11 +5,13 @@
 //! it, and every live chunk's stored record (checksum, decompression, fingerprint).
 
 use super::*;
-use crate::meta::chunk_table::{ChunkEntry, CHUNK_TABLE, PER_PAGE as CHUNKS_PER_PAGE};
-use crate::meta::hooks::T_HOOKS;
-use crate::meta::journal::T_JOURNAL;
-use crate::meta::map_tree::{self, T_NODES};
+use crate::meta::chunk_table::{ChunkEntry, PER_PAGE as CHUNKS_PER_PAGE};
+use crate::meta::map_tree;
 use crate::meta::pager::Entry;
+use crate::meta::tables::CHUNK_TABLE;
+use crate::meta::tables::T_HOOKS;
+use crate::meta::tables::T_JOURNAL;
+use crate::meta::tables::T_NODES;
 
 /// Chunk ids whose references one pass over the trees counts (4 bytes each: 64 MiB).
 const COUNT_WINDOW: u64 = 16 << 20;

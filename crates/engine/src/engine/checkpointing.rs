@@ -14,14 +14,16 @@
 //! the journal pages whose few live words it will write again (cleaning).
 
 use super::*;
-use crate::meta::chunk_table::{CHUNK_LIVE, CHUNK_TABLE};
-use crate::meta::hooks::T_HOOKS;
-use crate::meta::journal::{self, T_JOURNAL};
-use crate::meta::map_tree::{T_NODES, T_NODE_META};
+use crate::meta::journal;
 use crate::meta::page_store::{page_crc, read_page, write_pages, PageBody, PageLoc, PAGE_BYTES};
-use crate::meta::pager::{directory_table, journal_writer, FrozenPage, Pager, TOP_BASE};
+use crate::meta::pager::{directory_table, journal_writer, FrozenPage, Pager};
 use crate::meta::root::{Root, TableRoot};
-use crate::meta::T_SEGMENTS;
+use crate::meta::tables::TOP_BASE;
+use crate::meta::tables::T_HOOKS;
+use crate::meta::tables::T_JOURNAL;
+use crate::meta::tables::T_SEGMENTS;
+use crate::meta::tables::{CHUNK_LIVE, CHUNK_TABLE};
+use crate::meta::tables::{T_NODES, T_NODE_META};
 use std::collections::BTreeSet;
 
 /// Groups of journal words, or frozen pages, a checkpoint installs per hold of the metadata

@@ -1,8 +1,9 @@
 //! Garbage collection: relocating the live chunks of sparse segments and freeing empty ones.
 
 use super::*;
-use crate::meta::chunk_table::{CHUNK_TABLE, PER_PAGE as CHUNKS_PER_PAGE};
-use crate::meta::map_tree::T_NODES;
+use crate::meta::chunk_table::PER_PAGE as CHUNKS_PER_PAGE;
+use crate::meta::tables::CHUNK_TABLE;
+use crate::meta::tables::T_NODES;
 
 /// Whether chunk `id` is live and still stored at `offset` of segment `victim`.
 fn live_at(m: &mut Meta, id: u64, victim: u32, offset: u32) -> Result<bool> {

@@ -1014,7 +1014,7 @@ mod tests {
             .lock_meta()
             .state
             .pager
-            .loc(crate::meta::chunk_table::CHUNK_TABLE, 0)
+            .loc(crate::meta::tables::CHUNK_TABLE, 0)
             .slot;
         drop(engine);
         backend.corrupt_meta(slot * 4096 + 100);

@@ -3,15 +3,17 @@
 //! [`super::migrate`]).
 
 use super::*;
-use crate::meta::chunk_table::{ChunkTable, CHUNK_LIVE};
+use crate::meta::chunk_table::ChunkTable;
 use crate::meta::hooks::Hooks;
-use crate::meta::map_tree::{Trees, T_NODE_META};
+use crate::meta::map_tree::Trees;
+use crate::meta::tables::CHUNK_LIVE;
+use crate::meta::tables::T_NODE_META;
 
 use crate::meta::pager::Pager;
 use crate::meta::resident::ResidentTable;
 use crate::meta::root::{Root, ROOT_VERSION_V3};
 use crate::meta::segment_table::SegmentTable;
-use crate::meta::T_SEGMENTS;
+use crate::meta::tables::T_SEGMENTS;
 
 /// What replay applies records to: format 3's state, or format 2's for the migration.
 pub(super) trait ReplayTarget {

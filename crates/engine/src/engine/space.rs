@@ -1,10 +1,11 @@
 //! Space figures of the array and of each volume.
 
 use super::*;
-use crate::meta::chunk_table::{ChunkEntry, CHUNK_TABLE, PER_PAGE as CHUNKS_PER_PAGE};
+use crate::meta::chunk_table::{ChunkEntry, PER_PAGE as CHUNKS_PER_PAGE};
 use crate::meta::map_tree;
 use crate::meta::page_store::{read_page, PageBody};
 use crate::meta::pager::Entry;
+use crate::meta::tables::CHUNK_TABLE;
 use std::collections::HashMap;
 
 impl Engine {

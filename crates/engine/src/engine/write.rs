@@ -1,9 +1,10 @@
 //! The write path: chunks fingerprinted and compressed outside the lock, deduplicated, appended as one batch.
 
 use super::*;
-use crate::meta::chunk_table::{ChunkEntry, CHUNK_TABLE, PER_PAGE as CHUNKS_PER_PAGE};
+use crate::meta::chunk_table::{ChunkEntry, PER_PAGE as CHUNKS_PER_PAGE};
 use crate::meta::hooks::is_hook;
 use crate::meta::pager::Entry;
+use crate::meta::tables::CHUNK_TABLE;
 use rustc_hash::FxHashMap;
 
 /// A chunk shared this many times is not shared further (a dedup hit writes a new copy), so

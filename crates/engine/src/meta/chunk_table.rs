@@ -13,13 +13,9 @@
 
 use super::pager::{Entry, Pager, Table};
 use super::resident::ResidentTable;
+use super::tables::{CHUNK_LIVE, CHUNK_TABLE};
 use super::ApplyError;
 use std::collections::BTreeSet;
-
-/// Table number of the chunk table in the pager.
-pub const CHUNK_TABLE: u8 = 1;
-/// Table number of the live counts of the chunk table's pages.
-pub const CHUNK_LIVE: u8 = 2;
 
 /// Entries per page.
 pub const PER_PAGE: u64 = Table::<ChunkEntry>::PER_PAGE;

@@ -14,12 +14,11 @@
 use super::chunk_table::PER_PAGE as CHUNKS_PER_PAGE;
 use super::page_store::PAGE_BYTES;
 use super::pager::{PageMut, Pager};
+use super::tables::T_HOOKS;
 use super::ApplyError;
 use rustc_hash::FxHashMap;
 use std::collections::BTreeMap;
 
-/// Table of hook bucket pages.
-pub const T_HOOKS: u8 = 6;
 /// One fingerprint in 2^HOOK_BITS is a hook.
 pub const HOOK_BITS: u32 = 6;
 const ENTRY: usize = 16;

@@ -36,15 +36,12 @@
 //! groups: table u8 | page index u64 | n u8 | n x ( word u16 | value u64 )
 //! ```
 
-use super::chunk_table::CHUNK_TABLE;
-use super::hooks::T_HOOKS;
-use super::map_tree::T_NODES;
 use super::page_store::{PageBody, PageLoc, PAGE_BYTES};
+use super::tables::CHUNK_TABLE;
+use super::tables::T_HOOKS;
+use super::tables::T_NODES;
 use rustc_hash::{FxHashMap, FxHashSet};
 use std::collections::BTreeSet;
-
-/// Table of the journal pages.
-pub const T_JOURNAL: u8 = 7;
 
 /// 8-byte words of a page.
 pub const WORDS: usize = PAGE_BYTES / 8;

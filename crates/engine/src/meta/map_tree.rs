@@ -21,13 +21,10 @@
 
 use super::pager::{Entry, Pager};
 use super::resident::ResidentTable;
+use super::tables::{T_NODES, T_NODE_META};
 use super::ApplyError;
 use std::collections::BTreeSet;
 
-/// Table of node pages.
-pub const T_NODES: u8 = 3;
-/// Table of node metadata (kept whole in RAM).
-pub const T_NODE_META: u8 = 4;
 /// Entries per node.
 pub const FANOUT: u64 = 512;
 const SHIFT: u32 = 9;

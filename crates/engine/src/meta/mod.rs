@@ -14,11 +14,14 @@
 //!   version;
 //! - [`page_buf`]: the cache's page buffers, in blocks of their own;
 //! - [`page_store`]: slots of the metadata area, checksums, shadow paging;
-//! - [`root`]: the root file naming a consistent set of pages at one log position.
+//! - [`layout`]: what the pager and the root file both know of the directories' layout;
+//! - [`root`]: the root file naming a consistent set of pages at one log position;
+//! - [`tables`]: the tables' numbers, which all of these share.
 
 pub mod chunk_table;
 pub mod hooks;
 pub mod journal;
+pub mod layout;
 pub mod map_tree;
 pub mod page_buf;
 pub mod page_store;
@@ -26,26 +29,9 @@ pub mod pager;
 pub mod resident;
 pub mod root;
 pub mod segment_table;
+pub mod tables;
 
 pub use page_store::PageError;
-
-/// Table of the segment table (kept whole in RAM).
-pub const T_SEGMENTS: u8 = 5;
-
-/// What a table number holds, for messages.
-pub fn table_name(table: u8) -> &'static str {
-    match table {
-        chunk_table::CHUNK_TABLE => "chunk table",
-        chunk_table::CHUNK_LIVE => "chunk table live counts",
-        map_tree::T_NODES => "map nodes",
-        map_tree::T_NODE_META => "map node table",
-        T_SEGMENTS => "segment table",
-        hooks::T_HOOKS => "dedup hooks",
-        journal::T_JOURNAL => "delta journal",
-        t if t >= pager::DIR_BASE => "directory",
-        _ => "unknown table",
-    }
-}
 
 /// Why a record could not be applied: it contradicts the state (replay of damaged metadata),
 /// or a metadata page could not be read.

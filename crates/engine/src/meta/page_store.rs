@@ -134,7 +134,7 @@ impl fmt::Display for PageError {
             "metadata page {} of table {} ({}), slot {} of the metadata file (byte {}): {}",
             self.index,
             self.table,
-            crate::meta::table_name(self.table),
+            crate::meta::tables::table_name(self.table),
             self.loc.slot,
             self.loc.slot.saturating_mul(PAGE_BYTES as u64),
             self.reason

@@ -24,25 +24,19 @@
 
 use super::journal::{
     delta_table, Group, Journal, JournalWriter, WordSet, MAX_DELTA_WORDS, MAX_PENDING_WORDS,
-    T_JOURNAL,
 };
+
+use super::layout::{dir_per_page, loc_bytes, TableRoot, ROOT_VERSION_V3};
 use super::page_buf::{PageBuf, PagePool};
 use super::page_store::PAGE_LOC_BYTES;
 use super::page_store::{
     read_page, read_pages, PageBody, PageError, PageLoc, PageSource, PAGE_BYTES,
 };
-use super::root::TableRoot;
+use super::tables::{DIR_BASE, TOP_BASE, T_JOURNAL};
 use rustc_hash::{FxHashMap, FxHashSet};
 use std::collections::{BTreeSet, VecDeque};
 use std::marker::PhantomData;
 use std::sync::Arc;
-
-/// Table numbers at or above this hold the directory pages of table `t - DIR_BASE`.
-pub const DIR_BASE: u8 = 128;
-
-/// Table numbers from this to [`DIR_BASE`] hold the top directory pages of table
-/// `t - TOP_BASE`: pages naming its directory pages (format 4; the root names these).
-pub const TOP_BASE: u8 = 64;
 
 /// The table whose pages name the pages of `table`: its directory, the top directory of a
 /// directory, none for a top directory (the root names those).
@@ -854,7 +848,7 @@ impl Pager {
     ) -> Result<(), PageError> {
         let per = dir_per_page(version);
         for t in tables {
-            let levels: &[u8] = if version == super::root::ROOT_VERSION_V3 {
+            let levels: &[u8] = if version == ROOT_VERSION_V3 {
                 &[DIR_BASE + t.table]
             } else {
                 &[TOP_BASE + t.table, DIR_BASE + t.table]
@@ -927,15 +921,10 @@ impl Pager {
     }
 }
 
-/// Directory entries per directory page in a root of `version`.
-pub fn dir_per_page(version: u32) -> u64 {
-    (PAGE_BYTES / super::root::loc_bytes(version)) as u64
-}
-
 /// Decode the directory of a table of `pages` pages from its directory pages' bodies, written
 /// in the format of a root of `version`.
 pub fn decode_directory(pages: u64, dir_pages: &[Box<PageBody>], version: u32) -> Vec<PageLoc> {
-    let size = super::root::loc_bytes(version);
+    let size = loc_bytes(version);
     let mut out = Vec::with_capacity(pages as usize);
     for body in dir_pages {
         for k in 0..dir_per_page(version) as usize {
@@ -1127,7 +1116,7 @@ mod tests {
 
     const T0: Table<u64> = Table::new(0);
     /// A table that takes deltas.
-    const T1: Table<u64> = Table::new(super::super::chunk_table::CHUNK_TABLE);
+    const T1: Table<u64> = Table::new(super::super::tables::CHUNK_TABLE);
 
     #[derive(Debug, Clone)]
     enum Op {

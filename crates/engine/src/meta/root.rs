@@ -25,26 +25,13 @@
 //! ```
 
 use super::hooks::HookShape;
+use super::layout::{dir_per_page, loc_bytes};
+pub use super::layout::{TableRoot, ROOT_VERSION, ROOT_VERSION_V3};
 use super::map_tree::Volume;
-use super::page_store::{PageLoc, PAGE_LOC_BYTES, PAGE_LOC_BYTES_V3};
+use super::page_store::{PageLoc, PAGE_LOC_BYTES};
 use crate::le::{LeReader, LeWriter, Short};
 
 pub const ROOT_MAGIC: u64 = u64::from_le_bytes(*b"SLVRROOT");
-/// The engine's on-disk format with a root (format 2 had a whole checkpoint instead): 4 adds
-/// the delta journal and page generations.
-pub const ROOT_VERSION: u32 = 4;
-/// The first format with a root, still opened (and rewritten as 4 by its first checkpoint).
-pub const ROOT_VERSION_V3: u32 = 3;
-
-/// Bytes of a page's place in the directories of a root of `version`.
-pub fn loc_bytes(version: u32) -> usize {
-    if version == ROOT_VERSION_V3 {
-        PAGE_LOC_BYTES_V3
-    } else {
-        PAGE_LOC_BYTES
-    }
-}
-
 /// Fixed parameters of an engine, chosen at creation.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Geometry {
@@ -89,18 +76,6 @@ impl Geometry {
         w.u32(self.segment_count);
         w.bytes(&self.key);
     }
-}
-
-/// One table's place in the root.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct TableRoot {
-    pub table: u8,
-    /// Pages in the table's directory.
-    pub pages: u64,
-    /// Entries, for tables kept whole in RAM (0 for the others).
-    pub entries: u64,
-    /// Where the directory's pages are.
-    pub dir: Vec<PageLoc>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -249,7 +224,7 @@ impl Root {
             let dir: Vec<PageLoc> = (0..m)
                 .map(|_| r.take(loc).map(PageLoc::decode))
                 .collect::<Result<_, _>>()?;
-            let per = super::pager::dir_per_page(version);
+            let per = dir_per_page(version);
             let named = if version == ROOT_VERSION_V3 {
                 pages.div_ceil(per)
             } else {
@@ -308,6 +283,7 @@ impl Root {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::meta::page_store::PAGE_LOC_BYTES_V3;
 
     pub fn sample() -> Root {
         Root {

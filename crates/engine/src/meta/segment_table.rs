@@ -18,7 +18,7 @@ use super::page_buf::PagePool;
 use super::page_store::PageError;
 use super::pager::{Entry, FrozenPage, Pager};
 use super::resident::ResidentTable;
-use super::T_SEGMENTS;
+use super::tables::T_SEGMENTS;
 use std::collections::BTreeSet;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
