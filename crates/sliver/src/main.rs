@@ -182,6 +182,12 @@ struct RestoreArgs {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     init_logging(cli.log_json);
+    if !matches!(
+        cli.command,
+        Commands::Serve(_) | Commands::Restore(_) | Commands::Reclaim(_)
+    ) {
+        end_quietly_when_output_closes();
+    }
     let result = match cli.command {
         Commands::Serve(args) => serve(args),
         Commands::Volume { api, command } => admin::volume(&api, command),
@@ -203,6 +209,17 @@ fn main() -> ExitCode {
             eprintln!("sliver: {message}");
             ExitCode::FAILURE
         }
+    }
+}
+
+/// A command whose reader goes away (`sliver volume list | head`) ends quietly, as other
+/// command-line tools do. Rust ignores SIGPIPE, so printing to a closed pipe panicked
+/// instead. Not for `serve`, `restore` and `reclaim`: they keep running and see the error
+/// (sockets are written with MSG_NOSIGNAL either way).
+fn end_quietly_when_output_closes() {
+    // SAFETY: restores the default action of one signal before any thread is started.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
     }
 }
 

@@ -491,3 +491,31 @@ fn an_endpoint_without_credentials_is_one_sentence_at_once_never_instance_metada
         }
     }
 }
+
+/// A reader that goes away early (`sliver completions bash | head -1`) ends the command
+/// quietly, without a panic: the bash script is larger than a pipe holds, so the command is
+/// still writing when the pipe closes.
+#[test]
+fn a_closed_output_pipe_ends_a_command_without_a_panic() {
+    let mut child = Command::new(SLIVER)
+        .args(["completions", "bash"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut first = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut first)
+        .unwrap();
+    assert!(first.contains("sliver"), "{first}");
+    // The pipe's read end is dropped with the reader.
+    let out = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    use std::os::unix::process::ExitStatusExt;
+    assert!(
+        out.status.success() || out.status.signal() == Some(libc::SIGPIPE),
+        "{:?}",
+        out.status
+    );
+}
