@@ -17,6 +17,10 @@
 //! `tests/fixtures/engine-v3-c923906-pages.tar.gz` is that history again at c923906 on a log
 //! of 76,500 segments: its segment table needs more than one directory page in either format.
 //!
+//! `tests/fixtures/engine-v4-1cf347f.tar.gz` is the same history written by commit 1cf347f in
+//! today's format 4 (metadata pages with generations, the delta journal in use), so that the
+//! restructuring of RFC 0005, which keeps the format, is held to it.
+//!
 //! The expected content is not stored: [`history`] is replayed on a plain in-memory model.
 
 mod common;
@@ -32,6 +36,7 @@ use std::sync::{Arc, Mutex};
 const FIXTURE: &str = "tests/fixtures/engine-v2-d8313b3.tar.gz";
 const FIXTURE_V3: &str = "tests/fixtures/engine-v3-c923906.tar.gz";
 const FIXTURE_V3_PAGES: &str = "tests/fixtures/engine-v3-c923906-pages.tar.gz";
+const FIXTURE_V4: &str = "tests/fixtures/engine-v4-1cf347f.tar.gz";
 /// A log of 76,500 segments of 128 KiB: a segment table of 450 pages, named by two format 3
 /// directory pages (341 places each) and three of format 4 (204 each).
 const CAPACITY_PAGES: u64 = 76_500 * (128 << 10);
@@ -280,6 +285,24 @@ fn an_array_of_format_3_written_by_c923906_opens_and_reads_back_exactly() {
     );
 }
 
+/// An array of today's format, its journal in use, opens and reads back exactly.
+#[test]
+fn an_array_of_format_4_written_by_1cf347f_opens_and_reads_back_exactly() {
+    use sliver_engine::meta::root::{Root, ROOT_VERSION};
+    use sliver_engine::meta::tables::T_JOURNAL;
+    let dir = tempfile::tempdir().unwrap();
+    unpack(FIXTURE_V4, dir.path());
+    let bytes = std::fs::read(dir.path().join("engine/root")).unwrap();
+    let root = Root::decode(&bytes).expect("the fixture's root decodes");
+    assert_eq!(root.version, ROOT_VERSION);
+    let journal = root.tables.iter().find(|t| t.table == T_JOURNAL);
+    assert!(
+        journal.is_some_and(|t| t.pages > 0),
+        "the fixture's root names journal pages"
+    );
+    opens_and_reads_back_exactly(FIXTURE_V4, model(), CAPACITY);
+}
+
 /// Format 3 directories of more than one page (341 places each) are split anew into format 4's
 /// (204 each) by the first checkpoint: the same history on a log large enough for a segment
 /// table of 450 pages opens, reads back, takes a write and reopens (the table is read through
@@ -458,6 +481,14 @@ fn a_crash_anywhere_in_the_upgrade_loses_nothing(fixture: &str) {
 #[ignore]
 fn make_v2_fixture() {
     make_fixture(FIXTURE, history(), CAPACITY);
+}
+
+/// Regenerates the format 4 fixture; meaningful at 1cf347f only:
+/// `cargo test -p sliver-engine --test fixtures -- --ignored make_v4_fixture`.
+#[test]
+#[ignore]
+fn make_v4_fixture() {
+    make_fixture(FIXTURE_V4, history(), CAPACITY);
 }
 
 /// Regenerates the format 3 fixture of many directory pages; meaningful at c923906 only:

@@ -50,8 +50,7 @@ fn the_format_4_page_seed_has_a_journal_that_applies() {
     use sliver_engine::meta::page_store::{PageBody, PageSource, PAGE_BYTES};
     use sliver_engine::meta::pager::Pager;
     use sliver_engine::meta::root::{Root, ROOT_VERSION};
-    use sliver_engine::meta::tables::CHUNK_TABLE;
-    use sliver_engine::meta::tables::T_JOURNAL;
+    use sliver_engine::meta::tables::{CHUNK_TABLE, T_JOURNAL};
     let seed = include_bytes!("../../../fuzz/corpus/engine_page/format4_root_with_a_journal");
     let len = u16::from_le_bytes([seed[0], seed[1]]) as usize;
     let root = Root::decode(&seed[2..2 + len]).expect("the seed's root decodes");
