@@ -322,23 +322,11 @@ pub fn render(array: &Array) -> Result<String, ArrayError> {
             "Metadata pages read from disk, since the process started.",
             cache.faults as f64,
         ),
-        (
-            "sliver_engine_metadata_lock_longest_hold_seconds",
-            "gauge",
-            "Longest hold of the engine's metadata lock since the process started.",
-            engine.longest_lock_hold_us() as f64 / 1e6,
-        ),
-        (
-            "sliver_engine_metadata_lock_held_seconds_total",
-            "counter",
-            "Time the engine's metadata lock was held in all, since the process started: \
-             its rate is the share of one core the engine's serial part takes.",
-            engine.lock_held_ns() as f64 / 1e9,
-        ),
     ] {
         out.help(metric, kind, help);
         out.sample(metric, &[], value);
     }
+    metadata_lock(&mut out, engine);
     if let Some(r) = array.replication() {
         let s = &r.status;
         let lag = Some(
@@ -460,6 +448,51 @@ impl Text {
 }
 
 /// Label values escape backslash, double quote and newline.
+/// The engine's metadata lock: the serial section every command passes (RFC 0005).
+fn metadata_lock(out: &mut Text, engine: &sliver_engine::Engine) {
+    for (metric, kind, help, value) in [
+        (
+            "sliver_engine_metadata_lock_longest_hold_seconds",
+            "gauge",
+            "Longest hold of the engine's metadata lock since the process started.",
+            engine.longest_lock_hold_us() as f64 / 1e6,
+        ),
+        (
+            "sliver_engine_metadata_lock_held_seconds_total",
+            "counter",
+            "Time the engine's metadata lock was held in all, since the process started: \
+             its rate is the share of one core the engine's serial part takes.",
+            engine.lock_held_ns() as f64 / 1e9,
+        ),
+    ] {
+        out.help(metric, kind, help);
+        out.sample(metric, &[], value);
+    }
+    let metric = "sliver_engine_metadata_lock_hold_seconds";
+    out.help(
+        metric,
+        "histogram",
+        "Holds of the engine's metadata lock by length, since the process started (buckets \
+         8 to a power of two, from about 1 us to about 1 s).",
+    );
+    let holds = engine.lock_holds();
+    for &(le, count) in &holds {
+        let le = if le.is_finite() {
+            format!("{le}")
+        } else {
+            "+Inf".into()
+        };
+        out.sample(&format!("{metric}_bucket"), &[("le", &le)], count as f64);
+    }
+    let count = holds.last().map_or(0, |&(_, n)| n);
+    out.sample(
+        &format!("{metric}_sum"),
+        &[],
+        engine.lock_held_ns() as f64 / 1e9,
+    );
+    out.sample(&format!("{metric}_count"), &[], count as f64);
+}
+
 fn escape_label(v: &str) -> String {
     v.replace('\\', "\\\\")
         .replace('"', "\\\"")

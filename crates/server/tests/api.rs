@@ -452,6 +452,25 @@ fn a_token_protects_every_route_and_metrics_name_the_counters() {
         .and_then(|v| v.trim().parse().ok())
         .expect("the lock's total hold");
     assert!(held > 0.0, "{held}");
+    // And the histogram of holds counts them, every bucket cumulative, the last all of them.
+    let value = |line: &str| -> f64 { line.rsplit(' ').next().unwrap().parse().unwrap() };
+    let buckets: Vec<f64> = text
+        .lines()
+        .filter(|l| l.starts_with("sliver_engine_metadata_lock_hold_seconds_bucket{"))
+        .map(value)
+        .collect();
+    let count = text
+        .lines()
+        .find(|l| l.starts_with("sliver_engine_metadata_lock_hold_seconds_count "))
+        .map(value)
+        .expect("the histogram's count");
+    assert!(buckets.len() > 100, "{} buckets", buckets.len());
+    assert!(buckets.windows(2).all(|w| w[0] <= w[1]), "not cumulative");
+    assert!(
+        count > 0.0 && buckets.last() == Some(&count),
+        "{count} {buckets:?}"
+    );
+    assert!(text.contains("sliver_engine_metadata_lock_hold_seconds_bucket{le=\"+Inf\"}"));
 }
 
 /// One request written by hand, so the `Host` header is exactly what a browser tricked by

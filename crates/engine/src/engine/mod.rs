@@ -20,6 +20,7 @@ mod check;
 mod checkpointing;
 mod gc;
 mod group_commit;
+mod hold_histogram;
 pub use group_commit::Durable;
 mod inflight;
 mod log;
@@ -379,6 +380,7 @@ struct MetaGuard<'a> {
     at: &'static std::panic::Location<'static>,
     longest: &'a AtomicU64,
     total: &'a AtomicU64,
+    holds: &'a hold_histogram::HoldHistogram,
 }
 
 impl std::ops::Deref for MetaGuard<'_> {
@@ -399,6 +401,7 @@ impl Drop for MetaGuard<'_> {
         let elapsed = self.since.elapsed();
         self.total
             .fetch_add(elapsed.as_nanos() as u64, Ordering::Relaxed);
+        self.holds.record(elapsed);
         let held = elapsed.as_micros() as u64;
         if held > self.longest.load(Ordering::Relaxed) {
             self.longest.fetch_max(held, Ordering::Relaxed);
@@ -530,6 +533,8 @@ pub struct Engine {
     /// meanwhile, the serial part of each (what bounds the engine's rate however many cores
     /// it has).
     total_hold_ns: AtomicU64,
+    /// The holds of `meta` since open by length.
+    holds: hold_histogram::HoldHistogram,
     /// Data chunks hosts wrote since open, and how many of them dedup found stored.
     data_chunks_written: AtomicU64,
     dedup_chunks: AtomicU64,
@@ -745,6 +750,7 @@ impl Engine {
             at: std::panic::Location::caller(),
             longest: &self.longest_hold,
             total: &self.total_hold_ns,
+            holds: &self.holds,
         }
     }
 
@@ -762,6 +768,7 @@ impl Engine {
             at: std::panic::Location::caller(),
             longest: &self.longest_hold,
             total: &self.total_hold_ns,
+            holds: &self.holds,
         })
     }
 
@@ -769,6 +776,12 @@ impl Engine {
     /// command may wait that long for metadata work.
     pub fn longest_lock_hold_us(&self) -> u64 {
         self.longest_hold.load(Ordering::Relaxed)
+    }
+
+    /// The holds of the metadata lock since open by length: each bucket's upper bound in
+    /// seconds (the last infinite) and the holds up to it (cumulative).
+    pub fn lock_holds(&self) -> Vec<(f64, u64)> {
+        self.holds.cumulative()
     }
 
     /// How long the metadata lock was held in all since open, in nanoseconds.

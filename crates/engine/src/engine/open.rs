@@ -286,6 +286,7 @@ impl Engine {
             metadata_written: AtomicU64::new(0),
             longest_hold: AtomicU64::new(0),
             total_hold_ns: AtomicU64::new(0),
+            holds: Default::default(),
             data_chunks_written: AtomicU64::new(0),
             dedup_chunks: AtomicU64::new(0),
             log_syncs: AtomicU64::new(0),
