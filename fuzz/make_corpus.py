@@ -166,6 +166,15 @@ corpus["engine_log"] = {
     + rec(7, struct.pack("<I", 1)),
 }
 corpus["checkpoint"] = {"magic_only": b"SLVRCKP1" + struct.pack("<II", 1, 0)}
+# engine_ops: each operation is [op, start block, count] and its own bytes (fuzz_ops.rs):
+# op 0-2 write (seed u16), 3 unmap, 4 flush, 5 checkpoint, 6 collect, 7 fail the next sync,
+# 8 crash (mode, seed u16), 9 read.
+corpus["engine_ops"] = {
+    "write_flush_crash_read": bytes([0, 0, 3, 7, 0, 4, 0, 0, 8, 0, 0, 0, 0, 0, 9, 2, 0]),
+    "failed_sync_then_crash": bytes(
+        [0, 5, 7, 1, 2, 7, 0, 0, 4, 0, 0, 3, 6, 1, 6, 0, 0, 8, 0, 0, 3, 0x33, 0, 9, 5, 0]
+    ),
+}
 
 
 def crc32c(data, crc=0):

@@ -14,6 +14,7 @@ pub mod backend;
 pub mod clock;
 pub mod engine;
 pub mod format;
+mod fuzz_ops;
 mod le;
 pub mod legacy;
 pub mod meta;
@@ -28,6 +29,10 @@ pub use engine::{
     EngineSpace, GcPriority, Recovery, Tuning, VolumeUsage, MIN_METADATA_CACHE, STATUS_SCAN_CHUNKS,
 };
 pub use volume::EngineVolume;
+
+/// Fuzzing entry point: operation sequences against a model (`fuzz_ops.rs`).
+#[doc(hidden)]
+pub use fuzz_ops::fuzz_ops;
 
 /// Fuzzing entry point: `data` describes records as `[kind u8][len u8][payload]...`; each is
 /// given a valid header and checksum (random bytes would never pass the CRC), decoded and

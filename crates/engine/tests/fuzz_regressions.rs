@@ -80,3 +80,15 @@ fn the_format_4_page_seed_has_a_journal_that_applies() {
     assert_eq!(page[0], 0x22, "the rest from the base");
     sliver_engine::fuzz_page(seed);
 }
+
+/// The operation-sequence fuzzer's seeds run clean: a write, a flush and a crash that keeps
+/// nothing; a failed sync, the restart it forces, and a crash that keeps a random part.
+#[test]
+fn the_operation_sequence_seeds_agree_with_the_model() {
+    sliver_engine::fuzz_ops(include_bytes!(
+        "../../../fuzz/corpus/engine_ops/write_flush_crash_read"
+    ));
+    sliver_engine::fuzz_ops(include_bytes!(
+        "../../../fuzz/corpus/engine_ops/failed_sync_then_crash"
+    ));
+}
