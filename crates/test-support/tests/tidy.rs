@@ -14,8 +14,7 @@ const FUNCTION_LINES: usize = 150;
 
 /// Files over the limit, with their lines when listed.
 const LONG_FILES: &[(&str, usize)] = &[
-    ("engine/src/backend.rs", 1066),
-    ("engine/src/meta/pager.rs", 1015),
+    ("engine/src/meta/pager.rs", 1004),
     ("initiator/src/session.rs", 1275),
     ("iscsi/src/connection.rs", 1397),
     ("iscsi/src/pdu.rs", 1086),
@@ -33,7 +32,7 @@ const LONG_FUNCTIONS: &[(&str, usize)] = &[
     ("replica/src/restore.rs restore", 284),
     ("scsi/src/cdb.rs parse", 351),
     ("server/src/connection/mod.rs drive", 219),
-    ("server/src/metrics.rs render", 424),
+    ("server/src/metrics.rs render", 412),
     ("sliver/src/main.rs settings", 154),
     ("torture/src/io.rs build", 193),
     ("torture/src/load.rs run", 276),

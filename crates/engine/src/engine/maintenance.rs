@@ -202,6 +202,10 @@ impl Engine {
             ..
         } = &mut *m;
         undiscarded.append(ready);
+        // Writing ahead stops before their holes are punched.
+        for &s in preparing.iter() {
+            self.stop_writing_ahead(s);
+        }
         undiscarded.append(preparing);
         self.punch_all_pending(&mut m);
         Ok(())

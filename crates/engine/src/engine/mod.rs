@@ -1489,8 +1489,8 @@ mod tests {
         assert_eq!(engine.prepare_segments(), READY_SEGMENTS);
         assert_eq!(
             backend.pending_writes(),
-            pending + READY_SEGMENTS,
-            "small syncs: each 1 MiB segment written ahead"
+            pending + 4 * READY_SEGMENTS,
+            "small syncs: each 1 MiB segment written ahead, in pieces of 256 KiB"
         );
         for &s in engine.lock_meta().ready.iter() {
             let mut seg = vec![1u8; 1 << 20];
@@ -1528,6 +1528,41 @@ mod tests {
             assert!(read_back(&reopened, v, 1 << 20, 8 << 20) == first);
             assert!(read_back(&reopened, v, 16 << 20, 16 << 20) == second);
         }
+    }
+
+    /// A segment the head took before writing it ahead began is not written at all (the mark
+    /// is set under `meta`, only while the segment is still being prepared); one still being
+    /// prepared is written whole, and its mark cleared at the end.
+    #[test]
+    fn a_segment_taken_before_writing_ahead_begins_is_not_written() {
+        let (backend, engine) = mem_engine(64 << 20, 1 << 20, gc_off());
+        let s = {
+            let mut m = engine.lock_meta();
+            let s = *m.free.last().unwrap();
+            m.preparing.insert(s);
+            s
+        };
+        {
+            // The head's fallback, before the preparer marks the segment.
+            let mut m = engine.lock_meta();
+            m.preparing.remove(&s);
+            engine.stop_writing_ahead(s);
+        }
+        let pending = backend.pending_writes();
+        assert!(engine.write_segment_ahead(s));
+        assert_eq!(
+            backend.pending_writes(),
+            pending,
+            "a taken segment was written"
+        );
+        engine.lock_meta().preparing.insert(s);
+        assert!(engine.write_segment_ahead(s));
+        assert_eq!(
+            backend.pending_writes(),
+            pending + 4,
+            "1 MiB in pieces of 256 KiB"
+        );
+        assert_eq!(*engine.write_ahead.segment.lock().unwrap(), None);
     }
 
     /// A segment being written ahead that the head takes is written no further: the head

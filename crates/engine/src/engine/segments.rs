@@ -24,8 +24,9 @@ pub(super) struct WriteAhead {
     last: Mutex<(u64, u64)>,
 }
 
-/// Bytes written ahead per call: the head, taking the segment back, waits for at most one.
-const WRITE_AHEAD_PIECE: u64 = 1 << 20;
+/// Bytes written ahead per call: the head, taking the segment back under `meta`, waits for
+/// at most one (its write and its write-back, about a millisecond here).
+const WRITE_AHEAD_PIECE: u64 = 256 << 10;
 
 impl Engine {
     /// Free segments beyond the collector's reserve and a margin of two for writers: how many
@@ -38,8 +39,9 @@ impl Engine {
 
     /// Allocate the file space of up to [`READY_SEGMENTS`] free segments outside the metadata
     /// lock, so the head moves on without a system call under it, and write them ahead while
-    /// the log's syncs are small ([`WRITE_AHEAD_BELOW`]). Returns how many became ready. The segments stay on the free list meanwhile (marked `preparing`), so free space
-    /// as writers and reports see it does not change.
+    /// the log's syncs are small ([`WRITE_AHEAD_BELOW`]). Returns how many became ready.
+    /// The segments stay on the free list meanwhile (marked `preparing`), so free space as
+    /// writers and reports see it does not change.
     pub fn prepare_segments(&self) -> usize {
         if self.read_only || self.poisoned.load(Ordering::Acquire) {
             return 0;
@@ -120,33 +122,46 @@ impl Engine {
         syncs > 0 && appended.saturating_sub(appended_then) / syncs < WRITE_AHEAD_BELOW
     }
 
-    /// Write free segment `s` ahead, piece by piece, unless the head takes it meanwhile.
-    /// False when the backend failed (the head then allocates the segment itself).
-    fn write_segment_ahead(&self, s: u32) -> bool {
+    /// Write free segment `s` ahead, piece by piece, unless the head takes it meanwhile (or
+    /// shutdown does). False when the backend failed (the head then allocates the segment
+    /// itself).
+    pub(super) fn write_segment_ahead(&self, s: u32) -> bool {
         let seg = self.geometry.segment_size as u64;
         let base = s as u64 * seg;
-        *self.write_ahead.segment.lock().unwrap() = Some(s);
+        {
+            // Marked under `meta`, and only while still being prepared: the head removes a
+            // segment from `preparing` and clears the mark under `meta` too, so either it
+            // sees the mark or this sees the segment gone, never neither.
+            let m = self.lock_meta();
+            if !m.preparing.contains(&s) {
+                return true;
+            }
+            *self.write_ahead.segment.lock().unwrap() = Some(s);
+        }
         let mut at = 0;
+        let mut written = true;
         while at < seg {
             let len = (seg - at).min(WRITE_AHEAD_PIECE);
             let this = self.write_ahead.segment.lock().unwrap();
             if *this != Some(s) {
-                // The head took it: what was written ahead is behind its records.
+                // Taken: what was written ahead lies behind the head's records.
                 return true;
             }
             if let Err(e) = self.backend.write_ahead(base + at, len) {
                 tracing::warn!("could not write segment {s} ahead: {e}");
-                return false;
+                written = false;
+                break;
             }
             drop(this);
             at += len;
         }
-        *self.write_ahead.segment.lock().unwrap() = None;
-        true
+        self.stop_writing_ahead(s);
+        written
     }
 
-    /// The head took segment `s` while it was being prepared: no more of it is written
-    /// ahead once this returns. Called under `meta` (the order is `meta`, then this lock).
+    /// Segment `s` is no longer being prepared (the head took it, shutdown gave it back, or
+    /// writing it ahead ended): no more of it is written ahead once this returns. The order
+    /// is `meta`, then this lock.
     pub(super) fn stop_writing_ahead(&self, s: u32) {
         let mut segment = self.write_ahead.segment.lock().unwrap();
         if *segment == Some(s) {
