@@ -125,7 +125,7 @@ fn size_arg(s: &str) -> Result<u64, String> {
 }
 
 fn print_json(v: &impl serde::Serialize) -> Result<(), String> {
-    println!(
+    outln!(
         "{}",
         serde_json::to_string_pretty(v).map_err(|e| e.to_string())?
     );
@@ -150,7 +150,7 @@ pub fn volume(api: &ApiArgs, cmd: VolumeCommand) -> Result<(), String> {
                 "write_cache": write_cache,
             });
             let v: VolumeInfo = c.post("/api/v1/volumes", &body)?;
-            println!(
+            outln!(
                 "created volume '{}' ({}, {})",
                 v.name,
                 human_bytes(v.provisioned_bytes),
@@ -162,16 +162,22 @@ pub fn volume(api: &ApiArgs, cmd: VolumeCommand) -> Result<(), String> {
                 &format!("/api/v1/volumes/{}", segment(&name)),
                 &json!({ "write_cache": setting }),
             )?;
-            println!("volume '{}' is now {}", v.name, v.write_cache);
+            outln!("volume '{}' is now {}", v.name, v.write_cache);
         }
         VolumeCommand::List { json } => {
             let list: Vec<VolumeInfo> = c.get("/api/v1/volumes")?;
             if json {
                 return print_json(&list);
             }
-            println!(
+            outln!(
                 "{:<24} {:<11} {:>10} {:>10} {:>6} {:>10} {:>9}  HOSTS",
-                "NAME", "KIND", "SIZE", "MAPPED", "THIN", "PHYSICAL", "REDUCTION"
+                "NAME",
+                "KIND",
+                "SIZE",
+                "MAPPED",
+                "THIN",
+                "PHYSICAL",
+                "REDUCTION"
             );
             for v in list {
                 let hosts: Vec<String> = v
@@ -179,7 +185,7 @@ pub fn volume(api: &ApiArgs, cmd: VolumeCommand) -> Result<(), String> {
                     .iter()
                     .map(|c| format!("{}:{}", c.host, c.lun))
                     .collect();
-                println!(
+                outln!(
                     "{:<24} {:<11} {:>10} {:>10} {:>5.0}% {:>10} {:>8.2}x  {}",
                     v.name,
                     v.kind,
@@ -204,7 +210,7 @@ pub fn volume(api: &ApiArgs, cmd: VolumeCommand) -> Result<(), String> {
                 &format!("/api/v1/volumes/{}", segment(&name)),
                 &json!({ "size_bytes": size_arg(&size)? }),
             )?;
-            println!(
+            outln!(
                 "volume '{}' is now {}",
                 v.name,
                 human_bytes(v.provisioned_bytes)
@@ -215,28 +221,30 @@ pub fn volume(api: &ApiArgs, cmd: VolumeCommand) -> Result<(), String> {
                 &format!("/api/v1/volumes/{}", segment(&name)),
                 &json!({ "name": new_name }),
             )?;
-            println!("volume '{name}' is now '{}'", v.name);
+            outln!("volume '{name}' is now '{}'", v.name);
         }
         VolumeCommand::Delete { name } => {
             c.delete(&format!("/api/v1/volumes/{}", segment(&name)))?;
-            println!("deleted volume '{name}'");
+            outln!("deleted volume '{name}'");
         }
         VolumeCommand::Snapshot { name, snapshot } => {
             create_from(&c, &name, "snapshots", &snapshot)?;
-            println!("snapshot '{snapshot}' of '{name}' created");
+            outln!("snapshot '{snapshot}' of '{name}' created");
         }
         VolumeCommand::Clone { source, new } => {
             create_from(&c, &source, "clones", &new)?;
-            println!("clone '{new}' of '{source}' created");
+            outln!("clone '{new}' of '{source}' created");
         }
         VolumeCommand::Connect { name, host, lun } => {
             let conn: ConnectionInfo = c.post(
                 &format!("/api/v1/volumes/{}/connections", segment(&name)),
                 &json!({ "host": host, "lun": lun }),
             )?;
-            println!(
+            outln!(
                 "volume '{name}' connected to host '{}' at LUN {}: {}",
-                conn.host, conn.lun, conn.url
+                conn.host,
+                conn.lun,
+                conn.url
             );
         }
         VolumeCommand::Disconnect { name, host } => {
@@ -245,7 +253,7 @@ pub fn volume(api: &ApiArgs, cmd: VolumeCommand) -> Result<(), String> {
                 segment(&name),
                 segment(&host)
             ))?;
-            println!("volume '{name}' disconnected from host '{host}'");
+            outln!("volume '{name}' disconnected from host '{host}'");
         }
         VolumeCommand::Url { name, host } => {
             let v: VolumeInfo = c.get(&format!("/api/v1/volumes/{}", segment(&name)))?;
@@ -257,7 +265,7 @@ pub fn volume(api: &ApiArgs, cmd: VolumeCommand) -> Result<(), String> {
                     Some(h) => format!("volume '{name}' is not connected to host '{h}'"),
                     None => format!("volume '{name}' is not connected to any host"),
                 })?;
-            println!("{}", conn.url);
+            outln!("{}", conn.url);
         }
     }
     Ok(())
@@ -287,7 +295,7 @@ fn write_cache_text(v: &VolumeInfo) -> String {
 }
 
 fn print_volume(v: &VolumeInfo) {
-    let row = |k: &str, val: String| println!("{k:<20} {val}");
+    let row = |k: &str, val: String| outln!("{k:<20} {val}");
     row("name", v.name.clone());
     row("kind", v.kind.clone());
     row("id", v.id.clone());
@@ -343,7 +351,7 @@ pub fn host(api: &ApiArgs, cmd: HostCommand) -> Result<(), String> {
                 "/api/v1/hosts",
                 &json!({ "name": name, "iqns": iqns, "chap_user": chap_user, "chap_secret": chap_secret }),
             )?;
-            println!(
+            outln!(
                 "created host '{}' ({}{})",
                 h.name,
                 h.iqns.join(", "),
@@ -355,9 +363,9 @@ pub fn host(api: &ApiArgs, cmd: HostCommand) -> Result<(), String> {
             if json {
                 return print_json(&hosts);
             }
-            println!("{:<24} {:<6} {:<50} VOLUMES", "NAME", "CHAP", "IQNS");
+            outln!("{:<24} {:<6} {:<50} VOLUMES", "NAME", "CHAP", "IQNS");
             for h in hosts {
-                println!(
+                outln!(
                     "{:<24} {:<6} {:<50} {}",
                     h.name,
                     if h.chap_user.is_some() { "yes" } else { "no" },
@@ -368,7 +376,7 @@ pub fn host(api: &ApiArgs, cmd: HostCommand) -> Result<(), String> {
         }
         HostCommand::Delete { name } => {
             c.delete(&format!("/api/v1/hosts/{}", segment(&name)))?;
-            println!("deleted host '{name}'");
+            outln!("deleted host '{name}'");
         }
     }
     Ok(())
@@ -391,7 +399,7 @@ pub fn array(api: &ApiArgs, cmd: ArrayCommand) -> Result<(), String> {
                     "gc_priority": gc_priority,
                 }),
             )?;
-            println!(
+            outln!(
                 "soft threshold {:.0}%, GC priority {}",
                 a.soft_threshold * 100.0,
                 a.gc.priority
@@ -403,7 +411,7 @@ pub fn array(api: &ApiArgs, cmd: ArrayCommand) -> Result<(), String> {
                 return print_json(&v);
             }
             let a: ArrayInfo = c.get("/api/v1/array")?;
-            let row = |k: &str, val: String| println!("{k:<22} {val}");
+            let row = |k: &str, val: String| outln!("{k:<22} {val}");
             let pct = |n: u64| {
                 if a.capacity_bytes == 0 {
                     0.0
@@ -498,10 +506,10 @@ pub fn replication(api: &ApiArgs, cmd: ReplicationCommand) -> Result<(), String>
                 return print_json(&r);
             }
             if r["configured"].as_bool() != Some(true) {
-                println!("no off-site copy (start the array with --replicate-to or [replication])");
+                outln!("no off-site copy (start the array with --replicate-to or [replication])");
                 return Ok(());
             }
-            let row = |k: &str, val: String| println!("{k:<22} {val}");
+            let row = |k: &str, val: String| outln!("{k:<22} {val}");
             row("target", r["target"].as_str().unwrap_or("").into());
             row("state", r["state"].as_str().unwrap_or("").into());
             if let Some(e) = r["error"].as_str() {
@@ -546,16 +554,16 @@ pub fn replication(api: &ApiArgs, cmd: ReplicationCommand) -> Result<(), String>
                 return print_json(&points);
             }
             for p in points.as_array().into_iter().flatten() {
-                println!("{}", point_line(p));
+                outln!("{}", point_line(p));
             }
         }
         ReplicationCommand::Point { name } => {
             let p: Value = c.post("/api/v1/replication/points", &json!({ "name": name }))?;
-            println!("{}", point_line(&p));
+            outln!("{}", point_line(&p));
         }
         ReplicationCommand::DeletePoint { name } => {
             c.delete(&format!("/api/v1/replication/points/{}", segment(&name)))?;
-            println!("restore point {name} deleted");
+            outln!("restore point {name} deleted");
         }
     }
     Ok(())

@@ -1,5 +1,16 @@
 //! The `sliver` command.
 
+/// `println!` for a command's output: a reader that went away (`sliver volume list | head`)
+/// ends the command quietly, as other tools do, where `println!` would panic. SIGPIPE stays
+/// ignored (Rust's default): the API client writes to its TLS socket with `writev`, which
+/// has no MSG_NOSIGNAL, so a connection the server closed must be an error, not the end of
+/// the process.
+macro_rules! outln {
+    ($($arg:tt)*) => {
+        $crate::output_line(format_args!($($arg)*))
+    };
+}
+
 mod admin;
 mod client;
 mod config;
@@ -182,12 +193,6 @@ struct RestoreArgs {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     init_logging(cli.log_json);
-    if !matches!(
-        cli.command,
-        Commands::Serve(_) | Commands::Restore(_) | Commands::Reclaim(_)
-    ) {
-        end_quietly_when_output_closes();
-    }
     let result = match cli.command {
         Commands::Serve(args) => serve(args),
         Commands::Volume { api, command } => admin::volume(&api, command),
@@ -199,7 +204,9 @@ fn main() -> ExitCode {
         Commands::Restore(args) => restore(args),
         Commands::Reclaim(args) => sliver_reclaim::run(args),
         Commands::Completions { shell } => {
-            clap_complete::generate(shell, &mut Cli::command(), "sliver", &mut std::io::stdout());
+            let mut script = Vec::new();
+            clap_complete::generate(shell, &mut Cli::command(), "sliver", &mut script);
+            output(&script);
             Ok(())
         }
     };
@@ -212,15 +219,21 @@ fn main() -> ExitCode {
     }
 }
 
-/// A command whose reader goes away (`sliver volume list | head`) ends quietly, as other
-/// command-line tools do. Rust ignores SIGPIPE, so printing to a closed pipe panicked
-/// instead. Not for `serve`, `restore` and `reclaim`: they keep running and see the error
-/// (sockets are written with MSG_NOSIGNAL either way).
-fn end_quietly_when_output_closes() {
-    // SAFETY: restores the default action of one signal before any thread is started.
-    unsafe {
-        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+/// Write `bytes` to standard output ([`outln!`]): ends the process quietly (status 0) when
+/// the reader has gone away.
+fn output(bytes: &[u8]) {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    if let Err(e) = out.write_all(bytes).and_then(|()| out.flush()) {
+        if e.kind() == std::io::ErrorKind::BrokenPipe {
+            std::process::exit(0);
+        }
+        panic!("cannot write to standard output: {e}");
     }
+}
+
+fn output_line(args: std::fmt::Arguments) {
+    output(format!("{args}\n").as_bytes());
 }
 
 fn init_logging(json: bool) {
