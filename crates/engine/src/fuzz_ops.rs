@@ -139,7 +139,7 @@ impl Run {
 /// Run the operations `data` describes; panics when the engine disagrees with the model.
 pub fn fuzz_ops(data: &[u8]) {
     let mut input = Input(data);
-    let backend = Arc::new(MemBackend::new(16 << 20));
+    let backend = Arc::new(MemBackend::new(8 << 20));
     let config = EngineConfig {
         chunk_size: BLOCK as u32,
         segment_size: 128 << 10,

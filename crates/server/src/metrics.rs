@@ -447,7 +447,6 @@ impl Text {
     }
 }
 
-/// Label values escape backslash, double quote and newline.
 /// The engine's metadata lock: the serial section every command passes (RFC 0005).
 fn metadata_lock(out: &mut Text, engine: &sliver_engine::Engine) {
     for (metric, kind, help, value) in [
@@ -473,7 +472,7 @@ fn metadata_lock(out: &mut Text, engine: &sliver_engine::Engine) {
         metric,
         "histogram",
         "Holds of the engine's metadata lock by length, since the process started (buckets \
-         8 to a power of two, from about 1 us to about 1 s).",
+         8 to a power of two, from 256 ns to about 1 s).",
     );
     let holds = engine.lock_holds();
     for &(le, count) in &holds {
@@ -493,6 +492,7 @@ fn metadata_lock(out: &mut Text, engine: &sliver_engine::Engine) {
     out.sample(&format!("{metric}_count"), &[], count as f64);
 }
 
+/// Label values escape backslash, double quote and newline.
 fn escape_label(v: &str) -> String {
     v.replace('\\', "\\\\")
         .replace('"', "\\\"")
