@@ -85,8 +85,8 @@ pub fn fuzz_log(data: &[u8]) {
             return;
         }
     }
-    while !state.trees.releasing.is_empty() {
-        let n = (state.trees.releasing.len() as u32).min(MAX_RELEASE_NODES);
+    while !state.releasing().is_empty() {
+        let n = (state.releasing().len() as u32).min(MAX_RELEASE_NODES);
         state
             .apply(&Record::Release { nodes: n }, at, 1)
             .expect("releasing what awaits release");
@@ -96,7 +96,7 @@ pub fn fuzz_log(data: &[u8]) {
     let (chunk_refs, _) = state.count_references().expect("pages in memory");
     for (id, n) in chunk_refs {
         if id == ANCHORED {
-            assert_eq!(state.anchored, n, "anchored entries");
+            assert_eq!(state.anchored(), n, "anchored entries");
         } else {
             let c = state
                 .chunk(id)

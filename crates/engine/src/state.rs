@@ -12,11 +12,16 @@
 use crate::format::{Record, CHUNK_PREFIX, RECORD_HEADER};
 use crate::meta::chunk_table::{ChunkEntry, ChunkTable};
 use crate::meta::hooks::{is_hook, Hooks};
-use crate::meta::map_tree::{self, ChunkRefs, Trees, Volume, ANCHORED, FANOUT};
+use crate::meta::map_tree::{self, ChunkRefs, NodeMeta, Trees, Volume, ANCHORED, FANOUT};
 use crate::meta::pager::Pager;
+use crate::meta::resident::ResidentTable;
+use crate::meta::root::Root;
 use crate::meta::segment_table::SegmentTable;
 use crate::meta::ApplyError;
 use std::collections::{BTreeMap, HashMap, HashSet};
+
+mod import;
+mod parts;
 
 pub use crate::meta::map_tree::holds_data;
 /// A segment's row in the segment table; it lives with the table, which the state holds.
@@ -46,23 +51,25 @@ fn inconsistent(why: String) -> ApplyError {
     ApplyError::Inconsistent(why)
 }
 
-/// Everything the engine knows besides the data itself.
+/// Everything the engine knows besides the data itself. Its fields are private: records change
+/// it through [`State::apply`], and the engine's parts read and reach it through the methods
+/// named for what they need (`parts.rs`).
 pub struct State {
-    pub pager: Pager,
-    pub chunks: ChunkTable,
-    pub segments: SegmentTable,
-    pub trees: Trees,
-    pub volumes: BTreeMap<u32, Volume>,
-    pub hooks: Hooks,
-    pub chunk_size: u32,
+    pager: Pager,
+    chunks: ChunkTable,
+    segments: SegmentTable,
+    trees: Trees,
+    volumes: BTreeMap<u32, Volume>,
+    hooks: Hooks,
+    chunk_size: u32,
     /// Anchored map entries, counted like references (per leaf instance).
-    pub anchored: u64,
+    anchored: u64,
     /// Sum of the segments' `live` bytes, kept with them so space figures need no walk.
-    pub live_bytes: u64,
+    live_bytes: u64,
     /// Bumped by every change to a volume's map (for cached usage walks).
-    pub volume_generation: HashMap<u32, u64>,
+    volume_generation: HashMap<u32, u64>,
     /// Bumped by every change that can move a chunk between shared and unique.
-    pub sharing_generation: u64,
+    sharing_generation: u64,
 }
 
 /// The chunk reference counting the trees call back into.
@@ -115,6 +122,30 @@ impl State {
             chunk_size,
             anchored: 0,
             live_bytes: 0,
+            volume_generation: HashMap::new(),
+            sharing_generation: 0,
+        }
+    }
+
+    /// The state a root and the tables it names hold, as loaded at open (the log after the
+    /// root is replayed on top).
+    pub fn loaded(
+        pager: Pager,
+        segments: SegmentTable,
+        nodes: ResidentTable<NodeMeta>,
+        live: ResidentTable<u16>,
+        root: &Root,
+    ) -> Self {
+        State {
+            pager,
+            chunks: ChunkTable::from_live(live),
+            segments,
+            trees: Trees::from_parts(nodes, root.releasing.clone()),
+            volumes: root.volumes.iter().copied().collect(),
+            hooks: Hooks { shape: root.hooks },
+            chunk_size: root.geometry.chunk_size,
+            anchored: root.anchored,
+            live_bytes: root.live_bytes,
             volume_generation: HashMap::new(),
             sharing_generation: 0,
         }

@@ -6,7 +6,6 @@
 
 use super::*;
 use crate::meta::chunk_table::{ChunkEntry, PER_PAGE as CHUNKS_PER_PAGE};
-use crate::meta::map_tree;
 use crate::meta::pager::Entry;
 use crate::meta::tables::CHUNK_TABLE;
 use crate::meta::tables::T_HOOKS;
@@ -49,9 +48,9 @@ impl Engine {
                 let dirs: Vec<(u8, Vec<crate::meta::page_store::PageLoc>)> =
                     [CHUNK_TABLE, T_NODES, T_HOOKS, T_JOURNAL]
                         .iter()
-                        .map(|&t| (t, m.state.pager.directory(t).to_vec()))
+                        .map(|&t| (t, m.state.pager().directory(t).to_vec()))
                         .collect();
-                (dirs, m.state.pager.source().clone())
+                (dirs, m.state.pager().source().clone())
             };
             for (table, dir) in dirs {
                 for (index, loc) in dir.into_iter().enumerate() {
@@ -73,20 +72,20 @@ impl Engine {
         }
         let mut m = self.lock_meta();
         problems.extend(m.state.audit_counters());
-        problems.extend(m.state.pager.journal().audit());
+        problems.extend(m.state.pager().journal().audit());
         // Node references: volume roots and interior entries, each node visited once.
-        let nodes = m.state.trees.meta.len();
+        let nodes = m.state.node_count();
         let mut node_refs = vec![0u32; nodes as usize];
         let mut seen = vec![false; nodes as usize];
         let mut leaves = Vec::new();
-        let mut stack: Vec<u64> = m.state.volumes.values().map(|v| v.root).collect();
+        let mut stack: Vec<u64> = m.state.volume_maps().map(|(_, v)| v.root).collect();
         for &root in &stack {
             if root != 0 && root < nodes {
                 node_refs[root as usize] += 1;
             }
         }
         // Nodes awaiting release still hold their references.
-        stack.extend(m.state.trees.releasing.iter().copied());
+        stack.extend(m.state.releasing().iter().copied());
         while let Some(node) = stack.pop() {
             if node == 0 || node >= nodes {
                 if node != 0 {
@@ -97,11 +96,11 @@ impl Engine {
             if std::mem::replace(&mut seen[node as usize], true) {
                 continue;
             }
-            if m.state.trees.meta.get(node).level == 0 {
+            if m.state.node(node).level == 0 {
                 leaves.push(node);
                 continue;
             }
-            for child in map_tree::node_entries(&mut m.state.pager, node)? {
+            for child in m.state.node_entries(node)? {
                 if child != 0 && child < nodes {
                     node_refs[child as usize] += 1;
                     stack.push(child);
@@ -111,9 +110,9 @@ impl Engine {
             }
         }
         let releasing: std::collections::HashSet<u64> =
-            m.state.trees.releasing.iter().copied().collect();
+            m.state.releasing().iter().copied().collect();
         for id in 1..nodes {
-            let meta = m.state.trees.meta.get(id);
+            let meta = m.state.node(id);
             if meta.refs != node_refs[id as usize] {
                 problems.push(format!(
                     "map node {id}: reference count {} but {} references",
@@ -125,14 +124,14 @@ impl Engine {
             }
         }
         // Chunk references, a window of ids per pass over the leaves.
-        let end = m.state.chunks.pages() * CHUNKS_PER_PAGE;
+        let end = m.state.chunk_pages() * CHUNKS_PER_PAGE;
         let mut anchored = 0u64;
         let mut from = 0;
         while from < end.max(1) {
             let to = (from + COUNT_WINDOW).min(end);
             let mut counts = vec![0u32; (to - from) as usize];
             for &leaf in &leaves {
-                for id in map_tree::node_entries(&mut m.state.pager, leaf)? {
+                for id in m.state.node_entries(leaf)? {
                     if id == ANCHORED {
                         anchored += (from == 0) as u64;
                     } else if id != 0 && (from..to).contains(&id) {
@@ -159,10 +158,10 @@ impl Engine {
                 break;
             }
         }
-        if anchored != m.state.anchored {
+        if anchored != m.state.anchored() {
             problems.push(format!(
                 "{} anchored entries counted but the maps hold {anchored}",
-                m.state.anchored
+                m.state.anchored()
             ));
         }
         Ok(())
@@ -177,9 +176,9 @@ impl Engine {
         let (pages, total, segments) = {
             let m = self.lock_meta();
             (
-                m.state.chunks.pages(),
-                m.state.chunks.len(),
-                m.state.segments.as_slice().to_vec(),
+                m.state.chunk_pages(),
+                m.state.unique_chunks(),
+                m.state.segments().to_vec(),
             )
         };
         let mut live = vec![0u64; segments.len()];
@@ -190,7 +189,7 @@ impl Engine {
         for page in 0..pages {
             let entries: Vec<(u64, ChunkEntry)> = {
                 let mut m = self.lock_meta();
-                let body = m.state.pager.page(CHUNK_TABLE, page)?;
+                let body = m.state.chunk_page(page)?;
                 (0..CHUNKS_PER_PAGE)
                     .map(|k| {
                         let at = k as usize * ChunkEntry::SIZE;

@@ -58,12 +58,12 @@ impl Engine {
             head: m.head,
             counters: m.counters,
             generation: m.generation + 1,
-            anchored: m.state.anchored,
-            live_bytes: m.state.live_bytes,
-            hooks: m.state.hooks.shape,
+            anchored: m.state.anchored(),
+            live_bytes: m.state.live_bytes(),
+            hooks: m.state.hook_shape(),
             tables: Vec::new(),
-            volumes: m.state.volumes.iter().map(|(k, v)| (*k, *v)).collect(),
-            releasing: m.state.trees.releasing.clone(),
+            volumes: m.state.volume_maps().map(|(k, v)| (k, *v)).collect(),
+            releasing: m.state.releasing().to_vec(),
         }
     }
 
@@ -109,7 +109,7 @@ impl Engine {
         let mut m = self.lock_meta();
         let mut slots = self.slots.lock().unwrap();
         for ((t, p, _), loc) in dirs.iter().zip(&locs) {
-            let old = m.state.pager.written(*t, *p, *loc);
+            let old = m.state.pager_mut().written(*t, *p, *loc);
             if !old.is_none() {
                 slots.retire(old.slot);
             }
@@ -123,7 +123,7 @@ impl Engine {
         // Journal upkeep, read ahead of the freeze so the lock is not held for it.
         let (victims, to_clean, source) = {
             let m = self.lock_meta();
-            let pager = &m.state.pager;
+            let pager = m.state.pager();
             (
                 pager.consolidation_victims(),
                 pager.journal_cleanable(),
@@ -144,14 +144,7 @@ impl Engine {
             .collect();
         let (frozen, cleaning, mut root, appended) = {
             let mut m = self.lock_meta();
-            let state = &mut m.state;
-            let pool = state.pager.pool().clone();
-            state.pager.make_whole(&victims);
-            let mut frozen = state.pager.freeze();
-            let cleaning = state.pager.cleaning_words(&cleaned, &frozen);
-            frozen.extend(state.segments.freeze(&pool));
-            frozen.extend(state.trees.meta.freeze(&pool));
-            frozen.extend(state.chunks.live_table().freeze(&pool));
+            let (frozen, cleaning) = m.state.freeze(&victims, &cleaned);
             let root = self.root_image(&m);
             (
                 frozen,
@@ -162,19 +155,13 @@ impl Engine {
         };
         let froze = started.elapsed();
         let thaw = |frozen: Vec<FrozenPage>, journal: &[u64]| {
-            let mut m = self.lock_meta();
-            let state = &mut m.state;
-            state.segments.thaw(&frozen);
-            state.trees.meta.thaw(&frozen);
-            state.chunks.live_table().thaw(&frozen);
-            state.pager.thaw(frozen);
-            state.pager.cancel_journal_pages(journal);
+            self.lock_meta().state.thaw(frozen, journal);
         };
         let writer = journal_writer(root.generation, &frozen, &cleaning);
         let journal_indexes = self
             .lock_meta()
             .state
-            .pager
+            .pager_mut()
             .allocate_journal_pages(writer.pages().len());
         // The pages name chunks whose records must be durable before any root names them.
         if let Err(e) = self.flush() {
@@ -216,45 +203,53 @@ impl Engine {
             // a base and a word written by the two attempts would carry the same generation
             // and open could not order them.
             m.generation = root.generation;
-            m.state.pager.install_pages(&frozen, &locs, &journal_locs)
+            m.state
+                .pager_mut()
+                .install_pages(&frozen, &locs, &journal_locs)
         };
         // Words and releases in runs, each its own hold of the lock (see `Pager::install`).
         for run in placed.chunks(INSTALL_RUN) {
             self.lock_meta()
                 .state
-                .pager
+                .pager_mut()
                 .install_words(run, &journal_locs);
         }
         for run in frozen.chunks(INSTALL_RUN) {
-            self.lock_meta().state.pager.release_deltas(run);
+            self.lock_meta().state.pager_mut().release_deltas(run);
         }
         let (dirs, changed) = {
             let mut m = self.lock_meta();
             let mut slots = self.slots.lock().unwrap();
-            retired.extend(m.state.pager.drop_dead_journal_pages(&journal_locs));
+            retired.extend(m.state.pager_mut().drop_dead_journal_pages(&journal_locs));
             for old in retired {
                 slots.retire(old.slot);
             }
-            m.state.pager.settle();
+            m.state.pager_mut().settle();
             // The frozen buffers return to the pool here, under the lock (those the cache
             // still holds stay with it).
             drop(frozen);
-            let changed = m.state.pager.take_changed_dirs(false);
-            let dirs = dir_pages(&m.state.pager, &changed);
+            let changed = m.state.pager_mut().take_changed_dirs(false);
+            let dirs = dir_pages(m.state.pager(), &changed);
             (dirs, changed)
         };
         // The directory pages, then the top directory pages that name them.
         if let Err(e) = self.write_directory_pages(&dirs, root.generation) {
-            self.lock_meta().state.pager.keep_changed_dirs(changed);
+            self.lock_meta()
+                .state
+                .pager_mut()
+                .keep_changed_dirs(changed);
             return Err(e);
         }
         let (tops, changed_tops) = {
             let mut m = self.lock_meta();
-            let changed = m.state.pager.take_changed_dirs(true);
-            (dir_pages(&m.state.pager, &changed), changed)
+            let changed = m.state.pager_mut().take_changed_dirs(true);
+            (dir_pages(m.state.pager(), &changed), changed)
         };
         if let Err(e) = self.write_directory_pages(&tops, root.generation) {
-            self.lock_meta().state.pager.keep_changed_dirs(changed_tops);
+            self.lock_meta()
+                .state
+                .pager_mut()
+                .keep_changed_dirs(changed_tops);
             return Err(e);
         }
         {
@@ -264,14 +259,9 @@ impl Engine {
                 .iter()
                 .map(|&t| TableRoot {
                     table: t,
-                    pages: state.pager.directory(t).len() as u64,
-                    entries: match t {
-                        T_SEGMENTS => state.segments.len(),
-                        T_NODE_META => state.trees.meta.len(),
-                        CHUNK_LIVE => state.chunks.pages(),
-                        _ => 0,
-                    },
-                    dir: state.pager.directory(TOP_BASE + t).to_vec(),
+                    pages: state.pager().directory(t).len() as u64,
+                    entries: state.table_entries(t),
+                    dir: state.pager().directory(TOP_BASE + t).to_vec(),
                 })
                 .collect();
         }
@@ -285,8 +275,8 @@ impl Engine {
             // The pages stay where the directories now say; the next root names them. The
             // previous root and the slots it names are untouched.
             let mut m = self.lock_meta();
-            m.state.pager.keep_changed_dirs(changed);
-            m.state.pager.keep_changed_dirs(changed_tops);
+            m.state.pager_mut().keep_changed_dirs(changed);
+            m.state.pager_mut().keep_changed_dirs(changed_tops);
             drop(m);
             return Err(if out_of_space(&e) {
                 EngineError::NoSpace
@@ -320,7 +310,7 @@ impl Engine {
 pub(super) fn meta_reserve(state: &State, cache: u64) -> u64 {
     let pages: u64 = TABLES
         .iter()
-        .map(|&t| state.pager.directory(t).len() as u64)
+        .map(|&t| state.pager().directory(t).len() as u64)
         .sum();
     let dirty_limit = cache;
     dirty_limit.min(2 * pages * PAGE_BYTES as u64 + (4 << 20))

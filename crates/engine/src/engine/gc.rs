@@ -80,7 +80,7 @@ impl Engine {
         // size, under the lock every command takes.
         let pick = |m: &Meta, eligible_only: bool| -> Option<(u32, u64, bool)> {
             let limit = (max_live * seg as f64) as u64;
-            let victim = m.state.segments.emptiest(limit, |i, s| {
+            let victim = m.state.emptiest_segment(limit, |i, s| {
                 (s.live == 0 || !waiting(i, s.seq)) && (!eligible_only || s.seq < m.checkpoint_seq)
             })?;
             let s = m.state.segment(victim);
@@ -298,8 +298,7 @@ impl Engine {
         let victims: Vec<u32> = {
             let m = self.lock_meta();
             m.state
-                .segments
-                .empty_sealed()
+                .empty_sealed_segments()
                 .filter(|&i| m.state.segment(i).seq < m.checkpoint_seq)
                 .collect()
         };
@@ -388,7 +387,7 @@ impl Engine {
             // The pages the next record reads, outside the lock.
             let next: Vec<u64> = {
                 let m = self.lock_meta();
-                let r = &m.state.trees.releasing;
+                let r = m.state.releasing();
                 r.iter()
                     .rev()
                     .take(crate::state::MAX_RELEASE_NODES as usize)
@@ -403,8 +402,8 @@ impl Engine {
             {
                 let mut m = self.lock_meta();
                 for &n in &next {
-                    if m.state.trees.meta.get(n).level == 0 {
-                        if let Some(page) = m.state.pager.peek(T_NODES, n) {
+                    if m.state.node(n).level == 0 {
+                        if let Some(page) = m.state.pager_mut().peek(T_NODES, n) {
                             for e in page.chunks_exact(8) {
                                 let id = u64::from_le_bytes(e.try_into().unwrap());
                                 if holds_data(id) {
@@ -419,7 +418,7 @@ impl Engine {
             let mut m = self.lock_meta();
             // Others may have released some meanwhile: the count is taken under the lock the
             // record is applied under.
-            let n = (m.state.trees.releasing.len() as u32).min(crate::state::MAX_RELEASE_NODES);
+            let n = (m.state.releasing().len() as u32).min(crate::state::MAX_RELEASE_NODES);
             if n == 0 {
                 break;
             }

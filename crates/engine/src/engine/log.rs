@@ -26,7 +26,7 @@ impl Engine {
             let keep = match class {
                 Space::Data => {
                     gc_reserve(self.geometry.segment_count) as usize
-                        + self.anchor_reserve(m.state.anchored)
+                        + self.anchor_reserve(m.state.anchored())
                         + m.collector_claim
                 }
                 Space::AnchoredData => {

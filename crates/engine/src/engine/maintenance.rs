@@ -44,7 +44,7 @@ impl Engine {
         let written = m.appended - m.appended_at_checkpoint;
         written >= tuning.checkpoint_bytes
             || m.records_since_checkpoint >= CHECKPOINT_RECORDS
-            || m.state.pager.checkpoint_wanted()
+            || m.state.pager().checkpoint_wanted()
     }
 
     /// Called by writers after a change: when the dirty pages have outgrown the cache, the
@@ -65,7 +65,7 @@ impl Engine {
             return Ok(());
         }
         let _maintenance = self.maintenance.lock().unwrap_or_else(|p| p.into_inner());
-        if !self.lock_meta().state.pager.over_budget() {
+        if !self.lock_meta().state.pager().over_budget() {
             return Ok(());
         }
         if let Err(e) = self.checkpoint_locked() {

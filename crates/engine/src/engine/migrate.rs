@@ -13,7 +13,6 @@ use super::*;
 use crate::legacy::checkpoint as v2;
 use crate::legacy::state as old;
 use crate::meta::chunk_table::PER_PAGE as CHUNKS_PER_PAGE;
-use crate::meta::hooks::is_hook;
 use crate::meta::map_tree::{height_for, Volume, FANOUT};
 
 use crate::meta::pager::Pager;
@@ -76,7 +75,7 @@ impl Engine {
         let converted = convert(state, pager)?;
         // A format 2 array has no metadata pages; pages of a migration cut short are named by
         // no root and are free.
-        let slots = Slots::from_used(used_slots(&converted.pager));
+        let slots = Slots::from_used(used_slots(converted.pager()));
         let engine = Self::finish_open(
             backend,
             geometry,
@@ -113,7 +112,7 @@ fn convert(old: old::State, pager: Pager) -> Result<State> {
     }
     // Format 2 left freed ids as gaps of any length.
     let end = old.store.chunks.len() as u64;
-    state.chunks.reserve_pages(end.div_ceil(CHUNKS_PER_PAGE));
+    state.import_reserve_chunk_pages(end.div_ceil(CHUNKS_PER_PAGE));
     for (id, c) in old
         .store
         .chunks
@@ -121,25 +120,15 @@ fn convert(old: old::State, pager: Pager) -> Result<State> {
         .enumerate()
         .filter(|(_, c)| c.len != 0)
     {
-        let id = id as u64;
-        let pager = &mut state.pager;
-        state
-            .chunks
-            .put(pager, id, c.hash, c.loc.segment, c.loc.offset, c.len)?;
-        state
-            .chunks
-            .set_refs(pager, id, c.refs.min(u32::MAX as u64) as u32)?;
-        if is_hook(&c.hash) {
-            state.hooks.insert(pager, &c.hash, id)?;
-        }
+        let refs = c.refs.min(u32::MAX as u64) as u32;
+        state.import_chunk(id as u64, c.hash, c.loc.segment, c.loc.offset, c.len, refs)?;
     }
-    state.live_bytes = old.store.live_bytes;
-    state.anchored = old.store.anchored;
+    state.import_totals(old.store.live_bytes, old.store.anchored);
     // A page shared by several volumes becomes leaves shared by them.
     let mut leaves: HashMap<(*const old::Page, usize), u64> = HashMap::new();
     for (&id, map) in &old.volumes {
         let chunks = state.chunks_of(map.size);
-        state.volumes.insert(
+        state.import_volume(
             id,
             Volume {
                 size: map.size,
@@ -166,11 +155,11 @@ fn convert(old: old::State, pager: Pager) -> Result<State> {
                 let key = (std::sync::Arc::as_ptr(page), half);
                 let leaf = match leaves.get(&key) {
                     Some(&leaf) => {
-                        state.trees.incref_node(leaf);
+                        state.import_shared_leaf(leaf);
                         leaf
                     }
                     None => {
-                        let leaf = state.trees.new_leaf(&mut state.pager, &entries);
+                        let leaf = state.import_leaf(&entries);
                         leaves.insert(key, leaf);
                         leaf
                     }
@@ -182,9 +171,7 @@ fn convert(old: old::State, pager: Pager) -> Result<State> {
             }
         }
     }
-    state.segments.touch_all();
-    state.trees.touch_all();
-    state.chunks.live_table().touch_all();
+    state.import_done();
     Ok(state)
 }
 

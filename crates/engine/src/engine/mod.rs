@@ -656,7 +656,7 @@ impl Engine {
 
     /// Figures of the metadata cache.
     pub fn cache_stats(&self) -> crate::meta::pager::PagerStats {
-        self.lock_meta().state.pager.stats()
+        self.lock_meta().state.pager().stats()
     }
 
     pub fn chunk_size(&self) -> u32 {
@@ -693,7 +693,7 @@ impl Engine {
         let count = self.geometry.segment_count as f64;
         let usable = count - gc_reserve(self.geometry.segment_count) as f64;
         let m = self.lock_meta();
-        let held = self.anchor_reserve(m.state.anchored) as f64;
+        let held = self.anchor_reserve(m.state.anchored()) as f64;
         let used = count - m.free.len() as f64 + held;
         used > threshold * usable
     }
@@ -712,7 +712,7 @@ impl Engine {
     pub fn available_bytes(&self) -> u64 {
         let m = self.lock_meta();
         let keep = gc_reserve(self.geometry.segment_count) as u64
-            + self.anchor_reserve(m.state.anchored) as u64;
+            + self.anchor_reserve(m.state.anchored()) as u64;
         (m.free.len() as u64).saturating_sub(keep) * self.geometry.segment_size as u64
     }
 
@@ -821,18 +821,13 @@ impl Engine {
 
     pub fn volumes(&self) -> Vec<(u32, u64)> {
         let m = self.lock_meta();
-        m.state
-            .volumes
-            .iter()
-            .map(|(id, v)| (*id, v.size))
-            .collect()
+        m.state.volume_maps().map(|(id, v)| (id, v.size)).collect()
     }
 
     pub fn volume_size(&self, volume: u32) -> Result<u64> {
         let m = self.lock_meta();
         m.state
-            .volumes
-            .get(&volume)
+            .volume_map(volume)
             .map(|v| v.size)
             .ok_or(EngineError::NoSuchVolume(volume))
     }
@@ -851,7 +846,7 @@ impl Engine {
     /// A new volume sharing all of `src`'s data (snapshot or clone); durable on return.
     pub fn clone_volume(&self, src: u32) -> Result<u32> {
         self.append_meta(|m, e| {
-            if !m.state.volumes.contains_key(&src) {
+            if !m.state.has_volume(src) {
                 return Err(EngineError::NoSuchVolume(src));
             }
             let id = m.counters.next_volume;
@@ -862,7 +857,7 @@ impl Engine {
 
     pub fn delete_volume(&self, volume: u32) -> Result<()> {
         self.append_meta(|m, e| {
-            if !m.state.volumes.contains_key(&volume) {
+            if !m.state.has_volume(volume) {
                 return Err(EngineError::NoSuchVolume(volume));
             }
             e.volume_delete(volume);
@@ -877,7 +872,7 @@ impl Engine {
     pub fn resize_volume(&self, volume: u32, size: u64) -> Result<()> {
         self.check_size(size)?;
         self.append_meta(|m, e| {
-            if !m.state.volumes.contains_key(&volume) {
+            if !m.state.has_volume(volume) {
                 return Err(EngineError::NoSuchVolume(volume));
             }
             e.volume_resize(volume, size);
@@ -1026,7 +1021,7 @@ mod tests {
         let slot = engine
             .lock_meta()
             .state
-            .pager
+            .pager()
             .loc(crate::meta::tables::CHUNK_TABLE, 0)
             .slot;
         drop(engine);

@@ -3,9 +3,6 @@
 //! [`super::migrate`]).
 
 use super::*;
-use crate::meta::chunk_table::ChunkTable;
-use crate::meta::hooks::Hooks;
-use crate::meta::map_tree::Trees;
 use crate::meta::tables::CHUNK_LIVE;
 use crate::meta::tables::T_NODE_META;
 
@@ -146,7 +143,7 @@ impl Engine {
             backend.retire_checkpoint()?;
         }
         let mut state = load_state(&backend, &root, &tuning)?;
-        let slots = Slots::from_used(used_slots(&state.pager));
+        let slots = Slots::from_used(used_slots(state.pager()));
         let mut counters = root.counters;
         let mut recovery = Recovery::default();
         let end = replay(
@@ -157,7 +154,7 @@ impl Engine {
             root.head,
             &mut recovery,
         )?;
-        state.chunks.reset_allocation();
+        state.reset_chunk_allocation();
         Self::finish_open(
             backend,
             geometry,
@@ -352,19 +349,7 @@ fn load_state(backend: &Arc<dyn Backend>, root: &Root, tuning: &Tuning) -> Resul
     }
     let nodes = ResidentTable::load(T_NODE_META, &pager, entries(T_NODE_META)).map_err(meta)?;
     let live = ResidentTable::load(CHUNK_LIVE, &pager, entries(CHUNK_LIVE)).map_err(meta)?;
-    Ok(State {
-        pager,
-        chunks: ChunkTable::from_live(live),
-        segments,
-        trees: Trees::from_parts(nodes, root.releasing.clone()),
-        volumes: root.volumes.iter().copied().collect(),
-        hooks: Hooks { shape: root.hooks },
-        chunk_size: g.chunk_size,
-        anchored: root.anchored,
-        live_bytes: root.live_bytes,
-        volume_generation: Default::default(),
-        sharing_generation: 0,
-    })
+    Ok(State::loaded(pager, segments, nodes, live, root))
 }
 
 /// Every slot of the metadata area a root (through its directories) names.
@@ -562,7 +547,7 @@ pub(super) fn repair_tail(
         }
     };
     let seq = last_seq + unsynced_bound.min(geometry.segment_count as u64) + 1;
-    let segments = state.segments.as_slice();
+    let segments = state.segments();
     let garbage = |i: u32| {
         let s = &segments[i as usize];
         s.state == SegState::Sealed && s.live == 0 && s.seq < checkpoint.seq

@@ -80,7 +80,7 @@ impl Engine {
         first: u64,
         count: u64,
     ) -> Result<()> {
-        if !m.state.volumes.contains_key(&volume) {
+        if !m.state.has_volume(volume) {
             return Err(EngineError::NoSuchVolume(volume));
         }
         let new = m
@@ -89,7 +89,7 @@ impl Engine {
             .iter()
             .filter(|&&id| id != ANCHORED)
             .count() as u64;
-        let held = self.anchor_reserve(m.state.anchored + new);
+        let held = self.anchor_reserve(m.state.anchored() + new);
         // One segment more for the log records themselves (Space::Metadata keeps one).
         if m.free.len() < gc_reserve(self.geometry.segment_count) as usize + held + 1 {
             return Err(EngineError::NoSpace);
@@ -178,7 +178,7 @@ impl Engine {
                     let mut buf = Vec::with_capacity(probe.len());
                     build(&mut Encoder::new(&mut buf, at.seq));
                     self.append_at(&mut m, at, &buf)?;
-                    let pressure = CachePressure::of(&m.state.pager);
+                    let pressure = CachePressure::of(m.state.pager());
                     drop(m);
                     return self.relieve_cache(pressure);
                 }
@@ -206,10 +206,9 @@ impl Engine {
     }
 
     fn status_run(&self, m: &mut Meta, volume: u32, index: u64) -> Result<(ChunkState, u64)> {
-        let vol = *m
+        let vol = m
             .state
-            .volumes
-            .get(&volume)
+            .volume_map(volume)
             .ok_or(EngineError::NoSuchVolume(volume))?;
         let total = m.state.chunks_of(vol.size);
         if index >= total {
@@ -221,35 +220,7 @@ impl Engine {
             });
         }
         let limit = total.min(index + STATUS_SCAN_CHUNKS);
-        let State { trees, pager, .. } = &mut m.state;
-        let state = ChunkState::of(trees.get(pager, &vol, index)?);
-        let mut i = index + 1;
-        while i < limit {
-            let leaf_end = ((i / FANOUT + 1) * FANOUT).min(limit);
-            match trees.leaf(pager, &vol, i)? {
-                // An absent leaf is all deallocated.
-                0 if state == ChunkState::Deallocated => i = leaf_end,
-                0 => break,
-                leaf => {
-                    let entries = map_tree::node_entries(pager, leaf)?;
-                    let (from, to) = (
-                        (i % FANOUT) as usize,
-                        (leaf_end - i) as usize + (i % FANOUT) as usize,
-                    );
-                    match entries[from..to]
-                        .iter()
-                        .position(|&id| ChunkState::of(id) != state)
-                    {
-                        Some(k) => {
-                            i += k as u64;
-                            break;
-                        }
-                        None => i = leaf_end,
-                    }
-                }
-            }
-        }
-        Ok((state, i - index))
+        Ok(m.state.entry_run(&vol, index, limit, ChunkState::of)?)
     }
 }
 

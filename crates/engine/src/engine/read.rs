@@ -120,9 +120,9 @@ impl Engine {
             let Some(mut m) = self.try_lock_meta() else {
                 return Ok(None);
             };
-            m.state.pager.forbid_reads();
+            m.state.pager_mut().forbid_reads();
             let r = probe(&mut m);
-            if !m.state.pager.allow_reads().is_empty() {
+            if !m.state.pager_mut().allow_reads().is_empty() {
                 return Ok(None);
             }
             (m, r)
@@ -325,9 +325,9 @@ impl Engine {
     ) -> (MetaGuard<'_>, Result<T>) {
         for _ in 0..6 {
             let mut m = self.lock_meta();
-            m.state.pager.forbid_reads();
+            m.state.pager_mut().forbid_reads();
             let r = probe(&mut m);
-            let wanted = m.state.pager.allow_reads();
+            let wanted = m.state.pager_mut().allow_reads();
             if wanted.is_empty() {
                 return (m, r);
             }
@@ -347,7 +347,10 @@ impl Engine {
     pub(super) fn fault_in(&self, keys: Vec<(u8, u64)>) -> Result<()> {
         let (missing, source) = {
             let m = self.lock_meta();
-            (m.state.pager.missing(keys), m.state.pager.source().clone())
+            (
+                m.state.pager().missing(keys),
+                m.state.pager().source().clone(),
+            )
         };
         if missing.is_empty() {
             return Ok(());
@@ -362,7 +365,7 @@ impl Engine {
         }
         let mut m = self.lock_meta();
         for (table, index, loc, body) in read {
-            m.state.pager.insert_read(table, index, loc, body);
+            m.state.pager_mut().insert_read(table, index, loc, body);
         }
         Ok(())
     }

@@ -2,7 +2,6 @@
 
 use super::*;
 use crate::meta::chunk_table::{ChunkEntry, PER_PAGE as CHUNKS_PER_PAGE};
-use crate::meta::map_tree;
 use crate::meta::page_store::{read_page, PageBody};
 use crate::meta::pager::Entry;
 use crate::meta::tables::CHUNK_TABLE;
@@ -15,20 +14,20 @@ impl Engine {
         let seg = self.geometry.segment_size as u64;
         let count = self.geometry.segment_count as u64;
         let used_segments = count - m.free.len() as u64;
-        let live = m.state.live_bytes;
+        let live = m.state.live_bytes();
         let physical = used_segments * seg;
         let capacity = (count - gc_reserve(self.geometry.segment_count) as u64) * seg;
         let cs = self.geometry.chunk_size as u64;
         let mut logical = 0u64;
         let mut provisioned = 0u64;
-        for vol in m.state.volumes.values() {
+        for (_, vol) in m.state.volume_maps() {
             provisioned += vol.size;
-            logical += m.state.trees.counts(vol.root).0 * cs;
+            logical += m.state.counts(vol).0 * cs;
         }
         let host = m.counters.host_bytes;
         let gc = m.counters.gc_bytes;
         let threshold = self.tuning.lock().unwrap().soft_threshold;
-        let held = self.anchor_reserve(m.state.anchored) as u64 * seg;
+        let held = self.anchor_reserve(m.state.anchored()) as u64 * seg;
         EngineSpace {
             capacity_bytes: capacity,
             physical_used_bytes: physical,
@@ -54,7 +53,7 @@ impl Engine {
             host_written_bytes: host,
             gc_relocated_bytes: gc,
             soft_threshold_exceeded: (physical + held) as f64 > threshold * capacity as f64,
-            unique_chunks: m.state.chunks.len(),
+            unique_chunks: m.state.unique_chunks(),
             data_chunks_written: self.data_chunks_written.load(Ordering::Relaxed),
             dedup_chunks: self.dedup_chunks.load(Ordering::Relaxed),
             log_syncs: self.log_syncs.load(Ordering::Relaxed),
@@ -72,12 +71,11 @@ impl Engine {
         let cs = self.geometry.chunk_size as u64;
         let (vol, (mapped, anchored), key) = {
             let m = self.lock_meta();
-            let vol = *m
+            let vol = m
                 .state
-                .volumes
-                .get(&volume)
+                .volume_map(volume)
                 .ok_or(EngineError::NoSuchVolume(volume))?;
-            (vol, m.state.trees.counts(vol.root), usage_key(&m, volume))
+            (vol, m.state.counts(&vol), usage_key(&m, volume))
         };
         let cached = self.usage.lock().unwrap().get(&volume).copied();
         let (unique, shared) = match cached {
@@ -112,23 +110,11 @@ impl Engine {
             // A batch of leaves and the chunk ids they hold; the chunk pages: cached ones
             // read now, the others' places noted to be read after the lock is released.
             let (m, batch) = self.lock_resident(|m| {
-                let vol = *m
+                let vol = m
                     .state
-                    .volumes
-                    .get(&volume)
+                    .volume_map(volume)
                     .ok_or(EngineError::NoSuchVolume(volume))?;
-                let mut leaves = Vec::new();
-                let State { trees, pager, .. } = &mut m.state;
-                let next = trees.leaves_from(pager, &vol, at, 32, &mut leaves)?;
-                let mut ids = Vec::new();
-                for (_, leaf, private) in leaves {
-                    for id in map_tree::node_entries(pager, leaf)? {
-                        if holds_data(id) {
-                            ids.push((id, private));
-                        }
-                    }
-                }
-                Ok((ids, next))
+                Ok(m.state.chunks_from(&vol, at, 32)?)
             });
             let (ids, next) = batch?;
             from = next;
@@ -139,14 +125,14 @@ impl Engine {
                 if pages.contains_key(&page) {
                     continue;
                 }
-                match m.state.pager.cached(CHUNK_TABLE, page) {
+                match m.state.pager().cached(CHUNK_TABLE, page) {
                     Some(body) => {
                         pages.insert(page, Some(Box::new(*body)));
                     }
                     None => {
                         pages.insert(page, None);
                         // The base on disk, and the words pending on top of it now.
-                        let pager = &m.state.pager;
+                        let pager = m.state.pager();
                         to_read.push((
                             page,
                             pager.loc(CHUNK_TABLE, page),
@@ -155,7 +141,7 @@ impl Engine {
                     }
                 }
             }
-            let source = m.state.pager.source().clone();
+            let source = m.state.pager().source().clone();
             drop(m);
             for (page, loc, words) in to_read {
                 // A page that moved meanwhile (its slot reused) fails its checksum: its
@@ -209,17 +195,18 @@ impl Engine {
         let stale = {
             let m = self.lock_meta();
             let cache = self.usage.lock().unwrap();
-            m.state
-                .volumes
-                .iter()
-                .map(|(&id, v)| (id, m.state.trees.counts(v.root).0))
+            let stale = m
+                .state
+                .volume_maps()
+                .map(|(id, v)| (id, m.state.counts(v).0))
                 .filter(|&(_, mapped)| mapped > SYNC_USAGE_CHUNKS)
                 .find(|&(id, _)| {
                     cache.get(&id).is_none_or(|c| {
                         c.key != usage_key(&m, id) && c.walked.elapsed() >= USAGE_REFRESH
                     })
                 })
-                .map(|(id, _)| id)
+                .map(|(id, _)| id);
+            stale
         };
         if let Some(volume) = stale {
             if let Err(e) = self.walk_usage(volume) {
@@ -251,8 +238,5 @@ pub(super) struct UsageWalk {
 /// What a usage walk depends on: the volume's changes and changes of sharing anywhere
 /// (clones, copies, releases, shared nodes copied on write).
 fn usage_key(m: &Meta, volume: u32) -> (u64, u64) {
-    (
-        m.state.volume_generation.get(&volume).copied().unwrap_or(0),
-        m.state.sharing_generation + m.state.trees.copies,
-    )
+    m.state.usage_generation(volume)
 }

@@ -4,7 +4,6 @@ use super::*;
 use crate::meta::chunk_table::{ChunkEntry, PER_PAGE as CHUNKS_PER_PAGE};
 use crate::meta::hooks::is_hook;
 use crate::meta::pager::Entry;
-use crate::meta::tables::CHUNK_TABLE;
 use rustc_hash::FxHashMap;
 
 /// A chunk shared this many times is not shared further (a dedup hit writes a new copy), so
@@ -71,8 +70,7 @@ impl Engine {
     pub(super) fn volume_range(m: &Meta, volume: u32, offset: u64, len: u64) -> Result<()> {
         let size = m
             .state
-            .volumes
-            .get(&volume)
+            .volume_map(volume)
             .ok_or(EngineError::NoSuchVolume(volume))?
             .size;
         match offset.checked_add(len) {
@@ -193,29 +191,26 @@ impl Engine {
                 }
                 // A shared leaf (a snapshot's) is copied first: every chunk it names gains a
                 // reference.
-                let vol = m.state.volumes[&volume];
+                let vol = m.state.volume_map(volume).expect("volume_range found it");
                 for index in [first, last] {
-                    let State { trees, pager, .. } = &mut m.state;
-                    if let Some(leaf) = trees.shared_leaf(pager, &vol, index)? {
-                        for id in crate::meta::map_tree::node_entries(pager, leaf)? {
-                            if holds_data(id) {
-                                m.state.chunk(id)?;
-                            }
+                    for id in m.state.shared_leaf_entries(&vol, index)? {
+                        if holds_data(id) {
+                            m.state.chunk(id)?;
                         }
                     }
                 }
                 for hash in &hashes {
                     let candidate = match m.locality.get(hash) {
                         Some(id) => Some(id),
-                        None if is_hook(hash) => m.state.hooks.get(&mut m.state.pager, hash)?,
+                        None if is_hook(hash) => m.state.hook(hash)?,
                         None => None,
                     };
                     if let Some(id) = candidate {
                         m.state.chunk(id)?;
                         // A hit loads the next chunk page into the locality cache too.
                         let next = id / CHUNKS_PER_PAGE + 1;
-                        if next < m.state.chunks.pages() {
-                            m.state.pager.page(CHUNK_TABLE, next)?;
+                        if next < m.state.chunk_pages() {
+                            m.state.chunk_page(next)?;
                         }
                     }
                 }
@@ -256,7 +251,7 @@ impl Engine {
                     return Err(EngineError::NoSpace);
                 }
                 Ok(unwritten) => {
-                    let pressure = CachePressure::of(&m.state.pager);
+                    let pressure = CachePressure::of(m.state.pager());
                     // The log write happens without the lock: other commands go on meanwhile.
                     drop(m);
                     self.write_unwritten(unwritten)?;
@@ -304,7 +299,7 @@ impl Engine {
                         Slot::Stored(id)
                     } else {
                         // Without anchors anywhere (the usual case) no lookup is needed.
-                        into_anchored &= m.state.anchored > 0
+                        into_anchored &= m.state.anchored() > 0
                             && m.state.entry(volume, first + k as u64)? == ANCHORED;
                         local.insert(*hash, new.len());
                         new.push((hash, *codec, bytes));
@@ -327,8 +322,7 @@ impl Engine {
         let at = self.reserve(m, size, class)?;
         let mut new_ids = Vec::with_capacity(new.len());
         for _ in &new {
-            let State { chunks, pager, .. } = &mut m.state;
-            new_ids.push(chunks.allocate(pager)?);
+            new_ids.push(m.state.allocate_chunk()?);
         }
         let ids: Vec<u64> = slots
             .iter()
@@ -375,7 +369,7 @@ impl Engine {
     fn find_duplicate(&self, m: &mut Meta, hash: &[u8; 16]) -> Result<Option<u64>> {
         let (candidate, hook) = match m.locality.get(hash) {
             Some(id) => (Some(id), false),
-            None if is_hook(hash) => (m.state.hooks.get(&mut m.state.pager, hash)?, true),
+            None if is_hook(hash) => (m.state.hook(hash)?, true),
             None => (None, false),
         };
         let Some(id) = candidate else {
@@ -417,10 +411,10 @@ impl Engine {
             m.locality.touch(page);
             return Ok(());
         }
-        if page >= m.state.chunks.pages() {
+        if page >= m.state.chunk_pages() {
             return Ok(());
         }
-        let body = m.state.pager.page(CHUNK_TABLE, page)?;
+        let body = m.state.chunk_page(page)?;
         let entries: Vec<([u8; 16], u64)> = (0..CHUNKS_PER_PAGE)
             .filter_map(|k| {
                 let e = ChunkEntry::read(&body[k as usize * 32..(k as usize + 1) * 32]);
