@@ -71,15 +71,20 @@ pub fn fuzz_log(data: &[u8]) {
         offset: 0,
     };
     state
-        .apply(&create, at, 1)
+        .apply(&create, at, 0, 1)
         .expect("fresh state accepts a volume");
-    for item in records(&buf, 1) {
+    let mut decoded = records(&buf, 1).peekable();
+    while let Some(item) = decoded.next() {
         let Ok((pos, record)) = item else { break };
+        let end = match decoded.peek() {
+            Some(Ok((next, _))) => *next,
+            _ => buf.len(),
+        };
         let loc = Loc {
             segment: (pos % 16) as u32,
             offset: pos as u32,
         };
-        if state.apply(&record, loc, 1).is_err() {
+        if state.apply(&record, loc, (end - pos) as u32, 1).is_err() {
             // A refused record may have changed part of the state (the engine poisons itself
             // then); the counts are only promised after accepted records.
             return;
@@ -88,7 +93,7 @@ pub fn fuzz_log(data: &[u8]) {
     while !state.releasing().is_empty() {
         let n = (state.releasing().len() as u32).min(MAX_RELEASE_NODES);
         state
-            .apply(&Record::Release { nodes: n }, at, 1)
+            .apply(&Record::Release { nodes: n }, at, 0, 1)
             .expect("releasing what awaits release");
     }
     let drift = state.audit_counters();

@@ -51,6 +51,57 @@ fn inconsistent(why: String) -> ApplyError {
     ApplyError::Inconsistent(why)
 }
 
+/// The row of the segment a record of `len` bytes at `loc` lies in, after the record, from
+/// the row `before` it: a segment start opens its segment (which must be empty, and the start
+/// at its beginning), a seal seals the segment it ends, and any other record moves its
+/// segment's end of written bytes past itself. Shared with format 2's replay, whose state keeps
+/// the same rows.
+pub fn row_after(
+    record: &Record<'_>,
+    loc: Loc,
+    len: u32,
+    seq: u64,
+    before: Segment,
+) -> Result<Segment, ApplyError> {
+    let end = loc.offset + len;
+    match record {
+        Record::SegmentStart {
+            seq: start_seq,
+            segment,
+        } => {
+            if *segment != loc.segment || *start_seq != seq || loc.offset != 0 {
+                return Err(inconsistent(format!(
+                    "misplaced segment start in segment {}",
+                    loc.segment
+                )));
+            }
+            if before.live != 0 {
+                return Err(inconsistent(format!(
+                    "segment {segment} reused while it held live chunks"
+                )));
+            }
+            Ok(Segment {
+                state: SegState::Open,
+                seq,
+                written: end,
+                live: 0,
+            })
+        }
+        Record::Seal { .. } => Ok(Segment {
+            state: SegState::Sealed,
+            seq,
+            written: end,
+            ..before
+        }),
+        _ => Ok(Segment {
+            state: SegState::Open,
+            seq,
+            written: end,
+            ..before
+        }),
+    }
+}
+
 /// Everything the engine knows besides the data itself. Its fields are private: records change
 /// it through [`State::apply`], and the engine's parts read and reach it through the methods
 /// named for what they need (`parts.rs`).
@@ -164,11 +215,11 @@ impl State {
         self.segments.len() as u32
     }
 
-    pub fn set_segment(&mut self, i: u32, s: Segment) {
+    fn set_segment(&mut self, i: u32, s: Segment) {
         self.segments.set(i as u64, s);
     }
 
-    pub fn update_segment(&mut self, i: u32, f: impl FnOnce(&mut Segment)) {
+    fn update_segment(&mut self, i: u32, f: impl FnOnce(&mut Segment)) {
         self.segments.update(i as u64, f);
     }
 
@@ -313,8 +364,75 @@ impl State {
         }
     }
 
-    /// Apply one record found at `loc` (the record's own header position).
-    pub fn apply(&mut self, record: &Record<'_>, loc: Loc, seq: u64) -> Apply {
+    /// Apply one record of `len` bytes found at `loc` (its header's position) in the segment
+    /// of sequence `seq`: its change to the metadata, then its segment's row (see
+    /// [`row_after`]). Live appends and replay both come here, so no other code writes a
+    /// segment's row while the log is written; freeing a collected segment, which has no
+    /// record, is [`State::free_sealed`].
+    pub fn apply(&mut self, record: &Record<'_>, loc: Loc, len: u32, seq: u64) -> Apply {
+        if loc.segment >= self.segment_count() {
+            return Err(inconsistent(format!(
+                "a record in segment {}, beyond the log",
+                loc.segment
+            )));
+        }
+        // Checked before anything changes; the change may move the segment's live bytes
+        // (a chunk record), which the row then keeps.
+        let row = row_after(record, loc, len, seq, self.segment(loc.segment))?;
+        self.change(record, loc, seq)?;
+        self.update_segment(loc.segment, |s| {
+            s.state = row.state;
+            s.seq = row.seq;
+            s.written = row.written;
+        });
+        Ok(())
+    }
+
+    /// Apply the seal written at `at`, ending the segment of sequence `seq` and naming
+    /// `next_segment`, whose start carries `next_seq`.
+    pub fn apply_seal(&mut self, at: Loc, seq: u64, next_segment: u32, next_seq: u64) -> Apply {
+        let seal = Record::Seal {
+            next_segment,
+            next_seq,
+        };
+        self.apply(&seal, at, crate::format::SEAL_LEN as u32, seq)
+    }
+
+    /// Apply the start record written at the beginning of `segment` under sequence `seq`.
+    pub fn apply_start(&mut self, segment: u32, seq: u64) -> Apply {
+        let start = Record::SegmentStart { seq, segment };
+        let at = Loc { segment, offset: 0 };
+        self.apply(&start, at, crate::format::SEGMENT_START_LEN as u32, seq)
+    }
+
+    /// Free a sealed segment the collector emptied: it has no log record, and takes new
+    /// records only after a segment start opens it again. A segment that is not sealed or
+    /// still holds live bytes is refused with its row.
+    pub fn free_sealed(&mut self, i: u32) -> Result<(), Segment> {
+        let s = self.segment(i);
+        if s.live != 0 || s.state != SegState::Sealed {
+            return Err(s);
+        }
+        self.update_segment(i, |s| {
+            s.state = SegState::Free;
+            s.written = 0;
+        });
+        Ok(())
+    }
+
+    /// After a crash that left nothing to seal the torn head with (every segment held live
+    /// chunks or records replay needs), appending goes on in the torn segment from `offset`
+    /// under the same sequence: the repair writes no record, so this sets the row.
+    pub fn resume_torn(&mut self, segment: u32, seq: u64, offset: u32) {
+        self.update_segment(segment, |s| {
+            s.state = SegState::Open;
+            s.seq = seq;
+            s.written = offset;
+        });
+    }
+
+    /// A record's change to the metadata (segment rows aside).
+    fn change(&mut self, record: &Record<'_>, loc: Loc, seq: u64) -> Apply {
         match record {
             Record::SegmentStart { .. } | Record::Seal { .. } => Ok(()),
             Record::Chunk { id, hash, data, .. } => {
@@ -424,7 +542,7 @@ impl State {
                         segment: loc.segment,
                         offset: loc.offset + (RECORD_HEADER + at) as u32,
                     };
-                    self.apply(&record, inner_loc, seq)?;
+                    self.change(&record, inner_loc, seq)?;
                 }
                 Ok(())
             }
@@ -641,9 +759,56 @@ mod tests {
             },
             LOC,
             0,
+            0,
         )
         .unwrap();
         s
+    }
+
+    #[test]
+    fn segment_rows_follow_starts_records_and_seals_only() {
+        let mut s = State::new(4096, 4, Pager::new(Arc::new(NothingWritten), 1 << 16));
+        let at = |segment, offset| Loc { segment, offset };
+        let start = Record::SegmentStart { seq: 7, segment: 2 };
+        let start_len = crate::format::SEGMENT_START_LEN as u32;
+        // A start elsewhere than at its segment's beginning, or under another sequence, is
+        // refused and changes nothing.
+        assert!(s.apply(&start, at(2, 64), start_len, 7).is_err());
+        assert!(s.apply(&start, at(2, 0), start_len, 8).is_err());
+        assert_eq!(s.segment(2).state, SegState::Free);
+        s.apply(&start, at(2, 0), start_len, 7).unwrap();
+        let open = s.segment(2);
+        assert_eq!(
+            (open.state, open.seq, open.written),
+            (SegState::Open, 7, start_len)
+        );
+        // A chunk record adds its bytes to the segment's live ones and moves its end.
+        let mut out = Vec::new();
+        Encoder::new(&mut out, 7).chunk(1, crate::format::Codec::Raw, &[1; 16], &[9; 100]);
+        let len = out.len();
+        let (chunk, _) = decode(&out, 7).unwrap();
+        s.apply(&chunk, at(2, start_len), len as u32, 7).unwrap();
+        let row = s.segment(2);
+        assert_eq!(row.written, start_len + len as u32);
+        assert_eq!(row.live, len as u64);
+        // An open segment or one holding live bytes is not freed.
+        assert!(s.free_sealed(2).is_err());
+        let seal = Record::Seal {
+            next_segment: 3,
+            next_seq: 8,
+        };
+        let seal_len = crate::format::SEAL_LEN as u32;
+        s.apply(&seal, at(2, row.written), seal_len, 7).unwrap();
+        let sealed = s.segment(2);
+        assert_eq!(sealed.state, SegState::Sealed);
+        assert_eq!(sealed.written, row.written + seal_len);
+        assert_eq!(sealed.live, len as u64, "a seal keeps the live bytes");
+        assert_eq!(s.free_sealed(2).unwrap_err().live, len as u64);
+        // A segment that still holds live chunks cannot be started again.
+        let again = Record::SegmentStart { seq: 9, segment: 2 };
+        assert!(s.apply(&again, at(2, 0), start_len, 9).is_err());
+        // Nor can a record name a segment beyond the log.
+        assert!(s.apply(&seal, at(4, 0), seal_len, 7).is_err());
     }
 
     fn refs(s: &mut State, id: u64) -> u32 {
@@ -654,7 +819,7 @@ mod tests {
         let mut out = Vec::new();
         Encoder::new(&mut out, 0).map(volume, first, ids);
         let (record, _) = decode(&out, 0).unwrap();
-        s.apply(&record, LOC, 0).unwrap();
+        s.apply(&record, LOC, 0, 0).unwrap();
     }
 
     fn get(s: &mut State, volume: u32, index: u64) -> u64 {
@@ -664,7 +829,7 @@ mod tests {
     fn release_all(s: &mut State) {
         while !s.trees.releasing.is_empty() {
             let n = (s.trees.releasing.len() as u32).min(MAX_RELEASE_NODES);
-            s.apply(&Record::Release { nodes: n }, LOC, 0).unwrap();
+            s.apply(&Record::Release { nodes: n }, LOC, 0, 0).unwrap();
         }
     }
 
@@ -694,7 +859,7 @@ mod tests {
         let mut s = state_with_chunks(3);
         map(&mut s, 1, 0, &[1, 2, 2]);
         assert_eq!(refs(&mut s, 2), 2);
-        s.apply(&Record::VolumeClone { src: 1, dst: 2 }, LOC, 0)
+        s.apply(&Record::VolumeClone { src: 1, dst: 2 }, LOC, 0, 0)
             .unwrap();
         // Shared tree: counts unchanged.
         assert_eq!(refs(&mut s, 1), 1);
@@ -708,7 +873,7 @@ mod tests {
         assert_eq!(refs(&mut s, 3), 1);
         assert_eq!(get(&mut s, 1, 0), 1);
         assert_eq!(get(&mut s, 2, 0), 3);
-        s.apply(&Record::VolumeDelete { volume: 1 }, LOC, 0)
+        s.apply(&Record::VolumeDelete { volume: 1 }, LOC, 0, 0)
             .unwrap();
         assert_eq!(refs(&mut s, 1), 1, "released only by Release records");
         release_all(&mut s);
@@ -731,6 +896,7 @@ mod tests {
             },
             LOC,
             0,
+            0,
         )
         .unwrap();
         release_all(&mut s);
@@ -745,6 +911,7 @@ mod tests {
                 count: 16384,
             },
             LOC,
+            0,
             0,
         )
         .unwrap();
@@ -785,13 +952,13 @@ mod tests {
                     count,
                 }
             };
-            s.apply(&record, LOC, 0).unwrap();
+            s.apply(&record, LOC, 0, 0).unwrap();
             release_all(&mut s);
             audit(&mut s);
         }
         assert_eq!(s.volume_counts(1).unwrap().1, 3 * per);
         map(&mut s, 1, 2 * per, &[1, 2, 0, 3]);
-        s.apply(&Record::VolumeClone { src: 1, dst: 2 }, LOC, 0)
+        s.apply(&Record::VolumeClone { src: 1, dst: 2 }, LOC, 0, 0)
             .unwrap();
         s.apply(
             &Record::Copy {
@@ -803,6 +970,7 @@ mod tests {
             },
             LOC,
             0,
+            0,
         )
         .unwrap();
         s.apply(
@@ -812,13 +980,14 @@ mod tests {
             },
             LOC,
             0,
+            0,
         )
         .unwrap();
         release_all(&mut s);
         audit(&mut s);
         assert_eq!(s.volume_counts(1).unwrap().0, 1);
         assert_eq!(s.volume_counts(2).unwrap().0, 3 + 3 + 3);
-        s.apply(&Record::VolumeDelete { volume: 2 }, LOC, 0)
+        s.apply(&Record::VolumeDelete { volume: 2 }, LOC, 0, 0)
             .unwrap();
         release_all(&mut s);
         audit(&mut s);
@@ -839,6 +1008,7 @@ mod tests {
             },
             LOC,
             0,
+            0,
         )
         .unwrap();
         let before = refs(&mut s, 1);
@@ -851,6 +1021,7 @@ mod tests {
                 count: 3 * FANOUT,
             },
             LOC,
+            0,
             0,
         )
         .unwrap();
@@ -878,6 +1049,7 @@ mod tests {
             },
             LOC,
             0,
+            0,
         )
         .unwrap();
         assert_eq!(get(&mut s, 1, 8 * FANOUT + 5), get(&mut s, 1, 5));
@@ -898,6 +1070,7 @@ mod tests {
             },
             LOC,
             0,
+            0,
         )
         .unwrap();
         let got: Vec<u64> = (0..4).map(|i| get(&mut s, 1, i)).collect();
@@ -913,7 +1086,7 @@ mod tests {
         Encoder::new(&mut out, 0).map(1, 0, &[9]);
         let (record, _) = decode(&out, 0).unwrap();
         assert!(
-            s.apply(&record, LOC, 0).is_err(),
+            s.apply(&record, LOC, 0, 0).is_err(),
             "reference to a missing chunk"
         );
         let r = s.apply(
@@ -924,12 +1097,13 @@ mod tests {
             },
             LOC,
             0,
+            0,
         );
         assert!(r.is_err(), "range beyond the end");
         assert!(s
-            .apply(&Record::VolumeDelete { volume: 7 }, LOC, 0)
+            .apply(&Record::VolumeDelete { volume: 7 }, LOC, 0, 0)
             .is_err());
-        assert!(s.apply(&Record::Release { nodes: 1 }, LOC, 0).is_err());
+        assert!(s.apply(&Record::Release { nodes: 1 }, LOC, 0, 0).is_err());
     }
 
     #[test]
@@ -942,6 +1116,7 @@ mod tests {
                 size: 8 << 20,
             },
             LOC,
+            0,
             0,
         )
         .unwrap();
@@ -957,6 +1132,7 @@ mod tests {
                 size: 1 << 40,
             },
             LOC,
+            0,
             0,
         )
         .unwrap();

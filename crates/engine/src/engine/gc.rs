@@ -325,14 +325,9 @@ impl Engine {
         let period = {
             let mut m = self.lock_meta();
             for &v in victims {
-                let s = m.state.segment(v);
-                if s.live != 0 || s.state != SegState::Sealed {
+                if let Err(s) = m.state.free_sealed(v) {
                     return Err(self.poison(changed(v, s.live)));
                 }
-                m.state.update_segment(v, |s| {
-                    s.state = SegState::Free;
-                    s.written = 0;
-                });
             }
             // No new reader can find them; wait out those that did.
             self.read_pins.advance()

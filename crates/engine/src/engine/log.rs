@@ -116,19 +116,14 @@ impl Engine {
                 m.undiscarded.insert(next);
                 return Err(e);
             }
-            m.state.update_segment(old.segment, |s| {
-                s.state = SegState::Sealed;
-                s.written = old.offset + SEAL_LEN as u32;
-            });
-            m.state.set_segment(
-                next,
-                Segment {
-                    state: SegState::Open,
-                    seq: next_seq,
-                    written: SEGMENT_START_LEN as u32,
-                    live: 0,
-                },
-            );
+            let sealed_at = Loc {
+                segment: old.segment,
+                offset: old.offset,
+            };
+            m.state
+                .apply_seal(sealed_at, old.seq, next, next_seq)
+                .and_then(|()| m.state.apply_start(next, next_seq))
+                .map_err(|e| self.poison(format!("applying a segment switch: {e}")))?;
             m.head = Head {
                 segment: next,
                 seq: next_seq,
@@ -285,12 +280,15 @@ impl Engine {
     /// Move the head past `bytes` and apply their records.
     fn apply_append(&self, m: &mut Meta, at: Head, bytes: &[u8]) -> Result<()> {
         m.head.offset += bytes.len() as u32;
-        let written = m.head.offset;
-        m.state.update_segment(at.segment, |s| s.written = written);
         m.appended += bytes.len() as u64;
-        for item in format::covered_records(bytes, at.seq) {
+        let mut records = format::covered_records(bytes, at.seq).peekable();
+        while let Some(item) = records.next() {
             let (pos, record) = item
                 .map_err(|e| self.poison(format!("self-encoded record failed to decode: {e:?}")))?;
+            let end = match records.peek() {
+                Some(Ok((next, _))) => *next,
+                _ => bytes.len(),
+            };
             let loc = Loc {
                 segment: at.segment,
                 offset: at.offset + pos as u32,
@@ -300,7 +298,7 @@ impl Engine {
                 _ => 1,
             };
             m.state
-                .apply(&record, loc, at.seq)
+                .apply(&record, loc, (end - pos) as u32, at.seq)
                 .map_err(|e| self.poison(format!("applying a new record: {e}")))?;
         }
         Ok(())

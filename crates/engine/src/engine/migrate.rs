@@ -16,6 +16,7 @@ use crate::meta::chunk_table::PER_PAGE as CHUNKS_PER_PAGE;
 use crate::meta::map_tree::{height_for, Volume, FANOUT};
 
 use crate::meta::pager::Pager;
+use crate::state::row_after;
 use std::collections::HashMap;
 
 impl ReplayTarget for old::State {
@@ -23,15 +24,22 @@ impl ReplayTarget for old::State {
         &mut self,
         record: &Record<'_>,
         loc: Loc,
+        len: u32,
         seq: u64,
     ) -> std::result::Result<(), String> {
-        self.apply(record, loc, seq).map_err(|e| e.to_string())
-    }
-    fn segment(&self, i: u32) -> Segment {
-        self.store.segments[i as usize]
-    }
-    fn set_segment(&mut self, i: u32, s: Segment) {
-        self.store.segments[i as usize] = s;
+        let Some(&before) = self.store.segments.get(loc.segment as usize) else {
+            return Err(format!(
+                "a record in segment {}, beyond the log",
+                loc.segment
+            ));
+        };
+        let row = row_after(record, loc, len, seq, before).map_err(|e| e.to_string())?;
+        self.apply(record, loc, seq).map_err(|e| e.to_string())?;
+        let s = &mut self.store.segments[loc.segment as usize];
+        s.state = row.state;
+        s.seq = row.seq;
+        s.written = row.written;
+        Ok(())
     }
 }
 
@@ -108,7 +116,7 @@ fn convert(old: old::State, pager: Pager) -> Result<State> {
     let segment_count = old.store.segments.len() as u32;
     let mut state = State::new(old.chunk_size, segment_count, pager);
     for (i, s) in old.store.segments.iter().enumerate() {
-        state.set_segment(i as u32, *s);
+        state.import_segment(i as u32, *s);
     }
     // Format 2 left freed ids as gaps of any length.
     let end = old.store.chunks.len() as u64;

@@ -46,7 +46,7 @@ use crate::meta::map_tree::{holds_data, ANCHORED};
 use crate::meta::page_store::Slots;
 use crate::meta::root::{Counters, Geometry, Head};
 use crate::meta::ApplyError;
-use crate::state::{Loc, SegState, Segment, State};
+use crate::state::{Loc, SegState, State};
 use gc::Unreadable;
 use std::collections::{BTreeMap, HashMap};
 use std::io;

@@ -12,16 +12,17 @@ use crate::meta::root::{Root, ROOT_VERSION_V3};
 use crate::meta::segment_table::SegmentTable;
 use crate::meta::tables::T_SEGMENTS;
 
-/// What replay applies records to: format 3's state, or format 2's for the migration.
+/// What replay applies records to: format 3's state, or format 2's for the migration. Each
+/// applies every record, segment starts and seals included, and keeps the segment rows
+/// itself (`state::row_after`).
 pub(super) trait ReplayTarget {
     fn replay(
         &mut self,
         record: &Record<'_>,
         loc: Loc,
+        len: u32,
         seq: u64,
     ) -> std::result::Result<(), String>;
-    fn segment(&self, i: u32) -> Segment;
-    fn set_segment(&mut self, i: u32, s: Segment);
 }
 
 impl ReplayTarget for State {
@@ -29,15 +30,10 @@ impl ReplayTarget for State {
         &mut self,
         record: &Record<'_>,
         loc: Loc,
+        len: u32,
         seq: u64,
     ) -> std::result::Result<(), String> {
-        self.apply(record, loc, seq).map_err(|e| e.to_string())
-    }
-    fn segment(&self, i: u32) -> Segment {
-        State::segment(self, i)
-    }
-    fn set_segment(&mut self, i: u32, s: Segment) {
-        State::set_segment(self, i, s)
+        self.apply(record, loc, len, seq).map_err(|e| e.to_string())
     }
 }
 
@@ -78,15 +74,9 @@ impl Engine {
         Encoder::new(&mut buf, 1).segment_start(1, 0);
         backend.write_at(&buf, 0)?;
         backend.sync()?;
-        state.set_segment(
-            0,
-            Segment {
-                state: SegState::Open,
-                seq: 1,
-                written: SEGMENT_START_LEN as u32,
-                live: 0,
-            },
-        );
+        state
+            .apply_start(0, 1)
+            .map_err(|e| EngineError::Metadata(e.to_string()))?;
         let head = Head {
             segment: 0,
             seq: 1,
@@ -407,24 +397,17 @@ pub(super) fn replay(
                 segment: head.segment,
                 offset: pos as u32,
             };
+            let misplaced = |e: String| {
+                EngineError::Metadata(format!("segment {} offset {pos}: {e}", head.segment))
+            };
             match record {
-                Record::SegmentStart { seq, segment } => {
-                    if pos != 0 || seq != head.seq || segment != head.segment {
-                        return Err(EngineError::Metadata(format!(
-                            "misplaced segment start in segment {}",
-                            head.segment
-                        )));
-                    }
-                }
                 Record::Seal {
                     next_segment,
                     next_seq,
                 } => {
-                    let mut s = state.segment(head.segment);
-                    s.state = SegState::Sealed;
-                    s.seq = head.seq;
-                    s.written = (pos + len) as u32;
-                    state.set_segment(head.segment, s);
+                    state
+                        .replay(&record, loc, len as u32, head.seq)
+                        .map_err(misplaced)?;
                     // Sequences grow by one per segment, and jump after a recovery (see
                     // `repair_tail`).
                     if next_segment >= geometry.segment_count || next_seq <= head.seq {
@@ -433,23 +416,16 @@ pub(super) fn replay(
                     let mut start = vec![0u8; SEGMENT_START_LEN];
                     backend.read_at(&mut start, next_segment as u64 * seg)?;
                     match format::decode(&start, next_seq) {
-                        Ok((Record::SegmentStart { seq, segment }, _))
+                        Ok((started @ Record::SegmentStart { seq, segment }, _))
                             if seq == next_seq && segment == next_segment =>
                         {
-                            if state.segment(next_segment).live != 0 {
-                                return Err(EngineError::Metadata(format!(
-                                    "segment {next_segment} reused while it held live chunks"
-                                )));
-                            }
-                            state.set_segment(
-                                next_segment,
-                                Segment {
-                                    state: SegState::Open,
-                                    seq: next_seq,
-                                    written: SEGMENT_START_LEN as u32,
-                                    live: 0,
-                                },
-                            );
+                            let at = Loc {
+                                segment: next_segment,
+                                offset: 0,
+                            };
+                            state
+                                .replay(&started, at, SEGMENT_START_LEN as u32, next_seq)
+                                .map_err(EngineError::Metadata)?;
                             head = Head {
                                 segment: next_segment,
                                 seq: next_seq,
@@ -467,9 +443,9 @@ pub(super) fn replay(
                     }
                 }
                 other => {
-                    state.replay(&other, loc, head.seq).map_err(|e| {
-                        EngineError::Metadata(format!("segment {} offset {pos}: {e}", head.segment))
-                    })?;
+                    state
+                        .replay(&other, loc, len as u32, head.seq)
+                        .map_err(misplaced)?;
                     if let Record::VolumeCreate { volume, .. }
                     | Record::VolumeClone { dst: volume, .. } = other
                     {
@@ -488,11 +464,6 @@ pub(super) fn replay(
                 }
             }
             pos += len;
-            let mut s = state.segment(head.segment);
-            s.state = SegState::Open;
-            s.seq = head.seq;
-            s.written = pos as u32;
-            state.set_segment(head.segment, s);
             if pos >= buf.len() {
                 return Ok(LogEnd::Torn(Head {
                     offset: pos as u32,
@@ -582,37 +553,29 @@ pub(super) fn repair_tail(
         let from = h.segment as u64 * seg + h.offset as u64;
         backend.write_at(&vec![0u8; (seg - h.offset as u64) as usize], from)?;
         backend.sync()?;
-        state.update_segment(h.segment, |s| {
-            s.state = SegState::Open;
-            s.seq = h.seq;
-            s.written = h.offset;
-        });
+        state.resume_torn(h.segment, h.seq, h.offset);
         return Ok(h);
     };
     if let Some(h) = torn.filter(|h| h.segment != segment) {
         let mut seal = Vec::new();
         Encoder::new(&mut seal, h.seq).seal(segment, seq);
         backend.write_at(&seal, h.segment as u64 * seg + h.offset as u64)?;
-        state.update_segment(h.segment, |s| {
-            s.state = SegState::Sealed;
-            s.seq = h.seq;
-            s.written = h.offset + SEAL_LEN as u32;
-        });
+        let at = Loc {
+            segment: h.segment,
+            offset: h.offset,
+        };
+        state
+            .apply_seal(at, h.seq, segment, seq)
+            .map_err(|e| EngineError::Metadata(e.to_string()))?;
     }
     // No record anywhere carries the new sequence number: the segment needs no wiping.
     let mut start = Vec::new();
     Encoder::new(&mut start, seq).segment_start(seq, segment);
     backend.write_at(&start, segment as u64 * seg)?;
     backend.sync()?;
-    state.set_segment(
-        segment,
-        Segment {
-            state: SegState::Open,
-            seq,
-            written: SEGMENT_START_LEN as u32,
-            live: 0,
-        },
-    );
+    state
+        .apply_start(segment, seq)
+        .map_err(|e| EngineError::Metadata(e.to_string()))?;
     Ok(Head {
         segment,
         seq,

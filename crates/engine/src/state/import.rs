@@ -5,9 +5,15 @@
 use super::State;
 use crate::meta::hooks::is_hook;
 use crate::meta::map_tree::Volume;
+use crate::meta::segment_table::Segment;
 use crate::meta::ApplyError;
 
 impl State {
+    /// Segment `i`'s row as the other format's state has it.
+    pub fn import_segment(&mut self, i: u32, row: Segment) {
+        self.set_segment(i, row);
+    }
+
     /// Room for chunk ids below `pages` pages' worth, gaps included.
     pub fn import_reserve_chunk_pages(&mut self, pages: u64) {
         self.chunks.reserve_pages(pages);
