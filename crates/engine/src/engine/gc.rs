@@ -439,7 +439,10 @@ impl Engine {
     /// Note a failed read of `segment` (in its use `seq`) and return how long the collector
     /// leaves it.
     fn unreadable_again(&self, segment: u32, seq: u64) -> Duration {
-        // In the lock order (`meta` before `unreadable`, as the dedup check takes them).
+        // The clock and the tuning are leaves of the lock order, read before `unreadable`,
+        // which is one too; `meta` comes before it, as the dedup check takes them.
+        let now = self.now();
+        let retry = self.tuning().unreadable_retry;
         let m = self.lock_meta();
         let mut unreadable = self.unreadable.lock().unwrap();
         // Entries of segments reused since (another sequence) are of no use any more.
@@ -448,9 +451,9 @@ impl Engine {
         let failures = unreadable.get(&(segment, seq)).map_or(0, |u| u.failures) + 1;
         let entry = Unreadable {
             failures,
-            failed_at: self.now(),
+            failed_at: now,
         };
         unreadable.insert((segment, seq), entry);
-        entry.wait(self.tuning().unreadable_retry)
+        entry.wait(retry)
     }
 }

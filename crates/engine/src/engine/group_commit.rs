@@ -16,9 +16,10 @@
 //! thread, which holds the engine only weakly between rounds.
 
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, Condvar, Mutex, OnceLock, Weak};
+use std::sync::{Arc, Condvar, OnceLock, Weak};
 use std::time::Duration;
 
+use super::ranked::{Rank, RankedGuard, RankedMutex};
 use super::Engine;
 use super::{EngineError, Result};
 
@@ -28,11 +29,20 @@ const CLOSED: &str = "the engine was closed before the write was durable";
 /// What runs once the log up to a command's write is durable (or the sync failed).
 pub type Durable = Box<dyn FnOnce(Result<()>) + Send>;
 
-#[derive(Default)]
 pub(super) struct GroupCommit {
-    queue: Mutex<Queue>,
+    queue: RankedMutex<Queue>,
     work: Condvar,
     started: OnceLock<()>,
+}
+
+impl Default for GroupCommit {
+    fn default() -> Self {
+        GroupCommit {
+            queue: RankedMutex::new(Rank::Leaf, Queue::default()),
+            work: Condvar::new(),
+            started: OnceLock::new(),
+        }
+    }
 }
 
 #[derive(Default)]
@@ -43,7 +53,7 @@ struct Queue {
 }
 
 impl GroupCommit {
-    fn lock(&self) -> std::sync::MutexGuard<'_, Queue> {
+    fn lock(&self) -> RankedGuard<'_, Queue> {
         // Completions never run under the lock, so a poisoned queue is still consistent.
         self.queue.lock().unwrap_or_else(|e| e.into_inner())
     }
@@ -66,9 +76,8 @@ impl GroupCommit {
     /// The waiters queued so far, after waiting up to `idle` for the first.
     fn take(&self, idle: Duration) -> Vec<Durable> {
         let queue = self.lock();
-        let (mut queue, _) = self
-            .work
-            .wait_timeout_while(queue, idle, |q| q.waiting.is_empty() && !q.closed)
+        let (mut queue, _) = queue
+            .wait_timeout_while(&self.work, idle, |q| q.waiting.is_empty() && !q.closed)
             .unwrap_or_else(|e| e.into_inner());
         std::mem::take(&mut queue.waiting)
     }

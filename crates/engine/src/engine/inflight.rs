@@ -21,9 +21,10 @@
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Condvar, Mutex};
+use std::sync::Condvar;
 use std::time::Duration;
 
+use super::ranked::{Rank, RankedMutex};
 use crate::state::Loc;
 
 /// A log range whose bytes are not written yet, keyed in [`InFlight`] by its log position
@@ -35,12 +36,21 @@ struct Range {
     len: u32,
 }
 
-#[derive(Default)]
 pub(super) struct InFlight {
-    ranges: Mutex<BTreeMap<u64, Range>>,
+    ranges: RankedMutex<BTreeMap<u64, Range>>,
     /// Ranges registered (a read checks this before taking the mutex).
     count: AtomicUsize,
     done: Condvar,
+}
+
+impl Default for InFlight {
+    fn default() -> Self {
+        InFlight {
+            ranges: RankedMutex::new(Rank::InFlight, BTreeMap::new()),
+            count: AtomicUsize::new(0),
+            done: Condvar::new(),
+        }
+    }
 }
 
 /// How long a waiter sleeps before it looks at the poison flag again (a failed write leaves
@@ -163,7 +173,7 @@ impl InFlight {
             if poisoned.load(Ordering::Acquire) {
                 return Err(Abandoned);
             }
-            ranges = self.done.wait_timeout(ranges, RECHECK).unwrap().0;
+            ranges = ranges.wait_timeout(&self.done, RECHECK).unwrap().0;
         }
         Ok(())
     }

@@ -367,7 +367,7 @@ impl Engine {
                 }
                 self.flushed.notify_all();
             } else {
-                f = self.flushed.wait(f).unwrap();
+                f = f.wait(&self.flushed).unwrap();
             }
         }
     }

@@ -28,6 +28,7 @@ mod maintenance;
 mod migrate;
 mod open;
 mod provision;
+mod ranked;
 mod read;
 mod read_pins;
 mod segments;
@@ -48,10 +49,11 @@ use crate::meta::root::{Counters, Geometry, Head};
 use crate::meta::ApplyError;
 use crate::state::{Loc, SegState, State};
 use gc::Unreadable;
+use ranked::{Rank, RankedGuard, RankedMutex};
 use std::collections::{BTreeMap, HashMap};
 use std::io;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::sync::{Arc, Condvar};
 use std::time::{Duration, Instant};
 
 /// Why an engine operation failed.
@@ -375,7 +377,7 @@ impl Meta {
 /// The metadata lock, held: measures how long, so the longest hold is a figure, and holds
 /// over 20 ms (what a host command could notice) are logged with where they were taken.
 struct MetaGuard<'a> {
-    guard: MutexGuard<'a, Meta>,
+    guard: RankedGuard<'a, Meta>,
     since: Instant,
     at: &'static std::panic::Location<'static>,
     longest: &'a AtomicU64,
@@ -413,10 +415,18 @@ impl Drop for MetaGuard<'_> {
 }
 
 /// A flag a background thread sleeps on until it is set or a timeout passes.
-#[derive(Default)]
 struct Wakeup {
-    woken: Mutex<bool>,
+    woken: RankedMutex<bool>,
     cv: Condvar,
+}
+
+impl Default for Wakeup {
+    fn default() -> Self {
+        Wakeup {
+            woken: RankedMutex::new(Rank::Leaf, false),
+            cv: Condvar::new(),
+        }
+    }
 }
 
 impl Wakeup {
@@ -428,7 +438,9 @@ impl Wakeup {
     /// Sleep until woken or `timeout` passes, and clear the flag.
     fn wait(&self, timeout: Duration) {
         let woken = self.woken.lock().unwrap();
-        let (mut woken, _) = self.cv.wait_timeout_while(woken, timeout, |w| !*w).unwrap();
+        let (mut woken, _) = woken
+            .wait_timeout_while(&self.cv, timeout, |w| !*w)
+            .unwrap();
         *woken = false;
     }
 }
@@ -520,11 +532,11 @@ pub struct Recovery {
 pub struct Engine {
     backend: Arc<dyn Backend>,
     geometry: Geometry,
-    meta: Mutex<Meta>,
+    meta: RankedMutex<Meta>,
     /// Free slots of the metadata area (checkpoints allocate and retire them).
-    slots: Mutex<Slots>,
+    slots: RankedMutex<Slots>,
     /// Unique and shared bytes of volumes, from their last walk.
-    usage: Mutex<HashMap<u32, space::UsageWalk>>,
+    usage: RankedMutex<HashMap<u32, space::UsageWalk>>,
     /// Bytes of metadata pages checkpoints have written since open.
     metadata_written: AtomicU64,
     /// The longest hold of `meta` since open (microseconds).
@@ -545,17 +557,17 @@ pub struct Engine {
     /// Readers still reading segments they resolved: the collector waits them out before a
     /// freed segment is written again.
     read_pins: read_pins::ReadPins,
-    flush: Mutex<FlushState>,
+    flush: RankedMutex<FlushState>,
     flushed: Condvar,
     /// Completions waiting for the log to be durable, and the thread that syncs for them.
     group_commit: Arc<group_commit::GroupCommit>,
     /// Log ranges applied but still being written (host writes write outside `meta`).
     inflight: inflight::InFlight,
-    poison: Mutex<Option<String>>,
+    poison: RankedMutex<Option<String>>,
     poisoned: AtomicBool,
     /// Serialises garbage collection and checkpoints.
-    maintenance: Mutex<()>,
-    tuning: Mutex<Tuning>,
+    maintenance: RankedMutex<()>,
+    tuning: RankedMutex<Tuning>,
     stop: AtomicBool,
     gc_wakeup: Wakeup,
     /// Wakes the thread that prepares segments ([`Engine::prepare_segments`]).
@@ -572,15 +584,15 @@ pub struct Engine {
     /// store out of reach under a restore on demand), and how often and when each failed:
     /// skipped for the tuning's `unreadable_retry` (doubled per failure), or until their chunks are all dead, when they are freed without being
     /// read. A segment reused later has another sequence number.
-    unreadable: Mutex<BTreeMap<(u32, u64), Unreadable>>,
+    unreadable: RankedMutex<BTreeMap<(u32, u64), Unreadable>>,
     /// Where the collector reads the time ([`crate::clock`]).
-    clock: Mutex<Arc<dyn crate::clock::Clock>>,
+    clock: RankedMutex<Arc<dyn crate::clock::Clock>>,
     read_only: bool,
     recovery: Recovery,
     /// Run by the collector between the lock holds of a relocation (tests: hosts appending
     /// meanwhile).
     #[cfg(test)]
-    between_relocation_holds: Mutex<Option<TestHook>>,
+    between_relocation_holds: RankedMutex<Option<TestHook>>,
 }
 
 #[cfg(test)]

@@ -14,14 +14,22 @@ use super::*;
 const WRITE_AHEAD_BELOW: u64 = 256 << 10;
 
 /// What writing segments ahead shares with the head.
-#[derive(Default)]
 pub(super) struct WriteAhead {
     /// The segment being written ahead. The head, taking a segment still being prepared,
     /// clears it (waiting out the piece being written) so no zeros land after its records.
-    pub(super) segment: Mutex<Option<u32>>,
+    pub(super) segment: RankedMutex<Option<u32>>,
     /// Log syncs and bytes appended when the last round decided: the syncs since then say
     /// how much log a sync covers now.
-    last: Mutex<(u64, u64)>,
+    last: RankedMutex<(u64, u64)>,
+}
+
+impl Default for WriteAhead {
+    fn default() -> Self {
+        WriteAhead {
+            segment: RankedMutex::new(Rank::WriteAhead, None),
+            last: RankedMutex::new(Rank::Leaf, (0, 0)),
+        }
+    }
 }
 
 /// Bytes written ahead per call: the head, taking the segment back under `meta`, waits for
