@@ -1,9 +1,17 @@
-//! What a transport needs to know about a command before it runs, as the core's parser decides
-//! it: which pool may run it and how task management treats it. The transport reads these
-//! facts and never decodes a CDB or a parameter list itself (LIO's core sets the command's
-//! flags and its fabrics only read them), so a second transport gets the same decisions.
+//! What a command is, decided once when it arrives: the parsed CDB (or the sense of one that
+//! does not parse), where it may run, how task management treats it and, for EXTENDED COPY,
+//! its parameter list. Execution reads this [`Parsed`] and never parses the CDB again, and the
+//! transport reads its facts and never decodes a CDB, a parameter list or its own read and
+//! write bits to place a command. This is LIO's shape: `sbc_parse_cdb` sets a command's
+//! execute function and flags once and everybody else reads them, so a second transport gets
+//! the same decisions.
 
 use crate::cdb::{self, Command};
+use crate::tpc::CopyList;
+use crate::Sense;
+
+/// Largest READ or WRITE that may complete on the connection's task ([`Placement::Inline`]).
+pub const INLINE_MAX_BYTES: u64 = 64 * 1024;
 
 /// Largest transfer of a quick command.
 pub const QUICK_MAX_BYTES: u64 = 256 * 1024;
@@ -13,53 +21,113 @@ pub const QUICK_MAX_BYTES: u64 = 256 * 1024;
 /// passthrough volume or unaligned ends moves data, and that must stay short there.
 pub const QUICK_MAX_COPY_BYTES: u64 = 32 << 20;
 
-/// The facts about one command that its transport acts on.
+/// Where a command may run. The transport decides from its own load whether to use what is
+/// allowed (an inline command may as well go to the quick pool), never beyond it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Dispatch {
+pub enum Placement {
+    /// A READ or a WRITE of at most [`INLINE_MAX_BYTES`]: it may complete on the task that
+    /// received it, in the way [`Inline`] says; otherwise it is quick.
+    Inline(Inline),
     /// It holds the device server for microseconds and never waits for a flush on its
     /// thread: READ and WRITE (any size of CDB) and COMPARE AND WRITE, moving at most
     /// [`QUICK_MAX_BYTES`], SYNCHRONIZE CACHE, and EXTENDED COPY(LID1) whose parameter list
     /// asks for at most [`QUICK_MAX_COPY_BYTES`]. A write with FUA or under WCE=0, and
     /// SYNCHRONIZE CACHE, wait for durability without a thread
-    /// ([`crate::LogicalUnit::execute_deferring`]). Hypervisors clone with many small copies (QEMU: 2 MiB each,
-    /// ESXi: 4 MiB by default), one at a time per stream, so handing them to a pool for slow
-    /// commands was a visible share of each.
-    pub quick: bool,
+    /// ([`crate::LogicalUnit::execute_deferring_parsed`]). Hypervisors clone with many small
+    /// copies (QEMU: 2 MiB each, ESXi: 4 MiB by default), one at a time per stream, so handing
+    /// them to a pool for slow commands was a visible share of each.
+    Quick,
+    /// Anything else: it may wait on its thread (WRITE AND VERIFY, WRITE SAME, UNMAP, large
+    /// transfers, SANITIZE, the rare commands) and a CDB that does not parse.
+    Blocking,
+}
+
+/// How an inline command may complete on the task that received it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Inline {
+    /// A READ: only when it does not wait for a device, which
+    /// [`crate::LogicalUnit::execute_cached_parsed`] finds out (and answers it then).
+    IfCached,
+    /// A WRITE: it may wait a little (the kernel's dirty-page throttling, a range lock held by
+    /// an overlapping command, a metadata page read), so only where that task can be spared.
+    MayWait,
+}
+
+/// A command as the core decided it once, from its CDB and Data-Out; [`dispatch`] makes it,
+/// and the `_parsed` functions of [`crate::LogicalUnit`] and
+/// [`crate::execute_without_lu_parsed`] run it.
+#[derive(Debug)]
+pub struct Parsed {
+    /// The command, or the sense of a CDB that does not parse. That sense is given only after
+    /// the checks every command goes through first (a pending unit attention comes first).
+    pub(crate) command: Result<Command, Sense>,
+    /// Where it may run.
+    pub placement: Placement,
     /// Task management does not abort it: SANITIZE continues through aborts and resets
     /// (SBC-3 4.11).
     pub survives_abort: bool,
+    /// EXTENDED COPY(LID1)'s parameter list (`None` for every other command), read and checked
+    /// as execution reports it.
+    pub(crate) copy_list: Option<CopyList>,
 }
 
-/// The facts of the command `cdb`, which moves `transfer_bytes` (the transport's expected
-/// data transfer length) with the Data-Out bytes `data_out` received so far (EXTENDED COPY's
-/// parameter list, which says how much it copies). A CDB that does not parse is neither quick
-/// nor lasting: it fails as soon as it runs.
-pub fn dispatch(cdb: &[u8], transfer_bytes: u64, data_out: &[u8]) -> Dispatch {
-    let parsed = cdb::parse(cdb);
-    let quick = transfer_bytes <= QUICK_MAX_BYTES
-        && match &parsed {
-            // FUA on a read only bypasses our cache, which costs nothing extra.
-            Ok(Command::Read { .. }) => true,
-            // With FUA they wait for a sync, but not on the thread that runs them.
-            Ok(
-                Command::Write { .. }
-                | Command::CompareAndWrite { .. }
-                | Command::SynchronizeCache { .. },
-            ) => true,
-            // LID1 only: a token copy's list says nothing about its size.
-            Ok(Command::ExtendedCopy { .. }) => crate::tpc::copy_bytes_at_most(data_out)
-                .is_some_and(|bytes| bytes <= QUICK_MAX_COPY_BYTES),
-            _ => false,
-        };
-    Dispatch {
-        quick,
-        survives_abort: matches!(parsed, Ok(Command::Sanitize { .. })),
+/// Decide what `cdb` is, which moves `transfer_bytes` (the transport's expected data transfer
+/// length) with the Data-Out bytes `data_out` (all of them: EXTENDED COPY's parameter list
+/// says how much it copies). A CDB that does not parse is neither quick nor lasting: it fails
+/// as soon as it runs.
+pub fn dispatch(cdb: &[u8], transfer_bytes: u64, data_out: &[u8]) -> Parsed {
+    let command = cdb::parse(cdb);
+    let copy_list = match &command {
+        Ok(Command::ExtendedCopy { param_len }) => Some(CopyList::read(*param_len, data_out)),
+        _ => None,
+    };
+    let placement = match &command {
+        Ok(Command::Read { .. }) if transfer_bytes <= INLINE_MAX_BYTES => {
+            Placement::Inline(Inline::IfCached)
+        }
+        Ok(Command::Write { .. }) if transfer_bytes <= INLINE_MAX_BYTES => {
+            Placement::Inline(Inline::MayWait)
+        }
+        _ if transfer_bytes > QUICK_MAX_BYTES => Placement::Blocking,
+        // FUA on a read only bypasses our cache, which costs nothing extra; with FUA the
+        // others wait for a sync, but not on the thread that runs them.
+        Ok(
+            Command::Read { .. }
+            | Command::Write { .. }
+            | Command::CompareAndWrite { .. }
+            | Command::SynchronizeCache { .. },
+        ) => Placement::Quick,
+        // LID1 only: a token copy's list says nothing about its size.
+        Ok(Command::ExtendedCopy { .. })
+            if copy_list
+                .as_ref()
+                .and_then(CopyList::bytes_at_most)
+                .is_some_and(|bytes| bytes <= QUICK_MAX_COPY_BYTES) =>
+        {
+            Placement::Quick
+        }
+        _ => Placement::Blocking,
+    };
+    Parsed {
+        survives_abort: matches!(command, Ok(Command::Sanitize { .. })),
+        command,
+        placement,
+        copy_list,
+    }
+}
+
+impl Parsed {
+    /// What `req` is, for a caller that did not dispatch it (tests, the array's own
+    /// commands): its Data-Out is its whole transfer.
+    pub(crate) fn of(req: &crate::Request) -> Parsed {
+        dispatch(req.cdb, req.data_out.len() as u64, req.data_out)
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::SenseReason;
 
     /// A CDB of `len` bytes with `op` and byte 1 `b1` (FUA is bit 3 of byte 1).
     fn cdb(op: u8, b1: u8, len: usize) -> Vec<u8> {
@@ -69,8 +137,42 @@ mod tests {
         c
     }
 
+    fn placed(cdb: &[u8], bytes: u64) -> Placement {
+        dispatch(cdb, bytes, &[]).placement
+    }
+
     fn quick(cdb: &[u8], bytes: u64) -> bool {
-        dispatch(cdb, bytes, &[]).quick
+        placed(cdb, bytes) != Placement::Blocking
+    }
+
+    const READ_HERE: Placement = Placement::Inline(Inline::IfCached);
+    const WRITE_HERE: Placement = Placement::Inline(Inline::MayWait);
+
+    #[test]
+    fn reads_and_writes_of_at_most_64_kib_may_complete_inline() {
+        assert_eq!(placed(&cdb(0x28, 0, 10), 4096), READ_HERE, "READ(10)");
+        assert_eq!(placed(&cdb(0x88, 0, 16), INLINE_MAX_BYTES), READ_HERE);
+        assert_eq!(placed(&cdb(0x08, 0, 6), 512), READ_HERE, "READ(6)");
+        assert_eq!(placed(&cdb(0x88, 0x08, 16), 4096), READ_HERE, "with FUA");
+        assert_eq!(placed(&cdb(0x8a, 0, 16), INLINE_MAX_BYTES), WRITE_HERE);
+        assert_eq!(placed(&cdb(0x0a, 0, 6), 512), WRITE_HERE, "WRITE(6)");
+        assert_eq!(placed(&cdb(0xaa, 0x08, 12), 4096), WRITE_HERE, "with FUA");
+        assert_eq!(placed(&cdb(0x88, 0, 16), 0), READ_HERE, "no transfer");
+        let over = INLINE_MAX_BYTES + 512;
+        assert_eq!(placed(&cdb(0x88, 0, 16), over), Placement::Quick);
+        assert_eq!(placed(&cdb(0x2a, 0, 10), over), Placement::Quick);
+        // Only READ and WRITE: the others that carry data are quick at most.
+        assert_eq!(placed(&cdb(0x89, 0, 16), 1024), Placement::Quick, "CAW");
+        assert_eq!(placed(&cdb(0x35, 0, 10), 0), Placement::Quick, "SYNC CACHE");
+        assert_eq!(
+            placed(&cdb(0x9c, 0, 16), 4096),
+            Placement::Blocking,
+            "ATOMIC"
+        );
+        assert_eq!(placed(&cdb(0x2e, 0, 10), 4096), Placement::Blocking, "W&V");
+        assert_eq!(placed(&cdb(0x12, 0, 6), 36), Placement::Blocking, "INQUIRY");
+        // A READ(10) with RDPROTECT set does not parse: it is none of these.
+        assert_eq!(placed(&cdb(0x28, 0x20, 10), 4096), Placement::Blocking);
     }
 
     #[test]
@@ -88,6 +190,7 @@ mod tests {
             quick(&cdb(0x89, 0x08, 16), 1024),
             "COMPARE AND WRITE with FUA"
         );
+        assert!(quick(&cdb(0x28, 0, 10), QUICK_MAX_BYTES));
         assert!(!quick(&cdb(0x28, 0, 10), QUICK_MAX_BYTES + 512));
         assert!(!quick(&cdb(0x2a, 0x08, 10), QUICK_MAX_BYTES + 512));
         assert!(quick(&cdb(0x35, 0, 10), 0), "SYNCHRONIZE CACHE(10)");
@@ -101,18 +204,71 @@ mod tests {
         assert!(!quick(&[], 0));
     }
 
+    /// EXTENDED COPY(LID1) whose PARAMETER LIST LENGTH is `len`.
+    fn xcopy(len: u32) -> Vec<u8> {
+        let mut c = cdb(0x83, 0x00, 16);
+        c[10..14].copy_from_slice(&len.to_be_bytes());
+        c
+    }
+
     #[test]
     fn only_a_small_lid1_extended_copy_is_quick() {
         // A LID1 header with no descriptors: it parses and moves nothing.
         let empty_list = [0u8; 16];
-        assert!(dispatch(&cdb(0x83, 0x00, 16), 0, &empty_list).quick);
-        assert!(
-            !dispatch(&cdb(0x83, 0x00, 16), 0, &[0u8; 3]).quick,
+        assert_eq!(
+            dispatch(&xcopy(16), 16, &empty_list).placement,
+            Placement::Quick
+        );
+        assert_eq!(
+            dispatch(&xcopy(3), 3, &[0u8; 3]).placement,
+            Placement::Blocking,
             "a list that does not parse"
         );
+        assert_eq!(
+            dispatch(&xcopy(16), 16, &empty_list[..8]).placement,
+            Placement::Blocking,
+            "a list shorter than its length"
+        );
         // The same bytes under POPULATE TOKEN or WRITE USING TOKEN say nothing about size.
-        assert!(!dispatch(&cdb(0x83, 0x10, 16), 0, &empty_list).quick);
-        assert!(!dispatch(&cdb(0x83, 0x11, 16), 0, &empty_list).quick);
+        for sa in [0x10, 0x11] {
+            let mut token = xcopy(16);
+            token[1] = sa;
+            let parsed = dispatch(&token, 16, &empty_list);
+            assert_eq!(parsed.placement, Placement::Blocking);
+            assert!(parsed.copy_list.is_none());
+        }
+    }
+
+    #[test]
+    fn the_copy_list_is_read_once_as_execution_reports_it() {
+        let empty_list = [0u8; 16];
+        let read = dispatch(&xcopy(16), 16, &empty_list);
+        assert_eq!(read.copy_list.as_ref().unwrap().bytes_at_most(), Some(0));
+        // PARAMETER LIST LENGTH 0 copies nothing, whatever Data-Out came.
+        let none = dispatch(&xcopy(0), 3, &[1, 2, 3]);
+        assert_eq!(none.copy_list.as_ref().unwrap().bytes_at_most(), Some(0));
+        // Longer than any list we take: refused before it is looked at.
+        let long = dispatch(&xcopy(1 << 20), 1 << 20, &[]);
+        assert!(long.copy_list.as_ref().unwrap().bytes_at_most().is_none());
+        assert_eq!(long.placement, Placement::Blocking);
+        assert!(dispatch(&cdb(0x28, 0, 10), 0, &empty_list)
+            .copy_list
+            .is_none());
+    }
+
+    #[test]
+    fn a_cdb_is_parsed_into_its_command_or_its_sense() {
+        let unsupported = dispatch(&cdb(0xc5, 0, 16), 0, &[]);
+        assert_eq!(
+            unsupported.command,
+            Ok(Command::Unsupported { opcode: 0xc5 })
+        );
+        assert_eq!(unsupported.placement, Placement::Blocking);
+        let truncated = dispatch(&[0x88, 0], 4096, &[]);
+        assert_eq!(
+            truncated.command.map_err(|s| s.reason),
+            Err(SenseReason::InvalidFieldInCdb)
+        );
     }
 
     #[test]

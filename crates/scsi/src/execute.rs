@@ -6,6 +6,7 @@
 use std::sync::Arc;
 
 use crate::cdb::{self, Command};
+use crate::dispatch::Parsed;
 use crate::lu::{LogicalUnit, LuConfig};
 use crate::outcome::{write_failure, Done, Failure, Outcome};
 use crate::stats::CommandClass;
@@ -86,10 +87,17 @@ fn classify(cmd: &Command) -> CommandClass {
 }
 
 impl LogicalUnit {
-    /// Run one command to completion, waiting here for what it wrote to be durable where it
-    /// must be (FUA, WCE=0, SYNCHRONIZE CACHE). Safe to call concurrently from many threads.
+    /// [`LogicalUnit::execute_parsed`] for a command not dispatched before (tests, the
+    /// array's own commands): parsed here, once.
     pub fn execute(&self, req: &Request) -> Response {
-        let ran = self.start(req);
+        self.execute_parsed(req, &Parsed::of(req))
+    }
+
+    /// Run one command, `parsed` from its CDB by [`crate::dispatch()`], to completion, waiting
+    /// here for what it wrote to be durable where it must be (FUA, WCE=0, SYNCHRONIZE CACHE).
+    /// Safe to call concurrently from many threads.
+    pub fn execute_parsed(&self, req: &Request, parsed: &Parsed) -> Response {
+        let ran = self.start(req, parsed);
         let outcome = ran.outcome.and_then(|mut done| match done.durable.take() {
             Some(volume) => volume.flush().map(|()| done).map_err(write_failure),
             None => Ok(done),
@@ -97,13 +105,19 @@ impl LogicalUnit {
         self.conclude(ran.started, ran.class, outcome, ran.data_out_expected)
     }
 
-    /// Run one command; its answer once it may be given. A command that must wait for its
-    /// writes to be durable does not wait on this thread: the [`Answer`] is given to the
-    /// transport's completion when the volume has synced (the engine's group commit answers
-    /// every write waiting for a sync from one thread), so a queue of write-through commands
-    /// shares syncs instead of holding a thread each.
+    /// [`LogicalUnit::execute_deferring_parsed`] for a command not dispatched before: parsed
+    /// here, once.
     pub fn execute_deferring(self: &Arc<Self>, req: &Request) -> Answer {
-        let ran = self.start(req);
+        self.execute_deferring_parsed(req, &Parsed::of(req))
+    }
+
+    /// Run one command, `parsed` by [`crate::dispatch()`]; its answer once it may be given. A
+    /// command that must wait for its writes to be durable does not wait on this thread: the
+    /// [`Answer`] is given to the transport's completion when the volume has synced (the
+    /// engine's group commit answers every write waiting for a sync from one thread), so a
+    /// queue of write-through commands shares syncs instead of holding a thread each.
+    pub fn execute_deferring_parsed(self: &Arc<Self>, req: &Request, parsed: &Parsed) -> Answer {
+        let ran = self.start(req, parsed);
         match ran.outcome {
             Ok(mut done) if done.durable.is_some() => {
                 let volume = done.durable.take().expect("checked");
@@ -122,11 +136,10 @@ impl LogicalUnit {
         }
     }
 
-    /// Parse and run `req` up to the point where it may wait for durability.
-    fn start(&self, req: &Request) -> Ran {
+    /// Run `req`, which is `parsed`, up to the point where it may wait for durability.
+    fn start(&self, req: &Request, parsed: &Parsed) -> Ran {
         let started = std::time::Instant::now();
-        let parsed = cdb::parse(req.cdb);
-        let (data_out_expected, class) = match &parsed {
+        let (data_out_expected, class) = match &parsed.command {
             Ok(cmd) => (self.data_out_len(cmd), classify(cmd)),
             Err(_) => (0, CommandClass::Other),
         };
@@ -138,22 +151,28 @@ impl LogicalUnit {
         }
     }
 
-    /// Execute `req` only if it is a READ that completes without waiting for a device (its
-    /// data and metadata are cached; [`Volume::read_cached`]): the response, or `None` when it
-    /// is another command or would wait. Then nothing was done or counted: the caller runs
-    /// [`LogicalUnit::execute`] on a thread that may wait. A READ refused before it reads (a
-    /// unit attention, a reservation conflict, a bad range) is answered here.
+    /// [`LogicalUnit::execute_cached_parsed`] for a command not dispatched before: parsed
+    /// here, once.
+    pub fn execute_cached(&self, req: &Request) -> Option<Response> {
+        self.execute_cached_parsed(req, &Parsed::of(req))
+    }
+
+    /// Execute `req`, which is `parsed`, only if it is a READ that completes without waiting
+    /// for a device (its data and metadata are cached; [`Volume::read_cached`]): the response,
+    /// or `None` when it is another command or would wait. Then nothing was done or counted:
+    /// the caller runs [`LogicalUnit::execute_parsed`] on a thread that may wait. A READ
+    /// refused before it reads (a unit attention, a reservation conflict, a bad range) is
+    /// answered here.
     ///
     /// [`Volume::read_cached`]: sliver_volume::Volume::read_cached
-    pub fn execute_cached(&self, req: &Request) -> Option<Response> {
-        let parsed = cdb::parse(req.cdb);
-        if !matches!(parsed, Ok(Command::Read { .. })) {
+    pub fn execute_cached_parsed(&self, req: &Request, parsed: &Parsed) -> Option<Response> {
+        if !matches!(parsed.command, Ok(Command::Read { .. })) {
             return None;
         }
         let started = std::time::Instant::now();
-        let outcome = match self.admit(req, parsed) {
+        let outcome = match self.admit(req, &parsed.command) {
             Err(answered) => answered,
-            Ok(Command::Read { range, .. }) => sbc::read_cached(self, range)?,
+            Ok(&Command::Read { range, .. }) => sbc::read_cached(self, range)?,
             Ok(_) => return None,
         };
         Some(self.conclude(started, CommandClass::Read, outcome, 0))
@@ -195,7 +214,11 @@ impl LogicalUnit {
     /// What every command goes through before it runs: the soft threshold's unit attention,
     /// a pending unit attention, a CDB that did not parse, a sanitize in progress, a
     /// reservation. `Err` carries the command's answer when one of them decides it.
-    fn admit(&self, req: &Request, parsed: Result<Command, Sense>) -> Result<Command, Outcome> {
+    fn admit<'p>(
+        &self,
+        req: &Request,
+        command: &'p Result<Command, Sense>,
+    ) -> Result<&'p Command, Outcome> {
         let opcode = req.cdb.first().copied().unwrap_or(0);
         // SPC-4 5.14: INQUIRY, REPORT LUNS and REQUEST SENSE neither report nor clear a
         // unit attention (REQUEST SENSE returns it as its data instead).
@@ -208,15 +231,15 @@ impl LogicalUnit {
         if let Some(reason) = pending {
             return Err(Err(reason.into()));
         }
-        let cmd = parsed.map_err(|sense| Err(sense.into()))?;
+        let cmd = command.as_ref().map_err(|&sense| Err(sense.into()))?;
         if self.sanitizing.load(std::sync::atomic::Ordering::Acquire) {
             match cmd {
                 Command::Inquiry { .. } | Command::ReportLuns { .. } => {}
                 Command::RequestSense { descriptor, .. } => {
                     return Err(spc::request_sense(
                         SenseReason::NotReadySanitizeInProgress,
-                        descriptor,
-                        &cmd,
+                        *descriptor,
+                        cmd,
                     ));
                 }
                 _ => return Err(Err(SenseReason::NotReadySanitizeInProgress.into())),
@@ -228,8 +251,8 @@ impl LogicalUnit {
         Ok(cmd)
     }
 
-    fn run(&self, req: &Request, parsed: Result<Command, Sense>) -> Outcome {
-        let cmd = match self.admit(req, parsed) {
+    fn run(&self, req: &Request, parsed: &Parsed) -> Outcome {
+        let cmd = match self.admit(req, &parsed.command) {
             Ok(cmd) => cmd,
             Err(answered) => return answered,
         };
@@ -238,7 +261,7 @@ impl LogicalUnit {
                 let reason = self
                     .next_unit_attention(req.nexus, true)
                     .unwrap_or(SenseReason::NoAdditionalSense);
-                spc::request_sense(reason, descriptor, &cmd)
+                spc::request_sense(reason, *descriptor, cmd)
             }
             Command::Inquiry { .. }
             | Command::ReportLuns { .. }
@@ -253,13 +276,15 @@ impl LogicalUnit {
             | Command::ReportSupportedOpcodes { .. }
             | Command::ReportSupportedTmfs { .. }
             | Command::LogSense { .. }
-            | Command::Unsupported { .. } => spc::execute(self, req, &cmd),
+            | Command::Unsupported { .. } => spc::execute(self, req, cmd),
             Command::ExtendedCopy { .. }
             | Command::ReceiveCopyResults { .. }
             | Command::PopulateToken { .. }
             | Command::WriteUsingToken { .. }
-            | Command::ReceiveRodTokenInformation { .. } => tpc::execute(self, req, &cmd),
-            _ => sbc::execute(self, req, &cmd),
+            | Command::ReceiveRodTokenInformation { .. } => {
+                tpc::execute(self, req, cmd, parsed.copy_list.as_ref())
+            }
+            _ => sbc::execute(self, req, cmd),
         }
     }
 
@@ -324,18 +349,23 @@ impl LogicalUnit {
     }
 }
 
-/// Commands addressed to a LUN that is not mapped for this nexus: INQUIRY answers peripheral
-/// qualifier 011b / type 1Fh, REPORT LUNS and REQUEST SENSE work, everything else gets
-/// LOGICAL UNIT NOT SUPPORTED.
+/// [`execute_without_lu_parsed`] for a command not dispatched before: parsed here, once.
 pub fn execute_without_lu(req: &Request) -> Response {
-    let outcome = match cdb::parse(req.cdb) {
-        Ok(cmd @ Command::Inquiry { .. }) => spc::inquiry_without_lu(&cmd),
-        Ok(cmd @ Command::ReportLuns { .. }) => spc::report_luns(req, &cmd),
+    execute_without_lu_parsed(req, &Parsed::of(req))
+}
+
+/// Commands addressed to a LUN that is not mapped for this nexus, `parsed` by
+/// [`crate::dispatch()`]: INQUIRY answers peripheral qualifier 011b / type 1Fh, REPORT LUNS
+/// and REQUEST SENSE work, everything else gets LOGICAL UNIT NOT SUPPORTED.
+pub fn execute_without_lu_parsed(req: &Request, parsed: &Parsed) -> Response {
+    let outcome = match &parsed.command {
+        Ok(cmd @ Command::Inquiry { .. }) => spc::inquiry_without_lu(cmd),
+        Ok(cmd @ Command::ReportLuns { .. }) => spc::report_luns(req, cmd),
         Ok(cmd @ Command::RequestSense { descriptor, .. }) => {
-            spc::request_sense(SenseReason::LogicalUnitNotSupported, descriptor, &cmd)
+            spc::request_sense(SenseReason::LogicalUnitNotSupported, *descriptor, cmd)
         }
         Ok(_) => Err(SenseReason::LogicalUnitNotSupported.into()),
-        Err(sense) => Err(sense.into()),
+        Err(sense) => Err((*sense).into()),
     };
     match outcome {
         Ok(done) => Response {
@@ -402,7 +432,8 @@ pub fn fuzz_cdb(data: &[u8]) {
         copy_targets: &crate::NoCopyTargets,
     };
     // The first command consumes the power-on unit attention; the second really runs.
-    let _ = lu.execute(&req);
-    let response = lu.execute(&req);
+    let parsed = Parsed::of(&req);
+    let _ = lu.execute_parsed(&req, &parsed);
+    let response = lu.execute_parsed(&req, &parsed);
     assert!(response.sense.is_empty() == (response.status != Status::CheckCondition));
 }

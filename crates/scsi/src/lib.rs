@@ -3,10 +3,10 @@
 //! Transport-independent: the iSCSI layer hands over a CDB, the gathered Data-Out bytes and
 //! the I_T nexus, and gets back a status, sense data and Data-In bytes. Storage is reached only
 //! through [`sliver_volume::Volume`] (and the pool behind it through
-//! [`sliver_volume::Pool`]). What a transport must know before a command runs comes
-//! from [`dispatch()`] (which thread pool, whether task management leaves it running), and task
-//! management's semantics from [`tmf::TaskSet`]: the transport reads and routes, it never
-//! decodes a CDB.
+//! [`sliver_volume::Pool`]). A command is parsed once, by [`dispatch()`]: its [`Parsed`] says
+//! where it may run and whether task management leaves it running, and execution takes it
+//! instead of the CDB again. Task management's semantics come from [`tmf::TaskSet`]: the
+//! transport reads and routes, it never decodes a CDB.
 //!
 //! Layout, from the bottom up; a module uses only those above it in this list (a test in
 //! `sliver-test-support` checks that no two modules use each other, directly or around):
@@ -21,8 +21,10 @@
 //! - `lu`: the logical unit's state, holding those;
 //! - the command families, each taking the LU: `spc`, `sbc`, `mode` (MODE SENSE / SELECT),
 //!   `vpd` (INQUIRY pages), `tpc` (third-party copy: EXTENDED COPY and ROD tokens);
+//! - `dispatch`: what a command is, decided once (its parsed CDB and EXTENDED COPY list,
+//!   where it may run, whether task management leaves it running);
 //! - `execute`: what every command goes through first and the family that runs it;
-//! - `dispatch` and `tmf`: what the transport asks before and around a command.
+//! - `tmf`: task management, what the transport asks around a command.
 
 pub mod cdb;
 pub mod dispatch;
@@ -46,8 +48,8 @@ pub mod tmf;
 mod tpc;
 mod vpd;
 
-pub use dispatch::{dispatch, Dispatch};
-pub use execute::{execute_without_lu, Answer};
+pub use dispatch::{dispatch, Inline, Parsed, Placement, INLINE_MAX_BYTES};
+pub use execute::{execute_without_lu, execute_without_lu_parsed, Answer};
 pub use lu::{LogicalUnit, LuConfig, Reset};
 pub use mode::SavedModePages;
 pub use sense::{Sense, SenseKey, SenseReason, Status};

@@ -60,7 +60,7 @@ impl Done {
 }
 
 /// How a command failed.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub(crate) enum Failure {
     Check(Sense),
     Conflict,

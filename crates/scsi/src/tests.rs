@@ -1318,3 +1318,90 @@ fn invalid_parameter_fields_are_pointed_at_by_byte_and_bit() {
     c[7..9].copy_from_slice(&(params.len() as u16).to_be_bytes());
     assert_eq!(sense_codes(&run(&f.lu, &n, &c, &params)), (0x5, 0x1a, 0x00));
 }
+
+/// A request from `n` whose CDB and Data-Out are empty: what runs is only what `parsed` says.
+fn run_parsed(lu: &LogicalUnit, n: &Nexus, parsed: &crate::Parsed) -> Response {
+    lu.execute_parsed(&request(n, &[], &[]), parsed)
+}
+
+#[test]
+fn execution_takes_the_parsed_command_and_never_parses_the_cdb_again() {
+    let (f, n) = ready();
+    let data: Vec<u8> = (0..8 * BS).map(|i| (i * 13 % 251) as u8).collect();
+    let write = crate::dispatch(&cdb16(0x8a, 40, 8), data.len() as u64, &data);
+    // The data stays the request's.
+    good(&f.lu.execute_parsed(&request(&n, &[], &data), &write));
+    let read = crate::dispatch(&cdb16(0x88, 40, 8), 8 * BS as u64, &[]);
+    let r = run_parsed(&f.lu, &n, &read);
+    good(&r);
+    assert!(r.data_in == data);
+    let cached = f.lu.execute_cached_parsed(&request(&n, &[], &[]), &read);
+    assert!(cached.is_none_or(|r| r.data_in == data));
+    // A range check is the LU's, after parsing: still made.
+    let past = crate::dispatch(&cdb16(0x88, BLOCKS, 1), BS as u64, &[]);
+    assert_eq!(
+        sense_codes(&run_parsed(&f.lu, &n, &past)),
+        (0x5, 0x21, 0x00)
+    );
+}
+
+#[test]
+fn a_cdb_that_does_not_parse_is_answered_after_a_unit_attention() {
+    let f = fixture();
+    let n = nexus(1);
+    let truncated = crate::dispatch(&[0x88, 0, 0], 4096, &[]);
+    let unsupported = crate::dispatch(&[0xc5; 16], 0, &[]);
+    let ua = run_parsed(&f.lu, &n, &truncated);
+    assert_eq!(sense_codes(&ua), (0x6, 0x29, 0x00));
+    for _ in 0..2 {
+        let r = run_parsed(&f.lu, &n, &truncated);
+        assert_eq!(sense_codes(&r), (0x5, 0x24, 0x00));
+        let r = run_parsed(&f.lu, &n, &unsupported);
+        assert_eq!(sense_codes(&r), (0x5, 0x20, 0x00));
+    }
+    let without_lu = crate::execute_without_lu_parsed(&request(&n, &[], &[]), &truncated);
+    assert_eq!(sense_codes(&without_lu), (0x5, 0x24, 0x00));
+}
+
+#[test]
+fn extended_copy_runs_the_list_dispatch_read() {
+    let (f, n) = ready();
+    let data: Vec<u8> = (0..4 * BS).map(|i| (i * 7 % 253) as u8).collect();
+    good(&write16(&f.lu, &n, 8, &data));
+    // One identification CSCD naming this LU, one block-to-block segment: 4 blocks, 8 to 100.
+    let mut list = vec![0u8; 16];
+    list[1] = 0b11 << 3; // the list identifier is not used
+    list[2..4].copy_from_slice(&32u16.to_be_bytes());
+    list[8..12].copy_from_slice(&28u32.to_be_bytes());
+    let mut cscd = vec![0u8; 32];
+    cscd[0] = 0xe4;
+    cscd[4] = 0x01;
+    cscd[5] = 0x03;
+    cscd[7] = 16;
+    cscd[8..24].copy_from_slice(&[0x6a; 16]);
+    cscd[29..32].copy_from_slice(&(BS as u32).to_be_bytes()[1..]);
+    let mut segment = vec![0u8; 28];
+    segment[0] = 0x02;
+    segment[2..4].copy_from_slice(&24u16.to_be_bytes());
+    segment[10..12].copy_from_slice(&4u16.to_be_bytes());
+    segment[12..20].copy_from_slice(&8u64.to_be_bytes());
+    segment[20..28].copy_from_slice(&100u64.to_be_bytes());
+    list.extend(cscd);
+    list.extend(segment);
+    let mut c = [0u8; 16];
+    c[0] = 0x83;
+    c[10..14].copy_from_slice(&(list.len() as u32).to_be_bytes());
+    let parsed = crate::dispatch(&c, list.len() as u64, &list);
+    assert_eq!(parsed.placement, crate::Placement::Quick);
+    // Executed without its Data-Out: the list comes with the parsed command.
+    good(&run_parsed(&f.lu, &n, &parsed));
+    assert!(read16(&f.lu, &n, 100, 4).data_in == data);
+    // A list dispatch refused is refused when it runs, after the checks every command
+    // goes through: a unit attention first.
+    let short = crate::dispatch(&c, list.len() as u64, &list[..20]);
+    f.lu.capacity_changed();
+    let r = run_parsed(&f.lu, &n, &short);
+    assert_eq!(sense_codes(&r), (0x6, 0x2a, 0x09));
+    let r = run_parsed(&f.lu, &n, &short);
+    assert_eq!(sense_codes(&r), (0x5, 0x0e, 0x03));
+}

@@ -5,9 +5,9 @@
 //! cache, on its connection's task: `connection::task::run_ready`). Two kinds of thread take the rest:
 //!
 //! - a small fixed pool (one thread per core, at least two) for the commands that carry the
-//!   load, those the SCSI core calls quick ([`sliver_scsi::Dispatch::quick`]): reads, writes
-//!   without FUA and COMPARE AND WRITE of up to [`sliver_scsi::dispatch::QUICK_MAX_BYTES`],
-//!   small EXTENDED COPYs.
+//!   load, those the SCSI core does not place as blocking ([`sliver_scsi::Placement`]):
+//!   reads, writes and COMPARE AND WRITE of up to [`sliver_scsi::dispatch::QUICK_MAX_BYTES`],
+//!   SYNCHRONIZE CACHE, small EXTENDED COPYs.
 //!   They hold the engine's lock for microseconds; what limits them is handing work between
 //!   threads. With tokio's blocking pool, 32 outstanding 4 KiB writes ran on 32 threads that
 //!   queued on the same lock, and the futex wake-ups and context switches cost more than the

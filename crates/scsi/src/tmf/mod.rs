@@ -23,7 +23,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use crate::range_lock::lock_unpoisoned;
-use crate::{Dispatch, LogicalUnit, Nexus, Reset};
+use crate::{LogicalUnit, Nexus, Reset};
 pub use unit::UnitTask;
 pub(crate) use unit::UnitTasks;
 use unit::{Drained, Elsewhere, Owner};
@@ -196,14 +196,14 @@ impl TaskSet {
         self.by_tag.contains_key(&tag)
     }
 
-    /// The command tagged `tag` for `lun` starts, with the facts its parser gave, on `unit`
-    /// (the LU at `lun` for this nexus; `None`: not mapped). The caller checked
-    /// [`TaskSet::contains`] first.
+    /// The command tagged `tag` for `lun` starts on `unit` (the LU at `lun` for this nexus;
+    /// `None`: not mapped); `survives_abort` as its parser decided ([`crate::Parsed`]). The
+    /// caller checked [`TaskSet::contains`] first.
     pub fn start(
         &mut self,
         tag: u32,
         lun: u64,
-        facts: Dispatch,
+        survives_abort: bool,
         unit: Option<&Arc<LogicalUnit>>,
     ) -> Started {
         let id = TaskId(self.next_id);
@@ -213,13 +213,13 @@ impl TaskSet {
             Task {
                 tag,
                 lun,
-                survives_abort: facts.survives_abort,
+                survives_abort,
                 aborted: false,
             },
         );
         self.by_tag.insert(tag, id);
         let on_unit = unit
-            .filter(|_| !facts.survives_abort)
+            .filter(|_| !survives_abort)
             .map(|unit| unit.tasks.start(self.owner, self.nexus.clone()));
         Started { id, on_unit }
     }
@@ -392,22 +392,17 @@ impl TaskSet {
 mod tests {
     use super::*;
 
-    const PLAIN: Dispatch = Dispatch {
-        quick: true,
-        survives_abort: false,
-    };
-    const SANITIZE: Dispatch = Dispatch {
-        quick: false,
-        survives_abort: true,
-    };
+    /// Whether a task survives aborts: a plain command, and SANITIZE.
+    const PLAIN: bool = false;
+    const SANITIZE: bool = true;
 
-    /// A task set where `(tag, lun, dispatch)` tasks have started, in that order, and their
+    /// A task set where `(tag, lun, survives_abort)` tasks have started, in that order, and their
     /// ids in the same order.
-    fn running(tasks: &[(u32, u64, Dispatch)]) -> (TaskSet, Vec<TaskId>) {
+    fn running(tasks: &[(u32, u64, bool)]) -> (TaskSet, Vec<TaskId>) {
         let mut set = TaskSet::new();
         let ids = tasks
             .iter()
-            .map(|&(tag, lun, dispatch)| set.start(tag, lun, dispatch, None).id)
+            .map(|&(tag, lun, lasting)| set.start(tag, lun, lasting, None).id)
             .collect();
         (set, ids)
     }

@@ -58,24 +58,55 @@ const DESIGNATOR_TYPE_NAA: u8 = 0x3;
 const ASSOCIATION_LU: u8 = 0x0;
 const NAA_LEN: usize = 16;
 
-/// An upper bound on the bytes an EXTENDED COPY parameter list moves, for a server deciding
-/// where to run the command before it runs: `None` when the list does not parse (the command
-/// then fails at once). Block counts are taken at the largest block size a volume may have
-/// (4096 bytes), so the bound holds whichever volumes the descriptors name.
-pub(crate) fn copy_bytes_at_most(param_list: &[u8]) -> Option<u64> {
-    const LARGEST_BLOCK: u64 = 4096;
-    let list = parse_parameter_list(param_list).ok()?;
-    Some(
-        list.segments
-            .iter()
-            .map(|s| match s.length {
-                SegmentLength::Blocks(n) => u64::from(n) * LARGEST_BLOCK,
-                // The offsets can make the transfer touch one more block at each end.
-                SegmentLength::Bytes { bytes, .. } => u64::from(bytes) + 2 * LARGEST_BLOCK,
-            })
-            .sum(),
-    )
+/// An EXTENDED COPY(LID1)'s parameter list, read and checked once, when the command is
+/// dispatched ([`crate::dispatch()`]): the list, nothing to copy, or the failure execution
+/// reports once the checks every command goes through first have passed.
+#[derive(Debug)]
+pub(crate) struct CopyList(Result<Option<ParameterList>, Failure>);
+
+impl CopyList {
+    /// The list of an EXTENDED COPY whose PARAMETER LIST LENGTH is `param_len`, from its
+    /// Data-Out, checked in the order execution reports: a zero length copies nothing, a
+    /// length beyond the largest list we accept is refused before the list is looked at, then
+    /// the Data-Out must hold the whole list and the list must parse.
+    pub(crate) fn read(param_len: usize, data_out: &[u8]) -> Self {
+        let read = || {
+            // SPC-4 6.4.1: a zero-length parameter list copies nothing and is not an error.
+            if param_len == 0 {
+                return Ok(None);
+            }
+            // Longer than the largest list we accept (no inline data).
+            if param_len > HEADER_LEN + MAX_DESCRIPTOR_LIST_BYTES as usize {
+                return Err(SenseReason::ParameterListLengthError.into());
+            }
+            let params = data_out_prefix(data_out, param_len)?;
+            parse_parameter_list(params).map(Some)
+        };
+        CopyList(read())
+    }
+
+    /// An upper bound on the bytes the list moves, for deciding where to run the command
+    /// before it runs: `None` when the list was refused (the command then fails at once).
+    /// Block counts are taken at the largest block size a volume may have (4096 bytes), so the
+    /// bound holds whichever volumes the descriptors name.
+    pub(crate) fn bytes_at_most(&self) -> Option<u64> {
+        const LARGEST_BLOCK: u64 = 4096;
+        let Ok(list) = &self.0 else {
+            return None;
+        };
+        let segments = list.iter().flat_map(|list| &list.segments);
+        Some(
+            segments
+                .map(|s| match s.length {
+                    SegmentLength::Blocks(n) => u64::from(n) * LARGEST_BLOCK,
+                    // The offsets can make the transfer touch one more block at each end.
+                    SegmentLength::Bytes { bytes, .. } => u64::from(bytes) + 2 * LARGEST_BLOCK,
+                })
+                .sum(),
+        )
+    }
 }
+
 /// One identification CSCD descriptor (E4h).
 #[derive(Debug)]
 struct Cscd {
@@ -387,23 +418,18 @@ fn plan<'a>(
     Ok(steps)
 }
 
-pub(super) fn extended_copy(lu: &LogicalUnit, req: &Request, param_len: usize) -> Outcome {
-    // SPC-4 6.4.1: a zero-length parameter list copies nothing and is not an error.
-    if param_len == 0 {
-        return Ok(Done::good());
-    }
-    // Longer than the largest list we accept (no inline data): refuse before looking at it.
-    if param_len > HEADER_LEN + MAX_DESCRIPTOR_LIST_BYTES as usize {
-        return Err(SenseReason::ParameterListLengthError.into());
-    }
-    let params = data_out_prefix(req.data_out, param_len)?;
-    let list = parse_parameter_list(params)?;
+pub(super) fn extended_copy(lu: &LogicalUnit, req: &Request, list: &CopyList) -> Outcome {
+    let list = match &list.0 {
+        Ok(Some(list)) => list,
+        Ok(None) => return Ok(Done::good()),
+        Err(failure) => return Err(failure.clone()),
+    };
     let ticket = if list.tracked {
         Some(lu.copy_manager.results.begin(req.nexus, list.list_id))
     } else {
         None
     };
-    let outcome = plan(lu, req, &list).and_then(|steps| {
+    let outcome = plan(lu, req, list).and_then(|steps| {
         run_steps(&steps, |segments, bytes| {
             if let Some(t) = ticket {
                 lu.copy_manager.results.progress(t, segments, bytes);

@@ -27,7 +27,7 @@ mod vpd;
 #[cfg(test)]
 mod test_kit;
 
-pub(crate) use lid1::copy_bytes_at_most;
+pub(crate) use lid1::CopyList;
 pub use lid1::{
     MAX_CSCD_DESCRIPTORS, MAX_DESCRIPTOR_LIST_BYTES, MAX_SEGMENT_BYTES, MAX_SEGMENT_DESCRIPTORS,
 };
@@ -39,10 +39,20 @@ use crate::lu::LogicalUnit;
 use crate::outcome::Outcome;
 use crate::{Request, SenseReason};
 
-/// The third-party copy commands.
-pub(crate) fn execute(lu: &LogicalUnit, req: &Request, cmd: &Command) -> Outcome {
+/// The third-party copy commands; `copy_list` is EXTENDED COPY's parameter list as dispatch
+/// read it.
+pub(crate) fn execute(
+    lu: &LogicalUnit,
+    req: &Request,
+    cmd: &Command,
+    copy_list: Option<&CopyList>,
+) -> Outcome {
     match *cmd {
-        Command::ExtendedCopy { param_len } => lid1::extended_copy(lu, req, param_len),
+        Command::ExtendedCopy { param_len } => match copy_list {
+            Some(list) => lid1::extended_copy(lu, req, list),
+            // Dispatch reads the list of every EXTENDED COPY: not reached.
+            None => lid1::extended_copy(lu, req, &CopyList::read(param_len, req.data_out)),
+        },
         Command::ReceiveCopyResults {
             action,
             list_id,

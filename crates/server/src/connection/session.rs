@@ -134,16 +134,19 @@ impl Session {
         }
         self.started += 1;
         let bytes = (cmd.data_out.len() as u64).max(cmd.expected_data_transfer_length as u64);
-        // The SCSI core decides what the command is; the session only reads it.
-        let facts = sliver_scsi::dispatch(&cmd.cdb, bytes, &cmd.data_out);
-        let started = self.tasks.start(cmd.itt, cmd.lun, facts, unit.as_ref());
+        // The SCSI core decides what the command is, once; the session only reads it.
+        let parsed = sliver_scsi::dispatch(&cmd.cdb, bytes, &cmd.data_out);
+        let started = self
+            .tasks
+            .start(cmd.itt, cmd.lun, parsed.survives_abort, unit.as_ref());
         let budget = self.budget.clone();
         let cost = (bytes / 1024 + 1).min(EXECUTION_BUDGET_KIB as u64) as u32;
-        let quick = facts.quick;
+        let quick = parsed.placement != sliver_scsi::Placement::Blocking;
         let task = Task {
             shared: shared.clone(),
             nexus,
             cmd,
+            parsed,
             id: started.id,
             on_unit: started.on_unit,
             luns,

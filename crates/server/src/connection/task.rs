@@ -1,9 +1,10 @@
 //! A SCSI command from its receipt to its completion, and where it runs.
 
 use super::*;
-use sliver_scsi::Answer;
+use sliver_scsi::{Answer, Inline, Parsed, Placement};
 
-/// Run the quick commands one receive started. A READ whose data and metadata are cached
+/// Run the quick commands one receive started, where the SCSI core placed them
+/// ([`Placement`]) and this connection's load allows. A READ whose data and metadata are cached
 /// completes here, on the connection's task, in microseconds: handing it to the pool cost
 /// more than the read (a wake-up and two switches per command; on one core, 4 KiB random
 /// reads at QD32 went from 83k to 134k IOPS without them, docs/benchmarks.md). Linux LIO's
@@ -20,7 +21,7 @@ use sliver_scsi::Answer;
 /// initiators that keep many commands in flight always go to the pool, where waiting is
 /// harmless.
 pub(super) fn run_ready(ready: Vec<(Task, OwnedSemaphorePermit)>, waiting_alone: bool) {
-    if waiting_alone && ready.len() == 1 && is_small_write(&ready[0].0) {
+    if waiting_alone && ready.len() == 1 && placed(&ready[0].0, Inline::MayWait) {
         if let Some(_slot) = INLINE_WRITES.take(crate::poll::slots()) {
             for (task, permit) in ready {
                 task.execute_here(permit);
@@ -30,11 +31,9 @@ pub(super) fn run_ready(ready: Vec<(Task, OwnedSemaphorePermit)>, waiting_alone:
     }
     // Writes and large reads first, to the pool (a large read's hand-off is small beside
     // it), so that the pool works on them while the small reads run here.
-    let (small_reads, rest): (Vec<_>, Vec<_>) = ready.into_iter().partition(|(task, _)| {
-        task.cmd.read
-            && !task.cmd.write
-            && task.cmd.expected_data_transfer_length <= INLINE_MAX_BYTES
-    });
+    let (small_reads, rest): (Vec<_>, Vec<_>) = ready
+        .into_iter()
+        .partition(|(task, _)| placed(task, Inline::IfCached));
     for (task, permit) in rest {
         crate::executor::run_quick(move || task.execute(permit, true));
     }
@@ -48,18 +47,20 @@ pub(super) fn run_ready(ready: Vec<(Task, OwnedSemaphorePermit)>, waiting_alone:
 /// Writes running on connections' tasks now, across the target (see [`run_ready`]).
 static INLINE_WRITES: crate::poll::Slots = crate::poll::Slots::new();
 
-fn is_small_write(task: &Task) -> bool {
-    task.cmd.write && !task.cmd.read && task.cmd.expected_data_transfer_length <= INLINE_MAX_BYTES
+/// Whether the SCSI core lets `task` complete on the connection's task in the way `inline`
+/// says (a small READ or WRITE; never decided from the PDU's R and W bits).
+fn placed(task: &Task, inline: Inline) -> bool {
+    task.parsed.placement == Placement::Inline(inline)
 }
-
-/// Largest READ that may complete on the connection's task.
-pub(super) const INLINE_MAX_BYTES: u32 = 64 * 1024;
 
 /// A SCSI command with what it executes against, from its receipt to its completion.
 pub(super) struct Task {
     pub(super) shared: Arc<Shared>,
     pub(super) nexus: Nexus,
     pub(super) cmd: Command,
+    /// What the SCSI core decided the command is, once ([`sliver_scsi::dispatch`]): where it
+    /// may run, and what executes.
+    pub(super) parsed: Parsed,
     /// Its name in the session's task set (its tag may come again once it is aborted).
     pub(super) id: TaskId,
     /// Its place among its unit's tasks from every nexus: another nexus's CLEAR TASK SET or
@@ -97,8 +98,8 @@ impl Task {
             Some(_) if self.on_unit.as_ref().is_some_and(UnitTask::is_aborted) => {
                 Answer::now(sliver_scsi::Response::task_aborted(self.cmd.data_out.len()))
             }
-            Some(unit) => unit.execute_deferring(&req),
-            None => Answer::now(sliver_scsi::execute_without_lu(&req)),
+            Some(unit) => unit.execute_deferring_parsed(&req, &self.parsed),
+            None => Answer::now(sliver_scsi::execute_without_lu_parsed(&req, &self.parsed)),
         };
         guard.disarm();
         // A write-through command is answered from the engine's group-commit thread once
@@ -117,7 +118,7 @@ impl Task {
     }
 
     /// Execute and complete a quick command here if it is a READ that does not wait
-    /// ([`LogicalUnit::execute_cached`]); else give it back for a thread that may wait.
+    /// ([`LogicalUnit::execute_cached_parsed`]); else give it back for a thread that may wait.
     pub(super) fn execute_cached(
         self,
         permit: OwnedSemaphorePermit,
@@ -127,7 +128,7 @@ impl Task {
         };
         // A panic here would end the connection's loop; the pool's threads survive one.
         let resp = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            unit.execute_cached(&self.request())
+            unit.execute_cached_parsed(&self.request(), &self.parsed)
         }))
         .unwrap_or_else(|_| {
             tracing::error!("a SCSI command panicked on its connection's thread");

@@ -103,6 +103,11 @@ const COPY_TARGET_NOT_REACHABLE: (u8, u8, u8) = (0xa, 0x0d, 0x02);
 const PARAMETER_LIST_LENGTH_ERROR: (u8, u8, u8) = (0x5, 0x1a, 0x00);
 const INVALID_FIELD_IN_PARAMETER_LIST: (u8, u8, u8) = (0x5, 0x26, 0x00);
 
+/// The bound on what the whole of `list` copies, as dispatch reads it.
+fn copy_bytes_at_most(list: &[u8]) -> Option<u64> {
+    CopyList::read(list.len(), list).bytes_at_most()
+}
+
 #[test]
 fn the_copy_bound_counts_every_segment_at_the_largest_block_size() {
     let targets = [cscd(naa(0), 512), cscd(naa(1), 512)];
@@ -116,7 +121,11 @@ fn the_copy_bound_counts_every_segment_at_the_largest_block_size() {
     );
     assert_eq!(copy_bytes_at_most(&two), Some(8 * 4096 + 1000 + 2 * 4096));
     assert_eq!(copy_bytes_at_most(&one[..one.len() - 1]), None, "cut short");
-    assert_eq!(copy_bytes_at_most(&[]), None);
+    assert_eq!(
+        copy_bytes_at_most(&[]),
+        Some(0),
+        "a zero-length list copies nothing"
+    );
 }
 
 #[test]
