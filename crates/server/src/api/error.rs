@@ -2,7 +2,7 @@
 //! [`error_code`]) and one sentence, in the body every error carries
 //! (`sliver_api_types::ErrorBody`).
 
-use crate::array::ArrayError;
+use crate::array::{ArrayError, ReplicationError};
 use axum::extract::rejection::{JsonRejection, QueryRejection};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
@@ -73,6 +73,20 @@ pub fn error_code(e: &ArrayError) -> (StatusCode, &'static str) {
         Engine(_) => (StatusCode::INTERNAL_SERVER_ERROR, "engine_error"),
         Volume(_) | Io { .. } => (StatusCode::INTERNAL_SERVER_ERROR, "io_error"),
         Config { .. } | Locked(_) => (StatusCode::INTERNAL_SERVER_ERROR, "internal_error"),
+        Replication(cause) => replication_code(cause),
+    }
+}
+
+/// The stable code and HTTP status of each reason the off-site copy refuses or fails a request.
+fn replication_code(cause: &ReplicationError) -> (StatusCode, &'static str) {
+    use ReplicationError::*;
+    match cause {
+        InvalidPointName(_) => (StatusCode::BAD_REQUEST, "invalid_name"),
+        PointExists(_) => (StatusCode::CONFLICT, "point_exists"),
+        NotConfigured | Stopped | Flush(_) | Refused(_) => {
+            (StatusCode::CONFLICT, "replication_stopped")
+        }
+        Store(_) => (StatusCode::BAD_GATEWAY, "store_error"),
     }
 }
 

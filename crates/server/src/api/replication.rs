@@ -68,18 +68,7 @@ pub(super) async fn point_take(
     }
     let array = ctx.array.clone();
     let name = req.name.clone();
-    let rx = off_workers(move || array.take_replication_point(&name))
-        .await?
-        .map_err(|m| {
-            let code = if m.contains("exists") {
-                (StatusCode::CONFLICT, "point_exists")
-            } else if m.contains("name") {
-                (StatusCode::BAD_REQUEST, "invalid_name")
-            } else {
-                (StatusCode::CONFLICT, "replication_stopped")
-            };
-            ApiError::new(code.0, code.1, m)
-        })?;
+    let rx = off_workers(move || array.take_replication_point(&name)).await??;
     let answer = off_workers(move || rx.recv_timeout(POINT_WAIT)).await?;
     match answer {
         Ok(Ok(p)) => Ok((StatusCode::CREATED, Json(point_info(&p)))),
@@ -117,7 +106,13 @@ pub(super) async fn point_delete(
             "point_not_found",
             format!("no restore point named {name:?}"),
         )),
-        Err(m) => Err(ApiError::new(StatusCode::BAD_GATEWAY, "store_error", m)),
+        // The copy stopping under the request is the only other cause, and was always
+        // answered as the store's.
+        Err(e) => Err(ApiError::new(
+            StatusCode::BAD_GATEWAY,
+            "store_error",
+            e.to_string(),
+        )),
     }
 }
 

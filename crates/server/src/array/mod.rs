@@ -9,16 +9,19 @@ use crate::events::{EventLog, NewEvent};
 
 mod chap;
 mod config_store;
+mod error;
 mod mapping;
 mod pool;
 mod write_cache;
 
 pub use chap::{ChapSecret, StoredChap};
 use config_store::{lock_events, ConfigStore};
+use error::engine_error;
+pub use error::{ArrayError, ReplicationError, Result};
 pub use mapping::{Access, MappedLun};
 use pool::Pool;
 use serde::{Deserialize, Serialize};
-use sliver_api_types::{InvalidIscsiName, IscsiName, WriteCache};
+use sliver_api_types::{IscsiName, WriteCache};
 use sliver_engine::{
     Engine, EngineConfig, EngineSpace, EngineVolume, FileBackend, GcPriority, Tuning,
 };
@@ -39,57 +42,6 @@ pub const PRODUCT: &str = "sliver";
 pub const VENDOR: &str = "SLIVER";
 /// Locally chosen 24-bit company ID (the IEEE "CID" form: X bit set) for NAA type 6 names.
 const NAA_COMPANY_ID: u32 = 0xDA_5C_11;
-
-#[derive(Debug, thiserror::Error)]
-pub enum ArrayError {
-    #[error("volume '{0}' does not exist")]
-    NoSuchVolume(String),
-    #[error("host '{0}' does not exist")]
-    NoSuchHost(String),
-    #[error("a volume named '{0}' already exists")]
-    VolumeExists(String),
-    #[error("a host named '{0}' already exists")]
-    HostExists(String),
-    #[error("invalid name {0:?}: use 1-63 characters from A-Z a-z 0-9 . _ -, starting with a letter or digit")]
-    InvalidName(String),
-    #[error("invalid size {0}: it must be a non-zero multiple of the block size (4096 bytes for engine volumes)")]
-    InvalidSize(u64),
-    #[error("LUN {lun} is already used for host '{host}'")]
-    LunInUse { host: String, lun: u64 },
-    #[error("volume '{volume}' is already connected to host '{host}'")]
-    AlreadyConnected { volume: String, host: String },
-    #[error("volume '{volume}' is connected to host(s) {hosts}: disconnect it first")]
-    VolumeConnected { volume: String, hosts: String },
-    #[error("host '{host}' still has volume(s) {volumes} connected: disconnect them first")]
-    HostInUse { host: String, volumes: String },
-    #[error("volume '{volume}' is not connected to host '{host}'")]
-    NotConnected { volume: String, host: String },
-    #[error("volume '{volume}' cannot shrink from {from} to {to} bytes: shrinking discards data")]
-    Shrink { volume: String, from: u64, to: u64 },
-    #[error("array configuration {path}: {message}")]
-    Config { path: PathBuf, message: String },
-    #[error("volume error: {0}")]
-    Volume(#[from] sliver_volume::VolumeError),
-    #[error("engine: {0}")]
-    Engine(String),
-    #[error("{0}")]
-    NotSupported(String),
-    #[error("{0}")]
-    InvalidSetting(String),
-    #[error("'{0}' is not an iSCSI name (iqn., eui. or naa. form, at most 223 characters)")]
-    InvalidIscsiName(String),
-    #[error("{0}")]
-    InvalidChap(&'static str),
-    #[error("the array in {0} is in use by another sliver process")]
-    Locked(PathBuf),
-    #[error("I/O error on {path}: {source}")]
-    Io {
-        path: PathBuf,
-        source: std::io::Error,
-    },
-}
-
-pub type Result<T> = std::result::Result<T, ArrayError>;
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
 #[serde(tag = "type", rename_all = "snake_case")]
@@ -1069,19 +1021,19 @@ impl Array {
     /// stopped), without holding the shipper's lock: `f` may wait for the store.
     fn with_shipper<T>(
         &self,
-        f: impl FnOnce(&sliver_replica::ship::ShipHandle) -> std::result::Result<T, String>,
-    ) -> std::result::Result<T, String> {
+        f: impl FnOnce(&sliver_replica::ship::ShipHandle) -> Result<T>,
+    ) -> Result<T> {
         let r = self
             .replication
             .as_ref()
-            .ok_or("replication is not configured")?;
+            .ok_or(ReplicationError::NotConfigured)?;
         let handle = r
             .shipper
             .lock()
             .unwrap()
             .as_ref()
             .map(|s| s.handle())
-            .ok_or("replication has stopped")?;
+            .ok_or(ReplicationError::Stopped)?;
         f(&handle)
     }
 
@@ -1092,23 +1044,27 @@ impl Array {
     pub fn take_replication_point(
         &self,
         name: &str,
-    ) -> std::result::Result<
+    ) -> Result<
         std::sync::mpsc::Receiver<std::result::Result<sliver_replica::catalog::Point, String>>,
-        String,
     > {
-        sliver_replica::catalog::check_name(name)?;
-        self.engine
-            .flush()
-            .map_err(|e| format!("flushing the engine before the point: {e}"))?;
-        self.with_shipper(|s| s.take_point(name))
+        sliver_replica::catalog::check_name(name).map_err(ReplicationError::InvalidPointName)?;
+        self.engine.flush().map_err(ReplicationError::Flush)?;
+        self.with_shipper(|s| {
+            // Asked here so that the refusal has its own cause; the shipper asks again, and a
+            // point of that name taken in between comes back as its refusal.
+            if s.points().iter().any(|p| p.name == name) {
+                return Err(ReplicationError::PointExists(name.into()).into());
+            }
+            Ok(s.take_point(name).map_err(ReplicationError::Refused)?)
+        })
     }
 
     /// Delete the restore point `name` (`Ok(None)`: there is none).
     pub fn delete_replication_point(
         &self,
         name: &str,
-    ) -> std::result::Result<Option<sliver_replica::catalog::Point>, String> {
-        self.with_shipper(|s| s.delete_point(name).map_err(|e| e.to_string()))
+    ) -> Result<Option<sliver_replica::catalog::Point>> {
+        self.with_shipper(|s| Ok(s.delete_point(name).map_err(ReplicationError::from)?))
     }
 
     pub fn create_host(
@@ -1336,10 +1292,6 @@ fn quoted_list<'a>(names: impl Iterator<Item = &'a str>) -> Option<String> {
     (!quoted.is_empty()).then(|| quoted.join(", "))
 }
 
-fn engine_error(e: sliver_engine::EngineError) -> ArrayError {
-    ArrayError::Engine(e.to_string())
-}
-
 /// Open the engine in `dir`, creating it when the directory holds none; with replication
 /// configured, under a backend that ships every write (the store probed first).
 /// `array_config` is the configuration as saved now, for the copy's base.
@@ -1554,12 +1506,6 @@ fn naa_designator(id_hex: &str) -> [u8; 16] {
 /// a version that checked less still opens, and its names are matched at login as they are.
 fn stored_names(iqns: Vec<IscsiName>) -> Vec<String> {
     iqns.into_iter().map(String::from).collect()
-}
-
-impl From<InvalidIscsiName> for ArrayError {
-    fn from(e: InvalidIscsiName) -> Self {
-        ArrayError::InvalidIscsiName(e.0)
-    }
 }
 
 /// Volume and host names: 1-63 characters from `A-Z a-z 0-9 . _ -`, starting with a letter or
@@ -1984,6 +1930,29 @@ mod tests {
         a.update_host("h", None, ChapChange::Set(good.clone()))
             .unwrap();
         assert_eq!(a.hosts()[0].chap, Some(StoredChap::from(good)));
+    }
+
+    #[test]
+    fn a_point_is_refused_with_its_cause() {
+        let dir = tempfile::tempdir().unwrap();
+        let a = Array::open(dir.path(), "iqn.2026-11.test:a").unwrap();
+        let refused = |r: Result<_>| match r {
+            Err(ArrayError::Replication(cause)) => cause,
+            Err(e) => panic!("{e}"),
+            Ok(_) => panic!("taken"),
+        };
+        assert!(matches!(
+            refused(a.take_replication_point("a b").map(|_| ())),
+            ReplicationError::InvalidPointName(_)
+        ));
+        assert!(matches!(
+            refused(a.take_replication_point("p1").map(|_| ())),
+            ReplicationError::NotConfigured
+        ));
+        assert!(matches!(
+            refused(a.delete_replication_point("p1").map(|_| ())),
+            ReplicationError::NotConfigured
+        ));
     }
 
     #[test]
