@@ -14,6 +14,7 @@ mod hosts;
 mod mapping;
 mod pool;
 mod replication;
+mod restore;
 mod volumes;
 mod write_cache;
 
@@ -25,6 +26,7 @@ pub use mapping::{Access, MappedLun};
 use pool::Pool;
 use replication::{open_hydrating, start_shipping, Hydration, Replication};
 pub use replication::{ReplicationOptions, ReplicationReport};
+pub use restore::restore;
 use serde::{Deserialize, Serialize};
 use sliver_api_types::WriteCache;
 use sliver_engine::{Engine, EngineConfig, EngineSpace, FileBackend, GcPriority, Tuning};
@@ -496,34 +498,6 @@ impl Array {
         *config = updated;
         Ok(outcome)
     }
-}
-
-/// Restore an array from its off-site copy into `dir`, a new data directory: the engine's
-/// files and the configuration (RFC 0003). The copy's pool stays with the source: the restored
-/// array ships nowhere until it is given a prefix of its own.
-pub fn restore(
-    store: &Arc<dyn sliver_replica::store::ObjectStore>,
-    dir: &Path,
-    target: &sliver_replica::restore::Target,
-    mode: &sliver_replica::restore::Mode,
-) -> std::result::Result<sliver_replica::restore::RestoreReport, String> {
-    // A configuration without an engine root is what a restore that stopped leaves: it is
-    // written again.
-    if sliver_engine::holds_engine(&dir.join(ENGINE_DIR)) {
-        return Err(format!(
-            "{} already holds an array: restore into a new directory",
-            dir.display()
-        ));
-    }
-    fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
-    sliver_replica::restore::restore(
-        store,
-        &dir.join(ENGINE_DIR),
-        Some(&dir.join(CONFIG_FILE)),
-        target,
-        mode,
-    )
-    .map_err(|e| e.to_string())
 }
 
 /// Milliseconds since the Unix epoch.

@@ -1,0 +1,35 @@
+//! Restoring an array from its off-site copy into a new data directory (`sliver restore`).
+
+use std::fs;
+use std::path::Path;
+use std::sync::Arc;
+
+use super::{CONFIG_FILE, ENGINE_DIR};
+
+/// Restore an array from its off-site copy into `dir`, a new data directory: the engine's
+/// files and the configuration (RFC 0003). The copy's pool stays with the source: the restored
+/// array ships nowhere until it is given a prefix of its own.
+pub fn restore(
+    store: &Arc<dyn sliver_replica::store::ObjectStore>,
+    dir: &Path,
+    target: &sliver_replica::restore::Target,
+    mode: &sliver_replica::restore::Mode,
+) -> std::result::Result<sliver_replica::restore::RestoreReport, String> {
+    // A configuration without an engine root is what a restore that stopped leaves: it is
+    // written again.
+    if sliver_engine::holds_engine(&dir.join(ENGINE_DIR)) {
+        return Err(format!(
+            "{} already holds an array: restore into a new directory",
+            dir.display()
+        ));
+    }
+    fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    sliver_replica::restore::restore(
+        store,
+        &dir.join(ENGINE_DIR),
+        Some(&dir.join(CONFIG_FILE)),
+        target,
+        mode,
+    )
+    .map_err(|e| e.to_string())
+}
