@@ -8,7 +8,8 @@ use std::sync::{Arc, Mutex};
 use sliver_engine::{Backend, Engine, FileBackend};
 
 use super::error::engine_error;
-use super::{log_recovery, size_text, Array, ArrayError, ArrayOptions, ReplicationError, Result};
+use super::open::log_recovery;
+use super::{size_text, Array, ArrayError, ArrayOptions, ReplicationError, Result};
 
 /// The off-site copy: the store and the shipper's settings.
 #[derive(Debug, Clone)]
