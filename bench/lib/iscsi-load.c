@@ -8,7 +8,7 @@
  *
  *   iscsi-load -u URL -o read|write|caw|unmap [-p seq|rand] [-q DEPTH] [-s BYTES]
  *              [-n COUNT] [-t SECONDS] [-O OFFSET] [-L LENGTH] [-d unique|mix|zero|sparse]
- *              [-S SEED] [-V] [-R READBACK]
+ *              [-S SEED] [-V] [-R READBACK] [-F]
  *
  * Data: every 4 KiB unit written is a pure function of (seed, byte offset, key), so reads can
  * be checked. `unique` is incompressible and never repeats (a window of a 16 MiB random pool
@@ -23,6 +23,11 @@
  * commands it completed and checks them. COMPARE AND WRITE runs at depth 1 on one block at
  * OFFSET: it reads the block once, then swaps it for new content again and again, each
  * command comparing against what the previous one wrote.
+ *
+ * -F sends one SYNCHRONIZE CACHE for the whole LUN after the timed run and reports how long
+ * it took ("flush_seconds") and the rate counting it ("durable_iops"): a target that answers
+ * writes from its page cache makes them durable only then, so a run without it compares
+ * durable writes against writes that have not reached the disk.
  *
  * Prints one JSON object. Exit status: 0 ok, 1 usage or connection failure, 2 a command
  * failed (the JSON carries the sense), 3 data read back differed.
@@ -77,6 +82,7 @@ static enum data_kind data_kind = DATA_UNIQUE;
 static uint64_t seed = 1;
 static int verify_reads;
 static uint64_t readback;
+static int flush_after;
 
 static struct req *reqs;
 static int inflight;
@@ -434,7 +440,7 @@ static void usage(void)
 {
     fprintf(stderr, "usage: iscsi-load -u URL -o read|write|caw|unmap [-p seq|rand] [-q DEPTH] "
                     "[-s BYTES] [-n COUNT] [-t SECONDS] [-O OFFSET] [-L LENGTH] "
-                    "[-d unique|mix|zero|sparse] [-S SEED] [-V] [-R READBACK]\n");
+                    "[-d unique|mix|zero|sparse] [-S SEED] [-V] [-R READBACK] [-F]\n");
     exit(1);
 }
 
@@ -452,7 +458,7 @@ int main(int argc, char **argv)
 {
     const char *url_text = NULL;
     int c;
-    while ((c = getopt(argc, argv, "u:o:p:q:s:n:t:O:L:d:S:VR:")) != -1) {
+    while ((c = getopt(argc, argv, "u:o:p:q:s:n:t:O:L:d:S:VR:F")) != -1) {
         switch (c) {
         case 'u': url_text = optarg; break;
         case 'o': op = (enum op)named(optarg, op_names); break;
@@ -467,6 +473,7 @@ int main(int argc, char **argv)
         case 'S': seed = strtoull(optarg, NULL, 10); break;
         case 'V': verify_reads = 1; break;
         case 'R': readback = strtoull(optarg, NULL, 10); break;
+        case 'F': flush_after = 1; break;
         default: usage();
         }
     }
@@ -548,6 +555,19 @@ int main(int argc, char **argv)
     event_loop(deadline);
     uint64_t t1 = now_ns();
     double secs = (t1 - t0) / 1e9;
+    double flush_secs = -1;
+    if (flush_after && !errors) {
+        struct scsi_task *t = iscsi_synchronizecache10_sync(iscsi, lun, 0, 0, 1, 0);
+        if (!t || t->status != SCSI_STATUS_GOOD) {
+            errors++;
+            snprintf(first_error, sizeof first_error, "SYNCHRONIZE CACHE failed: %s",
+                     iscsi_get_error(iscsi));
+        } else {
+            flush_secs = (now_ns() - t1) / 1e9;
+        }
+        if (t)
+            scsi_free_scsi_task(t);
+    }
 
     if (readback && !errors && slot_key) {
         rb_slots = malloc(readback * sizeof *rb_slots);
@@ -573,12 +593,14 @@ int main(int argc, char **argv)
            ",\"seconds\":%.6f,\"iops\":%.1f,\"bytes_per_s\":%.1f,"
            "\"lat_us\":{\"mean\":%.1f,\"p50\":%.1f,\"p90\":%.1f,\"p99\":%.1f,\"p999\":%.1f,"
            "\"max\":%.1f},\"errors\":%" PRIu64 ",\"unit_attentions\":%" PRIu64 ",\"verified\":%" PRIu64
-           ",\"mismatches\":%" PRIu64 ",\"first_error\":",
+           ",\"mismatches\":%" PRIu64 ",\"flush_seconds\":%.6f,\"durable_iops\":%.1f"
+           ",\"first_error\":",
            op_names[op], random_offsets ? "rand" : "seq", depth, size, data_names[data_kind],
            block_size, lun_bytes, region_start, region_len, completed, completed * (uint64_t)size,
            secs, completed / secs, completed * (double)size / secs, n ? sum / n / 1000.0 : 0,
            pct(n, 0.5), pct(n, 0.9), pct(n, 0.99), pct(n, 0.999), n ? lat_ns[n - 1] / 1000.0 : 0,
-           errors, unit_attentions, checked, mismatches);
+           errors, unit_attentions, checked, mismatches, flush_secs,
+           flush_secs >= 0 ? completed / (secs + flush_secs) : 0.0);
     json_string(first_error);
     printf("}\n");
     iscsi_logout_sync(iscsi);
