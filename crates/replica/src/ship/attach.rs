@@ -1,20 +1,19 @@
 //! Starting a shipper: the backend prepared before the engine opens, then attached to the
 //! store (continue the stream or take a base), retried with backoff while the store is away.
 
-use super::local::{parse_pool, parse_state, write_synced, LocalState};
+use super::local::{self, LocalError, LocalState};
 use super::local_error;
 use super::retain::retain_loop;
 use super::send::ship_loop;
 use super::{
     Batch, CatalogState, Queue, Shared, ShipConfig, ShipError, ShipState, ShipStatus, Shipper,
-    ShippingBackend, POOL_FILE, STATE_FILE,
+    ShippingBackend,
 };
 use crate::catalog;
 use crate::object;
 use crate::store::ObjectStore;
 use sliver_engine::{Backend, FileBackend};
 use std::collections::VecDeque;
-use std::io;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc, Condvar, Mutex};
@@ -149,30 +148,12 @@ pub(super) fn prepare(
     config: ShipConfig,
     array_config: Option<Vec<u8>>,
 ) -> Result<(ShippingBackend, Shipper, LocalState), ShipError> {
-    let err = local_error(dir);
-    let pool_path = dir.join(POOL_FILE);
-    let ours = match std::fs::read_to_string(&pool_path) {
-        Ok(t) => Some(
-            parse_pool(&t)
-                .ok_or_else(|| ShipError::Refused(format!("{} is damaged", pool_path.display())))?,
-        ),
-        Err(e) if e.kind() == io::ErrorKind::NotFound => None,
-        Err(e) => return Err(err(e)),
-    };
-    // A clean stop's mark, taken away before anything else: a crash from here on leaves
-    // none, so the next start takes a base.
-    let state_path = dir.join(STATE_FILE);
-    let clean = match std::fs::read_to_string(&state_path) {
-        Ok(t) => {
-            std::fs::remove_file(&state_path).map_err(&err)?;
-            std::fs::File::open(dir)
-                .and_then(|d| d.sync_all())
-                .map_err(&err)?;
-            parse_state(&t)
+    let local = local::take(dir).map_err(|e| match e {
+        LocalError::Io(e) => local_error(dir)(e),
+        LocalError::DamagedPool(path) => {
+            ShipError::Refused(format!("{} is damaged", path.display()))
         }
-        Err(e) if e.kind() == io::ErrorKind::NotFound => None,
-        Err(e) => return Err(err(e)),
-    };
+    })?;
     let capacity = inner.capacity();
     let inner = Arc::new(inner);
     let shared = Arc::new_cyclic(|me| Shared {
@@ -195,7 +176,7 @@ pub(super) fn prepare(
         wake: Condvar::new(),
         status: Mutex::new(ShipStatus {
             state: ShipState::Waiting("connecting to the store".into()),
-            pool: ours.unwrap_or_default(),
+            pool: local.ours.unwrap_or_default(),
             shipped_through: 0,
             backlog_bytes: 0,
             objects: 0,
@@ -236,7 +217,7 @@ pub(super) fn prepare(
             shared,
             dir: dir.to_path_buf(),
         },
-        LocalState { ours, clean },
+        local,
     ))
 }
 
@@ -288,7 +269,7 @@ pub(super) fn attach(
         (Some(p), _) => p,
         (None, None) => {
             let p: [u8; 16] = rand::random();
-            write_synced(dir, POOL_FILE, &object::hex(&p)).map_err(&err)?;
+            local::record_pool(dir, &p).map_err(&err)?;
             p
         }
     };

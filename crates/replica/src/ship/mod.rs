@@ -17,7 +17,7 @@
 //! they share ([`Shared`]) and the handles the server holds.
 
 use crate::catalog::{self, BaseEntry, Point};
-use crate::object::{self, Kind, ObjectName};
+use crate::object::{Kind, ObjectName};
 use crate::store::{ObjectStore, StoreError};
 use sliver_engine::FileBackend;
 use std::collections::VecDeque;
@@ -38,7 +38,6 @@ mod send;
 mod tap;
 
 pub use attach::ATTACH_WAIT;
-use local::write_synced;
 
 /// A batch is cut once it holds this much (a quarter of the backlog bound if that is less).
 pub const BATCH_BYTES: usize = 8 << 20;
@@ -49,9 +48,6 @@ pub const MIN_BACKLOG: u64 = 16 << 20;
 
 /// How long a batch collects writes before a log sync cuts it ([`Shared::cut_at_sync`]).
 const SYNC_CUT_AGE: Duration = Duration::from_millis(250);
-
-const POOL_FILE: &str = "replication-pool";
-const STATE_FILE: &str = "replication-state";
 
 /// Settings of a shipper.
 #[derive(Debug, Clone)]
@@ -451,13 +447,12 @@ impl Shipper {
         let drained =
             status.backlog_bytes == 0 && base_done && matches!(status.state, ShipState::Streaming);
         if drained {
-            let text = format!(
-                "pool {}\nlast {}\ncapacity {}\n",
-                object::hex(&status.pool),
+            if let Err(e) = local::record_clean_stop(
+                &self.dir,
+                &status.pool,
                 status.shipped_through,
-                self.shared.capacity
-            );
-            if let Err(e) = write_synced(&self.dir, STATE_FILE, &text) {
+                self.shared.capacity,
+            ) {
                 tracing::error!("replication: cannot record the clean stop ({e}); the next start copies the array again");
             }
         }
