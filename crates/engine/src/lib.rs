@@ -11,7 +11,8 @@
 //! - [`legacy`]: format 2, read to migrate arrays it wrote.
 
 pub mod backend;
-pub mod clock;
+/// The engine's clock (the collector's time), from the leaf crate every part shares.
+pub use sliver_clock as clock;
 pub mod engine;
 pub mod format;
 mod fuzz_ops;
