@@ -14,7 +14,7 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 /// Where a part reads the time.
-pub trait Clock: Send + Sync {
+pub trait Clock: Send + Sync + std::fmt::Debug {
     /// Monotonic time, for intervals and deadlines.
     fn now(&self) -> Instant;
     /// Calendar time, for what outlives the process.

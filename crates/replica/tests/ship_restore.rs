@@ -592,6 +592,53 @@ fn scheduled_points_are_kept_to_their_count_and_each_restores() {
     stop_cleanly(engine, shipper);
 }
 
+/// The shipper keeps time by its clock, not by the system's: with a clock that stands still
+/// a batch is not due however long the test waits, and its lag stays zero; moved past the cut
+/// interval, the batch ships, and moved past `points_every`, a scheduled point is taken at the
+/// clock's calendar time, without an hour's wait.
+#[test]
+fn the_shipper_keeps_time_by_its_clock() {
+    let a = tempfile::tempdir().unwrap();
+    let store = Arc::new(MemStore::default());
+    let clock = Arc::new(sliver_engine::clock::ManualClock::new());
+    let ship = ShipConfig {
+        points_every: Duration::from_secs(3600),
+        clock: clock.clone(),
+        ..fast()
+    };
+    let started_ms = {
+        use sliver_engine::clock::Clock;
+        clock.wall_ms()
+    };
+    let (engine, v, shipper) = shipping_array_with(a.path(), &store, ship);
+    // Whatever the start left in the batch goes now.
+    clock.advance(Duration::from_secs(1));
+    drained(&shipper);
+    let mut model = vec![0u8; VOLUME as usize];
+    overwrite(&engine, v, &mut model, 31, 4);
+    // Six times the cut interval in real time: the system's clock would have cut the batch.
+    std::thread::sleep(Duration::from_millis(300));
+    let waiting = shipper.status();
+    assert!(waiting.backlog_bytes > 0, "{waiting:?}");
+    assert_eq!(waiting.lag, Some(Duration::ZERO), "{waiting:?}");
+    clock.advance(Duration::from_secs(1));
+    drained(&shipper);
+    std::thread::sleep(Duration::from_millis(200));
+    assert_eq!(shipper.status().newest_point, None);
+    clock.advance(Duration::from_secs(3600));
+    wait_for(
+        || shipper.status().newest_point.is_some(),
+        || format!("{:?}", shipper.status()),
+    );
+    let point = shipper.status().newest_point.unwrap();
+    assert!(point.scheduled, "{point:?}");
+    assert!(
+        point.time_ms >= started_ms + 3_602_000,
+        "{point:?} (started at {started_ms})"
+    );
+    stop_cleanly(engine, shipper);
+}
+
 /// A store that can be taken down: every call fails while it is down.
 type Switchable = InFront<Down, Arc<MemStore>>;
 

@@ -329,10 +329,7 @@ pub fn render(array: &Array) -> Result<String, ArrayError> {
     metadata_lock(&mut out, engine);
     if let Some(r) = array.replication() {
         let s = &r.status;
-        let lag = Some(
-            s.oldest_unshipped
-                .map_or(0.0, |t| t.elapsed().as_secs_f64()),
-        );
+        let lag = Some(s.lag.map_or(0.0, |t| t.as_secs_f64()));
         for (metric, kind, help, value) in [
             (
                 "sliver_replication_shipped_objects_total",

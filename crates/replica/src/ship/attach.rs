@@ -184,7 +184,7 @@ pub(super) fn prepare(
             last_error: None,
             resyncs: 0,
             last_restart: None,
-            oldest_unshipped: None,
+            lag: None,
             newest_point: None,
             deleted_objects: 0,
         }),

@@ -19,6 +19,7 @@
 use crate::catalog::{self, BaseEntry, Point};
 use crate::object::{Kind, ObjectName};
 use crate::store::{ObjectStore, StoreError};
+use sliver_clock::{Clock, SystemClock};
 use sliver_engine::FileBackend;
 use std::collections::VecDeque;
 use std::io;
@@ -26,7 +27,7 @@ use std::ops::Range;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc, Condvar, Mutex};
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, Instant};
 
 mod attach;
 mod base;
@@ -70,6 +71,9 @@ pub struct ShipConfig {
     /// scheduled base is paid for by a byte written.
     pub rebase_ratio: f64,
     pub rebase_min_bytes: u64,
+    /// Where the shipper reads the time: when a batch is due, when a scheduled point is, a
+    /// point's time, a pin's expiry and the lag. Waits for the store stay in real time.
+    pub clock: Arc<dyn Clock>,
 }
 
 impl Default for ShipConfig {
@@ -81,6 +85,7 @@ impl Default for ShipConfig {
             keep_points: 24,
             rebase_ratio: 1.0,
             rebase_min_bytes: 1 << 30,
+            clock: Arc::new(SystemClock),
         }
     }
 }
@@ -121,9 +126,9 @@ pub struct ShipStatus {
     pub resyncs: u64,
     /// Why it last started over.
     pub last_restart: Option<String>,
-    /// When the oldest write the store does not hold yet was made (`None`: it holds every
-    /// write): the copy's lag is the time since.
-    pub oldest_unshipped: Option<Instant>,
+    /// How long ago the oldest write the store does not hold yet was made (`None`: it holds
+    /// every write), by the shipper's clock: the copy's lag.
+    pub lag: Option<Duration>,
     /// The newest restore point.
     pub newest_point: Option<Point>,
     /// Objects and base index entries retention deleted since start.
@@ -284,13 +289,6 @@ struct Local {
     last_point: (Instant, u64),
 }
 
-fn now_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(SystemTime::UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0)
-}
-
 /// A handle on the running shipper for status and restore points, cheap to clone: callers
 /// that must not hold their own locks across the store's calls (a point's deletion) take one
 /// and let go of the `Shipper`.
@@ -319,7 +317,7 @@ impl ShipHandle {
         let (tx, rx) = mpsc::sync_channel(1);
         self.shared.request_point(PointRequest {
             name: Some(name.to_string()),
-            time_ms: now_ms(),
+            time_ms: self.shared.config.clock.wall_ms(),
             reply: Some(tx),
         });
         Ok(rx)
@@ -369,7 +367,10 @@ impl ShipHandle {
             (b.body.len() as u64, b.since)
         };
         s.backlog_bytes = queued + batched;
-        s.oldest_unshipped = queued_since.or(batched_since);
+        let now = self.shared.config.clock.now();
+        s.lag = queued_since
+            .or(batched_since)
+            .map(|t| now.saturating_duration_since(t));
         s
     }
 }

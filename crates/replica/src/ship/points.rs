@@ -2,11 +2,10 @@
 //! they need are in the store.
 
 use super::create::{create_retrying, fenced};
-use super::{now_ms, Local, Mark, PointRequest, Shared};
+use super::{Local, Mark, PointRequest, Shared};
 use crate::catalog::{self, BaseEntry, Point};
 use crate::object::{self, Kind, ObjectName};
 use std::sync::atomic::Ordering;
-use std::time::Instant;
 
 /// Ask for a scheduled point when one is due, and begin a scheduled base when the stream since
 /// the newest base has grown past the bound.
@@ -16,11 +15,13 @@ pub(super) fn schedule(shared: &Shared, local: &mut Local) {
     }
     let every = shared.config.points_every;
     let newest = local.next - 1;
-    if !every.is_zero() && local.last_point.0.elapsed() >= every && newest > local.last_point.1 {
-        local.last_point = (Instant::now(), newest);
+    let now = shared.config.clock.now();
+    let since = now.saturating_duration_since(local.last_point.0);
+    if !every.is_zero() && since >= every && newest > local.last_point.1 {
+        local.last_point = (now, newest);
         shared.request_point(PointRequest {
             name: None,
-            time_ms: now_ms(),
+            time_ms: shared.config.clock.wall_ms(),
             reply: None,
         });
     }

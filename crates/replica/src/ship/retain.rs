@@ -1,6 +1,6 @@
 //! Retention: what no restore point or base needs any more is deleted from the store.
 
-use super::{now_ms, CatalogState, Shared};
+use super::{CatalogState, Shared};
 use crate::catalog;
 use crate::object::{Kind, ObjectName};
 use crate::store::StoreError;
@@ -40,7 +40,7 @@ pub(super) fn retain_loop(shared: &Shared) {
 fn retain_once(shared: &Shared) -> Result<(), StoreError> {
     // Restores in progress elsewhere (arrays restored on demand, still fetching) pin what
     // they need; expired pins (an abandoned restore) go.
-    let (pins, expired) = catalog::load_pins(shared.store.as_ref(), now_ms())?;
+    let (pins, expired) = catalog::load_pins(shared.store.as_ref(), shared.config.clock.wall_ms())?;
     for n in expired {
         let _ = shared
             .store

@@ -10,7 +10,6 @@ use crate::store::StoreError;
 use crate::stream;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::Instant;
 
 /// Create the cut batches in the store, in order, one at a time; cut the batch on the timer;
 /// take scheduled points and bases.
@@ -22,7 +21,7 @@ pub(super) fn ship_loop(shared: &Shared, next: u64) {
         waiting: Vec::new(),
         since_base: 0,
         rebasing: false,
-        last_point: (Instant::now(), next - 1),
+        last_point: (shared.config.clock.now(), next - 1),
     };
     loop {
         schedule(shared, &mut local);
@@ -47,8 +46,10 @@ pub(super) fn ship_loop(shared: &Shared, next: u64) {
                     drop(q);
                     let due = {
                         let b = shared.batch.lock().unwrap();
-                        b.since
-                            .is_some_and(|t| t.elapsed() >= shared.config.cut_interval)
+                        let now = shared.config.clock.now();
+                        b.since.is_some_and(|t| {
+                            now.saturating_duration_since(t) >= shared.config.cut_interval
+                        })
                     };
                     if due {
                         shared.cut();

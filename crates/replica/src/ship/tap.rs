@@ -9,7 +9,7 @@ use sliver_engine::Backend;
 use std::io;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 impl Shared {
     pub(super) fn record(&self, rec: Record<'_>) {
@@ -22,7 +22,7 @@ impl Shared {
 
     /// Add `rec` to the batch `b`, cutting it once full. Caller holds the batch lock.
     pub(super) fn append_locked(&self, b: &mut Batch, rec: Record<'_>) {
-        b.since.get_or_insert_with(Instant::now);
+        b.since.get_or_insert_with(|| self.config.clock.now());
         rec.in_pieces(|piece| {
             piece.encode(&mut b.body);
             b.records += 1;
@@ -51,7 +51,10 @@ impl Shared {
     pub(super) fn cut_at_sync(&self) {
         let mut b = self.batch.lock().unwrap();
         let age = SYNC_CUT_AGE.min(self.config.cut_interval);
-        if b.since.is_some_and(|t| t.elapsed() >= age) {
+        let now = self.config.clock.now();
+        if b.since
+            .is_some_and(|t| now.saturating_duration_since(t) >= age)
+        {
             self.cut_locked(&mut b);
         }
     }
@@ -61,7 +64,7 @@ impl Shared {
             return;
         }
         let body = std::mem::take(&mut b.body);
-        let since = b.since.take().unwrap_or_else(Instant::now);
+        let since = b.since.take().unwrap_or_else(|| self.config.clock.now());
         let marks = std::mem::take(&mut b.marks);
         b.records = 0;
         let mut q = self.queue.lock().unwrap();

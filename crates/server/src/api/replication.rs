@@ -156,9 +156,7 @@ pub(super) async fn replication_show(State(ctx): State<Ctx>) -> Json<Replication
         shipped_objects: s.objects,
         shipped_bytes: s.bytes,
         backlog_bytes: s.backlog_bytes,
-        lag_seconds: s
-            .oldest_unshipped
-            .map_or(0.0, |t| t.elapsed().as_secs_f64()),
+        lag_seconds: s.lag.map_or(0.0, |t| t.as_secs_f64()),
         resyncs: s.resyncs,
         last_restart: s.last_restart.clone(),
         newest_point: s.newest_point.as_ref().map(point_info),
