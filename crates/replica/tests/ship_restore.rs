@@ -247,7 +247,9 @@ fn a_clean_stop_continues_the_stream_a_crash_takes_a_base_and_a_stranger_is_refu
     overwrite(&engine, v, &mut model, 2, 40);
     engine.flush().unwrap();
     drained(&shipper);
-    let restored = a.path().join("../restore-1");
+    // Beside the array, in a directory of this test's own (never a shared parent).
+    let scratch = tempfile::tempdir().unwrap();
+    let restored = scratch.path().join("restore-1");
     let r = restore(&dynamic(&store), &restored, None, &Target::Newest).unwrap();
     assert_eq!(r.first, 1, "one base, at the start");
     assert!(read_back(&restored) == model);
@@ -539,14 +541,17 @@ fn points_restore_their_state_and_retention_deletes_only_what_nothing_needs() {
 }
 
 /// Scheduled points are taken while writes reach the store and none while nothing new does;
-/// retention keeps the newest `keep_points` of them, and each one kept restores.
+/// retention keeps the newest `keep_points` of them, and each one kept restores. Time is the
+/// shipper's manual clock: a point is due exactly when the test says so.
 #[test]
 fn scheduled_points_are_kept_to_their_count_and_each_restores() {
     let a = tempfile::tempdir().unwrap();
     let store = Arc::new(MemStore::default());
+    let clock = Arc::new(sliver_engine::clock::ManualClock::new());
     let ship = ShipConfig {
-        points_every: Duration::from_millis(100),
+        points_every: Duration::from_secs(3600),
         keep_points: 2,
+        clock: clock.clone(),
         ..fast()
     };
     let (engine, v, shipper) = shipping_array_with(a.path(), &store, ship);
@@ -554,11 +559,11 @@ fn scheduled_points_are_kept_to_their_count_and_each_restores() {
     for round in 0..5 {
         overwrite(&engine, v, &mut model, 100 + round, 8);
         engine.flush().unwrap();
-        // A scheduled point covers this round once one is through its last object. (Waiting
-        // for the newest point to change instead raced: a point taken while the round
-        // shipped, before the first look, covered it, and an idle shipper takes no more.)
+        // The batch is due, and ships; then the point is due, and covers it.
+        clock.advance(Duration::from_secs(1));
         drained(&shipper);
         let through = shipper.status().shipped_through;
+        clock.advance(Duration::from_secs(3600));
         wait_for(
             || {
                 shipper
@@ -575,7 +580,8 @@ fn scheduled_points_are_kept_to_their_count_and_each_restores() {
         || numbers(&store, "points").len() == 2,
         || format!("{:?}", numbers(&store, "points")),
     );
-    // Idle: no new point.
+    // Idle: hours pass and nothing new reaches the store, so no point is taken.
+    clock.advance(Duration::from_secs(3 * 3600));
     std::thread::sleep(Duration::from_millis(400));
     assert_eq!(shipper.status().newest_point.unwrap().number, taken.number);
     let kept = shipper.points();
