@@ -36,6 +36,7 @@ use crate::catalog::Pin;
 use crate::object::{self, ObjectName};
 use crate::store::ObjectStore;
 use crate::stream;
+use sliver_clock::{Clock, SystemClock};
 use sliver_engine::{Backend, FileBackend};
 use std::collections::BTreeMap;
 use std::fs::{File, OpenOptions};
@@ -412,20 +413,16 @@ impl Source {
     }
 }
 
-fn now_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64)
-}
-
-/// Create or renew `pin` in `store` (it expires [`PIN_LIFETIME`] from now).
+/// Create or renew `pin` in `store`: it expires [`PIN_LIFETIME`] after `now_ms` (the
+/// caller's calendar time, milliseconds since 1970).
 pub fn put_pin(
     store: &dyn ObjectStore,
     pool: [u8; 16],
     pin: &Pin,
+    now_ms: u64,
 ) -> Result<(), crate::store::StoreError> {
     let pin = Pin {
-        expires_ms: now_ms() + PIN_LIFETIME.as_millis() as u64,
+        expires_ms: now_ms + PIN_LIFETIME.as_millis() as u64,
         ..*pin
     };
     let name = ObjectName::new(object::Kind::Pin, pin.number).to_string();
@@ -535,7 +532,7 @@ pub struct HydrationStatus {
 }
 
 /// Tuning for the background fetches.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct HydrateConfig {
     /// Bytes per second the background threads fetch at most, together (0: no limit).
     pub rate_limit: u64,
@@ -543,6 +540,9 @@ pub struct HydrateConfig {
     /// mostly for the store, so a few at once go faster than one; while reads need the store
     /// one goes on (measured in docs/benchmarks.md).
     pub threads: usize,
+    /// Where the pin's renewal and expiry read the time. The pace of the fetches (the rate
+    /// limit, the pause while hosts read from the store) is real time: it paces real I/O.
+    pub clock: Arc<dyn Clock>,
 }
 
 impl Default for HydrateConfig {
@@ -550,6 +550,7 @@ impl Default for HydrateConfig {
         HydrateConfig {
             rate_limit: 0,
             threads: 4,
+            clock: Arc::new(SystemClock),
         }
     }
 }
@@ -1151,14 +1152,21 @@ fn background(shared: &Shared, index: usize, threads: usize) {
     let mut window = (Instant::now(), shared.fetched.load(Ordering::Relaxed));
     let mut last_sync = Instant::now();
     // Renewed at the start (the array may have been off for a while) and then hourly.
+    let clock = &shared.config.clock;
     let mut pin_renewed: Option<Instant> = None;
     let mut started = Instant::now();
     let mut since_start = 0u64;
     while !shared.stop.load(Ordering::Acquire) && !shared.done() {
         if let Some(pin) = shared.source.pin.as_ref().filter(|_| index == 0) {
-            if pin_renewed.is_none_or(|t| t.elapsed() >= PIN_RENEW) {
-                match put_pin(shared.store.as_ref(), shared.source.pool, pin) {
-                    Ok(()) => pin_renewed = Some(Instant::now()),
+            let now = clock.now();
+            if pin_renewed.is_none_or(|t| now.saturating_duration_since(t) >= PIN_RENEW) {
+                match put_pin(
+                    shared.store.as_ref(),
+                    shared.source.pool,
+                    pin,
+                    clock.wall_ms(),
+                ) {
+                    Ok(()) => pin_renewed = Some(now),
                     Err(e) => {
                         tracing::warn!("hydration: renewing the pin on the source's objects: {e}")
                     }

@@ -10,6 +10,7 @@ use crate::hydrate::{self, Area};
 use crate::object::{self, Expected, Kind, ObjectName};
 use crate::store::{ObjectStore, StoreError};
 use crate::stream::{self, Record};
+use sliver_clock::{Clock, SystemClock};
 use sliver_engine::{Backend, FileBackend};
 use std::collections::BTreeMap;
 use std::io;
@@ -645,7 +646,7 @@ pub fn restore(
                 first: span.from.0,
                 through: last,
             };
-            match hydrate::put_pin(store, pool, &pin) {
+            match hydrate::put_pin(store, pool, &pin, SystemClock.wall_ms()) {
                 Ok(()) => Some(pin),
                 Err(e) => {
                     pin_error = Some(e.to_string());

@@ -1404,3 +1404,27 @@ mod hydration_model {
         }
     }
 }
+
+/// A pin expires its lifetime after the time its writer gives (the hydration's clock), and
+/// retention sees it expired from then on.
+#[test]
+fn a_pin_expires_its_lifetime_after_the_time_it_was_put() {
+    use sliver_replica::hydrate::{put_pin, PIN_LIFETIME};
+    let store = Arc::new(MemStore::default());
+    let pin = sliver_replica::catalog::Pin {
+        number: 7,
+        expires_ms: 0,
+        first: 3,
+        through: 9,
+    };
+    let at = 1_000_000;
+    put_pin(store.as_ref(), [5; 16], &pin, at).unwrap();
+    let end = at + PIN_LIFETIME.as_millis() as u64;
+    let (live, expired) = sliver_replica::catalog::load_pins(store.as_ref(), end - 1).unwrap();
+    assert_eq!(live.len(), 1, "{live:?}");
+    assert_eq!((live[0].expires_ms, live[0].needs()), (end, 3..10));
+    assert!(expired.is_empty());
+    let (live, expired) = sliver_replica::catalog::load_pins(store.as_ref(), end).unwrap();
+    assert!(live.is_empty(), "{live:?}");
+    assert_eq!(expired, vec![7]);
+}

@@ -174,11 +174,12 @@ pub(super) fn open_hydrating(
         ..store::S3Config::default()
     })
     .map_err(|e| config(format!("the store the array was restored from: {e}")))?;
-    let backend = hydrate::HydratingBackend::open(dir, files, Arc::new(s3), options.hydrate)
-        .map_err(|source| ArrayError::Io {
-            path: dir.to_path_buf(),
-            source,
-        })?;
+    let backend =
+        hydrate::HydratingBackend::open(dir, files, Arc::new(s3), options.hydrate.clone())
+            .map_err(|source| ArrayError::Io {
+                path: dir.to_path_buf(),
+                source,
+            })?;
     let backend = Arc::new(backend);
     let handle = backend.handle();
     let left = handle.status().bytes_left;
