@@ -25,6 +25,7 @@
 use crate::object::{self, Expected, Kind, ObjectName};
 use crate::store::{ObjectStore, StoreError};
 use std::ops::Range;
+use std::time::Duration;
 
 const VERSION: u8 = 1;
 const BASE_BYTES: usize = 32;
@@ -274,6 +275,29 @@ impl Pin {
         }
         Ok(p)
     }
+}
+
+/// How long a pin holds without being renewed: an array restored on demand and then left
+/// off this long may find objects it still needs deleted by the source's retention.
+pub const PIN_LIFETIME: Duration = Duration::from_secs(7 * 24 * 3600);
+
+/// Create or renew `pin` in `store`: it expires [`PIN_LIFETIME`] after `now_ms` (the
+/// caller's calendar time, milliseconds since 1970).
+pub fn put_pin(
+    store: &dyn ObjectStore,
+    pool: [u8; 16],
+    pin: &Pin,
+    now_ms: u64,
+) -> Result<(), StoreError> {
+    let pin = Pin {
+        expires_ms: now_ms + PIN_LIFETIME.as_millis() as u64,
+        ..*pin
+    };
+    let name = ObjectName::new(Kind::Pin, pin.number).to_string();
+    store.put(
+        &name,
+        object::encode(Kind::Pin, pool, 0, pin.number, &pin.encode()),
+    )
 }
 
 /// The pins in `store` that have not expired at `now_ms` (damaged ones are ignored: a pin

@@ -32,7 +32,7 @@
 //! Once the map is empty, synced and journaled, the source file is removed (durably, first),
 //! then the rest: the array is an ordinary one.
 
-use crate::catalog::Pin;
+use crate::catalog::{self, Pin};
 use crate::object::{self, ObjectName};
 use crate::store::ObjectStore;
 use crate::stream;
@@ -355,9 +355,6 @@ pub struct Source {
     pub pin: Option<Pin>,
 }
 
-/// How long a pin holds without being renewed: an array restored on demand and then left
-/// off this long may find objects it still needs deleted by the source's retention.
-pub const PIN_LIFETIME: Duration = Duration::from_secs(7 * 24 * 3600);
 /// How often a hydrating array renews its pin.
 const PIN_RENEW: Duration = Duration::from_secs(3600);
 
@@ -411,25 +408,6 @@ impl Source {
             pin,
         })
     }
-}
-
-/// Create or renew `pin` in `store`: it expires [`PIN_LIFETIME`] after `now_ms` (the
-/// caller's calendar time, milliseconds since 1970).
-pub fn put_pin(
-    store: &dyn ObjectStore,
-    pool: [u8; 16],
-    pin: &Pin,
-    now_ms: u64,
-) -> Result<(), crate::store::StoreError> {
-    let pin = Pin {
-        expires_ms: now_ms + PIN_LIFETIME.as_millis() as u64,
-        ..*pin
-    };
-    let name = ObjectName::new(object::Kind::Pin, pin.number).to_string();
-    store.put(
-        &name,
-        object::encode(object::Kind::Pin, pool, 0, pin.number, &pin.encode()),
-    )
 }
 
 /// Whether `dir` (an engine's directory) holds hydration state at all: with no root beside
@@ -1160,7 +1138,7 @@ fn background(shared: &Shared, index: usize, threads: usize) {
         if let Some(pin) = shared.source.pin.as_ref().filter(|_| index == 0) {
             let now = clock.now();
             if pin_renewed.is_none_or(|t| now.saturating_duration_since(t) >= PIN_RENEW) {
-                match put_pin(
+                match catalog::put_pin(
                     shared.store.as_ref(),
                     shared.source.pool,
                     pin,

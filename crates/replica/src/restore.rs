@@ -646,7 +646,7 @@ pub fn restore(
                 first: span.from.0,
                 through: last,
             };
-            match hydrate::put_pin(store, pool, &pin, SystemClock.wall_ms()) {
+            match catalog::put_pin(store, pool, &pin, SystemClock.wall_ms()) {
                 Ok(()) => Some(pin),
                 Err(e) => {
                     pin_error = Some(e.to_string());

@@ -1409,7 +1409,7 @@ mod hydration_model {
 /// retention sees it expired from then on.
 #[test]
 fn a_pin_expires_its_lifetime_after_the_time_it_was_put() {
-    use sliver_replica::hydrate::{put_pin, PIN_LIFETIME};
+    use sliver_replica::catalog::{put_pin, PIN_LIFETIME};
     let store = Arc::new(MemStore::default());
     let pin = sliver_replica::catalog::Pin {
         number: 7,
