@@ -8,6 +8,7 @@ use std::collections::{HashMap, VecDeque};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
+use sliver_clock::{Clock, SystemClock};
 use sliver_volume::{Pool, Volume};
 
 use crate::mode::ModeParams;
@@ -99,6 +100,9 @@ pub struct LogicalUnit {
     /// free space, MODE SENSE its threshold and MODE SELECT changes it (through its owner,
     /// which keeps it); `None`: no pool, none of that.
     pub(crate) pool: Option<Arc<dyn Pool>>,
+    /// Where the LU reads the time: ROD tokens' inactivity timeouts, how often a nexus is
+    /// told the soft threshold is exceeded.
+    pub(crate) clock: Arc<dyn Clock>,
 }
 
 impl LogicalUnit {
@@ -120,7 +124,14 @@ impl LogicalUnit {
             stats: LuStats::default(),
             tasks: Default::default(),
             pool: None,
+            clock: Arc::new(SystemClock),
         }
+    }
+
+    /// This LU reading the time from `clock` (the system's by default).
+    pub fn with_clock(mut self, clock: Arc<dyn Clock>) -> Self {
+        self.clock = clock;
+        self
     }
 
     /// This LU with its volume in `pool`, whose settings it reports and changes through it.
@@ -222,15 +233,16 @@ impl LogicalUnit {
         {
             let mut told = lock_unpoisoned(&self.soft_threshold_told);
             if !told.is_empty() {
-                told.retain(|_, at| at.elapsed() < SOFT_THRESHOLD_REPEAT);
+                let now = self.clock.now();
+                told.retain(|_, at| now.saturating_duration_since(*at) < SOFT_THRESHOLD_REPEAT);
             }
             return;
         }
         let mut told = lock_unpoisoned(&self.soft_threshold_told);
-        let now = std::time::Instant::now();
+        let now = self.clock.now();
         let due = told
             .get(&key(nexus))
-            .is_none_or(|at| now.duration_since(*at) >= SOFT_THRESHOLD_REPEAT);
+            .is_none_or(|at| now.saturating_duration_since(*at) >= SOFT_THRESHOLD_REPEAT);
         if !due {
             return;
         }

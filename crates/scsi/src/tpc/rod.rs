@@ -21,7 +21,7 @@
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use rand::RngCore;
 
@@ -239,11 +239,11 @@ fn populate_token(lu: &LogicalUnit, params: ParamList) -> Result<Completed, Fail
         timeout: Duration::from_secs(u64::from(timeout)),
         use_state: Mutex::new(UseState {
             in_use: 0,
-            last_active: Instant::now(),
+            last_active: lu.clock.now(),
             deleted: false,
         }),
     });
-    lu.copy_manager.tokens.keep(token);
+    lu.copy_manager.tokens.keep(token, lu.clock.now());
     Ok(Completed {
         blocks,
         token: Some(bytes),
@@ -323,9 +323,12 @@ fn write_using_token(
             .ok_or(SenseReason::TokenUnknown)?,
         None => return Err(SenseReason::TokenUnknown.into()),
     };
-    let rod = source.copy_manager.tokens.take(token)?;
+    let rod = source.copy_manager.tokens.take(token, source.clock.now())?;
     let outcome = copy_from_token(lu, req, &source, &rod, offset, &ranges);
-    source.copy_manager.tokens.release(&rod, delete);
+    source
+        .copy_manager
+        .tokens
+        .release(&rod, delete, source.clock.now());
     outcome
 }
 

@@ -31,11 +31,17 @@ pub(crate) fn lu_over(volume: Arc<dyn Volume>, i: u8) -> Arc<LogicalUnit> {
 }
 
 pub(crate) fn array(count: u8) -> Array {
+    array_on(count, Arc::new(sliver_clock::SystemClock))
+}
+
+/// [`array`], its LUs reading the time from `clock`.
+pub(crate) fn array_on(count: u8, clock: Arc<dyn sliver_clock::Clock>) -> Array {
     let dir = tempfile::tempdir().unwrap();
     let lus = (0..count)
         .map(|i| {
             let volume = file_volume(dir.path(), &format!("lu{i}"), BLOCKS);
-            lu_over(Arc::new(volume), i)
+            let config = lu_config(format!("serial-{i}"), naa(i));
+            Arc::new(LogicalUnit::new(Arc::new(volume), config).with_clock(clock.clone()))
         })
         .collect();
     Array { _dir: dir, lus }

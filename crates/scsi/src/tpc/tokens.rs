@@ -127,8 +127,7 @@ impl TokenCopy {
     }
 
     /// Keep `token`, dropping expired tokens and, when full, the oldest one not in use.
-    pub(super) fn keep(&self, token: Arc<RodToken>) {
-        let now = Instant::now();
+    pub(super) fn keep(&self, token: Arc<RodToken>, now: Instant) {
         let mut tokens = lock_unpoisoned(&self.tokens);
         tokens.retain(|t| !t.expired(now));
         if tokens.len() >= MAX_TOKENS {
@@ -142,9 +141,8 @@ impl TokenCopy {
         tokens.push(token);
     }
 
-    /// The live token with exactly these bytes, marked in use.
-    pub(super) fn take(&self, bytes: &[u8]) -> Result<Arc<RodToken>, SenseReason> {
-        let now = Instant::now();
+    /// The live token with exactly these bytes at `now`, marked in use.
+    pub(super) fn take(&self, bytes: &[u8], now: Instant) -> Result<Arc<RodToken>, SenseReason> {
         let mut tokens = lock_unpoisoned(&self.tokens);
         let Some(i) = tokens.iter().position(|t| t.bytes[..] == *bytes) else {
             return Err(SenseReason::TokenUnknown);
@@ -163,10 +161,10 @@ impl TokenCopy {
     }
 
     /// A WRITE USING TOKEN is done with `token`; DEL_TKN deletes it.
-    pub(super) fn release(&self, token: &RodToken, delete: bool) {
+    pub(super) fn release(&self, token: &RodToken, delete: bool, now: Instant) {
         let mut u = lock_unpoisoned(&token.use_state);
         u.in_use -= 1;
-        u.last_active = Instant::now();
+        u.last_active = now;
         u.deleted |= delete;
         let gone = u.deleted || token.revoked.load(Ordering::SeqCst);
         drop(u);

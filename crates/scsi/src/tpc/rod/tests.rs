@@ -1,6 +1,8 @@
 use super::*;
 use crate::test_kit::{file_volume, good, nexus, sense_codes, TestVolume, BS};
-use crate::tpc::test_kit::{array, lu_over, naa, pattern, read, run, write, Reachable, BLOCKS};
+use crate::tpc::test_kit::{
+    array, array_on, lu_over, naa, pattern, read, run, write, Reachable, BLOCKS,
+};
 use crate::{CopyTargets, NoCopyTargets};
 use sliver_volume::FileVolume;
 
@@ -379,23 +381,25 @@ fn unknown_altered_deleted_and_unreachable_tokens_are_refused() {
 
 #[test]
 fn a_token_expires_after_its_inactivity_timeout() {
-    let a = array(1);
+    let clock = Arc::new(sliver_clock::ManualClock::new());
+    let a = array_on(1, clock.clone());
     let lu = &a.lus[0];
+    // An inactivity timeout of one second, counted from the last use.
     let token = token_for(lu, &pt_params(None, 1, &[(0, 8)]));
-    good(&write_using(
-        lu,
-        &NoCopyTargets,
-        1,
-        &wut_params(&token, 0, false, &[(64, 8)]),
-    ));
-    std::thread::sleep(Duration::from_millis(2100));
-    let r = write_using(
-        lu,
-        &NoCopyTargets,
-        1,
-        &wut_params(&token, 0, false, &[(64, 8)]),
-    );
-    assert_eq!(sense_codes(&r), (0x5, 0x23, 0x07));
+    let use_it = || {
+        write_using(
+            lu,
+            &NoCopyTargets,
+            1,
+            &wut_params(&token, 0, false, &[(64, 8)]),
+        )
+    };
+    clock.advance(Duration::from_millis(1000));
+    good(&use_it());
+    clock.advance(Duration::from_millis(1000));
+    good(&use_it());
+    clock.advance(Duration::from_millis(1001));
+    assert_eq!(sense_codes(&use_it()), (0x5, 0x23, 0x07));
 }
 
 #[test]
