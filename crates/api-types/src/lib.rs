@@ -10,6 +10,7 @@ use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
 pub mod names;
+pub mod units;
 pub use names::{InvalidIscsiName, IscsiName};
 
 // ---- errors ----

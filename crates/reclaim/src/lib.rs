@@ -13,10 +13,10 @@ pub mod fs;
 pub mod limiter;
 pub mod raw;
 pub mod trim;
-pub mod units;
 pub mod watch;
 
 use limiter::{Limiter, RateSpec, RealClock};
+use sliver_api_types::units;
 use std::io::{IsTerminal, Write};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};

@@ -7,7 +7,7 @@
 //! sleeps until the deadline. Idle time banks no credit: a deadline in the past is moved to
 //! now, so the rate holds over any interval that starts at a window boundary.
 
-use crate::units::human_rate;
+use sliver_api_types::units::human_rate;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 

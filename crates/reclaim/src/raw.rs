@@ -2,7 +2,7 @@
 //! (the `esxcli storage vmfs unmap -n` experiment), optionally rate-limited.
 
 use crate::limiter::{Clock, Limiter, RateSpec};
-use crate::units::{human_bytes, human_rate};
+use sliver_api_types::units::{human_bytes, human_rate};
 use sliver_initiator::{cdb, Error, Session, SessionOptions};
 use std::sync::atomic::{AtomicBool, Ordering};
 

@@ -2,7 +2,7 @@
 
 use crate::fs::{self, Geometry, MountEntry, Window};
 use crate::limiter::{Clock, Limiter, RateSpec};
-use crate::units::{human_bytes, human_rate};
+use sliver_api_types::units::{human_bytes, human_rate};
 use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};

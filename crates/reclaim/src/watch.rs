@@ -4,9 +4,9 @@
 
 use crate::limiter::{Clock, Limiter, RateSpec, RealClock};
 use crate::trim::{self, PassReport, Target};
-use crate::units::{parse_duration, parse_rate, parse_size};
 use crate::Priority;
 use serde::Deserialize;
+use sliver_api_types::units::{parse_duration, parse_rate, parse_size};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;

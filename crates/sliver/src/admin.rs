@@ -3,8 +3,8 @@
 use crate::client::{segment, ApiArgs, Client};
 use clap::Subcommand;
 use serde_json::{json, Value};
+use sliver_api_types::units::{human_bytes, parse_size};
 use sliver_api_types::{ArrayInfo, ConnectionInfo, HostInfo, VolumeInfo, WriteCache};
-use sliver_reclaim::units::{human_bytes, parse_size};
 
 #[derive(Subcommand)]
 pub enum VolumeCommand {

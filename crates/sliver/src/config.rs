@@ -285,7 +285,7 @@ fn parsed<'de, D: Deserializer<'de>, T, E: std::fmt::Display>(
 }
 
 fn size<'de, D: Deserializer<'de>>(d: D) -> Result<Option<u64>, D::Error> {
-    parsed(d, sliver_reclaim::units::parse_size)
+    parsed(d, sliver_api_types::units::parse_size)
 }
 
 fn percent<'de, D: Deserializer<'de>>(d: D) -> Result<Option<f64>, D::Error> {
@@ -299,7 +299,7 @@ fn percent<'de, D: Deserializer<'de>>(d: D) -> Result<Option<f64>, D::Error> {
 }
 
 fn duration<'de, D: Deserializer<'de>>(d: D) -> Result<Option<std::time::Duration>, D::Error> {
-    parsed(d, sliver_reclaim::units::parse_duration)
+    parsed(d, sliver_api_types::units::parse_duration)
 }
 
 fn poll_us<'de, D: Deserializer<'de>>(d: D) -> Result<Option<std::time::Duration>, D::Error> {

@@ -277,7 +277,7 @@ fn settings(args: ServeArgs) -> Result<Settings, String> {
     let mut options = ArrayOptions::default();
     if let Some(c) = &args.capacity {
         options.capacity_bytes =
-            Some(sliver_reclaim::units::parse_size(c).map_err(|e| format!("--capacity: {e}"))?);
+            Some(sliver_api_types::units::parse_size(c).map_err(|e| format!("--capacity: {e}"))?);
     } else {
         options.capacity_bytes = file.capacity.size;
     }
@@ -293,7 +293,7 @@ fn settings(args: ServeArgs) -> Result<Settings, String> {
     }
     match &args.metadata_cache {
         Some(c) => {
-            options.tuning.metadata_cache = sliver_reclaim::units::parse_size(c)
+            options.tuning.metadata_cache = sliver_api_types::units::parse_size(c)
                 .map_err(|e| format!("--metadata-cache: {e}"))?
         }
         None => {
@@ -304,7 +304,7 @@ fn settings(args: ServeArgs) -> Result<Settings, String> {
     }
     if let Some(r) = &args.hydrate_rate {
         let bytes = r.strip_suffix("/s").unwrap_or(r);
-        options.hydrate.rate_limit = sliver_reclaim::units::parse_size(bytes)
+        options.hydrate.rate_limit = sliver_api_types::units::parse_size(bytes)
             .map_err(|e| format!("--hydrate-rate: {e} (give a rate such as 100MB/s)"))?;
     }
     let replicate_to = args

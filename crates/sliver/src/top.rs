@@ -341,7 +341,7 @@ fn copy_line(r: &Value, now_ms: u64) -> Option<String> {
         r["target"].as_str().unwrap_or("?"),
         r["state"].as_str().unwrap_or("?"),
         r["lag_seconds"].as_f64().unwrap_or(0.0),
-        sliver_reclaim::units::human_bytes(r["backlog_bytes"].as_u64().unwrap_or(0))
+        sliver_api_types::units::human_bytes(r["backlog_bytes"].as_u64().unwrap_or(0))
     );
     let p = &r["newest_point"];
     match p["time_ms"].as_u64() {

@@ -167,7 +167,7 @@ pub fn gc_priority_name(p: GcPriority) -> String {
 }
 
 /// Parse a GC priority: `off`, `low`, `medium`, `high`, or a rate (`100MB/s`, `5000000B/s`,
-/// `1GB/s`; decimal or binary units).
+/// `1GB/s`; decimal or binary units, as `units` reads sizes).
 pub fn parse_gc_priority(s: &str) -> std::result::Result<GcPriority, String> {
     match s {
         "off" => return Ok(GcPriority::Off),
@@ -178,25 +178,13 @@ pub fn parse_gc_priority(s: &str) -> std::result::Result<GcPriority, String> {
     }
     let bad =
         || format!("'{s}' is not a GC priority (off, low, medium, high or a rate such as 100MB/s)");
+    // The `/s` is required here, unlike elsewhere: it tells a rate from a misspelt word.
     let amount = s.strip_suffix("/s").ok_or_else(bad)?;
-    let digits = amount.trim_end_matches(|c: char| c.is_ascii_alphabetic());
-    let unit = &amount[digits.len()..];
-    let n: f64 = digits.trim().parse().map_err(|_| bad())?;
-    let scale: f64 = match unit {
-        "" | "B" => 1.0,
-        "KB" | "kB" => 1e3,
-        "MB" => 1e6,
-        "GB" => 1e9,
-        "K" | "KiB" => 1024.0,
-        "M" | "MiB" => 1024.0 * 1024.0,
-        "G" | "GiB" => 1024.0 * 1024.0 * 1024.0,
-        _ => return Err(bad()),
-    };
-    let rate = n * scale;
-    if !(1.0..=1e12).contains(&rate) {
+    let rate = sliver_api_types::units::parse_size(amount).map_err(|_| bad())?;
+    if !(1..=1_000_000_000_000).contains(&rate) {
         return Err(bad());
     }
-    Ok(GcPriority::Rate(rate as u64))
+    Ok(GcPriority::Rate(rate))
 }
 
 /// How a new array's engine is laid out, and where its off-site copy goes.

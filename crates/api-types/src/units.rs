@@ -1,4 +1,5 @@
-//! Sizes, rates and durations on the command line and in the config file.
+//! Sizes, rates and durations on the command line, in the config file and in API requests,
+//! parsed and shown the same way by the CLI, the server and the reclaim agent.
 //!
 //! Units follow util-linux (`fstrim --minimum`, `lsblk`): `K`, `M`, `G`, `T` and `KiB`..`TiB`
 //! are powers of 1024; `KB`, `MB`, `GB`, `TB` are powers of 1000. Rates are sizes per second
