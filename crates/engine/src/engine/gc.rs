@@ -42,7 +42,7 @@ impl Engine {
         // before the log does: freed segments give their space back).
         let room = || {
             let mut m = self.lock_meta();
-            m.free.len() > reserve + 1 && self.room_for_data(&mut m)
+            m.segments.len() > reserve + 1 && self.room_for_data(&mut m)
         };
         if room() {
             // Another writer's collection already made room.
@@ -51,7 +51,7 @@ impl Engine {
         // Volumes deleted and ranges unmapped give their chunks back as their nodes are
         // released: all of that first.
         self.release_nodes(u64::MAX)?;
-        let freed_before = self.lock_meta().freed;
+        let freed_before = self.lock_meta().segments.freed();
         // Relocating a nearly full segment costs a segment to win a sliver: require at least
         // a sixteenth of a segment to be dead, so every round gains ground.
         for _ in 0..self.geometry.segment_count {
@@ -59,7 +59,7 @@ impl Engine {
                 break;
             }
         }
-        let freed = self.lock_meta().freed > freed_before;
+        let freed = self.lock_meta().segments.freed() > freed_before;
         Ok(room() || (freed && self.room_for_data(&mut self.lock_meta())))
     }
 
@@ -191,7 +191,7 @@ impl Engine {
         // Start only a relocation that can be finished: a half-relocated victim frees nothing,
         // and the segments it took are gone (down to the last free one, which a restart or
         // an unmap on a full array needs). The free segments the rest of the relocation needs
-        // stay claimed (`Meta::collector_claim`: every other appender leaves them), and the
+        // stay claimed (`FreeSegments::claim`: every other appender leaves them), and the
         // claim is recomputed from the bytes left after every batch.
         let _claim = ClaimEnd(self);
         let mut remaining = {
@@ -208,10 +208,10 @@ impl Engine {
                 needed + (needed / batch_bytes + 1) * RECORD_HEADER
             };
             let fresh = total.div_ceil(per_segment);
-            if fresh > m.free.len() {
+            if fresh > m.segments.len() {
                 return Ok(None);
             }
-            m.collector_claim = fresh;
+            m.segments.set_claim(fresh);
             total
         };
         let mut i = 0;
@@ -247,7 +247,7 @@ impl Engine {
                     i = start;
                     break;
                 }
-                filling |= switches && m.free.len() <= m.collector_claim + 1;
+                filling |= switches && m.segments.len() <= m.segments.claim() + 1;
                 let at = self.reserve(&mut m, size, Space::Collector)?;
                 let mut buf = Vec::with_capacity(size);
                 let mut e = Encoder::new(&mut buf, at.seq);
@@ -262,7 +262,7 @@ impl Engine {
                 m.counters.gc_bytes += moved;
                 relocated += moved;
                 remaining = remaining.saturating_sub(size);
-                m.collector_claim = remaining.div_ceil(per_segment);
+                m.segments.set_claim(remaining.div_ceil(per_segment));
                 if !filling {
                     break;
                 }
@@ -334,9 +334,7 @@ impl Engine {
         };
         self.read_pins.wait(period);
         let mut m = self.lock_meta();
-        m.free.extend_from_slice(victims);
-        m.freed += victims.len() as u64;
-        m.undiscarded.extend(victims.iter().copied());
+        m.segments.add_collected(victims);
         m.check_segment_lists();
         Ok(())
     }
@@ -359,13 +357,13 @@ impl Engine {
     }
 }
 
-/// Ends the collector's claim on free segments (see `Meta::collector_claim`) when a
+/// Ends the collector's claim on free segments (see `FreeSegments::claim`) when a
 /// relocation ends, however it ends.
 struct ClaimEnd<'a>(&'a Engine);
 
 impl Drop for ClaimEnd<'_> {
     fn drop(&mut self) {
-        self.0.lock_meta().collector_claim = 0;
+        self.0.lock_meta().segments.set_claim(0);
     }
 }
 

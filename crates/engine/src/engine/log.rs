@@ -27,19 +27,19 @@ impl Engine {
                 Space::Data => {
                     gc_reserve(self.geometry.segment_count) as usize
                         + self.anchor_reserve(m.state.anchored())
-                        + m.collector_claim
+                        + m.segments.claim()
                 }
                 Space::AnchoredData => {
-                    gc_reserve(self.geometry.segment_count) as usize + m.collector_claim
+                    gc_reserve(self.geometry.segment_count) as usize + m.segments.claim()
                 }
-                Space::Metadata => 1 + m.collector_claim,
+                Space::Metadata => 1 + m.segments.claim(),
                 Space::Collector => 0,
             };
-            if m.free.len() <= keep {
+            if m.segments.len() <= keep {
                 return Err(EngineError::NoSpace);
             }
             if matches!(class, Space::Collector) {
-                m.collector_claim = m.collector_claim.saturating_sub(1);
+                m.segments.use_claim();
             }
             // New data stops while the file system still holds what frees space.
             if matches!(class, Space::Data | Space::AnchoredData) && !self.room_for_data(m) {
@@ -48,44 +48,24 @@ impl Engine {
             // A prepared segment needs no system call here: allocating file space under the
             // lock stalled every command for up to a second while the file system committed
             // its journal for a checkpoint's fsync.
-            let prepared = m.ready.pop_first();
-            let next = match prepared {
-                Some(s) => {
-                    // Prepared segments sit on top of the free list.
-                    if let Some(i) = m.free.iter().rposition(|&f| f == s) {
-                        m.free.remove(i);
-                    }
-                    s
-                }
-                // The top segment not being prepared; failing that, one that is (allocating it
-                // twice is harmless, and the preparer sees it was taken).
-                None => {
-                    let i = m
-                        .free
-                        .iter()
-                        .rposition(|s| !m.preparing.contains(s))
-                        .or(m.free.len().checked_sub(1));
-                    let Some(i) = i else {
-                        return Err(EngineError::NoSpace);
-                    };
-                    let s = m.free.remove(i);
-                    if m.preparing.remove(&s) {
-                        self.stop_writing_ahead(s);
-                    }
-                    s
-                }
+            let Some(taken) = m.segments.take_for_head() else {
+                return Err(EngineError::NoSpace);
             };
-            if m.ready.len() < READY_SEGMENTS / 2 {
+            if taken.was_preparing {
+                self.stop_writing_ahead(taken.segment);
+            }
+            if m.segments.ready_len() < READY_SEGMENTS / 2 {
                 self.wake_segments();
             }
-            m.undiscarded.remove(&next);
+            let next = taken.segment;
             let base = next as u64 * seg as u64;
-            let mut allocated = match prepared {
-                Some(_) => Ok(()),
-                None => self.backend.allocate(base, seg as u64),
+            let mut allocated = if taken.prepared {
+                Ok(())
+            } else {
+                self.backend.allocate(base, seg as u64)
             };
             if matches!(&allocated, Err(e) if e.raw_os_error() == Some(libc::ENOSPC))
-                && !m.undiscarded.is_empty()
+                && m.segments.any_undiscarded()
             {
                 // The file system is full but free segments still hold space: give it back
                 // now (the lock keeps them from being reused meanwhile) and try again.
@@ -93,7 +73,7 @@ impl Engine {
                 allocated = self.backend.allocate(base, seg as u64);
             }
             if let Err(e) = allocated {
-                m.free.push(next);
+                m.segments.put_back(next);
                 return Err(if e.raw_os_error() == Some(libc::ENOSPC) {
                     EngineError::NoSpace
                 } else {
@@ -112,8 +92,7 @@ impl Engine {
                 .write_log(old.segment, old.offset, &seal)
                 .and_then(|()| self.write_log(next, 0, &start))
             {
-                m.free.push(next);
-                m.undiscarded.insert(next);
+                m.segments.put_back_written(next);
                 return Err(e);
             }
             let sealed_at = Loc {
@@ -182,7 +161,7 @@ impl Engine {
         if self.backend.has_room(seg, seg) {
             return true;
         }
-        if m.undiscarded.is_empty() {
+        if !m.segments.any_undiscarded() {
             return false;
         }
         self.punch_all_pending(m);

@@ -31,7 +31,7 @@ impl Engine {
         let busy = self.activity_at_last_round.swap(now, Ordering::Relaxed) != now;
         let roomy = {
             let m = self.lock_meta();
-            m.free.len() as f64 >= GC_DEFER_FREE_SHARE * self.geometry.segment_count as f64
+            m.segments.len() as f64 >= GC_DEFER_FREE_SHARE * self.geometry.segment_count as f64
         };
         self.maintain_with(busy && roomy)
     }
@@ -119,7 +119,7 @@ impl Engine {
         if self.read_only || self.poisoned.load(Ordering::Acquire) {
             return;
         }
-        while Instant::now() < deadline && !self.lock_meta().undiscarded.is_empty() {
+        while Instant::now() < deadline && self.lock_meta().segments.any_undiscarded() {
             std::thread::sleep(IDLE.min(deadline.saturating_duration_since(Instant::now())));
             let now = self.host_activity.load(Ordering::Relaxed);
             if now != seen || self.stop.load(Ordering::Acquire) {
@@ -195,18 +195,10 @@ impl Engine {
         // Give back all space freed segments still hold (under the lock: no writer can take
         // one meanwhile), prepared ones included.
         let mut m = self.lock_meta();
-        let Meta {
-            undiscarded,
-            ready,
-            preparing,
-            ..
-        } = &mut *m;
-        undiscarded.append(ready);
         // Writing ahead stops before their holes are punched.
-        for &s in preparing.iter() {
+        for s in m.segments.unprepare_all() {
             self.stop_writing_ahead(s);
         }
-        undiscarded.append(preparing);
         self.punch_all_pending(&mut m);
         Ok(())
     }

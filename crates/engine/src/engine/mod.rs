@@ -18,6 +18,7 @@
 mod budget;
 mod check;
 mod checkpointing;
+mod free_segments;
 mod gc;
 mod group_commit;
 mod hold_histogram;
@@ -48,6 +49,7 @@ use crate::meta::page_store::Slots;
 use crate::meta::root::{Counters, Geometry, Head};
 use crate::meta::ApplyError;
 use crate::state::{Loc, SegState, State};
+use free_segments::FreeSegments;
 use gc::Unreadable;
 use ranked::{Rank, RankedGuard, RankedMutex};
 use std::collections::{BTreeMap, HashMap};
@@ -307,70 +309,19 @@ struct Meta {
     generation: u64,
     /// Fingerprints of recently used chunk pages (the dedup index's locality cache).
     locality: Locality,
-    free: Vec<u32>,
-    /// Segments the collector has freed since open. A writer waiting for space judges a
-    /// collection by this, not by the free list's length: other writers may take the freed
-    /// segments before it retries, which is progress too.
-    freed: u64,
-    /// Free segments whose file space has not been given back yet (see
-    /// [`Engine::discard_freed`]). Always a subset of `free`.
-    undiscarded: std::collections::BTreeSet<u32>,
+    /// The free list, the segments' file space and the collector's claim.
+    segments: FreeSegments,
     /// Where the head moved to a new segment (the log position right after its start
     /// record), for each move the log's durable prefix does not cover yet (see
     /// [`MAX_UNSYNCED_SEGMENTS`]); oldest first.
     unsynced_switches: std::collections::VecDeque<u64>,
-    /// Free segments whose file space was allocated ahead of need, outside the lock (see
-    /// [`Engine::prepare_segments`]); the head moves to these first. A subset of `free`,
-    /// disjoint from `undiscarded`.
-    ready: std::collections::BTreeSet<u32>,
-    /// Free segments the preparer is allocating right now (still in `free`, so space figures
-    /// and the reserve checks do not move; the head takes them last).
-    preparing: std::collections::BTreeSet<u32>,
-    /// Free segments the relocation in progress may still need (see
-    /// [`Engine::collect_one`]): every other appender leaves them. Hosts append to the same
-    /// head while a victim is relocated batch by batch; without the claim they took the
-    /// segments the collector had counted on, the relocation stopped half-way (freeing
-    /// nothing) and the full array refused every write from then on.
-    collector_claim: usize,
 }
 
 impl Meta {
-    /// The segment lists' invariants, checked in debug builds after every change to them:
-    /// no segment is listed twice; every listed segment is free in the segment table;
-    /// `undiscarded`, `ready` and `preparing` hold free-listed segments only; `ready` and
-    /// `undiscarded` are disjoint (a prepared segment holds space on purpose), and so are
-    /// `ready` and `preparing`. (Segments being punched are on none of the lists.)
+    /// The segment lists' invariants, checked in debug builds after every change to them.
     fn check_segment_lists(&self) {
-        if !cfg!(debug_assertions) {
-            return;
-        }
-        let free: std::collections::BTreeSet<u32> = self.free.iter().copied().collect();
-        assert_eq!(
-            free.len(),
-            self.free.len(),
-            "a segment on the free list twice"
-        );
-        for &s in &self.free {
-            assert_eq!(
-                self.state.segment(s).state,
-                SegState::Free,
-                "segment {s} on the free list is in use"
-            );
-        }
-        for (name, set) in [
-            ("undiscarded", &self.undiscarded),
-            ("ready", &self.ready),
-            ("preparing", &self.preparing),
-        ] {
-            if let Some(s) = set.iter().find(|s| !free.contains(s)) {
-                panic!("segment {s} is {name} but not on the free list");
-            }
-        }
-        assert!(
-            self.ready.is_disjoint(&self.undiscarded),
-            "a ready segment waits to be punched"
-        );
-        assert!(self.ready.is_disjoint(&self.preparing));
+        self.segments
+            .check(|s| self.state.segment(s).state == SegState::Free);
     }
 }
 
@@ -706,7 +657,7 @@ impl Engine {
         let usable = count - gc_reserve(self.geometry.segment_count) as f64;
         let m = self.lock_meta();
         let held = self.anchor_reserve(m.state.anchored()) as f64;
-        let used = count - m.free.len() as f64 + held;
+        let used = count - m.segments.len() as f64 + held;
         used > threshold * usable
     }
 
@@ -725,7 +676,7 @@ impl Engine {
         let m = self.lock_meta();
         let keep = gc_reserve(self.geometry.segment_count) as u64
             + self.anchor_reserve(m.state.anchored()) as u64;
-        (m.free.len() as u64).saturating_sub(keep) * self.geometry.segment_size as u64
+        (m.segments.len() as u64).saturating_sub(keep) * self.geometry.segment_size as u64
     }
 
     /// Segments held for `anchored` entries: room to store each as an incompressible chunk,
@@ -972,18 +923,17 @@ mod tests {
         {
             let mut m = engine.lock_meta();
             assert!(
-                !m.undiscarded.is_empty(),
+                m.segments.any_undiscarded(),
                 "freed segments wait to be punched"
             );
-            let pending = m.undiscarded.clone();
             // Never-allocated segments on top (popped first), the dead ones below.
-            m.free.sort_by_key(|s| !pending.contains(s));
+            m.segments.undiscarded_to_bottom();
         }
         backend.limit_space(backend.allocated_bytes(), 4096);
         let fresh = noise(1 << 20);
         engine.write(v, 4 << 20, &fresh).unwrap();
         assert!(read_back(&engine, v, 4 << 20, 1 << 20) == fresh);
-        assert!(engine.lock_meta().undiscarded.is_empty());
+        assert!(!engine.lock_meta().segments.any_undiscarded());
         assert!(engine.poisoned().is_none());
     }
 
@@ -1123,7 +1073,11 @@ mod tests {
         let mut next = 0;
         assert!(fill_as_hosts(&engine, filler, &mut next) > 0);
         let reserve = gc_reserve(engine.geometry.segment_count) as usize;
-        assert_eq!(engine.lock_meta().free.len(), reserve, "the array is full");
+        assert_eq!(
+            engine.lock_meta().segments.len(),
+            reserve,
+            "the array is full"
+        );
         let before = next;
         let shared_next = Arc::new(AtomicU64::new(next));
         let counter = shared_next.clone();
@@ -1144,8 +1098,8 @@ mod tests {
         );
         {
             let m = engine.lock_meta();
-            assert_eq!(m.collector_claim, 0);
-            assert!(m.free.len() >= reserve, "{} free", m.free.len());
+            assert_eq!(m.segments.claim(), 0);
+            assert!(m.segments.len() >= reserve, "{} free", m.segments.len());
         }
         let back = read_back(&engine, v, 0, model.len());
         assert!(back == model, "the relocated data reads back");
@@ -1168,22 +1122,22 @@ mod tests {
                 m.head.offset as usize > SEGMENT_START_LEN,
                 "the next record switches"
             );
-            let free = m.free.len();
-            m.collector_claim = free - 1;
+            let free = m.segments.len();
+            m.segments.set_claim(free - 1);
             for class in [Space::Data, Space::AnchoredData, Space::Metadata] {
                 let r = engine.reserve(&mut m, largest, class);
                 assert!(matches!(r, Err(EngineError::NoSpace)), "{r:?}");
             }
-            assert_eq!(m.free.len(), free, "nothing taken");
+            assert_eq!(m.segments.len(), free, "nothing taken");
             let at = engine.reserve(&mut m, largest, Space::Collector).unwrap();
             assert_eq!(at.offset as usize, SEGMENT_START_LEN);
-            assert_eq!(m.free.len(), free - 1);
+            assert_eq!(m.segments.len(), free - 1);
             assert_eq!(
-                m.collector_claim,
+                m.segments.claim(),
                 free - 2,
                 "the claim shrinks as it is used"
             );
-            m.collector_claim = 0;
+            m.segments.set_claim(0);
         }
         // A real relocation: garbage made, collected, and no claim left behind.
         engine.write(v, 0, &noise(8, 4 << 20)).unwrap();
@@ -1192,7 +1146,7 @@ mod tests {
             engine.collect_garbage(1.0).unwrap() > 0,
             "something relocated"
         );
-        assert_eq!(engine.lock_meta().collector_claim, 0);
+        assert_eq!(engine.lock_meta().segments.claim(), 0);
         let back = read_back(&engine, v, 0, 4 << 20);
         assert!(back == noise(9, 4 << 20), "the relocated data reads back");
     }
@@ -1440,7 +1394,7 @@ mod tests {
         let v = tight.create_volume(12 << 20).unwrap();
         tight.write(v, 4 << 20, &noise(9, 7 << 20)).unwrap();
         churn(&tight, v, 4 << 20);
-        let free = tight.lock_meta().free.len() as f64;
+        let free = tight.lock_meta().segments.len() as f64;
         assert!(
             free < GC_DEFER_FREE_SHARE * 16.0,
             "{free} of 16 segments free"
@@ -1499,7 +1453,7 @@ mod tests {
             pending + 4 * READY_SEGMENTS,
             "small syncs: each 1 MiB segment written ahead, in pieces of 256 KiB"
         );
-        for &s in engine.lock_meta().ready.iter() {
+        for &s in engine.lock_meta().segments.ready().iter() {
             let mut seg = vec![1u8; 1 << 20];
             backend.read_at(&mut seg, (s as u64) << 20).unwrap();
             assert!(seg.iter().all(|&b| b == 0), "segment {s} not zeroed");
@@ -1545,14 +1499,14 @@ mod tests {
         let (backend, engine) = mem_engine(64 << 20, 1 << 20, gc_off());
         let s = {
             let mut m = engine.lock_meta();
-            let s = *m.free.last().unwrap();
-            m.preparing.insert(s);
+            let s = *m.segments.free().last().unwrap();
+            m.segments.set_preparing(s, true);
             s
         };
         {
             // The head's fallback, before the preparer marks the segment.
             let mut m = engine.lock_meta();
-            m.preparing.remove(&s);
+            m.segments.set_preparing(s, false);
             engine.stop_writing_ahead(s);
         }
         let pending = backend.pending_writes();
@@ -1562,7 +1516,7 @@ mod tests {
             pending,
             "a taken segment was written"
         );
-        engine.lock_meta().preparing.insert(s);
+        engine.lock_meta().segments.set_preparing(s, true);
         assert!(engine.write_segment_ahead(s));
         assert_eq!(
             backend.pending_writes(),
@@ -1591,23 +1545,30 @@ mod tests {
     fn prepared_segments_are_allocated_free_and_taken_first() {
         let (backend, engine) = mem_engine(1 << 30, 1 << 20, gc_off());
         let v = engine.create_volume(256 << 20).unwrap();
-        let free_before = engine.lock_meta().free.len();
+        let free_before = engine.lock_meta().segments.len();
         let allocated_before = backend.allocated_bytes();
         assert_eq!(engine.prepare_segments(), READY_SEGMENTS);
         assert_eq!(engine.prepare_segments(), 0, "already enough ready");
         {
             let m = engine.lock_meta();
-            assert_eq!(m.free.len(), free_before);
-            assert!(m.ready.iter().all(|s| m.free.contains(s)));
-            assert!(m.ready.iter().all(|s| !m.undiscarded.contains(s)));
+            let f = &m.segments;
+            assert_eq!(f.len(), free_before);
+            assert!(f.ready().iter().all(|s| f.free().contains(s)));
+            assert!(f.ready().iter().all(|s| !f.undiscarded().contains(s)));
         }
         assert!(backend.allocated_bytes() >= allocated_before + ((READY_SEGMENTS as u64) << 20));
-        let ready: Vec<u32> = engine.lock_meta().ready.iter().copied().collect();
+        let ready: Vec<u32> = engine
+            .lock_meta()
+            .segments
+            .ready()
+            .iter()
+            .copied()
+            .collect();
         let data = noise(6, 8 << 20);
         engine.write(v, 0, &data).unwrap();
         let (head, left) = {
             let m = engine.lock_meta();
-            (m.head.segment, m.ready.len())
+            (m.head.segment, m.segments.ready_len())
         };
         assert!(
             ready.contains(&head),
@@ -1616,11 +1577,11 @@ mod tests {
         assert!(left < READY_SEGMENTS);
         // Idle discards leave prepared segments alone.
         while engine.discard_freed(64) > 0 {}
-        assert_eq!(engine.lock_meta().ready.len(), left);
+        assert_eq!(engine.lock_meta().segments.ready_len(), left);
         assert!(read_back(&engine, v, 0, 8 << 20) == data);
         let after_writes = backend.allocated_bytes();
         engine.shutdown().unwrap();
-        assert!(engine.lock_meta().ready.is_empty());
+        assert_eq!(engine.lock_meta().segments.ready_len(), 0);
         assert!(backend.allocated_bytes() + ((left as u64) << 20) <= after_writes);
     }
 
@@ -1646,7 +1607,7 @@ mod tests {
         engine.checkpoint().unwrap();
         engine.maintain().unwrap();
         let before = allocated();
-        assert!(!engine.lock_meta().undiscarded.is_empty());
+        assert!(engine.lock_meta().segments.any_undiscarded());
         engine.discard_while_idle();
         let after = allocated();
         assert!(after + (5 << 20) < before, "{before} -> {after}");

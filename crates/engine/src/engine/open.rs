@@ -102,7 +102,7 @@ impl Engine {
         // The first root: from now on the backend holds an engine.
         engine.checkpoint_locked()?;
         // A new log has allocated nothing it could give back.
-        engine.lock_meta().undiscarded.clear();
+        engine.lock_meta().segments.nothing_to_discard();
         Ok(engine)
     }
 
@@ -240,9 +240,8 @@ impl Engine {
             .rev()
             .filter(|&i| state.segment(i).state == SegState::Free)
             .collect();
-        // A crash can leave freed segments' space allocated: give it back when idle. Holes
-        // cost nothing to punch again, and adjacent segments go in one call.
-        let undiscarded = free.iter().copied().collect();
+        // A crash can leave freed segments' space allocated: all wait to be given back when
+        // idle (adjacent segments go in one call).
         backend.reserve_meta(super::checkpointing::meta_reserve(
             &state,
             tuning.metadata_cache,
@@ -262,13 +261,8 @@ impl Engine {
                     records_since_checkpoint: 0,
                     generation,
                     locality: Locality::new(LOCALITY_PAGES),
-                    free,
-                    freed: 0,
-                    undiscarded,
-                    ready: Default::default(),
-                    preparing: Default::default(),
+                    segments: FreeSegments::new(free),
                     unsynced_switches: Default::default(),
-                    collector_claim: 0,
                 },
             ),
             slots: RankedMutex::new(Rank::Slots, slots),

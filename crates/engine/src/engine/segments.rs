@@ -40,7 +40,7 @@ impl Engine {
     /// Free segments beyond the collector's reserve and a margin of two for writers: how many
     /// may leave the free list for a while (to be allocated ahead, or punched).
     fn spare_free_segments(&self, m: &Meta) -> usize {
-        m.free
+        m.segments
             .len()
             .saturating_sub(gc_reserve(self.geometry.segment_count) as usize + 2)
     }
@@ -66,28 +66,8 @@ impl Engine {
             let mut m = self.lock_meta();
             // Never more than the writers' own margin over the collector's reserve.
             let spare = self.spare_free_segments(&m);
-            let want = READY_SEGMENTS
-                .saturating_sub(m.ready.len() + m.preparing.len())
-                .min(spare.saturating_sub(m.ready.len()));
-            let mut taken = Vec::with_capacity(want);
-            // From the top of the free list: the segments the head would take next anyway.
-            let mut i = m.free.len();
-            while taken.len() < want && i > 0 {
-                i -= 1;
-                let s = m.free[i];
-                if !m.ready.contains(&s) && !m.preparing.contains(&s) {
-                    taken.push(s);
-                }
-            }
-            let mut written = Vec::with_capacity(taken.len());
-            for s in &taken {
-                m.preparing.insert(*s);
-                // Allocated from now on: not to be punched. Free space still holding what
-                // was written there needs no writing ahead.
-                written.push(m.undiscarded.remove(s));
-            }
             (
-                taken.into_iter().zip(written).collect::<Vec<_>>(),
+                m.segments.start_preparing(READY_SEGMENTS, spare),
                 m.appended,
             )
         };
@@ -103,18 +83,13 @@ impl Engine {
                 ok = self.write_segment_ahead(s);
             }
             let mut m = self.lock_meta();
-            // Not preparing any more: the head took it meanwhile.
-            if !m.preparing.remove(&s) {
+            // When it failed, the file system is full: the head allocates (and reports)
+            // itself.
+            if !m.segments.finish_preparing(s, ok) {
+                // The head took it meanwhile.
                 continue;
             }
-            if ok {
-                m.ready.insert(s);
-                ready += 1;
-            } else {
-                // The file system is full: the head allocates (and reports) itself; what was
-                // allocated of this one is given back when idle.
-                m.undiscarded.insert(s);
-            }
+            ready += usize::from(ok);
             m.check_segment_lists();
         }
         ready
@@ -141,7 +116,7 @@ impl Engine {
             // segment from `preparing` and clears the mark under `meta` too, so either it
             // sees the mark or this sees the segment gone, never neither.
             let m = self.lock_meta();
-            if !m.preparing.contains(&s) {
+            if !m.segments.is_preparing(s) {
                 return true;
             }
             *self.write_ahead.segment.lock().unwrap() = Some(s);
@@ -192,21 +167,15 @@ impl Engine {
             // Leave writers enough free segments meanwhile: on a nearly full array they
             // would otherwise report out of space while a hole is being punched.
             let spare = self.spare_free_segments(&m);
-            let taken: Vec<u32> = m.undiscarded.iter().copied().take(max.min(spare)).collect();
+            let taken = m.segments.take_to_discard(max.min(spare));
             if taken.is_empty() {
                 return 0;
             }
-            for id in &taken {
-                m.undiscarded.remove(id);
-            }
-            let set: std::collections::HashSet<u32> = taken.iter().copied().collect();
-            m.free.retain(|s| !set.contains(s));
             taken
         };
         self.punch(&taken);
-        // Back on top of the free list in reverse, so the lowest is reused first.
         let mut m = self.lock_meta();
-        m.free.extend(taken.iter().rev());
+        m.segments.return_discarded(&taken);
         m.check_segment_lists();
         taken.len()
     }
@@ -214,7 +183,7 @@ impl Engine {
     /// Punch the holes of every free segment still holding file space, under the lock (so no
     /// writer can take one meanwhile): a full file system, or a clean shutdown.
     pub(super) fn punch_all_pending(&self, m: &mut Meta) {
-        let pending: Vec<u32> = std::mem::take(&mut m.undiscarded).into_iter().collect();
+        let pending = m.segments.take_all_to_discard();
         self.punch(&pending);
     }
 
