@@ -19,8 +19,8 @@ use crate::pdu::{
 };
 use crate::text::{self, SessionType, MAX_TEXT_LEN};
 use crate::{
-    Authority, Command, CommandResult, Event, ProtocolError, SessionInfo, TargetSettings, TaskAttr,
-    TaskManagement, TmfFunction, TmfResponse,
+    Authority, CommandResult, Event, IncomingCommand, ProtocolError, SessionInfo, TargetSettings,
+    TaskAttr, TaskManagement, TmfFunction, TmfResponse,
 };
 
 /// Cap on Data-Out bytes a connection may have solicited (via R2T) for commands that have not
@@ -913,7 +913,7 @@ impl Connection {
         if task.data_complete() {
             // The Data-Out reservation stays with the task until it completes.
             task.delivered = true;
-            let command = Command {
+            let command = IncomingCommand {
                 itt,
                 lun: task.lun,
                 cdb: std::mem::take(&mut task.cdb),

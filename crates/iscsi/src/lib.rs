@@ -129,7 +129,7 @@ pub struct SessionInfo {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Event {
     LoggedIn(SessionInfo),
-    Command(Command),
+    Command(IncomingCommand),
     TaskManagement(TaskManagement),
     /// The initiator logged out; the response is queued. Flush output, then close.
     LoggedOut,
@@ -158,9 +158,9 @@ impl TaskAttr {
     }
 }
 
-/// A SCSI command with all its Data-Out gathered.
+/// A SCSI command an initiator sent, with all its Data-Out gathered.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Command {
+pub struct IncomingCommand {
     pub itt: u32,
     /// LUN number decoded from the 8-byte SAM LUN field (peripheral and flat addressing).
     pub lun: u64,
@@ -173,7 +173,7 @@ pub struct Command {
     pub write: bool,
 }
 
-/// The SCSI layer's answer to a [`Command`].
+/// The SCSI layer's answer to an [`IncomingCommand`].
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct CommandResult {
     pub status: u8,

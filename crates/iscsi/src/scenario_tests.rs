@@ -313,7 +313,7 @@ impl Initiator {
         itt
     }
 
-    fn command_event(&mut self) -> Command {
+    fn command_event(&mut self) -> IncomingCommand {
         let mut events = self.events();
         assert_eq!(events.len(), 1, "{events:?}");
         match events.remove(0) {

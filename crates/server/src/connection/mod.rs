@@ -17,7 +17,7 @@ use task::{run_ready, LunTable, MappedUnits, Task};
 use crate::array::MappedLun;
 use crate::target::{ConnectionAuthority, Server, Timeouts};
 use sliver_iscsi::{
-    Command, CommandResult, Connection, Event, SessionInfo, SessionType, TaskManagement,
+    CommandResult, Connection, Event, IncomingCommand, SessionInfo, SessionType, TaskManagement,
     TmfFunction, TmfResponse,
 };
 use sliver_scsi::tmf::{self, TaskId, TaskSet, UnitTask};

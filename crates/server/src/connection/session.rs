@@ -107,7 +107,7 @@ impl Session {
     pub(super) fn start_command(
         &mut self,
         conn: &mut Connection,
-        cmd: Command,
+        cmd: IncomingCommand,
         shared: &Arc<Shared>,
     ) {
         let Some(nexus) = self.nexus.clone() else {

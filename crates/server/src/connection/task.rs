@@ -57,7 +57,7 @@ fn placed(task: &Task, inline: Inline) -> bool {
 pub(super) struct Task {
     pub(super) shared: Arc<Shared>,
     pub(super) nexus: Nexus,
-    pub(super) cmd: Command,
+    pub(super) cmd: IncomingCommand,
     /// What the SCSI core decided the command is, once ([`sliver_scsi::dispatch`]): where it
     /// may run, and what executes.
     pub(super) parsed: Parsed,
@@ -185,7 +185,7 @@ impl CopyTargets for MappedUnits {
     }
 }
 
-pub(super) fn task_attr(cmd: &Command) -> TaskAttr {
+pub(super) fn task_attr(cmd: &IncomingCommand) -> TaskAttr {
     use sliver_iscsi::TaskAttr as I;
     match cmd.attr {
         I::Untagged | I::Simple => TaskAttr::Simple,
