@@ -1,13 +1,14 @@
 //! Builders for the SCSI commands sliver's tools send, and parsers for their answers.
 //!
-//! Each builder returns a [`Command`] ready for [`crate::Session::submit`], so a load generator
-//! can queue many of them; the blocking helpers on [`crate::Session`] wrap the same builders.
+//! Each builder returns an [`OutgoingCommand`] ready for [`crate::Session::submit`], so a load
+//! generator can queue many of them; the blocking helpers on [`crate::Session`] wrap the same
+//! builders.
 
 use crate::Error;
 
 /// One SCSI command as handed to the session.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Command {
+pub struct OutgoingCommand {
     /// The CDB, at most 16 bytes.
     pub cdb: Vec<u8>,
     /// Data-Out (writes); empty for none.
@@ -18,7 +19,7 @@ pub struct Command {
     pub lun: Option<u64>,
 }
 
-impl Command {
+impl OutgoingCommand {
     /// A command without data transfer.
     pub fn new(cdb: Vec<u8>) -> Self {
         Self {
@@ -62,29 +63,34 @@ fn byte_len(blocks: u32, block_size: u32) -> Result<u32, Error> {
     })
 }
 
-pub fn test_unit_ready() -> Command {
-    Command::new(vec![opcode::TEST_UNIT_READY, 0, 0, 0, 0, 0])
+pub fn test_unit_ready() -> OutgoingCommand {
+    OutgoingCommand::new(vec![opcode::TEST_UNIT_READY, 0, 0, 0, 0, 0])
 }
 
 /// INQUIRY; `page` = Some(code) for a VPD page.
-pub fn inquiry(page: Option<u8>, alloc: u16) -> Command {
+pub fn inquiry(page: Option<u8>, alloc: u16) -> OutgoingCommand {
     let mut cdb = vec![opcode::INQUIRY, 0, 0, 0, 0, 0];
     if let Some(p) = page {
         cdb[1] = 1;
         cdb[2] = p;
     }
     cdb[3..5].copy_from_slice(&alloc.to_be_bytes());
-    Command::new(cdb).with_data_in(u32::from(alloc))
+    OutgoingCommand::new(cdb).with_data_in(u32::from(alloc))
 }
 
 /// READ(16) of `blocks` blocks at `lba`.
-pub fn read16(lba: u64, blocks: u32, block_size: u32) -> Result<Command, Error> {
+pub fn read16(lba: u64, blocks: u32, block_size: u32) -> Result<OutgoingCommand, Error> {
     let len = byte_len(blocks, block_size)?;
-    Ok(Command::new(lba_len_cdb(opcode::READ_16, 0, lba, blocks)).with_data_in(len))
+    Ok(OutgoingCommand::new(lba_len_cdb(opcode::READ_16, 0, lba, blocks)).with_data_in(len))
 }
 
 /// WRITE(16) of `data` (whole blocks) at `lba`; `fua` forces unit access.
-pub fn write16(lba: u64, data: Vec<u8>, block_size: u32, fua: bool) -> Result<Command, Error> {
+pub fn write16(
+    lba: u64,
+    data: Vec<u8>,
+    block_size: u32,
+    fua: bool,
+) -> Result<OutgoingCommand, Error> {
     if block_size == 0 || !data.len().is_multiple_of(block_size as usize) {
         return Err(Error::Invalid(format!(
             "write of {} bytes is not a whole number of {block_size}-byte blocks",
@@ -94,11 +100,11 @@ pub fn write16(lba: u64, data: Vec<u8>, block_size: u32, fua: bool) -> Result<Co
     let blocks = u32::try_from(data.len() / block_size as usize)
         .map_err(|_| Error::Invalid("write too large for one command".into()))?;
     let byte1 = if fua { 0x08 } else { 0 };
-    Ok(Command::new(lba_len_cdb(opcode::WRITE_16, byte1, lba, blocks)).with_data_out(data))
+    Ok(OutgoingCommand::new(lba_len_cdb(opcode::WRITE_16, byte1, lba, blocks)).with_data_out(data))
 }
 
 /// UNMAP of the given (lba, blocks) ranges, one block descriptor each.
-pub fn unmap(ranges: &[(u64, u32)]) -> Result<Command, Error> {
+pub fn unmap(ranges: &[(u64, u32)]) -> Result<OutgoingCommand, Error> {
     if ranges.is_empty() {
         return Err(Error::Invalid("UNMAP needs at least one range".into()));
     }
@@ -117,31 +123,32 @@ pub fn unmap(ranges: &[(u64, u32)]) -> Result<Command, Error> {
     let mut cdb = vec![0u8; 10];
     cdb[0] = opcode::UNMAP;
     cdb[7..9].copy_from_slice(&total16.to_be_bytes());
-    Ok(Command::new(cdb).with_data_out(param))
+    Ok(OutgoingCommand::new(cdb).with_data_out(param))
 }
 
 /// WRITE SAME(16) of one block of `pattern` over `blocks` blocks; `unmap` sets the UNMAP bit.
-pub fn write_same16(lba: u64, blocks: u32, pattern: Vec<u8>, unmap: bool) -> Command {
+pub fn write_same16(lba: u64, blocks: u32, pattern: Vec<u8>, unmap: bool) -> OutgoingCommand {
     let byte1 = if unmap { 0x08 } else { 0 };
-    Command::new(lba_len_cdb(opcode::WRITE_SAME_16, byte1, lba, blocks)).with_data_out(pattern)
+    OutgoingCommand::new(lba_len_cdb(opcode::WRITE_SAME_16, byte1, lba, blocks))
+        .with_data_out(pattern)
 }
 
 /// SYNCHRONIZE CACHE(16); `blocks` = 0 means up to the end of the medium.
-pub fn synchronize_cache16(lba: u64, blocks: u32) -> Command {
-    Command::new(lba_len_cdb(opcode::SYNCHRONIZE_CACHE_16, 0, lba, blocks))
+pub fn synchronize_cache16(lba: u64, blocks: u32) -> OutgoingCommand {
+    OutgoingCommand::new(lba_len_cdb(opcode::SYNCHRONIZE_CACHE_16, 0, lba, blocks))
 }
 
-pub fn read_capacity16() -> Command {
+pub fn read_capacity16() -> OutgoingCommand {
     let mut cdb = lba_len_cdb(opcode::SERVICE_ACTION_IN_16, 0, 0, 32);
     cdb[1] = opcode::SA_READ_CAPACITY_16;
-    Command::new(cdb).with_data_in(32)
+    OutgoingCommand::new(cdb).with_data_in(32)
 }
 
 /// GET LBA STATUS starting at `lba`, with room for `alloc` bytes of answer.
-pub fn get_lba_status(lba: u64, alloc: u32) -> Command {
+pub fn get_lba_status(lba: u64, alloc: u32) -> OutgoingCommand {
     let mut cdb = lba_len_cdb(opcode::SERVICE_ACTION_IN_16, 0, lba, alloc);
     cdb[1] = opcode::SA_GET_LBA_STATUS;
-    Command::new(cdb).with_data_in(alloc)
+    OutgoingCommand::new(cdb).with_data_in(alloc)
 }
 
 /// Range descriptors (LBA, NUMBER OF LOGICAL BLOCKS) of the token commands.
@@ -172,7 +179,11 @@ fn token_parameter_list(header_len: usize, ranges: &[(u64, u32)]) -> Result<Vec<
 }
 
 /// A THIRD-PARTY COPY OUT CDB (EXTENDED COPY family) with a parameter list.
-fn third_party_copy_out(action: u8, list_id: u32, param: Vec<u8>) -> Result<Command, Error> {
+fn third_party_copy_out(
+    action: u8,
+    list_id: u32,
+    param: Vec<u8>,
+) -> Result<OutgoingCommand, Error> {
     let len =
         u32::try_from(param.len()).map_err(|_| Error::Invalid("parameter list too long".into()))?;
     let mut cdb = vec![0u8; 16];
@@ -180,7 +191,7 @@ fn third_party_copy_out(action: u8, list_id: u32, param: Vec<u8>) -> Result<Comm
     cdb[1] = action;
     cdb[6..10].copy_from_slice(&list_id.to_be_bytes());
     cdb[10..14].copy_from_slice(&len.to_be_bytes());
-    Ok(Command::new(cdb).with_data_out(param))
+    Ok(OutgoingCommand::new(cdb).with_data_out(param))
 }
 
 /// POPULATE TOKEN for `ranges` ((lba, blocks)) with an inactivity timeout in seconds (0: the
@@ -189,7 +200,7 @@ pub fn populate_token(
     list_id: u32,
     ranges: &[(u64, u32)],
     inactivity_secs: u32,
-) -> Result<Command, Error> {
+) -> Result<OutgoingCommand, Error> {
     let mut p = token_parameter_list(16, ranges)?;
     p[4..8].copy_from_slice(&inactivity_secs.to_be_bytes());
     third_party_copy_out(0x10, list_id, p)
@@ -202,7 +213,7 @@ pub fn write_using_token(
     token: &[u8],
     offset: u64,
     ranges: &[(u64, u32)],
-) -> Result<Command, Error> {
+) -> Result<OutgoingCommand, Error> {
     if token.len() != 512 {
         return Err(Error::Invalid(format!(
             "a ROD token is 512 bytes, not {}",
@@ -216,14 +227,14 @@ pub fn write_using_token(
 }
 
 /// RECEIVE ROD TOKEN INFORMATION for `list_id`.
-pub fn receive_rod_token_information(list_id: u32) -> Command {
+pub fn receive_rod_token_information(list_id: u32) -> OutgoingCommand {
     const ALLOC: u32 = 1024;
     let mut cdb = vec![0u8; 16];
     cdb[0] = 0x84;
     cdb[1] = 0x07;
     cdb[2..6].copy_from_slice(&list_id.to_be_bytes());
     cdb[10..14].copy_from_slice(&ALLOC.to_be_bytes());
-    Command::new(cdb).with_data_in(ALLOC)
+    OutgoingCommand::new(cdb).with_data_in(ALLOC)
 }
 
 /// RECEIVE ROD TOKEN INFORMATION parameter data, the fields a copy needs.

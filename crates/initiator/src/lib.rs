@@ -31,7 +31,7 @@ pub mod sense;
 mod session;
 pub mod url;
 
-pub use cdb::{BlockLimits, Capacity, Command, LbaStatus, Provisioning};
+pub use cdb::{BlockLimits, Capacity, LbaStatus, OutgoingCommand, Provisioning};
 pub use sense::{Sense, SenseKey};
 pub use session::{Completion, Negotiated, RawConnection, Residual, Session, SessionOptions, Tag};
 pub use url::IscsiUrl;

@@ -1,6 +1,6 @@
 //! One iSCSI session over one TCP connection: login, pipelined commands, logout.
 
-use crate::cdb::{self, BlockLimits, Capacity, Command, LbaStatus};
+use crate::cdb::{self, BlockLimits, Capacity, LbaStatus, OutgoingCommand};
 use crate::sense::{status, Sense, SenseKey};
 use crate::url::IscsiUrl;
 use crate::{Error, TaskFailure};
@@ -948,7 +948,7 @@ impl Session {
 
     /// Submits a command and returns at once (after its immediate and unsolicited data are
     /// sent). Blocks only while the target's CmdSN window is closed.
-    pub fn submit(&mut self, cmd: Command) -> Result<Tag, Error> {
+    pub fn submit(&mut self, cmd: OutgoingCommand) -> Result<Tag, Error> {
         self.check_usable()?;
         if cmd.cdb.is_empty() || cmd.cdb.len() > 16 {
             return Err(Error::Invalid(format!(
@@ -970,7 +970,7 @@ impl Session {
         r
     }
 
-    fn submit_inner(&mut self, cmd: Command, out_len: u32) -> Result<Tag, Error> {
+    fn submit_inner(&mut self, cmd: OutgoingCommand, out_len: u32) -> Result<Tag, Error> {
         while self.window() == 0 {
             self.pump()?;
         }
@@ -1071,7 +1071,7 @@ impl Session {
     }
 
     /// Submits and waits.
-    pub fn execute(&mut self, cmd: Command) -> Result<Completion, Error> {
+    pub fn execute(&mut self, cmd: OutgoingCommand) -> Result<Completion, Error> {
         let tag = self.submit(cmd)?;
         self.wait(tag)
     }
@@ -1079,7 +1079,7 @@ impl Session {
     /// Executes and turns any status but GOOD/CONDITION MET into [`Error::Check`]. A UNIT
     /// ATTENTION (a new nexus, a reset) is reported once per event by SCSI: the command is
     /// retried a few times before giving up.
-    pub fn execute_checked(&mut self, cmd: Command) -> Result<Completion, Error> {
+    pub fn execute_checked(&mut self, cmd: OutgoingCommand) -> Result<Completion, Error> {
         const ATTEMPTS: usize = 4;
         let opcode = cmd.cdb.first().copied().unwrap_or(0);
         let mut attempt = 1;
@@ -1150,7 +1150,7 @@ impl Session {
 
     // ---------------------------------------------------------------- SCSI helpers
 
-    fn run(&mut self, cmd: Command) -> Result<Completion, Error> {
+    fn run(&mut self, cmd: OutgoingCommand) -> Result<Completion, Error> {
         self.execute_checked(cmd)
     }
 

@@ -198,7 +198,7 @@ fn live_sessions_are_listed_with_their_host() {
 /// table a session keeps is rebuilt whenever the array's configuration moves.
 #[test]
 fn a_live_session_sees_luns_mapped_and_unmapped_for_its_host() {
-    use sliver_initiator::{Command, Session, SessionOptions};
+    use sliver_initiator::{OutgoingCommand, Session, SessionOptions};
     let t = start(two_hosts);
     let url = format!("iscsi://{}/{TARGET}/0", t.addr);
     let options = SessionOptions {
@@ -211,7 +211,7 @@ fn a_live_session_sees_luns_mapped_and_unmapped_for_its_host() {
         cdb[0] = 0xa0; // REPORT LUNS
         cdb[6..10].copy_from_slice(&4096u32.to_be_bytes());
         let c = s
-            .execute(Command::new(cdb).with_data_in(4096).on_lun(0))
+            .execute(OutgoingCommand::new(cdb).with_data_in(4096).on_lun(0))
             .unwrap();
         assert!(c.is_good(), "{:?}", c.sense);
         let len = u32::from_be_bytes(c.data[0..4].try_into().unwrap()) as usize;
@@ -224,7 +224,11 @@ fn a_live_session_sees_luns_mapped_and_unmapped_for_its_host() {
     let read = |s: &mut Session, lun: u64| {
         let cdb = vec![0x28, 0, 0, 0, 0, 0, 0, 0, 1, 0];
         let mut c = s
-            .execute(Command::new(cdb.clone()).with_data_in(512).on_lun(lun))
+            .execute(
+                OutgoingCommand::new(cdb.clone())
+                    .with_data_in(512)
+                    .on_lun(lun),
+            )
             .unwrap();
         for _ in 0..3 {
             if c.sense
@@ -232,7 +236,11 @@ fn a_live_session_sees_luns_mapped_and_unmapped_for_its_host() {
                 .is_some_and(|k| k.asc == 0x29 || k.asc == 0x3f)
             {
                 c = s
-                    .execute(Command::new(cdb.clone()).with_data_in(512).on_lun(lun))
+                    .execute(
+                        OutgoingCommand::new(cdb.clone())
+                            .with_data_in(512)
+                            .on_lun(lun),
+                    )
                     .unwrap();
             }
         }

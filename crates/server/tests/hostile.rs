@@ -10,7 +10,9 @@
 //! `SLIVER_HOSTILE_SEED=S` changes the seed; the ignored test `stateful_fuzzer_long` runs 200
 //! rounds of four connections.
 
-use sliver_initiator::{cdb, Command, Error, RawConnection, SenseKey, Session, SessionOptions};
+use sliver_initiator::{
+    cdb, Error, OutgoingCommand, RawConnection, SenseKey, Session, SessionOptions,
+};
 use sliver_iscsi::pdu::{
     self, Bhs, DataOutHeader, Digests, LogoutRequestHeader, Opcode, Pdu, ReadyToTransferHeader,
     ReplyHeader, RequestHeader, ScsiCommandHeader, SnackHeader, TaskManagementRequestHeader,
@@ -1556,20 +1558,20 @@ fn xcopy_list(
     p
 }
 
-fn extended_copy(list: Vec<u8>) -> Command {
+fn extended_copy(list: Vec<u8>) -> OutgoingCommand {
     let mut cdb = vec![0u8; 16];
     cdb[0] = 0x83;
     cdb[10..14].copy_from_slice(&(list.len() as u32).to_be_bytes());
-    Command::new(cdb).with_data_out(list)
+    OutgoingCommand::new(cdb).with_data_out(list)
 }
 
-fn receive_copy_status(list_id: u8) -> Command {
+fn receive_copy_status(list_id: u8) -> OutgoingCommand {
     let mut cdb = vec![0u8; 16];
     cdb[0] = 0x84;
     cdb[1] = 0x00; // COPY STATUS
     cdb[2] = list_id;
     cdb[10..14].copy_from_slice(&64u32.to_be_bytes());
-    Command::new(cdb).with_data_in(64)
+    OutgoingCommand::new(cdb).with_data_in(64)
 }
 
 fn check(c: &sliver_initiator::Completion) -> (SenseKey, u8, u8) {

@@ -11,7 +11,9 @@ use crate::model::{self, Model, Vid, BLOCK, ZEROS};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use sliver_initiator::sense::status;
-use sliver_initiator::{cdb, Command, Completion, Error, SenseKey, Session, SessionOptions};
+use sliver_initiator::{
+    cdb, Completion, Error, OutgoingCommand, SenseKey, Session, SessionOptions,
+};
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::SeqCst};
 use std::sync::{Arc, Mutex};
@@ -182,7 +184,7 @@ struct Pending {
 }
 
 /// The COMPARE AND WRITE CDB (SBC-3 5.2).
-pub fn compare_and_write(lba: u64, compare: &[Vid], new: &[Vid], fua: bool) -> Command {
+pub fn compare_and_write(lba: u64, compare: &[Vid], new: &[Vid], fua: bool) -> OutgoingCommand {
     assert_eq!(compare.len(), new.len());
     let mut c = vec![0u8; 16];
     c[0] = 0x89;
@@ -191,7 +193,7 @@ pub fn compare_and_write(lba: u64, compare: &[Vid], new: &[Vid], fua: bool) -> C
     c[13] = new.len() as u8;
     let mut data = model::blocks_of(compare);
     data.extend_from_slice(&model::blocks_of(new));
-    Command::new(c).with_data_out(data)
+    OutgoingCommand::new(c).with_data_out(data)
 }
 
 /// One block-to-block segment: (source CSCD index, destination CSCD index, blocks, source
@@ -201,7 +203,7 @@ pub type Segment = (u16, u16, u16, u64, u64);
 /// EXTENDED COPY (LID1) with identification CSCD descriptors naming LUs by their NAA
 /// designation descriptors, and block-to-block segments. LIST ID USAGE 11b: nothing is kept
 /// for RECEIVE COPY RESULTS, so concurrent copies never collide on a list identifier.
-pub fn extended_copy(cscds: &[[u8; 20]], segments: &[Segment], block_size: u32) -> Command {
+pub fn extended_copy(cscds: &[[u8; 20]], segments: &[Segment], block_size: u32) -> OutgoingCommand {
     let mut descriptors = Vec::new();
     for d in cscds {
         let mut c = [0u8; 32];
@@ -231,7 +233,7 @@ pub fn extended_copy(cscds: &[[u8; 20]], segments: &[Segment], block_size: u32) 
     let mut c = vec![0u8; 16];
     c[0] = 0x83;
     c[10..14].copy_from_slice(&(p.len() as u32).to_be_bytes());
-    Command::new(c).with_data_out(p)
+    OutgoingCommand::new(c).with_data_out(p)
 }
 
 /// The LU's NAA designation descriptor in a Device Identification VPD page.
@@ -338,7 +340,7 @@ impl Worker {
     }
 
     /// Builds one command and stages it in the model; `None` when no free range was found.
-    fn build(&mut self, busy: &[Range]) -> Option<(Command, Pending)> {
+    fn build(&mut self, busy: &[Range]) -> Option<(OutgoingCommand, Pending)> {
         let kind = self.choose_kind();
         let cycle = self.cfg.cycle;
         let shared = self.shared.clone();

@@ -17,7 +17,7 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde::Serialize;
 use sliver_initiator::sense::status;
-use sliver_initiator::{cdb, Command, Completion, Error, Session, SessionOptions};
+use sliver_initiator::{cdb, Completion, Error, OutgoingCommand, Session, SessionOptions};
 use sliver_server::array::{ArrayOptions, ANY_HOST};
 use sliver_server::Array;
 use std::collections::BTreeMap;
@@ -447,7 +447,7 @@ impl Worker {
     }
 
     /// The next command, or None when no free range was found.
-    fn build(&mut self, busy: &[(u64, u64)]) -> Option<(Command, Pending)> {
+    fn build(&mut self, busy: &[(u64, u64)]) -> Option<(OutgoingCommand, Pending)> {
         let kind = self.kind();
         let mut p = Pending {
             kind,
@@ -542,7 +542,7 @@ impl Worker {
                 c[0] = 0x89;
                 c[2..10].copy_from_slice(&self.lba(p.first).to_be_bytes());
                 c[13] = blocks as u8;
-                Command::new(c).with_data_out(data)
+                OutgoingCommand::new(c).with_data_out(data)
             }
             Kind::SynchronizeCache => cdb::synchronize_cache16(0, 0),
         };
