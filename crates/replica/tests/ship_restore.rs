@@ -105,6 +105,17 @@ fn fast() -> ShipConfig {
     }
 }
 
+/// [`fast`] on a clock that moves only when the test moves it, a scheduled point due hourly.
+fn on_manual_clock() -> (Arc<sliver_engine::clock::ManualClock>, ShipConfig) {
+    let clock = Arc::new(sliver_engine::clock::ManualClock::new());
+    let ship = ShipConfig {
+        points_every: Duration::from_secs(3600),
+        clock: clock.clone(),
+        ..fast()
+    };
+    (clock, ship)
+}
+
 fn start<S: ObjectStore + 'static>(dir: &Path, store: &Arc<S>) -> (Arc<ShippingBackend>, Shipper) {
     start_with(dir, store, fast())
 }
@@ -547,12 +558,10 @@ fn points_restore_their_state_and_retention_deletes_only_what_nothing_needs() {
 fn scheduled_points_are_kept_to_their_count_and_each_restores() {
     let a = tempfile::tempdir().unwrap();
     let store = Arc::new(MemStore::default());
-    let clock = Arc::new(sliver_engine::clock::ManualClock::new());
+    let (clock, ship) = on_manual_clock();
     let ship = ShipConfig {
-        points_every: Duration::from_secs(3600),
         keep_points: 2,
-        clock: clock.clone(),
-        ..fast()
+        ..ship
     };
     let (engine, v, shipper) = shipping_array_with(a.path(), &store, ship);
     let mut model = vec![0u8; VOLUME as usize];
@@ -606,12 +615,7 @@ fn scheduled_points_are_kept_to_their_count_and_each_restores() {
 fn the_shipper_keeps_time_by_its_clock() {
     let a = tempfile::tempdir().unwrap();
     let store = Arc::new(MemStore::default());
-    let clock = Arc::new(sliver_engine::clock::ManualClock::new());
-    let ship = ShipConfig {
-        points_every: Duration::from_secs(3600),
-        clock: clock.clone(),
-        ..fast()
-    };
+    let (clock, ship) = on_manual_clock();
     let started_ms = {
         use sliver_engine::clock::Clock;
         clock.wall_ms()

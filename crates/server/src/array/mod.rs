@@ -367,10 +367,8 @@ impl Array {
 
 /// Milliseconds since the Unix epoch.
 pub(crate) fn now_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0)
+    use sliver_engine::clock::Clock;
+    sliver_engine::clock::SystemClock.wall_ms()
 }
 
 /// A size as events show it: GiB or MiB.
