@@ -8,6 +8,7 @@
 //!   punched are on none of the lists: they leave the free list meanwhile);
 //! - `ready` and `undiscarded` are disjoint (a prepared segment holds space on purpose), and so
 //!   are `ready` and `preparing`;
+//! - `unwritten` holds ready segments only;
 //! - the claim is a count, not particular segments: zero whenever no relocation runs, and
 //!   only the collector's appends may take the last `claim` free segments.
 //!
@@ -32,6 +33,16 @@ pub(super) struct FreeSegments {
     /// Free segments the preparer is allocating right now: still on the free list, so space
     /// figures and the reserve checks do not move; the head takes them last.
     preparing: BTreeSet<u32>,
+    /// Ready segments whose blocks were allocated but never written: neither written ahead
+    /// nor holding what the log wrote there before. The file system records the conversion
+    /// of such blocks to written ones with every sync of an append there (an extent block and
+    /// the inode, one after the other after the data), so the head takes them after the
+    /// others, and the preparer writes them ahead once syncs turn small. Without that, a
+    /// workload of large syncs (a sequential fill) left [`READY_SEGMENTS`] of them, 256 MiB,
+    /// under the small syncs that followed.
+    ///
+    /// [`READY_SEGMENTS`]: super::READY_SEGMENTS
+    unwritten: BTreeSet<u32>,
     /// Free segments the relocation in progress may still need (see `Engine::collect_one`):
     /// every other appender leaves them. Hosts append to the same head while a victim is
     /// relocated batch by batch; without the claim they took the segments the collector had
@@ -60,6 +71,7 @@ impl FreeSegments {
             free,
             freed: 0,
             ready: BTreeSet::new(),
+            unwritten: BTreeSet::new(),
             preparing: BTreeSet::new(),
             claim: 0,
         }
@@ -108,13 +120,21 @@ impl FreeSegments {
         self.claim = self.claim.saturating_sub(1);
     }
 
-    /// The next segment for the head: a ready one (lowest first), else the top one not being
-    /// prepared, else the top one (allocating it twice is harmless, and the preparer sees it
-    /// was taken). None when no segment is free. It holds space from here on, so it no
-    /// longer waits to be punched.
+    /// The next segment for the head: a ready one (lowest first, written ones before
+    /// `unwritten` ones), else the top one not being prepared, else the top one (allocating it
+    /// twice is harmless, and the preparer sees it was taken). None when no segment is free.
+    /// It holds space from here on, so it no longer waits to be punched.
     pub(super) fn take_for_head(&mut self) -> Option<ForHead> {
-        let taken = match self.ready.pop_first() {
+        let ready = self
+            .ready
+            .iter()
+            .find(|s| !self.unwritten.contains(s))
+            .or(self.ready.first())
+            .copied();
+        let taken = match ready {
             Some(s) => {
+                self.ready.remove(&s);
+                self.unwritten.remove(&s);
                 // Prepared segments sit on top of the free list.
                 if let Some(i) = self.free.iter().rposition(|&f| f == s) {
                     self.free.remove(i);
@@ -188,14 +208,31 @@ impl FreeSegments {
             .collect()
     }
 
-    /// The preparer is done with `s`: ready when `allocated`, else waiting to be punched (what
-    /// was allocated of it is given back when idle). False when the head took it meanwhile.
-    pub(super) fn finish_preparing(&mut self, s: u32, allocated: bool) -> bool {
+    /// Up to `max` `unwritten` ready segments, highest first (those the head takes last), back
+    /// to preparing, for the preparer to write ahead; finish each with
+    /// [`FreeSegments::finish_preparing`].
+    pub(super) fn start_writing_ahead(&mut self, max: usize) -> Vec<u32> {
+        let taken: Vec<u32> = self.unwritten.iter().rev().take(max).copied().collect();
+        for s in &taken {
+            self.unwritten.remove(s);
+            self.ready.remove(s);
+            self.preparing.insert(*s);
+        }
+        taken
+    }
+
+    /// The preparer is done with `s`: ready when `allocated` (and `unwritten` unless
+    /// `written`), else waiting to be punched (what was allocated of it is given back when
+    /// idle). False when the head took it meanwhile.
+    pub(super) fn finish_preparing(&mut self, s: u32, allocated: bool, written: bool) -> bool {
         if !self.preparing.remove(&s) {
             return false;
         }
         if allocated {
             self.ready.insert(s);
+            if !written {
+                self.unwritten.insert(s);
+            }
         } else {
             self.undiscarded.insert(s);
         }
@@ -206,6 +243,7 @@ impl FreeSegments {
     /// that were being prepared, whose writing ahead must stop before their holes are punched.
     pub(super) fn unprepare_all(&mut self) -> Vec<u32> {
         self.undiscarded.append(&mut self.ready);
+        self.unwritten.clear();
         let preparing: Vec<u32> = self.preparing.iter().copied().collect();
         self.undiscarded.append(&mut self.preparing);
         preparing
@@ -268,6 +306,10 @@ impl FreeSegments {
             "a ready segment waits to be punched"
         );
         assert!(self.ready.is_disjoint(&self.preparing));
+        assert!(
+            self.unwritten.is_subset(&self.ready),
+            "an unwritten segment is not ready"
+        );
     }
 }
 
@@ -283,6 +325,10 @@ impl FreeSegments {
 
     pub(super) fn undiscarded(&self) -> &BTreeSet<u32> {
         &self.undiscarded
+    }
+
+    pub(super) fn unwritten(&self) -> &BTreeSet<u32> {
+        &self.unwritten
     }
 
     /// Marks `s` preparing or not, as the preparer or the head would, without the rest.
@@ -339,8 +385,8 @@ mod tests {
         let mut f = segments(8);
         let marked = f.start_preparing(3, usize::MAX);
         assert_eq!(marked, vec![(0, true), (1, true), (2, true)]);
-        assert!(f.finish_preparing(2, true));
-        assert!(f.finish_preparing(1, true));
+        assert!(f.finish_preparing(2, true, true));
+        assert!(f.finish_preparing(1, true, true));
         assert_eq!(f.len(), 8, "prepared segments stay free");
         f.check(|_| true);
         let first = f.take_for_head().unwrap();
@@ -365,8 +411,61 @@ mod tests {
                 was_preparing: true
             })
         );
-        assert!(!f.finish_preparing(0, true), "the head took it");
+        assert!(!f.finish_preparing(0, true, true), "the head took it");
         assert_eq!(f.ready_len(), 0);
+    }
+
+    #[test]
+    fn unwritten_segments_go_after_written_ones_and_are_written_ahead_highest_first() {
+        let mut f = segments(8);
+        f.nothing_to_discard();
+        f.start_preparing(5, usize::MAX);
+        // 0, 1 and 3 allocated only (large syncs), 2 and 4 written ahead.
+        for s in [0, 1, 3] {
+            assert!(f.finish_preparing(s, true, false));
+        }
+        for s in [2, 4] {
+            assert!(f.finish_preparing(s, true, true));
+        }
+        f.check(|_| true);
+        assert_eq!(f.unwritten().iter().copied().collect::<Vec<_>>(), [0, 1, 3]);
+        assert_eq!(head_takes(&mut f), 2, "the lowest written one first");
+        assert_eq!(f.start_writing_ahead(2), [3, 1], "highest first");
+        assert!(f.is_preparing(3) && !f.ready().contains(&3));
+        f.check(|_| true);
+        assert!(f.finish_preparing(3, true, true));
+        assert_eq!(head_takes(&mut f), 3);
+        assert_eq!(head_takes(&mut f), 4);
+        assert_eq!(head_takes(&mut f), 0, "then the unwritten ones");
+        assert!(f.unwritten().is_empty());
+        // 1 is still being written ahead: the head takes it last, and the preparer sees it.
+        assert_eq!(head_takes(&mut f), 5);
+        assert_eq!(head_takes(&mut f), 6);
+        assert_eq!(head_takes(&mut f), 7);
+        assert_eq!(head_takes(&mut f), 1);
+        assert!(!f.finish_preparing(1, true, true));
+        assert!(f.start_writing_ahead(4).is_empty());
+    }
+
+    #[test]
+    fn shutdown_forgets_unwritten_segments() {
+        let mut f = segments(4);
+        f.nothing_to_discard();
+        f.start_preparing(2, usize::MAX);
+        assert!(f.finish_preparing(0, true, false));
+        assert!(f.finish_preparing(1, true, false));
+        f.unprepare_all();
+        assert!(f.unwritten().is_empty());
+        f.check(|_| true);
+    }
+
+    #[test]
+    #[cfg(debug_assertions)]
+    #[should_panic(expected = "an unwritten segment is not ready")]
+    fn an_unwritten_segment_that_is_not_ready_is_caught() {
+        let mut f = segments(3);
+        f.unwritten.insert(1);
+        f.check(|_| true);
     }
 
     #[test]
@@ -375,8 +474,8 @@ mod tests {
         f.nothing_to_discard();
         assert_eq!(f.start_preparing(4, 2), vec![(0, false), (1, false)]);
         assert!(f.is_preparing(1));
-        assert!(f.finish_preparing(0, true));
-        assert!(f.finish_preparing(1, false), "a full file system");
+        assert!(f.finish_preparing(0, true, true));
+        assert!(f.finish_preparing(1, false, true), "a full file system");
         assert_eq!(f.undiscarded().iter().copied().collect::<Vec<_>>(), [1]);
         // One ready already counts against both.
         assert_eq!(f.start_preparing(4, 2), vec![(1, true)]);
@@ -423,7 +522,7 @@ mod tests {
         let mut f = segments(6);
         f.nothing_to_discard();
         f.start_preparing(3, usize::MAX);
-        assert!(f.finish_preparing(0, true));
+        assert!(f.finish_preparing(0, true, true));
         assert_eq!(f.unprepare_all(), [1, 2]);
         assert_eq!(f.ready_len(), 0);
         assert_eq!(f.take_all_to_discard(), [0, 1, 2]);

@@ -1491,6 +1491,41 @@ mod tests {
         }
     }
 
+    /// Segments prepared while syncs were large are allocated only; once syncs turn small
+    /// the preparer writes them ahead too (before, they stayed as they were until the head
+    /// used them, and every sync there recorded a conversion of blocks).
+    #[test]
+    fn ready_segments_are_written_ahead_when_syncs_turn_small() {
+        let (backend, engine) = mem_engine(1 << 30, 1 << 20, gc_off());
+        let v = engine.create_volume(256 << 20).unwrap();
+        engine.write(v, 0, &noise(1, 16 << 20)).unwrap();
+        engine.flush().unwrap();
+        let pending = backend.pending_writes();
+        assert_eq!(engine.prepare_segments(), READY_SEGMENTS);
+        assert_eq!(backend.pending_writes(), pending, "large syncs");
+        let unwritten = engine.lock_meta().segments.unwritten().len();
+        assert_eq!(unwritten, READY_SEGMENTS);
+        for i in 0..16 {
+            engine.write(v, i * 4096, &noise(i, 4096)).unwrap();
+            engine.flush().unwrap();
+        }
+        let pending = backend.pending_writes();
+        assert_eq!(engine.prepare_segments(), 0, "enough ready");
+        let m = engine.lock_meta();
+        assert!(m.segments.unwritten().is_empty());
+        let ready = m.segments.ready().len();
+        drop(m);
+        assert!(ready >= READY_SEGMENTS - 1, "the head took at most one");
+        assert_eq!(
+            backend.pending_writes(),
+            pending + 4 * ready,
+            "each ready segment written ahead, in pieces of 256 KiB"
+        );
+        for i in 0..16 {
+            assert!(read_back(&engine, v, i * 4096, 4096) == noise(i, 4096));
+        }
+    }
+
     /// A segment the head took before writing it ahead began is not written at all (the mark
     /// is set under `meta`, only while the segment is still being prepared); one still being
     /// prepared is written whole, and its mark cleared at the end.

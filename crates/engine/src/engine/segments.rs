@@ -47,7 +47,8 @@ impl Engine {
 
     /// Allocate the file space of up to [`READY_SEGMENTS`] free segments outside the metadata
     /// lock, so the head moves on without a system call under it, and write them ahead while
-    /// the log's syncs are small ([`WRITE_AHEAD_BELOW`]). Returns how many became ready.
+    /// the log's syncs are small ([`WRITE_AHEAD_BELOW`]), as well as ready segments that were
+    /// allocated under large syncs and never written. Returns how many became ready.
     /// The segments stay on the free list meanwhile (marked `preparing`), so free space as
     /// writers and reports see it does not change.
     pub fn prepare_segments(&self) -> usize {
@@ -62,37 +63,61 @@ impl Engine {
         if !self.backend.has_room(ready_bytes, ready_bytes) {
             return 0;
         }
-        let (taken, appended) = {
+        let (taken, ahead) = {
             let mut m = self.lock_meta();
             // Never more than the writers' own margin over the collector's reserve.
             let spare = self.spare_free_segments(&m);
-            (
-                m.segments.start_preparing(READY_SEGMENTS, spare),
-                m.appended,
-            )
+            let ahead = self.syncs_are_small(m.appended);
+            (m.segments.start_preparing(READY_SEGMENTS, spare), ahead)
         };
-        if taken.is_empty() {
-            return 0;
-        }
-        let ahead = self.syncs_are_small(appended);
         // One at a time, each ready as soon as it is: the head need not wait for the round.
         let mut ready = 0;
         for (s, written) in taken {
             let mut ok = self.backend.allocate(s as u64 * seg, seg).is_ok();
+            let mut written = written;
             if ok && ahead && !written {
                 ok = self.write_segment_ahead(s);
+                written = ok;
             }
-            let mut m = self.lock_meta();
-            // When it failed, the file system is full: the head allocates (and reports)
-            // itself.
-            if !m.segments.finish_preparing(s, ok) {
-                // The head took it meanwhile.
-                continue;
-            }
-            ready += usize::from(ok);
-            m.check_segment_lists();
+            ready += usize::from(self.finish_preparing(s, ok, written));
+        }
+        if ahead {
+            self.write_ready_segments_ahead();
         }
         ready
+    }
+
+    /// Write ahead the ready segments allocated while syncs were large, a few at a time
+    /// (the head takes the others meanwhile), until none is left or the engine stops.
+    fn write_ready_segments_ahead(&self) {
+        const AT_ONCE: usize = 4;
+        while !self.stop.load(Ordering::Acquire) {
+            let taken = self.lock_meta().segments.start_writing_ahead(AT_ONCE);
+            if taken.is_empty() {
+                return;
+            }
+            let mut failed = false;
+            for s in taken {
+                // After a failure (logged) the rest stay as they are, for a later round.
+                let written = !failed && self.write_segment_ahead(s);
+                failed |= !written;
+                self.finish_preparing(s, true, written);
+            }
+            if failed {
+                return;
+            }
+        }
+    }
+
+    /// The preparer is done with `s` (see [`FreeSegments::finish_preparing`]): false when the
+    /// head took it meanwhile or it could not be allocated.
+    fn finish_preparing(&self, s: u32, allocated: bool, written: bool) -> bool {
+        let mut m = self.lock_meta();
+        // When allocating failed, the file system is full: the head allocates (and reports)
+        // itself.
+        let kept = m.segments.finish_preparing(s, allocated, written);
+        m.check_segment_lists();
+        kept && allocated
     }
 
     /// Whether the log's syncs since the last call covered less than [`WRITE_AHEAD_BELOW`]
