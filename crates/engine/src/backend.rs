@@ -53,12 +53,13 @@ pub trait Backend: Send + Sync {
     }
     /// Give a range's space back (its contents become undefined).
     fn discard(&self, offset: u64, len: u64) -> io::Result<()>;
-    /// Write a range [`Backend::allocate`] reserved once before it is used, and wait until
-    /// the device has it (its contents become undefined, as after a discard; nothing is made
-    /// durable). On a file system, blocks fallocate reserved are converted to written ones by
-    /// their first write, and the sync after that write must record the conversion as well:
-    /// an extent block and the inode, written one after the other after the data. A range
-    /// written ahead spares every later sync there those two writes. By default nothing.
+    /// Write a range [`Backend::allocate`] reserved once before it is used (its contents
+    /// become undefined, as after a discard). The writes may still be under way when this
+    /// returns; the next [`Backend::sync`] waits for them and makes them durable. On a file
+    /// system, blocks fallocate reserved are converted to written ones by their first write,
+    /// and the sync after that write must record the conversion as well: an extent block and
+    /// the inode, written one after the other after the data. A range written ahead (and
+    /// synced once) spares every later sync there those two writes. By default nothing.
     fn write_ahead(&self, _offset: u64, _len: u64) -> io::Result<()> {
         Ok(())
     }
@@ -377,9 +378,11 @@ impl LogFiles {
     }
 
     /// Zeros over the range through the page cache (which then holds them for the appends
-    /// that follow: a partial page appended later needs no read), written back and waited for
+    /// that follow: a partial page appended later needs no read), their write-back started
     /// with `sync_file_range`, which takes none of the inode's locks; through the files'
-    /// second descriptors ([`LogFiles::ahead`]).
+    /// second descriptors ([`LogFiles::ahead`]). Not waiting for each piece lets the preparer
+    /// (on a core shared with everything else) stay ahead of the head; see
+    /// `Engine::write_segment_ahead`.
     fn write_ahead(&self, offset: u64, len: u64) -> io::Result<()> {
         const PIECE: u64 = 256 << 10;
         let zeros = vec![0u8; len.min(PIECE) as usize];
@@ -400,14 +403,7 @@ impl LogFiles {
             );
             // SAFETY: plain syscall on an open descriptor we own.
             let rc = unsafe {
-                libc::sync_file_range(
-                    file.as_raw_fd(),
-                    start,
-                    n,
-                    libc::SYNC_FILE_RANGE_WAIT_BEFORE
-                        | libc::SYNC_FILE_RANGE_WRITE
-                        | libc::SYNC_FILE_RANGE_WAIT_AFTER,
-                )
+                libc::sync_file_range(file.as_raw_fd(), start, n, libc::SYNC_FILE_RANGE_WRITE)
             };
             if rc != 0 {
                 return Err(io::Error::last_os_error());

@@ -38,6 +38,8 @@ struct MemInner {
     meta_limit: u64,
     fail_next_sync: bool,
     fail_next_root: bool,
+    /// Bytes [`Backend::write_ahead`] wrote so far.
+    written_ahead: u64,
     fail_reads_at: Option<(u64, u64)>,
     /// Reads `fail_reads_at` failed so far.
     reads_failed: u64,
@@ -61,6 +63,7 @@ impl MemBackend {
                 meta_limit: u64::MAX,
                 fail_next_sync: false,
                 fail_next_root: false,
+                written_ahead: 0,
                 fail_reads_at: None,
                 reads_failed: 0,
             }),
@@ -166,10 +169,16 @@ impl MemBackend {
                 meta_limit: m.meta_limit,
                 fail_next_sync: false,
                 fail_next_root: false,
+                written_ahead: 0,
                 fail_reads_at: None,
                 reads_failed: 0,
             }),
         }
+    }
+
+    /// Bytes written ahead ([`Backend::write_ahead`]) so far.
+    pub fn written_ahead(&self) -> u64 {
+        self.inner.lock().unwrap().written_ahead
     }
 
     /// Number of writes not yet synced.
@@ -265,7 +274,9 @@ impl Backend for MemBackend {
 
     /// Zeros, written but not synced: a simulated crash keeps any (torn) part of them.
     fn write_ahead(&self, offset: u64, len: u64) -> io::Result<()> {
-        self.write_at(&vec![0u8; len as usize], offset)
+        self.write_at(&vec![0u8; len as usize], offset)?;
+        self.inner.lock().unwrap().written_ahead += len;
+        Ok(())
     }
 
     fn discard(&self, offset: u64, len: u64) -> io::Result<()> {

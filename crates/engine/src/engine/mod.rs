@@ -1435,9 +1435,9 @@ mod tests {
     }
 
     /// While the log's syncs are small, the segments prepared next are written ahead (zeros,
-    /// unsynced: a crash may keep any part of them); after large syncs they are not. The
-    /// head writes into them either way, and a crash that keeps any subset of the unsynced
-    /// writes loses nothing that was flushed.
+    /// synced once per segment); after large syncs they are not. The head writes into them
+    /// either way, and a crash that keeps any subset of the unsynced writes loses nothing
+    /// that was flushed.
     #[test]
     fn segments_are_written_ahead_while_syncs_are_small() {
         let (backend, engine) = mem_engine(1 << 30, 1 << 20, gc_off());
@@ -1446,13 +1446,13 @@ mod tests {
             engine.write(v, i * 4096, &noise(i, 4096)).unwrap();
             engine.flush().unwrap();
         }
-        let pending = backend.pending_writes();
         assert_eq!(engine.prepare_segments(), READY_SEGMENTS);
         assert_eq!(
-            backend.pending_writes(),
-            pending + 4 * READY_SEGMENTS,
-            "small syncs: each 1 MiB segment written ahead, in pieces of 256 KiB"
+            backend.written_ahead(),
+            (READY_SEGMENTS as u64) << 20,
+            "small syncs: each 1 MiB segment written ahead"
         );
+        assert_eq!(backend.pending_writes(), 0, "and synced");
         for &s in engine.lock_meta().segments.ready().iter() {
             let mut seg = vec![1u8; 1 << 20];
             backend.read_at(&mut seg, (s as u64) << 20).unwrap();
@@ -1468,12 +1468,12 @@ mod tests {
         engine.flush().unwrap();
         let unflushed = noise(102, 64 << 10);
         engine.write(v, 64 << 20, &unflushed).unwrap();
-        let pending = backend.pending_writes();
+        let (pending, ahead) = (backend.pending_writes(), backend.written_ahead());
         assert!(engine.prepare_segments() > 0);
         assert_eq!(
-            backend.pending_writes(),
-            pending,
-            "large syncs: nothing written ahead"
+            (backend.pending_writes(), backend.written_ahead()),
+            (pending, ahead),
+            "large syncs: nothing written ahead (or synced)"
         );
         let mut x = 0x9e37_79b9_7f4a_7c15u64;
         for round in 0..4 {
@@ -1500,16 +1500,14 @@ mod tests {
         let v = engine.create_volume(256 << 20).unwrap();
         engine.write(v, 0, &noise(1, 16 << 20)).unwrap();
         engine.flush().unwrap();
-        let pending = backend.pending_writes();
         assert_eq!(engine.prepare_segments(), READY_SEGMENTS);
-        assert_eq!(backend.pending_writes(), pending, "large syncs");
+        assert_eq!(backend.written_ahead(), 0, "large syncs");
         let unwritten = engine.lock_meta().segments.unwritten().len();
         assert_eq!(unwritten, READY_SEGMENTS);
         for i in 0..16 {
             engine.write(v, i * 4096, &noise(i, 4096)).unwrap();
             engine.flush().unwrap();
         }
-        let pending = backend.pending_writes();
         assert_eq!(engine.prepare_segments(), 0, "enough ready");
         let m = engine.lock_meta();
         assert!(m.segments.unwritten().is_empty());
@@ -1517,9 +1515,9 @@ mod tests {
         drop(m);
         assert!(ready >= READY_SEGMENTS - 1, "the head took at most one");
         assert_eq!(
-            backend.pending_writes(),
-            pending + 4 * ready,
-            "each ready segment written ahead, in pieces of 256 KiB"
+            backend.written_ahead(),
+            (ready as u64) << 20,
+            "each ready segment written ahead"
         );
         for i in 0..16 {
             assert!(read_back(&engine, v, i * 4096, 4096) == noise(i, 4096));
@@ -1544,21 +1542,32 @@ mod tests {
             m.segments.set_preparing(s, false);
             engine.stop_writing_ahead(s);
         }
-        let pending = backend.pending_writes();
         assert!(engine.write_segment_ahead(s));
-        assert_eq!(
-            backend.pending_writes(),
-            pending,
-            "a taken segment was written"
-        );
+        assert_eq!(backend.written_ahead(), 0, "a taken segment was written");
         engine.lock_meta().segments.set_preparing(s, true);
         assert!(engine.write_segment_ahead(s));
-        assert_eq!(
-            backend.pending_writes(),
-            pending + 4,
-            "1 MiB in pieces of 256 KiB"
-        );
+        assert_eq!(backend.written_ahead(), 1 << 20);
+        assert_eq!(backend.pending_writes(), 0, "synced at the end");
         assert_eq!(*engine.write_ahead.segment.lock().unwrap(), None);
+    }
+
+    /// A failed sync after writing a segment ahead poisons the engine, as any failed sync of
+    /// the log does (the kernel may have dropped unwritten pages of hosts' writes with it).
+    #[test]
+    fn a_failed_sync_after_writing_ahead_poisons_the_engine() {
+        let (backend, engine) = mem_engine(64 << 20, 1 << 20, gc_off());
+        let v = engine.create_volume(1 << 20).unwrap();
+        engine.write(v, 0, &noise(1, 4096)).unwrap();
+        let s = {
+            let mut m = engine.lock_meta();
+            let s = *m.segments.free().last().unwrap();
+            m.segments.set_preparing(s, true);
+            s
+        };
+        backend.fail_next_sync();
+        assert!(!engine.write_segment_ahead(s));
+        assert!(engine.write(v, 4096, &noise(2, 4096)).is_err());
+        assert!(engine.flush().is_err());
     }
 
     /// A segment being written ahead that the head takes is written no further: the head

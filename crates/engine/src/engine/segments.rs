@@ -131,8 +131,15 @@ impl Engine {
     }
 
     /// Write free segment `s` ahead, piece by piece, unless the head takes it meanwhile (or
-    /// shutdown does). False when the backend failed (the head then allocates the segment
-    /// itself).
+    /// shutdown does), then sync the log. False when the backend failed (the head then
+    /// allocates the segment itself; a failed sync poisons the engine, as every failed sync
+    /// of the log does: the kernel may have dropped the log's unwritten pages).
+    ///
+    /// The sync is here so that the file system records the conversion of the segment's
+    /// blocks once, in this thread, and not with whichever host sync comes next: without it
+    /// every piece written ahead added an extent block and the inode, written one after the
+    /// other, to a write-through write's sync (4 KiB random writes at QD 32 in write-through:
+    /// 22.8k to 24.6k IOPS, p99 6.0 to 5.0 ms; docs/benchmarks.md, "Write-through").
     pub(super) fn write_segment_ahead(&self, s: u32) -> bool {
         let seg = self.geometry.segment_size as u64;
         let base = s as u64 * seg;
@@ -164,7 +171,14 @@ impl Engine {
             at += len;
         }
         self.stop_writing_ahead(s);
-        written
+        if !written {
+            return false;
+        }
+        if let Err(e) = self.backend.sync() {
+            self.poison(format!("fsync of the log failed: {e}"));
+            return false;
+        }
+        true
     }
 
     /// Segment `s` is no longer being prepared (the head took it, shutdown gave it back, or
