@@ -617,7 +617,8 @@ fn restore(args: RestoreArgs) -> Result<(), String> {
             endpoint: args.s3_endpoint.clone(),
         }
     };
-    let report = sliver_server::array::restore(&store, &data_dir, &target, &mode)?;
+    let report = sliver_server::array::restore(&store, &data_dir, &target, &mode)
+        .map_err(|e| e.to_string())?;
     let what = match &report.point {
         Some(p) => format!(
             "restore point {} ({})",

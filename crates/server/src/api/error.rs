@@ -74,6 +74,8 @@ pub fn error_code(e: &ArrayError) -> (StatusCode, &'static str) {
         Volume(_) | Io { .. } => (StatusCode::INTERNAL_SERVER_ERROR, "io_error"),
         Config { .. } | Locked(_) => (StatusCode::INTERNAL_SERVER_ERROR, "internal_error"),
         Replication(cause) => replication_code(cause),
+        // `sliver restore` only: no request of the API restores.
+        RestoreIntoArray(_) | Restore(_) => (StatusCode::INTERNAL_SERVER_ERROR, "internal_error"),
     }
 }
 

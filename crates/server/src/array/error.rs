@@ -55,6 +55,10 @@ pub enum ArrayError {
     },
     #[error("{0}")]
     Replication(#[from] ReplicationError),
+    #[error("{0} already holds an array: restore into a new directory")]
+    RestoreIntoArray(PathBuf),
+    #[error("{0}")]
+    Restore(#[from] sliver_replica::restore::RestoreError),
 }
 
 pub type Result<T> = std::result::Result<T, ArrayError>;

@@ -4,7 +4,7 @@ use std::fs;
 use std::path::Path;
 use std::sync::Arc;
 
-use super::{CONFIG_FILE, ENGINE_DIR};
+use super::{ArrayError, Result, CONFIG_FILE, ENGINE_DIR};
 
 /// Restore an array from its off-site copy into `dir`, a new data directory: the engine's
 /// files and the configuration (RFC 0003). The copy's pool stays with the source: the restored
@@ -14,22 +14,21 @@ pub fn restore(
     dir: &Path,
     target: &sliver_replica::restore::Target,
     mode: &sliver_replica::restore::Mode,
-) -> std::result::Result<sliver_replica::restore::RestoreReport, String> {
+) -> Result<sliver_replica::restore::RestoreReport> {
     // A configuration without an engine root is what a restore that stopped leaves: it is
     // written again.
     if sliver_engine::holds_engine(&dir.join(ENGINE_DIR)) {
-        return Err(format!(
-            "{} already holds an array: restore into a new directory",
-            dir.display()
-        ));
+        return Err(ArrayError::RestoreIntoArray(dir.to_path_buf()));
     }
-    fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
-    sliver_replica::restore::restore(
+    fs::create_dir_all(dir).map_err(|source| ArrayError::Io {
+        path: dir.to_path_buf(),
+        source,
+    })?;
+    Ok(sliver_replica::restore::restore(
         store,
         &dir.join(ENGINE_DIR),
         Some(&dir.join(CONFIG_FILE)),
         target,
         mode,
-    )
-    .map_err(|e| e.to_string())
+    )?)
 }
