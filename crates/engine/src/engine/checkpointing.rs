@@ -55,7 +55,7 @@ impl Engine {
         Root {
             version: crate::meta::root::ROOT_VERSION,
             geometry: self.geometry,
-            head: m.head,
+            head: m.log.at(),
             counters: m.counters,
             generation: m.generation + 1,
             anchored: m.state.anchored(),
@@ -150,7 +150,7 @@ impl Engine {
                 frozen,
                 cleaning,
                 root,
-                (m.appended, m.records_since_checkpoint),
+                (m.log.appended(), m.records_since_checkpoint),
             )
         };
         let froze = started.elapsed();

@@ -240,7 +240,7 @@ impl Engine {
                 if take.is_empty() {
                     continue;
                 }
-                let switches = m.head.offset as usize + size + SEAL_LEN > seg as usize;
+                let switches = !m.log.fits(size, seg as usize);
                 if switches && filling {
                     // The segment this hold took is full: the rest in later holds, with
                     // liveness checked again then.

@@ -11,17 +11,18 @@ impl Engine {
                 "record of {len} bytes exceeds a segment"
             )));
         }
-        if m.head.offset as usize + len + SEAL_LEN > seg {
-            if m.unsynced_switches.len() as u64 >= MAX_UNSYNCED_SEGMENTS {
+        if !m.log.fits(len, seg) {
+            if m.log.unsynced_switches() as u64 >= MAX_UNSYNCED_SEGMENTS {
                 // The backstop of the bound a crash's sequence skip relies on (nothing has
                 // made this many segment switches durable: checkpoints and hosts normally do).
                 // The writes in flight below the head complete without `meta`, so waiting for
                 // them here is safe; then the whole log up to the head is durable.
-                self.wait_written(m.appended)?;
+                self.wait_written(m.log.appended())?;
                 if let Err(e) = self.backend.sync() {
                     return Err(self.poison(format!("fsync of the log failed: {e}")));
                 }
-                m.unsynced_switches.clear();
+                let all = m.log.appended();
+                m.log.synced_up_to(all);
             }
             let keep = match class {
                 Space::Data => {
@@ -80,10 +81,10 @@ impl Engine {
                     self.poison(format!("cannot allocate a log segment: {e}"))
                 });
             }
-            let next_seq = m.head.seq + 1;
+            let old = m.log.at();
+            let next_seq = old.seq + 1;
             let mut seal = Vec::new();
-            Encoder::new(&mut seal, m.head.seq).seal(next, next_seq);
-            let old = m.head;
+            Encoder::new(&mut seal, old.seq).seal(next, next_seq);
             let mut start = Vec::new();
             Encoder::new(&mut start, next_seq).segment_start(next_seq, next);
             // On failure nothing changed: the head stays where it was (the next record
@@ -103,17 +104,10 @@ impl Engine {
                 .apply_seal(sealed_at, old.seq, next, next_seq)
                 .and_then(|()| m.state.apply_start(next, next_seq))
                 .map_err(|e| self.poison(format!("applying a segment switch: {e}")))?;
-            m.head = Head {
-                segment: next,
-                seq: next_seq,
-                offset: SEGMENT_START_LEN as u32,
-            };
-            m.appended += (SEAL_LEN + SEGMENT_START_LEN) as u64;
-            let switched_at = m.appended;
-            m.unsynced_switches.push_back(switched_at);
+            m.log.switch(next, next_seq);
             m.check_segment_lists();
         }
-        Ok(m.head)
+        Ok(m.log.at())
     }
 
     /// The byte offset in the log area of `offset` in `segment`.
@@ -194,7 +188,7 @@ impl Engine {
             return Ok(Unwritten::Written);
         }
         self.validate_append(m, at, &bytes)?;
-        let position = m.appended;
+        let position = m.log.appended();
         self.apply_append(m, at, &bytes)?;
         self.inflight
             .register(position, at.segment, at.offset, bytes.len() as u32);
@@ -237,7 +231,7 @@ impl Engine {
 
     /// Nothing reaches the log that `apply` would refuse (see `State::validate`).
     fn validate_append(&self, m: &Meta, at: Head, bytes: &[u8]) -> Result<()> {
-        debug_assert_eq!(at, m.head);
+        debug_assert_eq!(at, m.log.at());
         for item in format::covered_records(bytes, at.seq) {
             let (_, record) = item
                 .map_err(|e| self.poison(format!("self-encoded record failed to decode: {e:?}")))?;
@@ -258,8 +252,7 @@ impl Engine {
 
     /// Move the head past `bytes` and apply their records.
     fn apply_append(&self, m: &mut Meta, at: Head, bytes: &[u8]) -> Result<()> {
-        m.head.offset += bytes.len() as u32;
-        m.appended += bytes.len() as u64;
+        m.log.advance(bytes.len());
         let mut records = format::covered_records(bytes, at.seq).peekable();
         while let Some(item) = records.next() {
             let (pos, record) = item
@@ -301,7 +294,7 @@ impl Engine {
         if self.read_only {
             return Ok(());
         }
-        let target = self.lock_meta().appended;
+        let target = self.lock_meta().log.appended();
         // Writes applied before this call may still be on their way to the log.
         self.wait_written(target)?;
         let mut f = self.flush.lock().unwrap();
@@ -321,17 +314,14 @@ impl Engine {
                     let m = self.lock_meta();
                     self.inflight
                         .first()
-                        .map_or(m.appended, |p| p.min(m.appended))
+                        .map_or(m.log.appended(), |p| p.min(m.log.appended()))
                 };
                 let result = self.backend.sync();
                 self.log_syncs.fetch_add(1, Ordering::Relaxed);
                 if result.is_ok() {
                     // The segments opened before `upto` are durable with all the log before
                     // them: replay reaches them.
-                    let mut m = self.lock_meta();
-                    while m.unsynced_switches.front().is_some_and(|&p| p <= upto) {
-                        m.unsynced_switches.pop_front();
-                    }
+                    self.lock_meta().log.synced_up_to(upto);
                 }
                 f = self.flush.lock().unwrap();
                 f.syncing = false;

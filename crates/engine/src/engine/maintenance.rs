@@ -41,7 +41,7 @@ impl Engine {
     /// nothing).
     pub(super) fn checkpoint_due(&self, tuning: &Tuning) -> bool {
         let m = self.lock_meta();
-        let written = m.appended - m.appended_at_checkpoint;
+        let written = m.log.appended() - m.appended_at_checkpoint;
         written >= tuning.checkpoint_bytes
             || m.records_since_checkpoint >= CHECKPOINT_RECORDS
             || m.state.pager().checkpoint_wanted()

@@ -25,6 +25,7 @@ mod hold_histogram;
 pub use group_commit::Durable;
 mod inflight;
 mod log;
+mod log_head;
 mod maintenance;
 mod migrate;
 mod open;
@@ -51,6 +52,7 @@ use crate::meta::ApplyError;
 use crate::state::{Loc, SegState, State};
 use free_segments::FreeSegments;
 use gc::Unreadable;
+use log_head::LogHead;
 use ranked::{Rank, RankedGuard, RankedMutex};
 use std::collections::{BTreeMap, HashMap};
 use std::io;
@@ -294,9 +296,8 @@ pub struct VolumeUsage {
 
 struct Meta {
     state: State,
-    head: Head,
-    /// Total bytes appended since open (the flush target).
-    appended: u64,
+    /// Where the next record goes, the bytes appended since open, the unsynced switches.
+    log: LogHead,
     counters: Counters,
     /// Sequence of the head in the last durable checkpoint: segments older than it hold no
     /// record recovery still needs besides live chunks.
@@ -311,10 +312,6 @@ struct Meta {
     locality: Locality,
     /// The free list, the segments' file space and the collector's claim.
     segments: FreeSegments,
-    /// Where the head moved to a new segment (the log position right after its start
-    /// record), for each move the log's durable prefix does not cover yet (see
-    /// [`MAX_UNSYNCED_SEGMENTS`]); oldest first.
-    unsynced_switches: std::collections::VecDeque<u64>,
 }
 
 impl Meta {
@@ -1014,13 +1011,13 @@ mod tests {
         engine.write(v, 0, &noise(3, 8192)).unwrap();
         engine.delete_volume(v).unwrap();
         let mut m = engine.lock_meta();
-        let head = m.head;
+        let head = m.log.at();
         let mut buf = Vec::new();
         Encoder::new(&mut buf, head.seq).unmap(v, 0, 2);
         let at = engine.reserve(&mut m, buf.len(), Space::Metadata).unwrap();
         let r = engine.append_at(&mut m, at, &buf);
         assert!(matches!(r, Err(EngineError::Invalid(_))), "{r:?}");
-        assert_eq!(m.head, head, "nothing appended");
+        assert_eq!(m.log.at(), head, "nothing appended");
         drop(m);
         assert!(engine.poisoned().is_none());
         let w = engine.create_volume(8 << 20).unwrap();
@@ -1119,7 +1116,7 @@ mod tests {
         {
             let mut m = engine.lock_meta();
             assert!(
-                m.head.offset as usize > SEGMENT_START_LEN,
+                m.log.at().offset as usize > SEGMENT_START_LEN,
                 "the next record switches"
             );
             let free = m.segments.len();
@@ -1307,7 +1304,7 @@ mod tests {
         }
         let (unsynced, seq) = {
             let m = engine.lock_meta();
-            (m.unsynced_switches.len() as u64, m.head.seq)
+            (m.log.unsynced_switches() as u64, m.log.at().seq)
         };
         assert!(seq >= 20, "{seq}: too few segments opened");
         assert!(
@@ -1318,7 +1315,7 @@ mod tests {
         let crashed = Arc::new(backend.crash(|_, n| vec![false; n]));
         drop(engine);
         let reopened = Engine::open(crashed, tuning, false).unwrap();
-        let head = reopened.lock_meta().head.seq;
+        let head = reopened.lock_meta().log.at().seq;
         assert!(
             head <= seq + MAX_UNSYNCED_SEGMENTS + 1,
             "head {head} after a crash at sequence {seq}"
@@ -1612,7 +1609,7 @@ mod tests {
         engine.write(v, 0, &data).unwrap();
         let (head, left) = {
             let m = engine.lock_meta();
-            (m.head.segment, m.segments.ready_len())
+            (m.log.at().segment, m.segments.ready_len())
         };
         assert!(
             ready.contains(&head),

@@ -253,8 +253,7 @@ impl Engine {
                 Rank::State,
                 Meta {
                     state,
-                    head,
-                    appended: 0,
+                    log: LogHead::new(head),
                     counters,
                     checkpoint_seq,
                     appended_at_checkpoint: 0,
@@ -262,7 +261,6 @@ impl Engine {
                     generation,
                     locality: Locality::new(LOCALITY_PAGES),
                     segments: FreeSegments::new(free),
-                    unsynced_switches: Default::default(),
                 },
             ),
             slots: RankedMutex::new(Rank::Slots, slots),

@@ -67,7 +67,7 @@ impl Engine {
             let mut m = self.lock_meta();
             // Never more than the writers' own margin over the collector's reserve.
             let spare = self.spare_free_segments(&m);
-            let ahead = self.syncs_are_small(m.appended);
+            let ahead = self.syncs_are_small(m.log.appended());
             (m.segments.start_preparing(READY_SEGMENTS, spare), ahead)
         };
         // One at a time, each ready as soon as it is: the head need not wait for the round.
