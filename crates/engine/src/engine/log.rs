@@ -93,7 +93,7 @@ impl Engine {
                 .write_log(old.segment, old.offset, &seal)
                 .and_then(|()| self.write_log(next, 0, &start))
             {
-                m.segments.put_back_written(next);
+                m.segments.put_back(next);
                 return Err(e);
             }
             let sealed_at = Loc {

@@ -934,6 +934,20 @@ mod tests {
         assert!(engine.poisoned().is_none());
     }
 
+    /// A segment the head could not allocate (a full file system) waits to be punched:
+    /// `fallocate` may have kept part of what it allocated before it ran out of space.
+    #[test]
+    fn a_segment_the_head_could_not_allocate_waits_to_be_punched() {
+        let (backend, engine) = mem_engine(64 << 20, 1 << 20, gc_off());
+        let v = engine.create_volume(16 << 20).unwrap();
+        engine.lock_meta().segments.nothing_to_discard();
+        backend.limit_space(backend.allocated_bytes(), 4096);
+        let err = engine.write(v, 0, &noise(1, 2 << 20)).unwrap_err();
+        assert!(matches!(err, EngineError::NoSpace), "{err}");
+        assert!(engine.lock_meta().segments.any_undiscarded());
+        assert!(engine.poisoned().is_none());
+    }
+
     /// Incompressible bytes, different per `seed` (also the write path's tests).
     pub(super) use crate::test_data::noise;
 
