@@ -63,6 +63,14 @@ pub trait Backend: Send + Sync {
     fn write_ahead(&self, _offset: u64, _len: u64) -> io::Result<()> {
         Ok(())
     }
+    /// Make a range [`Backend::write_ahead`] wrote durable, with the file system's record of
+    /// the blocks it converted, without taking an error that the log's next
+    /// [`Backend::sync`] must report: write-back errors are reported once per file
+    /// description, and the failed page may be a host's write in the same file. By default
+    /// nothing (nothing was written ahead).
+    fn sync_written_ahead(&self, _offset: u64, _len: u64) -> io::Result<()> {
+        Ok(())
+    }
     /// Read the metadata area; bytes never written read as zeros.
     fn meta_read(&self, buf: &mut [u8], offset: u64) -> io::Result<()>;
     /// Write the metadata area (it grows as needed); not durable until [`Backend::meta_sync`].
@@ -153,8 +161,9 @@ struct LogFiles {
     span: u64,
     files: Vec<File>,
     /// The same files opened again, for writing ahead: a file description of its own keeps
-    /// its own cursor of write-back errors, so the wait for zeros written ahead can never
-    /// take an error that the log's next sync must report.
+    /// its own cursor of write-back errors, so the sync after zeros written ahead
+    /// ([`Backend::sync_written_ahead`]) can never take an error that the log's next sync
+    /// must report.
     ahead: Vec<File>,
     /// Files written since their last sync: a sync waits for those only.
     written: Vec<AtomicBool>,
@@ -414,8 +423,23 @@ impl LogFiles {
             if rc != 0 {
                 return Err(io::Error::last_os_error());
             }
-            // The conversion to written blocks is made durable by the log's next sync.
+            // The conversion to written blocks is made durable by `sync_ahead`, or else by
+            // the log's next sync.
             self.written[k].store(true, Ordering::Release);
+        }
+        Ok(())
+    }
+
+    /// `fdatasync` of the files holding `offset..offset + len`, through their second
+    /// descriptors ([`LogFiles::ahead`]): it writes and waits for every dirty page of the
+    /// file, hosts' included, but an error it reports is still reported to the log's own
+    /// descriptors by their next sync.
+    fn sync_ahead(&self, offset: u64, len: u64) -> io::Result<()> {
+        for (k, _, _, _) in self.pieces(offset, len) {
+            self.ahead
+                .get(k)
+                .ok_or_else(|| io::Error::other("beyond the end of the log"))?
+                .sync_data()?;
         }
         Ok(())
     }
@@ -650,6 +674,10 @@ impl Backend for FileBackend {
         self.log.write_ahead(offset, len)
     }
 
+    fn sync_written_ahead(&self, offset: u64, len: u64) -> io::Result<()> {
+        self.log.sync_ahead(offset, len)
+    }
+
     fn discard(&self, offset: u64, len: u64) -> io::Result<()> {
         match self.fallocate(
             libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
@@ -858,7 +886,7 @@ mod tests {
         b.allocate(8 << 20, 4 << 20).unwrap();
         b.write_at(&pattern(4096, 3), (8 << 20) + 4096).unwrap();
         b.write_ahead(8 << 20, 4 << 20).unwrap();
-        b.sync().unwrap();
+        b.sync_written_ahead(8 << 20, 4 << 20).unwrap();
         let mut back = vec![1u8; 4 << 20];
         b.read_at(&mut back, 8 << 20).unwrap();
         assert!(back.iter().all(|&x| x == 0));

@@ -279,6 +279,17 @@ impl Backend for MemBackend {
         Ok(())
     }
 
+    /// Syncs the log as a file description of its own would: an injected failure loses the
+    /// unsynced writes and is reported here, and again by the log's next [`Backend::sync`].
+    fn sync_written_ahead(&self, _offset: u64, _len: u64) -> io::Result<()> {
+        let mut m = self.inner.lock().unwrap();
+        let failing = m.fail_next_sync;
+        let result = m.sync(LOG);
+        // `sync` consumed the failure: the log's own description has not seen it yet.
+        m.fail_next_sync = failing;
+        result
+    }
+
     fn discard(&self, offset: u64, len: u64) -> io::Result<()> {
         let mut m = self.inner.lock().unwrap();
         let log = &mut m.areas[LOG].current;

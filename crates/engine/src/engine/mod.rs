@@ -1579,6 +1579,10 @@ mod tests {
         assert!(!engine.write_segment_ahead(s));
         assert!(engine.write(v, 4096, &noise(2, 4096)).is_err());
         assert!(engine.flush().is_err());
+        assert!(
+            backend.sync().is_err(),
+            "the log's own sync reports the error too"
+        );
     }
 
     /// A segment being written ahead that the head takes is written no further: the head

@@ -91,7 +91,7 @@ impl Engine {
     /// (the head takes the others meanwhile), until none is left or the engine stops.
     fn write_ready_segments_ahead(&self) {
         const AT_ONCE: usize = 4;
-        while !self.stop.load(Ordering::Acquire) {
+        while !self.stop.load(Ordering::Acquire) && !self.poisoned.load(Ordering::Acquire) {
             let taken = self.lock_meta().segments.start_writing_ahead(AT_ONCE);
             if taken.is_empty() {
                 return;
@@ -131,9 +131,11 @@ impl Engine {
     }
 
     /// Write free segment `s` ahead, piece by piece, unless the head takes it meanwhile (or
-    /// shutdown does), then sync the log. False when the backend failed (the head then
-    /// allocates the segment itself; a failed sync poisons the engine, as every failed sync
-    /// of the log does: the kernel may have dropped the log's unwritten pages).
+    /// shutdown does), then sync it ([`Backend::sync_written_ahead`], which leaves any error
+    /// it meets to be reported by the log's next sync too). False when the backend failed
+    /// (the head then allocates the segment itself; a failed sync poisons the engine, as
+    /// every failed sync of the log does: the kernel may have dropped the log's unwritten
+    /// pages).
     ///
     /// The sync is here so that the file system records the conversion of the segment's
     /// blocks once, in this thread, and not with whichever host sync comes next: without it
@@ -174,7 +176,7 @@ impl Engine {
         if !written {
             return false;
         }
-        if let Err(e) = self.backend.sync() {
+        if let Err(e) = self.backend.sync_written_ahead(base, seg) {
             self.poison(format!("fsync of the log failed: {e}"));
             return false;
         }

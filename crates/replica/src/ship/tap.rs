@@ -269,6 +269,12 @@ impl Backend for ShippingBackend {
         self.inner.write_ahead(offset, len)
     }
 
+    /// Nothing to ship: the zeros are not shipped, and no record became durable that the
+    /// log's next sync does not cover again.
+    fn sync_written_ahead(&self, offset: u64, len: u64) -> io::Result<()> {
+        self.inner.sync_written_ahead(offset, len)
+    }
+
     fn discard(&self, offset: u64, len: u64) -> io::Result<()> {
         self.inner.discard(offset, len)?;
         // Split below the record's 4 GiB length.
