@@ -63,18 +63,20 @@ impl Engine {
         if !self.backend.has_room(ready_bytes, ready_bytes) {
             return 0;
         }
-        let (taken, ahead) = {
+        let (taken, appended) = {
             let mut m = self.lock_meta();
             // Never more than the writers' own margin over the collector's reserve.
             let spare = self.spare_free_segments(&m);
-            let ahead = self.syncs_are_small(m.log.appended());
-            (m.segments.start_preparing(READY_SEGMENTS, spare), ahead)
+            (
+                m.segments.start_preparing(READY_SEGMENTS, spare),
+                m.log.appended(),
+            )
         };
+        let ahead = self.syncs_are_small(appended);
         // One at a time, each ready as soon as it is: the head need not wait for the round.
         let mut ready = 0;
-        for (s, written) in taken {
+        for (s, mut written) in taken {
             let mut ok = self.backend.allocate(s as u64 * seg, seg).is_ok();
-            let mut written = written;
             if ok && ahead && !written {
                 ok = self.write_segment_ahead(s);
                 written = ok;
