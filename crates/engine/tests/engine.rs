@@ -293,6 +293,43 @@ fn failed_sync_poisons_the_engine() {
     engine.read(v, 0, &mut back).unwrap();
 }
 
+/// Write-through completions run after their sync as one round of answers: a transport can
+/// hold back what it announces of each (a socket write, a wake-up) until the round is over.
+#[test]
+fn durable_completions_are_answered_as_a_round() {
+    let (_backend, engine) = mem_engine(16 << 20);
+    let engine = Arc::new(engine);
+    let v = engine.create_volume(1 << 20).unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    for k in 0..4u64 {
+        engine.write(v, k * 8192, &text(k, 8192)).unwrap();
+        let tx = tx.clone();
+        engine.flush_then(Box::new(move |synced| {
+            let in_round = sliver_volume::answers::running();
+            let announced = tx.clone();
+            sliver_volume::answers::at_round_end(move || {
+                announced.send(format!("announce {k}")).unwrap()
+            });
+            tx.send(format!("answer {k}: {synced:?}, in a round: {in_round}"))
+                .unwrap();
+        }));
+    }
+    drop(tx);
+    let events: Vec<String> = rx.iter().collect();
+    assert_eq!(events.len(), 8, "{events:?}");
+    for k in 0..4 {
+        let answer = events
+            .iter()
+            .position(|e| *e == format!("answer {k}: Ok(()), in a round: true"))
+            .unwrap_or_else(|| panic!("answer {k} in a round: {events:?}"));
+        let announce = events
+            .iter()
+            .position(|e| *e == format!("announce {k}"))
+            .unwrap();
+        assert!(announce > answer, "{events:?}");
+    }
+}
+
 #[test]
 fn full_array_refuses_new_data_but_unmap_and_overwrites_of_known_data_work() {
     // 64 segments of 128 KiB = 8 MiB; 2 reserved for the collector.

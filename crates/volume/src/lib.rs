@@ -9,6 +9,7 @@
 //! implementations still check and return [`VolumeError::OutOfRange`] rather
 //! than trusting them.
 
+pub mod answers;
 mod passthrough;
 
 pub use passthrough::FileVolume;
@@ -183,7 +184,8 @@ pub trait Volume: Send + Sync {
     /// [`Volume::flush`] would have returned. A volume that can wait without holding the
     /// caller's thread (the engine's group commit) runs `done` later, on a thread of its own,
     /// so a transport answers write-through commands without a thread waiting for each
-    /// sync; by default this flushes here and runs `done` before returning.
+    /// sync; by default this flushes here and runs `done` before returning. A volume that
+    /// runs many `done` after one sync runs them as one round ([`answers::in_round`]).
     fn flush_then(&self, done: Box<dyn FnOnce(Result<()>) + Send>) {
         done(self.flush())
     }

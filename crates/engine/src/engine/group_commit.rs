@@ -158,11 +158,20 @@ fn group_commit_thread(engine: Weak<Engine>, commit: Arc<GroupCommit>) {
         }
         let result = engine.flush();
         drop(engine);
+        answer_round(waiting, result);
+    }
+}
+
+/// Answer one sync's waiters as one round of answers ([`sliver_volume::answers`]): their
+/// transports write what the round answered once it is over, a write and at most one wake-up
+/// per connection instead of one per command.
+fn answer_round(waiting: Vec<Durable>, result: Result<()>) {
+    sliver_volume::answers::in_round(|| {
         for done in waiting {
             done(match &result {
                 Ok(()) => Ok(()),
                 Err(e) => Err(shared_error(e)),
             });
         }
-    }
+    });
 }

@@ -71,6 +71,8 @@ struct Shared {
     /// completion that leaves nothing in flight wakes it to, while the initiator is still
     /// taking the response, so that the wake-up is not on the next command's path.
     poll_soon: AtomicBool,
+    /// A round of answers will announce this connection's responses at its end.
+    announcing: AtomicBool,
 }
 
 struct Core {
@@ -106,6 +108,22 @@ impl Drop for QuickGuard {
 }
 
 impl Shared {
+    fn new(session: Session, conn: Connection, writer: OwnedWriteHalf) -> Self {
+        Shared {
+            core: Mutex::new(Core {
+                session,
+                conn,
+                held: Vec::new(),
+                ended: false,
+            }),
+            writer,
+            queued: AtomicUsize::new(0),
+            kick: Notify::new(),
+            poll_soon: AtomicBool::new(false),
+            announcing: AtomicBool::new(false),
+        }
+    }
+
     fn lock(&self) -> MutexGuard<'_, Core> {
         // Commands execute outside the lock; a panic under it would be a bug in the protocol
         // bookkeeping. Later holders carry on with the state as it was left rather than turn
@@ -139,9 +157,11 @@ impl Shared {
     }
 
     /// Finish a command on the thread that executed it; `permit` is its share of the
-    /// connection's execution budget.
+    /// connection's execution budget. In a round of answers ([`sliver_volume::answers`],
+    /// write-through commands answered after one sync) the response waits for the round's end
+    /// and goes out with the others of this connection ([`Shared::announce_after_round`]).
     fn complete(
-        &self,
+        self: &Arc<Self>,
         itt: u32,
         id: TaskId,
         result: CommandResult,
@@ -165,18 +185,52 @@ impl Shared {
         if session.tasks.is_empty() {
             session.went_quiet = Some((std::time::Instant::now(), session.started));
         }
+        held.push(permit);
+        if sliver_volume::answers::running() {
+            if !self.announcing.swap(true, Ordering::AcqRel) {
+                let shared = self.clone();
+                sliver_volume::answers::at_round_end(move || shared.announce_after_round());
+            }
+            return;
+        }
         // With other commands of this connection still running, the loop writes: it gathers
         // the responses that complete meanwhile into one write instead of a system call per
         // response on the I/O threads.
-        if session.tasks.is_empty() && !conn.is_closing() {
+        let quiet = session.tasks.is_empty();
+        self.announce(&mut core, quiet);
+    }
+
+    /// Write the responses a round of answers left, all in one write (the round gathered
+    /// them), and wake the loop only for what remains.
+    fn announce_after_round(&self) {
+        self.announcing.store(false, Ordering::Release);
+        let mut core = self.lock();
+        if !core.ended {
+            self.announce(&mut core, true);
+        }
+    }
+
+    /// Write what the socket takes of the output now if `write`, let go of the budget of
+    /// responses written, and wake the loop for what is left to it.
+    fn announce(&self, core: &mut Core, write: bool) {
+        let Core {
+            session,
+            conn,
+            held,
+            ..
+        } = core;
+        if write && !conn.is_closing() {
             self.write_direct(conn);
         }
-        if conn.has_output() {
-            held.push(permit);
-        } else {
+        if !conn.has_output() {
             held.clear();
         }
-        // The loop also arms the stall timer when the completion released deferred R2Ts.
+        self.kick_if_needed(session, conn);
+    }
+
+    /// Wake the loop when a completion left it work. It also arms the stall timer when the
+    /// completion released deferred R2Ts.
+    fn kick_if_needed(&self, session: &Session, conn: &Connection) {
         if (conn.has_output()
             && (session.quick_running == 0 || crate::executor::quick_queued() == 0))
             || conn.is_closing()
@@ -231,18 +285,7 @@ pub(crate) async fn drive(
         went_quiet: None,
         lun_table: None,
     };
-    let shared = Arc::new(Shared {
-        core: Mutex::new(Core {
-            session,
-            conn,
-            held: Vec::new(),
-            ended: false,
-        }),
-        writer,
-        queued: AtomicUsize::new(0),
-        kick: Notify::new(),
-        poll_soon: AtomicBool::new(false),
-    });
+    let shared = Arc::new(Shared::new(session, conn, writer));
     // Another nexus's task that a function of this session aborted has ended, on the thread
     // that ran it: the loop answers the function (`send_output`). Only a wake-up here, so
     // that no thread ever holds two connections' locks (two sessions resetting each other's
