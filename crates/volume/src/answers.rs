@@ -18,8 +18,10 @@ thread_local! {
 }
 
 /// Run `answer` as one round: actions registered with [`at_round_end`] meanwhile run, in the
-/// order registered, once it returns (or unwinds). A round inside a round is part of the
-/// outer one.
+/// order registered, once it returns (or unwinds). Every action runs even if one before it
+/// panics (an action left out could be a connection's only announcement); the first such
+/// panic is raised again after the last, unless the round is already unwinding. A round
+/// inside a round is part of the outer one.
 pub fn in_round(answer: impl FnOnce()) {
     if running() {
         return answer();
@@ -56,8 +58,15 @@ struct RoundEnd;
 impl Drop for RoundEnd {
     fn drop(&mut self) {
         let actions = ROUND.with(|r| r.borrow_mut().take()).unwrap_or_default();
+        let mut first_panic = None;
         for action in actions {
-            action();
+            if let Err(panic) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(action)) {
+                first_panic.get_or_insert(panic);
+            }
+        }
+        // A second panic while unwinding would abort the process.
+        if let Some(panic) = first_panic.filter(|_| !std::thread::panicking()) {
+            std::panic::resume_unwind(panic);
         }
     }
 }
@@ -107,6 +116,26 @@ mod tests {
             assert!(running());
         });
         assert_eq!(*log.borrow(), ["after the inner round", "announce"]);
+    }
+
+    #[test]
+    fn every_action_runs_when_one_panics() {
+        let log = Rc::new(RefCell::new(Vec::new()));
+        let l = log.clone();
+        let unwound = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            in_round(|| {
+                let a = l.clone();
+                at_round_end(move || {
+                    a.borrow_mut().push("first");
+                    panic!("an announcement panicked");
+                });
+                let b = l.clone();
+                at_round_end(move || b.borrow_mut().push("second"));
+            })
+        }));
+        assert!(unwound.is_err(), "the action's panic is raised again");
+        assert_eq!(*log.borrow(), ["first", "second"]);
+        assert!(!running());
     }
 
     #[test]

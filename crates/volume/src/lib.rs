@@ -185,7 +185,8 @@ pub trait Volume: Send + Sync {
     /// caller's thread (the engine's group commit) runs `done` later, on a thread of its own,
     /// so a transport answers write-through commands without a thread waiting for each
     /// sync; by default this flushes here and runs `done` before returning. A volume that
-    /// runs many `done` after one sync runs them as one round ([`answers::in_round`]).
+    /// answers many `done` after one sync answers them as one round ([`answers::in_round`]);
+    /// answers of a volume shutting down may come outside a round.
     fn flush_then(&self, done: Box<dyn FnOnce(Result<()>) + Send>) {
         done(self.flush())
     }

@@ -113,7 +113,10 @@ fn shared_error(e: &EngineError) -> EngineError {
 impl Engine {
     /// Run `done` once every write completed before this call is durable, on the engine's
     /// group-commit thread (here, at once, for a read-only or poisoned engine). `done` must
-    /// not block for long: it runs before the next sync's waiters are answered.
+    /// not block for long: it runs before the next sync's waiters are answered, and in a
+    /// round with the other waiters of its sync, whose transports write their answers once
+    /// the round is over ([`sliver_volume::answers`]). One that panics is logged; the others
+    /// are still answered.
     pub fn flush_then(self: &Arc<Self>, done: Durable) {
         if self.read_only {
             return done(Ok(()));
@@ -168,10 +171,15 @@ fn group_commit_thread(engine: Weak<Engine>, commit: Arc<GroupCommit>) {
 fn answer_round(waiting: Vec<Durable>, result: Result<()>) {
     sliver_volume::answers::in_round(|| {
         for done in waiting {
-            done(match &result {
+            let outcome = match &result {
                 Ok(()) => Ok(()),
                 Err(e) => Err(shared_error(e)),
-            });
+            };
+            // A completion that panics must not take the thread, and every later
+            // write-through command with it, down.
+            if std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| done(outcome))).is_err() {
+                tracing::error!("a write-through completion panicked on the group-commit thread");
+            }
         }
     });
 }

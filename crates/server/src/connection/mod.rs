@@ -54,7 +54,9 @@ const EXECUTION_BUDGET_KIB: u32 = 64 * 1024;
 /// What the connection loop and the threads that finish its commands share.
 ///
 /// A command completes on the thread that executed it: that thread builds the response
-/// and, when nothing is queued ahead of it, writes it to the socket itself. Handing every
+/// and, when nothing is queued ahead of it, writes it to the socket itself. Write-through
+/// commands complete on the engine's group-commit thread, in rounds: it writes each
+/// connection's answers of a round at the round's end ([`Shared::announce_after_round`]). Handing every
 /// result back to the connection loop cost a wake-up of a tokio worker per command, on the
 /// round trip of every client that waits for each answer (docs/design.md).
 struct Shared {
@@ -205,9 +207,16 @@ impl Shared {
     fn announce_after_round(&self) {
         self.announcing.store(false, Ordering::Release);
         let mut core = self.lock();
-        if !core.ended {
-            self.announce(&mut core, true);
+        if core.ended {
+            return;
         }
+        // The initiator's quiet time starts now, when the answers leave, not when the last
+        // of them was answered earlier in the round (the loop's polling pacing reads it).
+        let session = &mut core.session;
+        if session.tasks.is_empty() && session.went_quiet.is_some() {
+            session.went_quiet = Some((std::time::Instant::now(), session.started));
+        }
+        self.announce(&mut core, true);
     }
 
     /// Write what the socket takes of the output now if `write`, let go of the budget of
