@@ -1,6 +1,8 @@
 //! The LUN map: whether an initiator may log in, the host it logs in as, and the LUNs it
-//! sees. Logins and sessions read the array only through these, and re-read the LUNs when the
-//! generation moves.
+//! sees. A transport's logins and sessions read the array only through [`LunMap`], and re-read
+//! the LUNs when the generation moves: the iSCSI target today, a second protocol's controller
+//! or a peer node's mirror of the configuration beside it later, and a simulation's fixed map
+//! in tests.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -25,9 +27,24 @@ pub enum Access {
     Allowed(Option<StoredChap>),
 }
 
-impl Array {
-    /// How `initiator` may log in: through a host listing its IQN, or the `*` host.
-    pub fn access(&self, initiator: &str) -> Access {
+/// What logins and sessions read of an array's configuration.
+pub trait LunMap: Send + Sync {
+    /// How `initiator` may log in.
+    fn access(&self, initiator: &str) -> Access;
+
+    /// The host `initiator` logs in as; `None` when no host would admit it.
+    fn host_of(&self, initiator: &str) -> Option<String>;
+
+    /// Moves whenever what [`LunMap::luns_for`] returns may have changed.
+    fn generation(&self) -> u64;
+
+    /// The LUNs `initiator` may address, sorted by LUN.
+    fn luns_for(&self, initiator: &str) -> Vec<MappedLun>;
+}
+
+impl LunMap for Array {
+    /// Through a host listing its IQN, or the `*` host.
+    fn access(&self, initiator: &str) -> Access {
         let config = self.config.read();
         if let Some(host) = config
             .hosts
@@ -45,9 +62,8 @@ impl Array {
         }
     }
 
-    /// The host `initiator` logs in as: the one listing it, else `*` when the wildcard host
-    /// would admit it; `None` when no host would.
-    pub fn host_of(&self, initiator: &str) -> Option<String> {
+    /// The one listing it, else `*` when the wildcard host would admit it.
+    fn host_of(&self, initiator: &str) -> Option<String> {
         let config = self.config.read();
         if let Some(h) = config
             .hosts
@@ -63,15 +79,13 @@ impl Array {
         }
     }
 
-    /// Moves whenever what [`Array::luns_for`] returns may have changed (hosts, connections,
-    /// volumes).
-    pub fn generation(&self) -> u64 {
+    /// With every change of hosts, connections or volumes.
+    fn generation(&self) -> u64 {
         self.config.generation()
     }
 
-    /// LUNs `initiator` may address, sorted by LUN. A host's own mapping wins over `*` for the
-    /// same LUN number.
-    pub fn luns_for(&self, initiator: &str) -> Vec<MappedLun> {
+    /// A host's own mapping wins over `*` for the same LUN number.
+    fn luns_for(&self, initiator: &str) -> Vec<MappedLun> {
         let config = self.config.read();
         let units = self.units.read().unwrap();
         let own_hosts: Vec<&str> = config

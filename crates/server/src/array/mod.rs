@@ -25,7 +25,7 @@ pub use check::check_array;
 use config_store::{lock_events, ConfigStore};
 use error::engine_error;
 pub use error::{ArrayError, ReplicationError, Result};
-pub use mapping::{Access, MappedLun};
+pub use mapping::{Access, LunMap, MappedLun};
 pub use open::{free_space, lock_data_dir};
 use pool::Pool;
 use replication::{Hydration, Replication};

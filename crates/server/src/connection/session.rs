@@ -74,7 +74,7 @@ impl Session {
     /// The LUNs this session sees, rebuilt only when the array's configuration moved (a
     /// command used to rebuild them: two locks, a map and a clone of every name).
     pub(super) fn luns(&mut self) -> Arc<LunTable> {
-        let generation = self.server.array.generation();
+        let generation = self.server.lun_map.generation();
         if let Some((seen, table)) = &self.lun_table {
             if *seen == generation {
                 return table.clone();
@@ -82,7 +82,7 @@ impl Session {
         }
         let luns = match &self.info {
             Some(info) if matches!(info.session_type, SessionType::Normal) => {
-                self.server.array.luns_for(&info.initiator_name)
+                self.server.lun_map.luns_for(&info.initiator_name)
             }
             _ => vec![],
         };

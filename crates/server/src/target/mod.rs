@@ -13,7 +13,7 @@ pub(crate) use registry::ConnectionAuthority;
 use registry::Registry;
 pub use registry::SessionSummary;
 
-use crate::array::{Access, Array};
+use crate::array::{Access, Array, LunMap};
 use serde::Serialize;
 use sliver_iscsi::{
     Authority, Authorization, ChapCredentials, DiscoveredTarget, LoginStatus, SessionInfo,
@@ -78,6 +78,8 @@ pub struct ServerOptions {
 /// A running target: the array plus its live sessions.
 pub struct Server {
     pub(crate) array: Arc<Array>,
+    /// What logins and sessions read of the array (the same array, through its narrow part).
+    pub(crate) lun_map: Arc<dyn LunMap>,
     pub(crate) settings: Arc<TargetSettings>,
     /// Slow-loris protection: see [`Timeouts`].
     timeouts: Mutex<Timeouts>,
@@ -107,6 +109,7 @@ impl Server {
             secret: c.secret.into_bytes(),
         });
         Arc::new(Server {
+            lun_map: array.clone(),
             array,
             settings: Arc::new(settings),
             timeouts: Mutex::new(Timeouts::default()),

@@ -70,7 +70,7 @@ impl Server {
             .collect();
         list.sort_by(|a, b| (&a.initiator, &a.isid).cmp(&(&b.initiator, &b.isid)));
         for s in &mut list {
-            s.host = self.array.host_of(&s.initiator);
+            s.host = self.lun_map.host_of(&s.initiator);
         }
         list
     }
@@ -128,7 +128,7 @@ impl Authority for ConnectionAuthority {
     }
 
     fn send_targets(&self, initiator_name: &str) -> Vec<DiscoveredTarget> {
-        if matches!(self.server.array.access(initiator_name), Access::Unknown) {
+        if matches!(self.server.lun_map.access(initiator_name), Access::Unknown) {
             // ESXi discovers before it logs in: this is where an unknown host shows first.
             self.refused(initiator_name, "discovery by an initiator no host lists");
             return vec![];
@@ -159,7 +159,7 @@ impl Authority for ConnectionAuthority {
                 return Authorization::NotFound;
             }
         }
-        match self.server.array.access(initiator_name) {
+        match self.server.lun_map.access(initiator_name) {
             Access::Unknown => {
                 self.refused(initiator_name, "no host lists this initiator");
                 Authorization::Denied
