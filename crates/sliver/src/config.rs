@@ -7,6 +7,7 @@
 use serde::{Deserialize, Deserializer};
 use sliver_api_types::IscsiName;
 use sliver_engine::{Compression, GcPriority};
+use sliver_server::array::parse_gc_priority;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
@@ -311,11 +312,6 @@ fn poll_us<'de, D: Deserializer<'de>>(d: D) -> Result<Option<std::time::Duration
         )));
     }
     Ok(Some(std::time::Duration::from_micros(us)))
-}
-
-/// Parse a GC priority as the CLI and the configuration spell it.
-pub fn parse_gc_priority(s: &str) -> Result<GcPriority, String> {
-    sliver_server::array::parse_gc_priority(s)
 }
 
 fn gc_priority<'de, D: Deserializer<'de>>(d: D) -> Result<Option<GcPriority>, D::Error> {

@@ -20,7 +20,7 @@ mod top;
 use clap::{CommandFactory, Parser, Subcommand};
 use config::Config;
 use sliver_server::api::{AllowedHosts, ApiContext};
-use sliver_server::array::{ArrayOptions, ChapSecret, ANY_HOST};
+use sliver_server::array::{parse_gc_priority, ArrayOptions, ChapSecret, ANY_HOST};
 use sliver_server::{Array, Server, ServerOptions};
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -285,7 +285,7 @@ fn settings(args: ServeArgs) -> Result<Settings, String> {
     // runs (`sliver array set`).
     let soft_threshold = file.capacity.soft_threshold_percent;
     let gc_priority = match &args.gc_priority {
-        Some(p) => Some(config::parse_gc_priority(p).map_err(|e| format!("--gc-priority: {e}"))?),
+        Some(p) => Some(parse_gc_priority(p).map_err(|e| format!("--gc-priority: {e}"))?),
         None => file.gc.priority,
     };
     if let Some(c) = file.engine.compression {

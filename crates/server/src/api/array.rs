@@ -21,7 +21,7 @@ pub(super) async fn array_update(
         .as_deref()
         .map(parse_gc_priority)
         .transpose()
-        .map_err(|m| ApiError::new(StatusCode::BAD_REQUEST, "invalid_setting", m))?;
+        .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, "invalid_setting", e.to_string()))?;
     blocking(move || {
         if let Some(t) = req.soft_threshold {
             ctx.array.set_soft_threshold(t)?;

@@ -28,6 +28,7 @@ pub use error::{ArrayError, ReplicationError, Result};
 pub use mapping::{Access, LunMap, MappedLun};
 pub use open::{free_space, lock_data_dir};
 use pool::Pool;
+pub use pool::{gc_priority_name, parse_gc_priority, BadGcPriority};
 use replication::{Hydration, Replication};
 pub use replication::{ReplicationOptions, ReplicationReport};
 pub use restore::restore;
@@ -153,38 +154,6 @@ impl Settings {
     fn is_empty(&self) -> bool {
         *self == Settings::default()
     }
-}
-
-/// `off`, `low`, `medium`, `high`, or a rate in bytes per second such as `100000000B/s`.
-pub fn gc_priority_name(p: GcPriority) -> String {
-    match p {
-        GcPriority::Off => "off".into(),
-        GcPriority::Low => "low".into(),
-        GcPriority::Medium => "medium".into(),
-        GcPriority::High => "high".into(),
-        GcPriority::Rate(r) => format!("{r}B/s"),
-    }
-}
-
-/// Parse a GC priority: `off`, `low`, `medium`, `high`, or a rate (`100MB/s`, `5000000B/s`,
-/// `1GB/s`; decimal or binary units, as `units` reads sizes).
-pub fn parse_gc_priority(s: &str) -> std::result::Result<GcPriority, String> {
-    match s {
-        "off" => return Ok(GcPriority::Off),
-        "low" => return Ok(GcPriority::Low),
-        "medium" => return Ok(GcPriority::Medium),
-        "high" => return Ok(GcPriority::High),
-        _ => {}
-    }
-    let bad =
-        || format!("'{s}' is not a GC priority (off, low, medium, high or a rate such as 100MB/s)");
-    // The `/s` is required here, unlike elsewhere: it tells a rate from a misspelt word.
-    let amount = s.strip_suffix("/s").ok_or_else(bad)?;
-    let rate = sliver_api_types::units::parse_size(amount).map_err(|_| bad())?;
-    if !(1..=1_000_000_000_000).contains(&rate) {
-        return Err(bad());
-    }
-    Ok(GcPriority::Rate(rate))
 }
 
 /// How a new array's engine is laid out, and where its off-site copy goes.

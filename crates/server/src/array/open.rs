@@ -65,9 +65,9 @@ impl Array {
             options.tuning.soft_threshold = t;
         }
         if let Some(p) = &config.settings.gc_priority {
-            options.tuning.gc = parse_gc_priority(p).map_err(|message| ArrayError::Config {
+            options.tuning.gc = parse_gc_priority(p).map_err(|e| ArrayError::Config {
                 path: path.clone(),
-                message,
+                message: e.to_string(),
             })?;
         }
         let config_bytes = serde_json::to_vec_pretty(&config).expect("config serialises");

@@ -10,7 +10,7 @@ use sliver_engine::{Engine, GcPriority, Tuning};
 use sliver_volume::{SettingError, SOFT_THRESHOLD_RANGE};
 
 use super::config_store::{lock_events, ConfigStore};
-use super::{gc_priority_name, now_ms, ArrayError, Result, Settings};
+use super::{now_ms, ArrayError, Result, Settings};
 use crate::events::{EventLog, NewEvent};
 
 pub(super) struct Pool {
@@ -118,5 +118,70 @@ impl sliver_volume::Pool for Pool {
             ArrayError::InvalidSetting(_) => SettingError::SoftThresholdOutOfRange(share),
             other => SettingError::NotKept(other.to_string()),
         })
+    }
+}
+
+/// `off`, `low`, `medium`, `high`, or a rate in bytes per second such as `100000000B/s`.
+pub fn gc_priority_name(p: GcPriority) -> String {
+    match p {
+        GcPriority::Off => "off".into(),
+        GcPriority::Low => "low".into(),
+        GcPriority::Medium => "medium".into(),
+        GcPriority::High => "high".into(),
+        GcPriority::Rate(r) => format!("{r}B/s"),
+    }
+}
+
+/// A GC priority that is none of the spellings [`parse_gc_priority`] takes.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("'{0}' is not a GC priority (off, low, medium, high or a rate such as 100MB/s)")]
+pub struct BadGcPriority(String);
+
+/// Parse a GC priority: `off`, `low`, `medium`, `high`, or a rate (`100MB/s`, `5000000B/s`,
+/// `1GB/s`; decimal or binary units, as `units` reads sizes). The API, the configuration file
+/// and the command line all read it here.
+pub fn parse_gc_priority(s: &str) -> std::result::Result<GcPriority, BadGcPriority> {
+    match s {
+        "off" => return Ok(GcPriority::Off),
+        "low" => return Ok(GcPriority::Low),
+        "medium" => return Ok(GcPriority::Medium),
+        "high" => return Ok(GcPriority::High),
+        _ => {}
+    }
+    let bad = || BadGcPriority(s.to_string());
+    // The `/s` is required here, unlike elsewhere: it tells a rate from a misspelt word.
+    let amount = s.strip_suffix("/s").ok_or_else(bad)?;
+    let rate = sliver_api_types::units::parse_size(amount).map_err(|_| bad())?;
+    if !(1..=1_000_000_000_000).contains(&rate) {
+        return Err(bad());
+    }
+    Ok(GcPriority::Rate(rate))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn gc_priorities_parse_and_name_back() {
+        for p in [
+            GcPriority::Off,
+            GcPriority::Low,
+            GcPriority::Medium,
+            GcPriority::High,
+            GcPriority::Rate(100_000_000),
+        ] {
+            assert_eq!(parse_gc_priority(&gc_priority_name(p)), Ok(p));
+        }
+        assert_eq!(parse_gc_priority("1GiB/s"), Ok(GcPriority::Rate(1 << 30)));
+        for bad in ["urgent", "100MB", "0B/s", "2TB/s", "/s", ""] {
+            let e = parse_gc_priority(bad).unwrap_err();
+            assert_eq!(
+                e.to_string(),
+                format!(
+                    "'{bad}' is not a GC priority (off, low, medium, high or a rate such as 100MB/s)"
+                )
+            );
+        }
     }
 }
