@@ -57,7 +57,7 @@ impl Engine {
             geometry: self.geometry,
             head: m.log.at(),
             counters: m.counters,
-            generation: m.generation + 1,
+            generation: m.checkpoint.generation() + 1,
             anchored: m.state.anchored(),
             live_bytes: m.state.live_bytes(),
             hooks: m.state.hook_shape(),
@@ -142,16 +142,12 @@ impl Engine {
                 Some((j, journal::decode(&body).ok()?.1))
             })
             .collect();
-        let (frozen, cleaning, mut root, appended) = {
+        let (frozen, cleaning, mut root, captured) = {
             let mut m = self.lock_meta();
             let (frozen, cleaning) = m.state.freeze(&victims, &cleaned);
             let root = self.root_image(&m);
-            (
-                frozen,
-                cleaning,
-                root,
-                (m.log.appended(), m.records_since_checkpoint),
-            )
+            let captured = m.checkpoint.capture(m.log.appended());
+            (frozen, cleaning, root, captured)
         };
         let froze = started.elapsed();
         let thaw = |frozen: Vec<FrozenPage>, journal: &[u64]| {
@@ -202,7 +198,7 @@ impl Engine {
             // root is stored: a retry after a failure below must write under the next one, or
             // a base and a word written by the two attempts would carry the same generation
             // and open could not order them.
-            m.generation = root.generation;
+            m.checkpoint.installed(root.generation);
             m.state
                 .pager_mut()
                 .install_pages(&frozen, &locs, &journal_locs)
@@ -288,10 +284,8 @@ impl Engine {
         let mut m = self.lock_meta();
         self.backend
             .reserve_meta(meta_reserve(&m.state, self.tuning().metadata_cache));
-        m.checkpoint_seq = root.head.seq;
-        m.appended_at_checkpoint = appended.0;
-        m.records_since_checkpoint -= appended.1;
-        m.generation = root.generation;
+        m.checkpoint
+            .durable(root.head.seq, captured, root.generation);
         drop(m);
         tracing::debug!(
             pages = written,

@@ -4,6 +4,7 @@ use super::*;
 use crate::meta::chunk_table::PER_PAGE as CHUNKS_PER_PAGE;
 use crate::meta::tables::CHUNK_TABLE;
 use crate::meta::tables::T_NODES;
+use crate::state::Segment;
 
 /// Whether chunk `id` is live and still stored at `offset` of segment `victim`.
 fn live_at(m: &mut Meta, id: u64, victim: u32, offset: u32) -> Result<bool> {
@@ -80,9 +81,9 @@ impl Engine {
         // size, under the lock every command takes.
         let pick = |m: &Meta, eligible_only: bool| -> Option<(u32, u64, bool)> {
             let limit = (max_live * seg as f64) as u64;
-            let victim = m.state.emptiest_segment(limit, |i, s| {
-                (s.live == 0 || !waiting(i, s.seq)) && (!eligible_only || s.seq < m.checkpoint_seq)
-            })?;
+            let covered = |s: &Segment| !eligible_only || m.checkpoint.covers(s.seq);
+            let usable = |i, s: &Segment| (s.live == 0 || !waiting(i, s.seq)) && covered(s);
+            let victim = m.state.emptiest_segment(limit, usable)?;
             let s = m.state.segment(victim);
             Some((victim, s.seq, s.live == 0))
         };
@@ -299,7 +300,7 @@ impl Engine {
             let m = self.lock_meta();
             m.state
                 .empty_sealed_segments()
-                .filter(|&i| m.state.segment(i).seq < m.checkpoint_seq)
+                .filter(|&i| m.checkpoint.covers(m.state.segment(i).seq))
                 .collect()
         };
         if victims.is_empty() {

@@ -265,10 +265,10 @@ impl Engine {
                 segment: at.segment,
                 offset: at.offset + pos as u32,
             };
-            m.records_since_checkpoint += match &record {
+            m.checkpoint.count_records(match &record {
                 Record::Batch { inner } => format::covered_records(inner, at.seq).count() as u64,
                 _ => 1,
-            };
+            });
             m.state
                 .apply(&record, loc, (end - pos) as u32, at.seq)
                 .map_err(|e| self.poison(format!("applying a new record: {e}")))?;

@@ -41,10 +41,11 @@ impl Engine {
     /// nothing).
     pub(super) fn checkpoint_due(&self, tuning: &Tuning) -> bool {
         let m = self.lock_meta();
-        let written = m.log.appended() - m.appended_at_checkpoint;
-        written >= tuning.checkpoint_bytes
-            || m.records_since_checkpoint >= CHECKPOINT_RECORDS
-            || m.state.pager().checkpoint_wanted()
+        m.checkpoint.log_due(
+            m.log.appended(),
+            tuning.checkpoint_bytes,
+            CHECKPOINT_RECORDS,
+        ) || m.state.pager().checkpoint_wanted()
     }
 
     /// Called by writers after a change: when the dirty pages have outgrown the cache, the

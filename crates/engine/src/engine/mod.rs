@@ -17,6 +17,7 @@
 
 mod budget;
 mod check;
+mod checkpoint_marks;
 mod checkpointing;
 mod free_segments;
 mod gc;
@@ -50,6 +51,7 @@ use crate::meta::page_store::Slots;
 use crate::meta::root::{Counters, Geometry, Head};
 use crate::meta::ApplyError;
 use crate::state::{Loc, SegState, State};
+use checkpoint_marks::CheckpointMarks;
 use free_segments::FreeSegments;
 use gc::Unreadable;
 use log_head::LogHead;
@@ -299,15 +301,8 @@ struct Meta {
     /// Where the next record goes, the bytes appended since open, the unsynced switches.
     log: LogHead,
     counters: Counters,
-    /// Sequence of the head in the last durable checkpoint: segments older than it hold no
-    /// record recovery still needs besides live chunks.
-    checkpoint_seq: u64,
-    appended_at_checkpoint: u64,
-    /// Chunk records appended since the last checkpoint: with many small (compressible)
-    /// chunks, the record count bounds replay time before the byte count does.
-    records_since_checkpoint: u64,
-    /// Checkpoints written since the array was created.
-    generation: u64,
+    /// What the last durable checkpoint covered, what was appended since, its generation.
+    checkpoint: CheckpointMarks,
     /// Fingerprints of recently used chunk pages (the dedup index's locality cache).
     locality: Locality,
     /// The free list, the segments' file space and the collector's claim.
@@ -1429,7 +1424,7 @@ mod tests {
         let (_, engine) = mem_engine(256 << 20, 1 << 20, tuning);
         let v = engine.create_volume(64 << 20).unwrap();
         engine.maintain().unwrap();
-        let generation = |e: &Engine| e.lock_meta().generation;
+        let generation = |e: &Engine| e.lock_meta().checkpoint.generation();
         let idle = generation(&engine);
         engine.maintain().unwrap();
         assert_eq!(generation(&engine), idle, "an idle array writes nothing");
