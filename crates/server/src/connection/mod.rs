@@ -53,12 +53,11 @@ const EXECUTION_BUDGET_KIB: u32 = 64 * 1024;
 
 /// What the connection loop and the threads that finish its commands share.
 ///
-/// A command completes on the thread that executed it: that thread builds the response
-/// and, when nothing is queued ahead of it, writes it to the socket itself. Write-through
-/// commands complete on the engine's group-commit thread, in rounds: it writes each
-/// connection's answers of a round at the round's end ([`Shared::announce_after_round`]). Handing every
-/// result back to the connection loop cost a wake-up of a tokio worker per command, on the
-/// round trip of every client that waits for each answer (docs/design.md).
+/// A command completes on the thread that executed it: that thread builds the response and,
+/// when nothing is queued ahead of it, writes it to the socket itself (write-through commands
+/// on the engine's group-commit thread, in rounds: [`Shared::announce_after_round`]). Handing
+/// every result back to the connection loop cost a wake-up of a tokio worker per command, on
+/// the round trip of every client that waits for each answer (docs/design.md).
 struct Shared {
     core: Mutex<Core>,
     writer: OwnedWriteHalf,
