@@ -13,23 +13,6 @@ fn live_at(m: &mut Meta, id: u64, victim: u32, offset: u32) -> Result<bool> {
         .is_some_and(|c| c.segment == victim && c.offset == offset))
 }
 
-/// A segment the collector could not read.
-#[derive(Debug, Clone, Copy)]
-pub(super) struct Unreadable {
-    /// Reads of it that failed in a row.
-    failures: u32,
-    /// When the last one failed.
-    failed_at: Instant,
-}
-
-impl Unreadable {
-    /// How long the collector leaves the segment after its last failure: `first`, doubled
-    /// for every failure before, at most 64 times.
-    fn wait(&self, first: Duration) -> Duration {
-        first.saturating_mul(1 << (self.failures - 1).min(6))
-    }
-}
-
 impl Engine {
     /// A writer found the log full: run the collector now. Returns whether the writer should
     /// try again: there is room, or this collection freed segments (which other writers may
@@ -71,12 +54,8 @@ impl Engine {
         let seg = self.geometry.segment_size as u64;
         let now = self.now();
         let first = self.tuning().unreadable_retry;
-        let unreadable = self.unreadable.lock().unwrap().clone();
-        let waiting = |i: u32, seq: u64| {
-            unreadable
-                .get(&(i, seq))
-                .is_some_and(|u| now.saturating_duration_since(u.failed_at) < u.wait(first))
-        };
+        let waiting = self.collector.waiting(now, first);
+        let waiting = |i: u32, seq: u64| waiting.contains(&(i, seq));
         // From the victim index, not a scan: the cost is the index's buckets, not the log's
         // size, under the lock every command takes.
         let pick = |m: &Meta, eligible_only: bool| -> Option<(u32, u64, bool)> {
@@ -132,7 +111,7 @@ impl Engine {
                 );
                 return Ok(Some(0));
             }
-            self.unreadable.lock().unwrap().remove(&(victim, seq));
+            self.collector.read_succeeded(victim, seq);
         }
         let mut candidates: Vec<Candidate> = Vec::new();
         let mut visit = |buf: &[u8], base: usize| -> std::result::Result<bool, String> {
@@ -286,7 +265,7 @@ impl Engine {
         self.free_sealed(&[victim], |_, live| {
             format!("segment {victim} still holds {live} live bytes after collection")
         })?;
-        self.gc_relocated.fetch_add(relocated, Ordering::Relaxed);
+        self.collector.count_relocated(relocated);
         Ok(Some(relocated))
     }
 
@@ -438,21 +417,12 @@ impl Engine {
     /// Note a failed read of `segment` (in its use `seq`) and return how long the collector
     /// leaves it.
     fn unreadable_again(&self, segment: u32, seq: u64) -> Duration {
-        // The clock and the tuning are leaves of the lock order, read before `unreadable`,
-        // which is one too; `meta` comes before it, as the dedup check takes them.
+        // The clock and the tuning are leaves of the lock order, read before the collector's
+        // entries, which are one too; `meta` comes before them, as the dedup check takes them.
         let now = self.now();
         let retry = self.tuning().unreadable_retry;
         let m = self.lock_meta();
-        let mut unreadable = self.unreadable.lock().unwrap();
-        // Entries of segments reused since (another sequence) are of no use any more.
-        unreadable.retain(|&(i, s), _| m.state.segment(i).seq == s);
-        drop(m);
-        let failures = unreadable.get(&(segment, seq)).map_or(0, |u| u.failures) + 1;
-        let entry = Unreadable {
-            failures,
-            failed_at: now,
-        };
-        unreadable.insert((segment, seq), entry);
-        entry.wait(retry)
+        self.collector
+            .read_failed(segment, seq, now, retry, |i| m.state.segment(i).seq)
     }
 }

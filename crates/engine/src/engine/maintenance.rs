@@ -7,11 +7,11 @@ const RELEASE_PER_ROUND: u64 = 4096;
 
 impl Engine {
     pub(super) fn wake_gc(&self) {
-        self.gc_wakeup.wake();
+        self.collector.wakeup().wake();
     }
 
     pub(super) fn wake_segments(&self) {
-        self.segments_wakeup.wake();
+        self.preparer.wakeup().wake();
     }
 
     /// One round of background maintenance: a checkpoint when due, then collection at the
@@ -140,7 +140,7 @@ impl Engine {
     pub fn start_background(self: &Arc<Self>) -> std::thread::JoinHandle<()> {
         self.spawn_worker(
             "sliver-segments",
-            |e| &e.segments_wakeup,
+            |e| e.preparer.wakeup(),
             |e| {
                 e.prepare_segments();
                 Duration::from_secs(1)
@@ -148,7 +148,7 @@ impl Engine {
         );
         self.spawn_worker(
             "sliver-gc",
-            |e| &e.gc_wakeup,
+            |e| e.collector.wakeup(),
             |e| {
                 let sleep = e.maintain_in_background().unwrap_or_else(|err| {
                     tracing::warn!("background maintenance: {err}");

@@ -13,12 +13,15 @@
 //! the state that was acknowledged. Hashing, compression, data reads and most metadata page
 //! reads happen outside it. [`read_pins`] lets the garbage collector wait out a reader that
 //! looked up a chunk location in a segment before the segment is reused; readers never wait.
-//! Lock order: `maintenance` -> `meta` -> `slots` -> `flush`; `meta` -> `unreadable`.
+//! Lock order: `maintenance` -> `meta` -> `slots` -> `flush`; `meta` -> the collector's
+//! unreadable segments ([`collector`]). Each part (`LogHead`, `FreeSegments`,
+//! `CheckpointMarks`, `Collector`, `SegmentPreparer`) owns its state and its invariants.
 
 mod budget;
 mod check;
 mod checkpoint_marks;
 mod checkpointing;
+mod collector;
 mod free_segments;
 mod gc;
 mod group_commit;
@@ -34,8 +37,10 @@ mod provision;
 mod ranked;
 mod read;
 mod read_pins;
+mod segment_preparer;
 mod segments;
 mod space;
+mod wakeup;
 mod write;
 
 use log::{out_of_space, Unwritten};
@@ -52,15 +57,17 @@ use crate::meta::root::{Counters, Geometry, Head};
 use crate::meta::ApplyError;
 use crate::state::{Loc, SegState, State};
 use checkpoint_marks::CheckpointMarks;
+use collector::Collector;
 use free_segments::FreeSegments;
-use gc::Unreadable;
 use log_head::LogHead;
 use ranked::{Rank, RankedGuard, RankedMutex};
-use std::collections::{BTreeMap, HashMap};
+use segment_preparer::SegmentPreparer;
+use std::collections::HashMap;
 use std::io;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar};
 use std::time::{Duration, Instant};
+use wakeup::Wakeup;
 
 /// Why an engine operation failed.
 #[derive(Debug, thiserror::Error)]
@@ -357,37 +364,6 @@ impl Drop for MetaGuard<'_> {
     }
 }
 
-/// A flag a background thread sleeps on until it is set or a timeout passes.
-struct Wakeup {
-    woken: RankedMutex<bool>,
-    cv: Condvar,
-}
-
-impl Default for Wakeup {
-    fn default() -> Self {
-        Wakeup {
-            woken: RankedMutex::new(Rank::Leaf, false),
-            cv: Condvar::new(),
-        }
-    }
-}
-
-impl Wakeup {
-    fn wake(&self) {
-        *self.woken.lock().unwrap() = true;
-        self.cv.notify_all();
-    }
-
-    /// Sleep until woken or `timeout` passes, and clear the flag.
-    fn wait(&self, timeout: Duration) {
-        let woken = self.woken.lock().unwrap();
-        let (mut woken, _) = woken
-            .wait_timeout_while(&self.cv, timeout, |w| !*w)
-            .unwrap();
-        *woken = false;
-    }
-}
-
 /// Segments a writer opens at most beyond the log's durable prefix (what a sync made durable
 /// with no write in flight below it, so replay reaches it): the sequence numbers a crash can
 /// lose, which the head skips after one (see [`open::repair_tail`]). Checkpoints sync every
@@ -495,8 +471,8 @@ pub struct Engine {
     dedup_chunks: AtomicU64,
     /// Log syncs since open ([`EngineSpace::log_syncs`]).
     log_syncs: AtomicU64,
-    /// Free segments written before the head reaches them (`segments.rs`).
-    write_ahead: segments::WriteAhead,
+    /// The segment being written ahead of the head, and the preparer's thread's wakeup.
+    preparer: SegmentPreparer,
     /// Readers still reading segments they resolved: the collector waits them out before a
     /// freed segment is written again.
     read_pins: read_pins::ReadPins,
@@ -512,24 +488,14 @@ pub struct Engine {
     maintenance: RankedMutex<()>,
     tuning: RankedMutex<Tuning>,
     stop: AtomicBool,
-    gc_wakeup: Wakeup,
-    /// Wakes the thread that prepares segments ([`Engine::prepare_segments`]).
-    segments_wakeup: Wakeup,
+    /// The collector's unreadable segments, clock, relocation count and wakeup.
+    collector: Collector,
     /// Bumped by every host read and write: maintenance gives file space back only while it
     /// stands still (hole punching stalls the log appends and reads hosts wait for).
     host_activity: AtomicU64,
     /// `host_activity` at the previous background round: hosts were busy in between if it
     /// moved (see [`Engine::maintain_in_background`]).
     activity_at_last_round: AtomicU64,
-    /// Bytes the collector has relocated since open (for rate limiting).
-    gc_relocated: AtomicU64,
-    /// Segments (index, sequence) the collector could not read (a medium error, or an object
-    /// store out of reach under a restore on demand), and how often and when each failed:
-    /// skipped for the tuning's `unreadable_retry` (doubled per failure), or until their chunks are all dead, when they are freed without being
-    /// read. A segment reused later has another sequence number.
-    unreadable: RankedMutex<BTreeMap<(u32, u64), Unreadable>>,
-    /// Where the collector reads the time ([`crate::clock`]).
-    clock: RankedMutex<Arc<dyn crate::clock::Clock>>,
     read_only: bool,
     recovery: Recovery,
     /// Run by the collector between the lock holds of a relocation (tests: hosts appending
@@ -633,13 +599,12 @@ impl Engine {
 
     /// Read the time from `clock` from now on (tests move a [`crate::clock::ManualClock`]).
     pub fn set_clock(&self, clock: Arc<dyn crate::clock::Clock>) {
-        *self.clock.lock().unwrap_or_else(|e| e.into_inner()) = clock;
+        self.collector.set_clock(clock);
     }
 
     /// The time by the engine's clock.
     pub(super) fn now(&self) -> Instant {
-        let clock = self.clock.lock().unwrap_or_else(|e| e.into_inner()).clone();
-        clock.now()
+        self.collector.now()
     }
 
     /// Whether segments in use exceed the soft threshold share of capacity. Cheap: one lock.
@@ -1378,7 +1343,7 @@ mod tests {
     /// they pause, and does not wait when free space runs short.
     #[test]
     fn background_collection_yields_to_busy_hosts_only_while_space_is_plentiful() {
-        let relocated = |e: &Engine| e.gc_relocated.load(Ordering::Relaxed);
+        let relocated = |e: &Engine| e.collector.relocated();
         // Half of each of the first segments' chunks overwritten: they become collectable.
         let churn = |e: &Engine, v: u32, bytes: u64| {
             e.write(v, 0, &noise(1, bytes as usize)).unwrap();
@@ -1554,7 +1519,7 @@ mod tests {
         assert!(engine.write_segment_ahead(s));
         assert_eq!(backend.written_ahead(), 1 << 20);
         assert_eq!(backend.pending_writes(), 0, "synced at the end");
-        assert_eq!(*engine.write_ahead.segment.lock().unwrap(), None);
+        assert_eq!(engine.preparer.writing(), None);
     }
 
     /// A failed sync after writing a segment ahead poisons the engine, as any failed sync of
@@ -1585,11 +1550,11 @@ mod tests {
     #[test]
     fn the_head_stops_writing_ahead_of_a_segment_it_takes() {
         let (_, engine) = mem_engine(64 << 20, 1 << 20, gc_off());
-        *engine.write_ahead.segment.lock().unwrap() = Some(5);
+        engine.preparer.start_writing(5);
         engine.stop_writing_ahead(4);
-        assert_eq!(*engine.write_ahead.segment.lock().unwrap(), Some(5));
+        assert_eq!(engine.preparer.writing(), Some(5));
         engine.stop_writing_ahead(5);
-        assert_eq!(*engine.write_ahead.segment.lock().unwrap(), None);
+        assert_eq!(engine.preparer.writing(), None);
     }
 
     /// Segments prepared outside the lock are allocated in the file, stay on the free list

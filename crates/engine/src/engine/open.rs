@@ -269,7 +269,7 @@ impl Engine {
             data_chunks_written: AtomicU64::new(0),
             dedup_chunks: AtomicU64::new(0),
             log_syncs: AtomicU64::new(0),
-            write_ahead: Default::default(),
+            preparer: SegmentPreparer::default(),
             read_pins: Default::default(),
             flush: RankedMutex::new(
                 Rank::Flush,
@@ -286,13 +286,9 @@ impl Engine {
             maintenance: RankedMutex::new(Rank::Maintenance, ()),
             tuning: RankedMutex::new(Rank::Leaf, tuning),
             stop: AtomicBool::new(false),
-            gc_wakeup: Wakeup::default(),
-            segments_wakeup: Wakeup::default(),
+            collector: Collector::default(),
             host_activity: AtomicU64::new(0),
             activity_at_last_round: AtomicU64::new(0),
-            gc_relocated: AtomicU64::new(0),
-            unreadable: RankedMutex::new(Rank::Leaf, Default::default()),
-            clock: RankedMutex::new(Rank::Leaf, Arc::new(crate::clock::SystemClock)),
             read_only,
             recovery,
             #[cfg(test)]

@@ -3,35 +3,6 @@
 
 use super::*;
 
-/// Syncs covering less log than this on average make the segments prepared next written
-/// ahead ([`Backend::write_ahead`]). A sync of an append into fallocated blocks also writes
-/// the file system's record of their conversion, an extent block and the inode, one after
-/// the other after the data; on this machine's ext4 that doubled a small sync's time (4 KiB
-/// write-through random writes at QD 32: 1.1k syncs/s at 14 writes each, 2.0k with segments
-/// written ahead; docs/benchmarks.md, "Write-through"). Writing a segment ahead costs a
-/// write of its size, which large syncs (sequential write-through, write-back's checkpoint
-/// syncs) would pay without gaining: 1 MiB sequential writes lost 8 % to it.
-const WRITE_AHEAD_BELOW: u64 = 256 << 10;
-
-/// What writing segments ahead shares with the head.
-pub(super) struct WriteAhead {
-    /// The segment being written ahead. The head, taking a segment still being prepared,
-    /// clears it (waiting out the piece being written) so no zeros land after its records.
-    pub(super) segment: RankedMutex<Option<u32>>,
-    /// Log syncs and bytes appended when the last round decided: the syncs since then say
-    /// how much log a sync covers now.
-    last: RankedMutex<(u64, u64)>,
-}
-
-impl Default for WriteAhead {
-    fn default() -> Self {
-        WriteAhead {
-            segment: RankedMutex::new(Rank::WriteAhead, None),
-            last: RankedMutex::new(Rank::Leaf, (0, 0)),
-        }
-    }
-}
-
 /// Bytes written ahead per call: the head, taking the segment back under `meta`, waits for
 /// at most one (its write and its write-back, about a millisecond here).
 const WRITE_AHEAD_PIECE: u64 = 256 << 10;
@@ -47,7 +18,7 @@ impl Engine {
 
     /// Allocate the file space of up to [`READY_SEGMENTS`] free segments outside the metadata
     /// lock, so the head moves on without a system call under it, and write them ahead while
-    /// the log's syncs are small ([`WRITE_AHEAD_BELOW`]), as well as ready segments that were
+    /// the log's syncs are small ([`SegmentPreparer::syncs_are_small`]), as well as ready segments that were
     /// allocated under large syncs and never written. Returns how many became ready.
     /// The segments stay on the free list meanwhile (marked `preparing`), so free space as
     /// writers and reports see it does not change.
@@ -72,7 +43,8 @@ impl Engine {
                 m.log.appended(),
             )
         };
-        let ahead = self.syncs_are_small(appended);
+        let syncs = self.log_syncs.load(Ordering::Relaxed);
+        let ahead = self.preparer.syncs_are_small(syncs, appended);
         // One at a time, each ready as soon as it is: the head need not wait for the round.
         let mut ready = 0;
         for (s, mut written) in taken {
@@ -122,16 +94,6 @@ impl Engine {
         kept && allocated
     }
 
-    /// Whether the log's syncs since the last call covered less than [`WRITE_AHEAD_BELOW`]
-    /// each on average; `appended` is the log's length now.
-    fn syncs_are_small(&self, appended: u64) -> bool {
-        let syncs = self.log_syncs.load(Ordering::Relaxed);
-        let mut last = self.write_ahead.last.lock().unwrap();
-        let (syncs_then, appended_then) = std::mem::replace(&mut *last, (syncs, appended));
-        let syncs = syncs.saturating_sub(syncs_then);
-        syncs > 0 && appended.saturating_sub(appended_then) / syncs < WRITE_AHEAD_BELOW
-    }
-
     /// Write free segment `s` ahead, piece by piece, unless the head takes it meanwhile (or
     /// shutdown does), then sync it ([`Backend::sync_written_ahead`], which leaves any error
     /// it meets to be reported by the log's next sync too). False when the backend failed
@@ -155,23 +117,22 @@ impl Engine {
             if !m.segments.is_preparing(s) {
                 return true;
             }
-            *self.write_ahead.segment.lock().unwrap() = Some(s);
+            self.preparer.start_writing(s);
         }
         let mut at = 0;
         let mut written = true;
         while at < seg {
             let len = (seg - at).min(WRITE_AHEAD_PIECE);
-            let this = self.write_ahead.segment.lock().unwrap();
-            if *this != Some(s) {
+            let Some(piece) = self.preparer.piece(s) else {
                 // Taken: what was written ahead lies behind the head's records.
                 return true;
-            }
+            };
             if let Err(e) = self.backend.write_ahead(base + at, len) {
                 tracing::warn!("could not write segment {s} ahead: {e}");
                 written = false;
                 break;
             }
-            drop(this);
+            drop(piece);
             at += len;
         }
         self.stop_writing_ahead(s);
@@ -189,10 +150,7 @@ impl Engine {
     /// writing it ahead ended): no more of it is written ahead once this returns. The order
     /// is `meta`, then this lock.
     pub(super) fn stop_writing_ahead(&self, s: u32) {
-        let mut segment = self.write_ahead.segment.lock().unwrap();
-        if *segment == Some(s) {
-            *segment = None;
-        }
+        self.preparer.stop_writing(s);
     }
 
     /// Give the file space of up to `max` free segments back to the file system (hole

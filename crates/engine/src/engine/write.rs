@@ -401,8 +401,8 @@ impl Engine {
 
     /// Whether the collector found `segment` (in its current use) unreadable.
     fn unreadable_segment(&self, m: &Meta, segment: u32) -> bool {
-        let unreadable = self.unreadable.lock().unwrap();
-        !unreadable.is_empty() && unreadable.contains_key(&(segment, m.state.segment(segment).seq))
+        self.collector
+            .is_unreadable(segment, m.state.segment(segment).seq)
     }
 
     /// Put the fingerprints of chunk page `page` in the locality cache.
