@@ -44,7 +44,7 @@ pub fn fuzz_log(data: &[u8]) {
     use format::{records, Record, RECORD_HEADER};
     use meta::map_tree::ANCHORED;
     use meta::page_store::NothingWritten;
-    use state::{Loc, State, MAX_RELEASE_NODES};
+    use state::{Loc, MetaState, MAX_RELEASE_NODES};
     let mut buf = Vec::new();
     let mut rest = data;
     while rest.len() >= 2 {
@@ -62,7 +62,7 @@ pub fn fuzz_log(data: &[u8]) {
         debug_assert_eq!(buf.len() - start, RECORD_HEADER + len);
     }
     let pager = meta::pager::Pager::new(std::sync::Arc::new(NothingWritten), 1 << 14);
-    let mut state = State::new(4096, 16, pager);
+    let mut state = MetaState::new(4096, 16, pager);
     let create = Record::VolumeCreate {
         volume: 1,
         size: 64 << 20,

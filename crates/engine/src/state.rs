@@ -1,6 +1,6 @@
 //! The engine's metadata as a deterministic state machine.
 //!
-//! Every change to volumes, maps and chunks is a log record, and [`State::apply`] is the only
+//! Every change to volumes, maps and chunks is a log record, and [`MetaState::apply`] is the only
 //! code that applies one: the live engine appends a record and applies it, recovery replays the
 //! log through the same function. Live state and recovered state therefore cannot drift apart.
 //!
@@ -103,9 +103,9 @@ pub fn row_after(
 }
 
 /// Everything the engine knows besides the data itself. Its fields are private: records change
-/// it through [`State::apply`], and the engine's parts read and reach it through the methods
+/// it through [`MetaState::apply`], and the engine's parts read and reach it through the methods
 /// named for what they need (`parts.rs`).
-pub struct State {
+pub struct MetaState {
     pager: Pager,
     chunks: ChunkTable,
     segments: SegmentTable,
@@ -157,13 +157,13 @@ impl ChunkRefs for Refs<'_> {
     }
 }
 
-impl State {
+impl MetaState {
     pub fn new(chunk_size: u32, segment_count: u32, pager: Pager) -> Self {
         let mut segments = SegmentTable::new();
         for _ in 0..segment_count {
             segments.push(Segment::FREE);
         }
-        State {
+        MetaState {
             pager,
             chunks: ChunkTable::new(),
             segments,
@@ -187,7 +187,7 @@ impl State {
         live: ResidentTable<u16>,
         root: &Root,
     ) -> Self {
-        State {
+        MetaState {
             pager,
             chunks: ChunkTable::from_live(live),
             segments,
@@ -278,7 +278,7 @@ impl State {
 
     /// The trees, the pager and the chunk reference counting the trees call back into.
     fn tree_parts(&mut self) -> (&mut Trees, &mut Pager, Refs<'_>) {
-        let State {
+        let MetaState {
             pager,
             chunks,
             segments,
@@ -368,7 +368,7 @@ impl State {
     /// of sequence `seq`: its change to the metadata, then its segment's row (see
     /// [`row_after`]). Live appends and replay both come here, so no other code writes a
     /// segment's row while the log is written; freeing a collected segment, which has no
-    /// record, is [`State::free_sealed`].
+    /// record, is [`MetaState::free_sealed`].
     pub fn apply(&mut self, record: &Record<'_>, loc: Loc, len: u32, seq: u64) -> Apply {
         if loc.segment >= self.segment_count() {
             return Err(inconsistent(format!(
@@ -747,8 +747,8 @@ mod tests {
         offset: 0,
     };
 
-    fn state_with_chunks(n: u64) -> State {
-        let mut s = State::new(4096, 4, Pager::new(Arc::new(NothingWritten), 1 << 16));
+    fn state_with_chunks(n: u64) -> MetaState {
+        let mut s = MetaState::new(4096, 4, Pager::new(Arc::new(NothingWritten), 1 << 16));
         for id in 1..=n {
             s.put_chunk(id, [id as u8; 16], LOC, 100).unwrap();
         }
@@ -767,7 +767,7 @@ mod tests {
 
     #[test]
     fn segment_rows_follow_starts_records_and_seals_only() {
-        let mut s = State::new(4096, 4, Pager::new(Arc::new(NothingWritten), 1 << 16));
+        let mut s = MetaState::new(4096, 4, Pager::new(Arc::new(NothingWritten), 1 << 16));
         let at = |segment, offset| Loc { segment, offset };
         let start = Record::SegmentStart { seq: 7, segment: 2 };
         let start_len = crate::format::SEGMENT_START_LEN as u32;
@@ -811,22 +811,22 @@ mod tests {
         assert!(s.apply(&seal, at(4, 0), seal_len, 7).is_err());
     }
 
-    fn refs(s: &mut State, id: u64) -> u32 {
+    fn refs(s: &mut MetaState, id: u64) -> u32 {
         s.chunk(id).unwrap().map_or(0, |c| c.refs)
     }
 
-    fn map(s: &mut State, volume: u32, first: u64, ids: &[u64]) {
+    fn map(s: &mut MetaState, volume: u32, first: u64, ids: &[u64]) {
         let mut out = Vec::new();
         Encoder::new(&mut out, 0).map(volume, first, ids);
         let (record, _) = decode(&out, 0).unwrap();
         s.apply(&record, LOC, 0, 0).unwrap();
     }
 
-    fn get(s: &mut State, volume: u32, index: u64) -> u64 {
+    fn get(s: &mut MetaState, volume: u32, index: u64) -> u64 {
         s.entry(volume, index).unwrap()
     }
 
-    fn release_all(s: &mut State) {
+    fn release_all(s: &mut MetaState) {
         while !s.trees.releasing.is_empty() {
             let n = (s.trees.releasing.len() as u32).min(MAX_RELEASE_NODES);
             s.apply(&Record::Release { nodes: n }, LOC, 0, 0).unwrap();
@@ -834,7 +834,7 @@ mod tests {
     }
 
     /// The counts kept incrementally equal a recount from the trees.
-    fn audit(s: &mut State) {
+    fn audit(s: &mut MetaState) {
         assert_eq!(s.audit_counters(), Vec::<String>::new());
         let (chunk_refs, node_refs) = s.count_references().unwrap();
         for (&id, &n) in &chunk_refs {

@@ -301,7 +301,7 @@ impl Engine {
 /// Bytes the next checkpoint may add to the metadata area, which a nearly full file system
 /// must keep free: the dirty pages it can hold, which cannot outgrow the cache's dirty share
 /// nor, on a small array, much more than the metadata there is.
-pub(super) fn meta_reserve(state: &State, cache: u64) -> u64 {
+pub(super) fn meta_reserve(state: &MetaState, cache: u64) -> u64 {
     let pages: u64 = TABLES
         .iter()
         .map(|&t| state.pager().directory(t).len() as u64)

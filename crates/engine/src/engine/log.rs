@@ -1,4 +1,4 @@
-//! The log: room at the head (switching segments), appends applied through `State::apply`, group commit.
+//! The log: room at the head (switching segments), appends applied through `MetaState::apply`, group commit.
 
 use super::*;
 
@@ -229,7 +229,7 @@ impl Engine {
         self.wait_written(position)
     }
 
-    /// Nothing reaches the log that `apply` would refuse (see `State::validate`).
+    /// Nothing reaches the log that `apply` would refuse (see `MetaState::validate`).
     fn validate_append(&self, m: &Meta, at: Head, bytes: &[u8]) -> Result<()> {
         debug_assert_eq!(at, m.log.at());
         for item in format::covered_records(bytes, at.seq) {

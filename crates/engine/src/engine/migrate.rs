@@ -19,7 +19,7 @@ use crate::meta::pager::Pager;
 use crate::state::row_after;
 use std::collections::HashMap;
 
-impl ReplayTarget for old::State {
+impl ReplayTarget for old::V2State {
     fn replay(
         &mut self,
         record: &Record<'_>,
@@ -112,9 +112,9 @@ impl Engine {
 }
 
 /// Format 2's state as format 3 tables, every page dirty (the first root writes them all).
-fn convert(old: old::State, pager: Pager) -> Result<State> {
+fn convert(old: old::V2State, pager: Pager) -> Result<MetaState> {
     let segment_count = old.store.segments.len() as u32;
-    let mut state = State::new(old.chunk_size, segment_count, pager);
+    let mut state = MetaState::new(old.chunk_size, segment_count, pager);
     for (i, s) in old.store.segments.iter().enumerate() {
         state.import_segment(i as u32, *s);
     }
@@ -193,7 +193,7 @@ mod tests {
     /// table must take as they are.
     #[test]
     fn ids_after_a_long_run_of_freed_ones_convert() {
-        let mut old = old::State::new(4096, 16);
+        let mut old = old::V2State::new(4096, 16);
         let at = Loc {
             segment: 0,
             offset: 0,

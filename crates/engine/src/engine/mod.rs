@@ -2,7 +2,7 @@
 //! garbage collection. See docs/design.md ("The engine") for the reasoning.
 //!
 //! A write goes through, in this order: [`write`] (fingerprint, compress, deduplicate against
-//! the sampled index), [`log`] (room at the head, the append, `State::apply`), [`read`] for
+//! the sampled index), [`log`] (room at the head, the append, `MetaState::apply`), [`read`] for
 //! the old content of partial chunks; [`provision`] handles UNMAP, ANCHOR and copies by
 //! reference. [`checkpointing`] writes the metadata pages changed since the last checkpoint;
 //! [`gc`] and [`segments`] manage log space; [`maintenance`] runs both in the background;
@@ -55,7 +55,7 @@ use crate::meta::map_tree::{holds_data, ANCHORED};
 use crate::meta::page_store::Slots;
 use crate::meta::root::{Counters, Geometry, Head};
 use crate::meta::ApplyError;
-use crate::state::{Loc, SegState, State};
+use crate::state::{Loc, MetaState, SegState};
 use checkpoint_marks::CheckpointMarks;
 use collector::Collector;
 use free_segments::FreeSegments;
@@ -304,7 +304,7 @@ pub struct VolumeUsage {
 }
 
 struct Meta {
-    state: State,
+    state: MetaState,
     /// Where the next record goes, the bytes appended since open, the unsynced switches.
     log: LogHead,
     counters: Counters,

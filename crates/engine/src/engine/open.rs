@@ -25,7 +25,7 @@ pub(super) trait ReplayTarget {
     ) -> std::result::Result<(), String>;
 }
 
-impl ReplayTarget for State {
+impl ReplayTarget for MetaState {
     fn replay(
         &mut self,
         record: &Record<'_>,
@@ -67,7 +67,7 @@ impl Engine {
         };
         super::budget::check(&geometry, &tuning)?;
         let pager = new_pager(&backend, &tuning);
-        let mut state = State::new(config.chunk_size, segment_count, pager);
+        let mut state = MetaState::new(config.chunk_size, segment_count, pager);
         // Segment 0, sequence 1, holds the first record.
         backend.allocate(0, config.segment_size as u64)?;
         let mut buf = Vec::new();
@@ -175,7 +175,7 @@ impl Engine {
     pub(super) fn finish_open(
         backend: Arc<dyn Backend>,
         geometry: Geometry,
-        mut state: State,
+        mut state: MetaState,
         counters: Counters,
         from: Head,
         end: LogEnd,
@@ -226,7 +226,7 @@ impl Engine {
     pub(super) fn assemble(
         backend: Arc<dyn Backend>,
         geometry: Geometry,
-        state: State,
+        state: MetaState,
         head: Head,
         counters: Counters,
         checkpoint_seq: u64,
@@ -299,7 +299,7 @@ impl Engine {
 
 /// The state a root names: directories read from the directory pages it lists, the tables
 /// kept whole in RAM loaded, everything else left on disk until it is needed.
-fn load_state(backend: &Arc<dyn Backend>, root: &Root, tuning: &Tuning) -> Result<State> {
+fn load_state(backend: &Arc<dyn Backend>, root: &Root, tuning: &Tuning) -> Result<MetaState> {
     let g = &root.geometry;
     let mut pager = new_pager(backend, tuning);
     pager
@@ -330,7 +330,7 @@ fn load_state(backend: &Arc<dyn Backend>, root: &Root, tuning: &Tuning) -> Resul
     }
     let nodes = ResidentTable::load(T_NODE_META, &pager, entries(T_NODE_META)).map_err(meta)?;
     let live = ResidentTable::load(CHUNK_LIVE, &pager, entries(CHUNK_LIVE)).map_err(meta)?;
-    Ok(State::loaded(pager, segments, nodes, live, root))
+    Ok(MetaState::loaded(pager, segments, nodes, live, root))
 }
 
 /// Every slot of the metadata area a root (through its directories) names.
@@ -489,7 +489,7 @@ pub(super) fn replay(
 pub(super) fn repair_tail(
     backend: &dyn Backend,
     geometry: &Geometry,
-    state: &mut State,
+    state: &mut MetaState,
     end: LogEnd,
     checkpoint: Head,
     unsynced_bound: u64,

@@ -13,7 +13,9 @@
 //! preserves sharing exactly (and with it the reference counts, which are recomputed on load).
 
 use super::cow_vec::CowVec;
-use super::state::{Chunk, Loc, Page, SegState, Segment, State, VolumeMap, ANCHORED, PAGE_ENTRIES};
+use super::state::{
+    Chunk, Loc, Page, SegState, Segment, V2State, VolumeMap, ANCHORED, PAGE_ENTRIES,
+};
 use crate::format::{CHUNK_PREFIX, RECORD_HEADER};
 use crate::le::{LeReader, LeWriter, Short};
 pub use crate::meta::root::{Counters, Geometry, Head};
@@ -47,7 +49,7 @@ impl From<Short> for CheckpointError {
 }
 
 /// A checkpoint of `state` at `head`.
-pub fn encode(geometry: &Geometry, head: Head, counters: Counters, state: &State) -> Vec<u8> {
+pub fn encode(geometry: &Geometry, head: Head, counters: Counters, state: &V2State) -> Vec<u8> {
     encode_parts(
         geometry,
         head,
@@ -146,7 +148,7 @@ pub struct Loaded {
     pub geometry: Geometry,
     pub head: Head,
     pub counters: Counters,
-    pub state: State,
+    pub state: V2State,
 }
 
 fn bad(what: &str) -> CheckpointError {
@@ -211,7 +213,7 @@ pub fn decode(bytes: &[u8], log_capacity: u64) -> Result<Loaded, CheckpointError
         gc_bytes: r.u64()?,
         next_volume: r.u32()?,
     };
-    let mut state = State::new(geometry.chunk_size, geometry.segment_count);
+    let mut state = V2State::new(geometry.chunk_size, geometry.segment_count);
     if head.segment >= geometry.segment_count || head.offset > geometry.segment_size {
         return Err(bad("head outside the log"));
     }
@@ -307,7 +309,7 @@ mod tests {
     /// Version 1 checkpoints (lz4-compressed body) still load; unknown versions are refused.
     #[test]
     fn a_version_1_checkpoint_still_loads() {
-        let mut state = State::new(4096, 8);
+        let mut state = V2State::new(4096, 8);
         let create = Record::VolumeCreate {
             volume: 1,
             size: 1 << 20,

@@ -3,7 +3,7 @@
 //! the migration loads the checkpoint and replays the log through this `apply`, as format 2
 //! itself did, then converts the result.
 //!
-//! Every change to volumes, maps and chunks is a log record, and [`State::apply`] is the only
+//! Every change to volumes, maps and chunks is a log record, and [`V2State::apply`] is the only
 //! code that applies one: the live engine appends a record and applies it, recovery replays the
 //! log through the same function. Live state and recovered state therefore cannot drift apart.
 //!
@@ -447,15 +447,15 @@ impl Store {
 }
 
 /// Everything the engine knows besides the data itself.
-pub struct State {
+pub struct V2State {
     pub store: Store,
     pub volumes: BTreeMap<u32, VolumeMap>,
     pub chunk_size: u32,
 }
 
-impl State {
+impl V2State {
     pub fn new(chunk_size: u32, segment_count: u32) -> Self {
-        State {
+        V2State {
             store: Store::new(segment_count),
             volumes: BTreeMap::new(),
             chunk_size,
@@ -595,7 +595,7 @@ impl State {
     }
 
     fn set_entries(&mut self, volume: u32, first: u64, ids: impl Iterator<Item = u32>) -> Apply {
-        let State { store, volumes, .. } = self;
+        let V2State { store, volumes, .. } = self;
         let map = volumes
             .get_mut(&volume)
             .ok_or_else(|| Inconsistent(format!("volume {volume} does not exist")))?;
@@ -649,7 +649,7 @@ impl State {
     /// created as needed), neither of which refers to a stored chunk.
     fn fill(&mut self, volume: u32, first: u64, count: u64, value: u32) -> Apply {
         debug_assert!(!holds_data(value));
-        let State { store, volumes, .. } = self;
+        let V2State { store, volumes, .. } = self;
         let map = volumes
             .get_mut(&volume)
             .ok_or_else(|| Inconsistent(format!("volume {volume} does not exist")))?;

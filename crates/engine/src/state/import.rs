@@ -1,14 +1,14 @@
 //! Building a state from another format's (the format 2 migration, `engine/migrate.rs`):
 //! chunks, volumes and leaves put in place directly, every page dirty so the first root
-//! writes them all. Nothing here is a live change; live changes are [`State::apply`]'s.
+//! writes them all. Nothing here is a live change; live changes are [`MetaState::apply`]'s.
 
-use super::State;
+use super::MetaState;
 use crate::meta::hooks::is_hook;
 use crate::meta::map_tree::Volume;
 use crate::meta::segment_table::Segment;
 use crate::meta::ApplyError;
 
-impl State {
+impl MetaState {
     /// Segment `i`'s row as the other format's state has it.
     pub fn import_segment(&mut self, i: u32, row: Segment) {
         self.set_segment(i, row);

@@ -1,10 +1,10 @@
-//! What the engine's parts may read and reach of the [`State`], by name: figures the space and
+//! What the engine's parts may read and reach of the [`MetaState`], by name: figures the space and
 //! root reports need, volume lookups, the pages a read or a check pages in, and the
 //! checkpoint's freeze and thaw of the tables. The fields themselves stay private to
-//! `state`, so a change to the metadata goes through [`State::apply`] or one of these (RFC 0005
+//! `state`, so a change to the metadata goes through [`MetaState::apply`] or one of these (RFC 0005
 //! step 5).
 
-use super::State;
+use super::MetaState;
 use crate::meta::hooks::HookShape;
 use crate::meta::journal::Group;
 use crate::meta::map_tree::{NodeMeta, Volume, FANOUT};
@@ -17,7 +17,7 @@ use crate::meta::{ApplyError, PageError};
 /// Chunk ids with whether their leaf is the map's own, and the entry to go on from.
 pub type ChunksFrom = (Vec<(u64, bool)>, Option<u64>);
 
-impl State {
+impl MetaState {
     /// The page cache under every table. Readers page in through it and the checkpointer
     /// writes from it; neither changes what a table holds.
     pub fn pager(&self) -> &Pager {
@@ -236,7 +236,7 @@ impl State {
     /// Freeze every dirty page for a checkpoint: the pages in `victims` made whole, the
     /// pager's dirty pages, then the resident tables' (segments, node metadata, chunk
     /// liveness); with the words of the `cleaned` journal pages that the frozen pages do not
-    /// already carry whole. Changes after this go to copies until [`State::thaw`] or the
+    /// already carry whole. Changes after this go to copies until [`MetaState::thaw`] or the
     /// pages are installed.
     pub fn freeze(
         &mut self,
