@@ -25,7 +25,7 @@ const LONG_FILES: &[(&str, usize)] = &[
 /// Functions over the limit (`file name`), with their lines when listed.
 const LONG_FUNCTIONS: &[(&str, usize)] = &[
     ("engine/src/engine/checkpointing.rs checkpoint_locked", 184),
-    ("engine/src/engine/gc.rs collect_one", 222),
+    ("engine/src/engine/gc.rs collect_one", 190),
     ("iscsi/src/login.rs step", 196),
     ("replica/src/restore.rs restore", 284),
     ("scsi/src/cdb.rs parse", 351),

@@ -25,7 +25,7 @@ impl Engine {
         // tests do; `sliver check` opens it alone).
         let _maintenance = self.maintenance.lock().unwrap_or_else(|p| p.into_inner());
         // Chunks are read from the log: writes applied but still in flight land first.
-        let appended = self.lock_meta().log.appended();
+        let appended = self.lock_log().head.appended();
         if let Err(e) = self.wait_written(appended) {
             problems.push(format!("log writes in flight never completed: {e}"));
             return problems;

@@ -55,7 +55,7 @@ impl Engine {
         Root {
             version: crate::meta::root::ROOT_VERSION,
             geometry: self.geometry,
-            head: m.log.at(),
+            head: self.lock_log().head.at(),
             counters: m.counters,
             generation: m.checkpoint.generation() + 1,
             anchored: m.state.anchored(),
@@ -146,7 +146,7 @@ impl Engine {
             let mut m = self.lock_meta();
             let (frozen, cleaning) = m.state.freeze(&victims, &cleaned);
             let root = self.root_image(&m);
-            let captured = m.checkpoint.capture(m.log.appended());
+            let captured = m.checkpoint.capture(self.lock_log().head.appended());
             (frozen, cleaning, root, captured)
         };
         let froze = started.elapsed();

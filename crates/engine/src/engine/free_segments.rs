@@ -13,7 +13,8 @@
 //!   only the collector's appends may take the last `claim` free segments.
 //!
 //! The free list is a stack: the head takes from the top, so the order segments are put back
-//! in decides which is reused next. Lives under the metadata lock; callers do the I/O.
+//! in decides which is reused next. Lives under the log's lock (`Engine::lock_log`); callers
+//! do the I/O.
 
 use std::collections::BTreeSet;
 

@@ -25,8 +25,9 @@ impl Engine {
         // Room in the log (free segments) and on the file system under it (which can fill
         // before the log does: freed segments give their space back).
         let room = || {
-            let mut m = self.lock_meta();
-            m.segments.len() > reserve + 1 && self.room_for_data(&mut m)
+            let _m = self.lock_meta();
+            let mut l = self.lock_log();
+            l.segments.len() > reserve + 1 && self.room_for_data(&mut l)
         };
         if room() {
             // Another writer's collection already made room.
@@ -35,7 +36,7 @@ impl Engine {
         // Volumes deleted and ranges unmapped give their chunks back as their nodes are
         // released: all of that first.
         self.release_nodes(u64::MAX)?;
-        let freed_before = self.lock_meta().segments.freed();
+        let freed_before = self.lock_log().segments.freed();
         // Relocating a nearly full segment costs a segment to win a sliver: require at least
         // a sixteenth of a segment to be dead, so every round gains ground.
         for _ in 0..self.geometry.segment_count {
@@ -43,8 +44,8 @@ impl Engine {
                 break;
             }
         }
-        let freed = self.lock_meta().segments.freed() > freed_before;
-        Ok(room() || (freed && self.room_for_data(&mut self.lock_meta())))
+        let freed = self.lock_log().segments.freed() > freed_before;
+        Ok(room() || (freed && self.room_for_data(&mut self.lock_log())))
     }
 
     /// Clean the emptiest eligible segment whose live share is at most `max_live`. Returns
@@ -113,46 +114,8 @@ impl Engine {
             }
             self.collector.read_succeeded(victim, seq);
         }
-        let mut candidates: Vec<Candidate> = Vec::new();
-        let mut visit = |buf: &[u8], base: usize| -> std::result::Result<bool, String> {
-            for item in format::records(buf, seq) {
-                let Ok((pos, record)) = item else {
-                    return Ok(false);
-                };
-                match record {
-                    Record::Chunk {
-                        id,
-                        codec,
-                        hash,
-                        data,
-                    } => candidates.push((id, (base + pos) as u32, codec, hash, data.to_vec())),
-                    Record::Batch { inner } => {
-                        for item in format::covered_records(inner, seq) {
-                            let (p, r) = item.map_err(|e| format!("{e:?}"))?;
-                            if let Record::Chunk {
-                                id,
-                                codec,
-                                hash,
-                                data,
-                            } = r
-                            {
-                                candidates.push((
-                                    id,
-                                    (base + pos + RECORD_HEADER + p) as u32,
-                                    codec,
-                                    hash,
-                                    data.to_vec(),
-                                ));
-                            }
-                        }
-                    }
-                    Record::Seal { .. } => return Ok(true),
-                    _ => {}
-                }
-            }
-            Ok(false)
-        };
-        visit(&raw, 0).map_err(|e| self.poison(format!("segment {victim} damaged: {e}")))?;
+        let candidates = chunk_records(&raw, seq)
+            .map_err(|e| self.poison(format!("segment {victim} damaged: {e}")))?;
         drop(raw);
         // The chunk pages that say which candidates are still live, read outside the lock.
         self.fault_in(
@@ -188,10 +151,11 @@ impl Engine {
                 needed + (needed / batch_bytes + 1) * RECORD_HEADER
             };
             let fresh = total.div_ceil(per_segment);
-            if fresh > m.segments.len() {
+            let mut l = self.lock_log();
+            if fresh > l.segments.len() {
                 return Ok(None);
             }
-            m.segments.set_claim(fresh);
+            l.segments.set_claim(fresh);
             total
         };
         let mut i = 0;
@@ -220,14 +184,21 @@ impl Engine {
                 if take.is_empty() {
                     continue;
                 }
-                let switches = !m.log.fits(size, seg as usize);
+                let (switches, free, claim) = {
+                    let l = self.lock_log();
+                    (
+                        !l.head.fits(size, seg as usize),
+                        l.segments.len(),
+                        l.segments.claim(),
+                    )
+                };
                 if switches && filling {
                     // The segment this hold took is full: the rest in later holds, with
                     // liveness checked again then.
                     i = start;
                     break;
                 }
-                filling |= switches && m.segments.len() <= m.segments.claim() + 1;
+                filling |= switches && free <= claim + 1;
                 let at = self.reserve(&mut m, size, Space::Collector)?;
                 let mut buf = Vec::with_capacity(size);
                 let mut e = Encoder::new(&mut buf, at.seq);
@@ -242,7 +213,9 @@ impl Engine {
                 m.counters.gc_bytes += moved;
                 relocated += moved;
                 remaining = remaining.saturating_sub(size);
-                m.segments.set_claim(remaining.div_ceil(per_segment));
+                self.lock_log()
+                    .segments
+                    .set_claim(remaining.div_ceil(per_segment));
                 if !filling {
                     break;
                 }
@@ -313,9 +286,10 @@ impl Engine {
             self.read_pins.advance()
         };
         self.read_pins.wait(period);
-        let mut m = self.lock_meta();
-        m.segments.add_collected(victims);
-        m.check_segment_lists();
+        let m = self.lock_meta();
+        let mut l = self.lock_log();
+        l.segments.add_collected(victims);
+        l.check_segment_lists(Some(&m.state));
         Ok(())
     }
 
@@ -343,12 +317,55 @@ struct ClaimEnd<'a>(&'a Engine);
 
 impl Drop for ClaimEnd<'_> {
     fn drop(&mut self) {
-        self.0.lock_meta().segments.set_claim(0);
+        self.0.lock_log().segments.set_claim(0);
     }
 }
 
 /// A chunk record found in a segment being collected: (id, offset, codec, hash, stored bytes).
 pub(super) type Candidate = (u64, u32, Codec, [u8; 16], Vec<u8>);
+
+/// The chunk records (plain and in batches) of segment bytes `buf` written with sequence
+/// `seq`, up to its seal or the first record that does not decode (the segment's unwritten
+/// end); an error when a batch that decoded holds one that does not.
+fn chunk_records(buf: &[u8], seq: u64) -> std::result::Result<Vec<Candidate>, String> {
+    let mut candidates: Vec<Candidate> = Vec::new();
+    for item in format::records(buf, seq) {
+        let Ok((pos, record)) = item else {
+            break;
+        };
+        match record {
+            Record::Chunk {
+                id,
+                codec,
+                hash,
+                data,
+            } => candidates.push((id, pos as u32, codec, hash, data.to_vec())),
+            Record::Batch { inner } => {
+                for item in format::covered_records(inner, seq) {
+                    let (p, r) = item.map_err(|e| format!("{e:?}"))?;
+                    if let Record::Chunk {
+                        id,
+                        codec,
+                        hash,
+                        data,
+                    } = r
+                    {
+                        candidates.push((
+                            id,
+                            (pos + RECORD_HEADER + p) as u32,
+                            codec,
+                            hash,
+                            data.to_vec(),
+                        ));
+                    }
+                }
+            }
+            Record::Seal { .. } => break,
+            _ => {}
+        }
+    }
+    Ok(candidates)
+}
 
 impl Engine {
     /// Append `Release` records until at most `max` nodes were released or none awaits

@@ -11,51 +11,52 @@ impl Engine {
                 "record of {len} bytes exceeds a segment"
             )));
         }
-        if !m.log.fits(len, seg) {
-            if m.log.unsynced_switches() as u64 >= MAX_UNSYNCED_SEGMENTS {
+        let mut l = self.lock_log();
+        if !l.head.fits(len, seg) {
+            if l.head.unsynced_switches() as u64 >= MAX_UNSYNCED_SEGMENTS {
                 // The backstop of the bound a crash's sequence skip relies on (nothing has
                 // made this many segment switches durable: checkpoints and hosts normally do).
                 // The writes in flight below the head complete without `meta`, so waiting for
                 // them here is safe; then the whole log up to the head is durable.
-                self.wait_written(m.log.appended())?;
+                self.wait_written(l.head.appended())?;
                 if let Err(e) = self.backend.sync() {
                     return Err(self.poison(format!("fsync of the log failed: {e}")));
                 }
-                let all = m.log.appended();
-                m.log.synced_up_to(all);
+                let all = l.head.appended();
+                l.head.synced_up_to(all);
             }
             let keep = match class {
                 Space::Data => {
                     gc_reserve(self.geometry.segment_count) as usize
                         + self.anchor_reserve(m.state.anchored())
-                        + m.segments.claim()
+                        + l.segments.claim()
                 }
                 Space::AnchoredData => {
-                    gc_reserve(self.geometry.segment_count) as usize + m.segments.claim()
+                    gc_reserve(self.geometry.segment_count) as usize + l.segments.claim()
                 }
-                Space::Metadata => 1 + m.segments.claim(),
+                Space::Metadata => 1 + l.segments.claim(),
                 Space::Collector => 0,
             };
-            if m.segments.len() <= keep {
+            if l.segments.len() <= keep {
                 return Err(EngineError::NoSpace);
             }
             if matches!(class, Space::Collector) {
-                m.segments.use_claim();
+                l.segments.use_claim();
             }
             // New data stops while the file system still holds what frees space.
-            if matches!(class, Space::Data | Space::AnchoredData) && !self.room_for_data(m) {
+            if matches!(class, Space::Data | Space::AnchoredData) && !self.room_for_data(&mut l) {
                 return Err(EngineError::NoSpace);
             }
             // A prepared segment needs no system call here: allocating file space under the
             // lock stalled every command for up to a second while the file system committed
             // its journal for a checkpoint's fsync.
-            let Some(taken) = m.segments.take_for_head() else {
+            let Some(taken) = l.segments.take_for_head() else {
                 return Err(EngineError::NoSpace);
             };
             if taken.was_preparing {
                 self.stop_writing_ahead(taken.segment);
             }
-            if m.segments.ready_len() < READY_SEGMENTS / 2 {
+            if l.segments.ready_len() < READY_SEGMENTS / 2 {
                 self.wake_segments();
             }
             let next = taken.segment;
@@ -66,22 +67,22 @@ impl Engine {
                 self.backend.allocate(base, seg as u64)
             };
             if matches!(&allocated, Err(e) if e.raw_os_error() == Some(libc::ENOSPC))
-                && m.segments.any_undiscarded()
+                && l.segments.any_undiscarded()
             {
                 // The file system is full but free segments still hold space: give it back
                 // now (the lock keeps them from being reused meanwhile) and try again.
-                self.punch_all_pending(m);
+                self.punch_all_pending(&mut l);
                 allocated = self.backend.allocate(base, seg as u64);
             }
             if let Err(e) = allocated {
-                m.segments.put_back(next);
+                l.segments.put_back(next);
                 return Err(if e.raw_os_error() == Some(libc::ENOSPC) {
                     EngineError::NoSpace
                 } else {
                     self.poison(format!("cannot allocate a log segment: {e}"))
                 });
             }
-            let old = m.log.at();
+            let old = l.head.at();
             let next_seq = old.seq + 1;
             let mut seal = Vec::new();
             Encoder::new(&mut seal, old.seq).seal(next, next_seq);
@@ -93,7 +94,7 @@ impl Engine {
                 .write_log(old.segment, old.offset, &seal)
                 .and_then(|()| self.write_log(next, 0, &start))
             {
-                m.segments.put_back(next);
+                l.segments.put_back(next);
                 return Err(e);
             }
             let sealed_at = Loc {
@@ -104,10 +105,10 @@ impl Engine {
                 .apply_seal(sealed_at, old.seq, next, next_seq)
                 .and_then(|()| m.state.apply_start(next, next_seq))
                 .map_err(|e| self.poison(format!("applying a segment switch: {e}")))?;
-            m.log.switch(next, next_seq);
-            m.check_segment_lists();
+            l.head.switch(next, next_seq);
+            l.check_segment_lists(Some(&m.state));
         }
-        Ok(m.log.at())
+        Ok(l.head.at())
     }
 
     /// The byte offset in the log area of `offset` in `segment`.
@@ -150,15 +151,15 @@ impl Engine {
     /// Whether the file system can take a segment of new data and still hold what frees space
     /// (a segment of metadata or relocations, a checkpoint). When it cannot, freed segments
     /// whose space was not given back yet are punched first.
-    pub(super) fn room_for_data(&self, m: &mut Meta) -> bool {
+    pub(super) fn room_for_data(&self, l: &mut Log) -> bool {
         let seg = self.geometry.segment_size as u64;
         if self.backend.has_room(seg, seg) {
             return true;
         }
-        if !m.segments.any_undiscarded() {
+        if !l.segments.any_undiscarded() {
             return false;
         }
-        self.punch_all_pending(m);
+        self.punch_all_pending(l);
         self.backend.has_room(seg, seg)
     }
 
@@ -188,10 +189,17 @@ impl Engine {
             return Ok(Unwritten::Written);
         }
         self.validate_append(m, at, &bytes)?;
-        let position = m.log.appended();
-        self.apply_append(m, at, &bytes)?;
-        self.inflight
-            .register(position, at.segment, at.offset, bytes.len() as u32);
+        let position = {
+            let mut l = self.lock_log();
+            let position = l.head.appended();
+            l.head.advance(bytes.len());
+            // Registered as the head moves past it, under the log's lock: a flush reading the
+            // head's length finds the range in flight, never counts it written.
+            self.inflight
+                .register(position, at.segment, at.offset, bytes.len() as u32);
+            position
+        };
+        self.apply_records(m, at, &bytes)?;
         Ok(Unwritten::Pending {
             position,
             segment: at.segment,
@@ -231,7 +239,7 @@ impl Engine {
 
     /// Nothing reaches the log that `apply` would refuse (see `MetaState::validate`).
     fn validate_append(&self, m: &Meta, at: Head, bytes: &[u8]) -> Result<()> {
-        debug_assert_eq!(at, m.log.at());
+        debug_assert_eq!(at, self.lock_log().head.at());
         for item in format::covered_records(bytes, at.seq) {
             let (_, record) = item
                 .map_err(|e| self.poison(format!("self-encoded record failed to decode: {e:?}")))?;
@@ -250,9 +258,14 @@ impl Engine {
         Ok(())
     }
 
-    /// Move the head past `bytes` and apply their records.
+    /// Move the head past `bytes` (written already) and apply their records.
     fn apply_append(&self, m: &mut Meta, at: Head, bytes: &[u8]) -> Result<()> {
-        m.log.advance(bytes.len());
+        self.lock_log().head.advance(bytes.len());
+        self.apply_records(m, at, bytes)
+    }
+
+    /// Apply the records of `bytes`, appended at `at` (the head has moved past them).
+    fn apply_records(&self, m: &mut Meta, at: Head, bytes: &[u8]) -> Result<()> {
         let mut records = format::covered_records(bytes, at.seq).peekable();
         while let Some(item) = records.next() {
             let (pos, record) = item
@@ -294,7 +307,7 @@ impl Engine {
         if self.read_only {
             return Ok(());
         }
-        let target = self.lock_meta().log.appended();
+        let target = self.lock_log().head.appended();
         // Writes applied before this call may still be on their way to the log.
         self.wait_written(target)?;
         let mut f = self.flush.lock().unwrap();
@@ -309,19 +322,19 @@ impl Engine {
                 f.syncing = true;
                 drop(f);
                 // Durable after the sync: the log up to the first range still in flight
-                // (ranges register under `meta`, so none can start below `appended` later).
+                // (ranges register under the log's lock as the head moves past them, so none
+                // can start below `appended` later).
                 let upto = {
-                    let m = self.lock_meta();
-                    self.inflight
-                        .first()
-                        .map_or(m.log.appended(), |p| p.min(m.log.appended()))
+                    let l = self.lock_log();
+                    let appended = l.head.appended();
+                    self.inflight.first().map_or(appended, |p| p.min(appended))
                 };
                 let result = self.backend.sync();
                 self.log_syncs.fetch_add(1, Ordering::Relaxed);
                 if result.is_ok() {
                     // The segments opened before `upto` are durable with all the log before
                     // them: replay reaches them.
-                    self.lock_meta().log.synced_up_to(upto);
+                    self.lock_log().head.synced_up_to(upto);
                 }
                 f = self.flush.lock().unwrap();
                 f.syncing = false;

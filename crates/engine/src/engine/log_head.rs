@@ -2,8 +2,8 @@
 //! since open (the position a flush waits for), and the segment switches the log's durable
 //! prefix does not cover yet. One owner, so the three move together: a switch moves the head
 //! into its new segment past the seal and start records, counts their bytes and remembers where
-//! it happened, and a sync forgets the switches it covered. Lives under the metadata lock until
-//! step 9 gives it a lock of its own; the engine does the I/O.
+//! it happened, and a sync forgets the switches it covered. Lives under the log's lock with the
+//! free segments (`Engine::lock_log`); the engine does the I/O.
 
 use std::collections::VecDeque;
 

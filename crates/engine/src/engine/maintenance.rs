@@ -30,8 +30,8 @@ impl Engine {
         let now = self.host_activity.load(Ordering::Relaxed);
         let busy = self.activity_at_last_round.swap(now, Ordering::Relaxed) != now;
         let roomy = {
-            let m = self.lock_meta();
-            m.segments.len() as f64 >= GC_DEFER_FREE_SHARE * self.geometry.segment_count as f64
+            let l = self.lock_log();
+            l.segments.len() as f64 >= GC_DEFER_FREE_SHARE * self.geometry.segment_count as f64
         };
         self.maintain_with(busy && roomy)
     }
@@ -42,7 +42,7 @@ impl Engine {
     pub(super) fn checkpoint_due(&self, tuning: &Tuning) -> bool {
         let m = self.lock_meta();
         m.checkpoint.log_due(
-            m.log.appended(),
+            self.lock_log().head.appended(),
             tuning.checkpoint_bytes,
             CHECKPOINT_RECORDS,
         ) || m.state.pager().checkpoint_wanted()
@@ -120,7 +120,7 @@ impl Engine {
         if self.read_only || self.poisoned.load(Ordering::Acquire) {
             return;
         }
-        while Instant::now() < deadline && self.lock_meta().segments.any_undiscarded() {
+        while Instant::now() < deadline && self.lock_log().segments.any_undiscarded() {
             std::thread::sleep(IDLE.min(deadline.saturating_duration_since(Instant::now())));
             let now = self.host_activity.load(Ordering::Relaxed);
             if now != seen || self.stop.load(Ordering::Acquire) {
@@ -195,12 +195,13 @@ impl Engine {
         self.checkpoint()?;
         // Give back all space freed segments still hold (under the lock: no writer can take
         // one meanwhile), prepared ones included.
-        let mut m = self.lock_meta();
+        let _m = self.lock_meta();
+        let mut l = self.lock_log();
         // Writing ahead stops before their holes are punched.
-        for s in m.segments.unprepare_all() {
+        for s in l.segments.unprepare_all() {
             self.stop_writing_ahead(s);
         }
-        self.punch_all_pending(&mut m);
+        self.punch_all_pending(&mut l);
         Ok(())
     }
 }

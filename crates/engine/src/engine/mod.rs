@@ -8,14 +8,17 @@
 //! [`gc`] and [`segments`] manage log space; [`maintenance`] runs both in the background;
 //! [`open`] creates, opens and recovers an engine, and [`migrate`] upgrades format 2 arrays.
 //!
-//! Concurrency: one mutex (`meta`) guards the metadata and the log head; records are appended
-//! and applied under it, so the log order is the apply order and recovery reproduces exactly
-//! the state that was acknowledged. Hashing, compression, data reads and most metadata page
-//! reads happen outside it. [`read_pins`] lets the garbage collector wait out a reader that
+//! Concurrency: one mutex (`meta`) guards the metadata state; records are applied under it,
+//! and whoever moves the log's head holds it, so the log order is the apply order and
+//! recovery reproduces exactly the state that was acknowledged. The head and the free segments
+//! have their own lock (`log`, taken after `meta`), which a flush, the segment preparer and
+//! free-space figures take alone. Hashing, compression, data reads and most metadata page
+//! reads happen outside both. [`read_pins`] lets the garbage collector wait out a reader that
 //! looked up a chunk location in a segment before the segment is reused; readers never wait.
-//! Lock order: `maintenance` -> `meta` -> `slots` -> `flush`; `meta` -> the collector's
-//! unreadable segments ([`collector`]). Each part (`LogHead`, `FreeSegments`,
-//! `CheckpointMarks`, `Collector`, `SegmentPreparer`) owns its state and its invariants.
+//! Lock order: `maintenance` -> `meta` -> `log` -> `write_ahead` -> `inflight` -> `slots` ->
+//! `flush`, then the leaves (docs/design.md, "Locks and their order"). Each part (`LogHead`,
+//! `FreeSegments`, `CheckpointMarks`, `Collector`, `SegmentPreparer`) owns its state and its
+//! invariants.
 
 mod budget;
 mod check;
@@ -305,22 +308,33 @@ pub struct VolumeUsage {
 
 struct Meta {
     state: MetaState,
-    /// Where the next record goes, the bytes appended since open, the unsynced switches.
-    log: LogHead,
     counters: Counters,
     /// What the last durable checkpoint covered, what was appended since, its generation.
     checkpoint: CheckpointMarks,
     /// Fingerprints of recently used chunk pages (the dedup index's locality cache).
     locality: Locality,
+}
+
+/// The log's head and the free segments it takes from, under their own lock (RFC 0005 step
+/// 9), taken after `meta` by whoever holds both. Everything that moves the head holds `meta`
+/// too (records are applied in log order), so under `meta` the head and the state agree;
+/// what needs only the head's length or the free lists (a flush, the segment preparer,
+/// giving space back, free-space figures) takes this lock alone and does not wait for
+/// metadata work.
+struct Log {
+    /// Where the next record goes, the bytes appended since open, the unsynced switches.
+    head: LogHead,
     /// The free list, the segments' file space and the collector's claim.
     segments: FreeSegments,
 }
 
-impl Meta {
-    /// The segment lists' invariants, checked in debug builds after every change to them.
-    fn check_segment_lists(&self) {
+impl Log {
+    /// The segment lists' invariants, checked in debug builds after every change to them;
+    /// with `state`, also that every listed segment is free in it (its rows change only
+    /// under `meta`, so without `meta` only the lists' own invariants are checked).
+    fn check_segment_lists(&self, state: Option<&MetaState>) {
         self.segments
-            .check(|s| self.state.segment(s).state == SegState::Free);
+            .check(|s| state.is_none_or(|state| state.segment(s).state == SegState::Free));
     }
 }
 
@@ -452,6 +466,8 @@ pub struct Engine {
     backend: Arc<dyn Backend>,
     geometry: Geometry,
     meta: RankedMutex<Meta>,
+    /// The log's head and the free segments ([`Log`]).
+    log: RankedMutex<Log>,
     /// Free slots of the metadata area (checkpoints allocate and retire them).
     slots: RankedMutex<Slots>,
     /// Unique and shared bytes of volumes, from their last walk.
@@ -607,14 +623,15 @@ impl Engine {
         self.collector.now()
     }
 
-    /// Whether segments in use exceed the soft threshold share of capacity. Cheap: one lock.
+    /// Whether segments in use exceed the soft threshold share of capacity. Cheap: two short
+    /// lock holds.
     pub fn soft_threshold_exceeded(&self) -> bool {
         let threshold = self.tuning.lock().unwrap().soft_threshold;
         let count = self.geometry.segment_count as f64;
         let usable = count - gc_reserve(self.geometry.segment_count) as f64;
         let m = self.lock_meta();
         let held = self.anchor_reserve(m.state.anchored()) as f64;
-        let used = count - m.segments.len() as f64 + held;
+        let used = count - self.lock_log().segments.len() as f64 + held;
         used > threshold * usable
     }
 
@@ -633,7 +650,8 @@ impl Engine {
         let m = self.lock_meta();
         let keep = gc_reserve(self.geometry.segment_count) as u64
             + self.anchor_reserve(m.state.anchored()) as u64;
-        (m.segments.len() as u64).saturating_sub(keep) * self.geometry.segment_size as u64
+        (self.lock_log().segments.len() as u64).saturating_sub(keep)
+            * self.geometry.segment_size as u64
     }
 
     /// Segments held for `anchored` entries: room to store each as an incompressible chunk,
@@ -659,6 +677,11 @@ impl Engine {
     fn batch_chunks(&self) -> usize {
         let per = RECORD_HEADER + CHUNK_PREFIX + self.geometry.chunk_size as usize + 4;
         ((self.geometry.segment_size as usize / 16) / per).max(1)
+    }
+
+    /// The log's head and the free segments: after `meta` when both are held.
+    fn lock_log(&self) -> RankedGuard<'_, Log> {
+        self.log.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     #[track_caller]
@@ -878,7 +901,7 @@ mod tests {
         engine.checkpoint().unwrap();
         engine.collect_garbage(0.0).unwrap();
         {
-            let mut m = engine.lock_meta();
+            let mut m = engine.lock_log();
             assert!(
                 m.segments.any_undiscarded(),
                 "freed segments wait to be punched"
@@ -890,7 +913,7 @@ mod tests {
         let fresh = noise(1 << 20);
         engine.write(v, 4 << 20, &fresh).unwrap();
         assert!(read_back(&engine, v, 4 << 20, 1 << 20) == fresh);
-        assert!(!engine.lock_meta().segments.any_undiscarded());
+        assert!(!engine.lock_log().segments.any_undiscarded());
         assert!(engine.poisoned().is_none());
     }
 
@@ -900,11 +923,11 @@ mod tests {
     fn a_segment_the_head_could_not_allocate_waits_to_be_punched() {
         let (backend, engine) = mem_engine(64 << 20, 1 << 20, gc_off());
         let v = engine.create_volume(16 << 20).unwrap();
-        engine.lock_meta().segments.nothing_to_discard();
+        engine.lock_log().segments.nothing_to_discard();
         backend.limit_space(backend.allocated_bytes(), 4096);
         let err = engine.write(v, 0, &noise(1, 2 << 20)).unwrap_err();
         assert!(matches!(err, EngineError::NoSpace), "{err}");
-        assert!(engine.lock_meta().segments.any_undiscarded());
+        assert!(engine.lock_log().segments.any_undiscarded());
         assert!(engine.poisoned().is_none());
     }
 
@@ -985,13 +1008,13 @@ mod tests {
         engine.write(v, 0, &noise(3, 8192)).unwrap();
         engine.delete_volume(v).unwrap();
         let mut m = engine.lock_meta();
-        let head = m.log.at();
+        let head = engine.lock_log().head.at();
         let mut buf = Vec::new();
         Encoder::new(&mut buf, head.seq).unmap(v, 0, 2);
         let at = engine.reserve(&mut m, buf.len(), Space::Metadata).unwrap();
         let r = engine.append_at(&mut m, at, &buf);
         assert!(matches!(r, Err(EngineError::Invalid(_))), "{r:?}");
-        assert_eq!(m.log.at(), head, "nothing appended");
+        assert_eq!(engine.lock_log().head.at(), head, "nothing appended");
         drop(m);
         assert!(engine.poisoned().is_none());
         let w = engine.create_volume(8 << 20).unwrap();
@@ -1045,7 +1068,7 @@ mod tests {
         assert!(fill_as_hosts(&engine, filler, &mut next) > 0);
         let reserve = gc_reserve(engine.geometry.segment_count) as usize;
         assert_eq!(
-            engine.lock_meta().segments.len(),
+            engine.lock_log().segments.len(),
             reserve,
             "the array is full"
         );
@@ -1068,7 +1091,7 @@ mod tests {
             "hosts appended between the holds"
         );
         {
-            let m = engine.lock_meta();
+            let m = engine.lock_log();
             assert_eq!(m.segments.claim(), 0);
             assert!(m.segments.len() >= reserve, "{} free", m.segments.len());
         }
@@ -1090,25 +1113,25 @@ mod tests {
         {
             let mut m = engine.lock_meta();
             assert!(
-                m.log.at().offset as usize > SEGMENT_START_LEN,
+                engine.lock_log().head.at().offset as usize > SEGMENT_START_LEN,
                 "the next record switches"
             );
-            let free = m.segments.len();
-            m.segments.set_claim(free - 1);
+            let free = engine.lock_log().segments.len();
+            engine.lock_log().segments.set_claim(free - 1);
             for class in [Space::Data, Space::AnchoredData, Space::Metadata] {
                 let r = engine.reserve(&mut m, largest, class);
                 assert!(matches!(r, Err(EngineError::NoSpace)), "{r:?}");
             }
-            assert_eq!(m.segments.len(), free, "nothing taken");
+            assert_eq!(engine.lock_log().segments.len(), free, "nothing taken");
             let at = engine.reserve(&mut m, largest, Space::Collector).unwrap();
             assert_eq!(at.offset as usize, SEGMENT_START_LEN);
-            assert_eq!(m.segments.len(), free - 1);
+            assert_eq!(engine.lock_log().segments.len(), free - 1);
             assert_eq!(
-                m.segments.claim(),
+                engine.lock_log().segments.claim(),
                 free - 2,
                 "the claim shrinks as it is used"
             );
-            m.segments.set_claim(0);
+            engine.lock_log().segments.set_claim(0);
         }
         // A real relocation: garbage made, collected, and no claim left behind.
         engine.write(v, 0, &noise(8, 4 << 20)).unwrap();
@@ -1117,7 +1140,7 @@ mod tests {
             engine.collect_garbage(1.0).unwrap() > 0,
             "something relocated"
         );
-        assert_eq!(engine.lock_meta().segments.claim(), 0);
+        assert_eq!(engine.lock_log().segments.claim(), 0);
         let back = read_back(&engine, v, 0, 4 << 20);
         assert!(back == noise(9, 4 << 20), "the relocated data reads back");
     }
@@ -1277,8 +1300,8 @@ mod tests {
                 .unwrap();
         }
         let (unsynced, seq) = {
-            let m = engine.lock_meta();
-            (m.log.unsynced_switches() as u64, m.log.at().seq)
+            let m = engine.lock_log();
+            (m.head.unsynced_switches() as u64, m.head.at().seq)
         };
         assert!(seq >= 20, "{seq}: too few segments opened");
         assert!(
@@ -1289,7 +1312,7 @@ mod tests {
         let crashed = Arc::new(backend.crash(|_, n| vec![false; n]));
         drop(engine);
         let reopened = Engine::open(crashed, tuning, false).unwrap();
-        let head = reopened.lock_meta().log.at().seq;
+        let head = reopened.lock_log().head.at().seq;
         assert!(
             head <= seq + MAX_UNSYNCED_SEGMENTS + 1,
             "head {head} after a crash at sequence {seq}"
@@ -1365,7 +1388,7 @@ mod tests {
         let v = tight.create_volume(12 << 20).unwrap();
         tight.write(v, 4 << 20, &noise(9, 7 << 20)).unwrap();
         churn(&tight, v, 4 << 20);
-        let free = tight.lock_meta().segments.len() as f64;
+        let free = tight.lock_log().segments.len() as f64;
         assert!(
             free < GC_DEFER_FREE_SHARE * 16.0,
             "{free} of 16 segments free"
@@ -1424,7 +1447,7 @@ mod tests {
             "small syncs: each 1 MiB segment written ahead"
         );
         assert_eq!(backend.pending_writes(), 0, "and synced");
-        for &s in engine.lock_meta().segments.ready().iter() {
+        for &s in engine.lock_log().segments.ready().iter() {
             let mut seg = vec![1u8; 1 << 20];
             backend.read_at(&mut seg, (s as u64) << 20).unwrap();
             assert!(seg.iter().all(|&b| b == 0), "segment {s} not zeroed");
@@ -1473,14 +1496,14 @@ mod tests {
         engine.flush().unwrap();
         assert_eq!(engine.prepare_segments(), READY_SEGMENTS);
         assert_eq!(backend.written_ahead(), 0, "large syncs");
-        let unwritten = engine.lock_meta().segments.unwritten().len();
+        let unwritten = engine.lock_log().segments.unwritten().len();
         assert_eq!(unwritten, READY_SEGMENTS);
         for i in 0..16 {
             engine.write(v, i * 4096, &noise(i, 4096)).unwrap();
             engine.flush().unwrap();
         }
         assert_eq!(engine.prepare_segments(), 0, "enough ready");
-        let m = engine.lock_meta();
+        let m = engine.lock_log();
         assert!(m.segments.unwritten().is_empty());
         let ready = m.segments.ready().len();
         drop(m);
@@ -1496,26 +1519,26 @@ mod tests {
     }
 
     /// A segment the head took before writing it ahead began is not written at all (the mark
-    /// is set under `meta`, only while the segment is still being prepared); one still being
-    /// prepared is written whole, and its mark cleared at the end.
+    /// is set under the log's lock, only while the segment is still being prepared); one
+    /// still being prepared is written whole, and its mark cleared at the end.
     #[test]
     fn a_segment_taken_before_writing_ahead_begins_is_not_written() {
         let (backend, engine) = mem_engine(64 << 20, 1 << 20, gc_off());
         let s = {
-            let mut m = engine.lock_meta();
+            let mut m = engine.lock_log();
             let s = *m.segments.free().last().unwrap();
             m.segments.set_preparing(s, true);
             s
         };
         {
             // The head's fallback, before the preparer marks the segment.
-            let mut m = engine.lock_meta();
+            let mut m = engine.lock_log();
             m.segments.set_preparing(s, false);
             engine.stop_writing_ahead(s);
         }
         assert!(engine.write_segment_ahead(s));
         assert_eq!(backend.written_ahead(), 0, "a taken segment was written");
-        engine.lock_meta().segments.set_preparing(s, true);
+        engine.lock_log().segments.set_preparing(s, true);
         assert!(engine.write_segment_ahead(s));
         assert_eq!(backend.written_ahead(), 1 << 20);
         assert_eq!(backend.pending_writes(), 0, "synced at the end");
@@ -1530,7 +1553,7 @@ mod tests {
         let v = engine.create_volume(1 << 20).unwrap();
         engine.write(v, 0, &noise(1, 4096)).unwrap();
         let s = {
-            let mut m = engine.lock_meta();
+            let mut m = engine.lock_log();
             let s = *m.segments.free().last().unwrap();
             m.segments.set_preparing(s, true);
             s
@@ -1564,30 +1587,24 @@ mod tests {
     fn prepared_segments_are_allocated_free_and_taken_first() {
         let (backend, engine) = mem_engine(1 << 30, 1 << 20, gc_off());
         let v = engine.create_volume(256 << 20).unwrap();
-        let free_before = engine.lock_meta().segments.len();
+        let free_before = engine.lock_log().segments.len();
         let allocated_before = backend.allocated_bytes();
         assert_eq!(engine.prepare_segments(), READY_SEGMENTS);
         assert_eq!(engine.prepare_segments(), 0, "already enough ready");
         {
-            let m = engine.lock_meta();
+            let m = engine.lock_log();
             let f = &m.segments;
             assert_eq!(f.len(), free_before);
             assert!(f.ready().iter().all(|s| f.free().contains(s)));
             assert!(f.ready().iter().all(|s| !f.undiscarded().contains(s)));
         }
         assert!(backend.allocated_bytes() >= allocated_before + ((READY_SEGMENTS as u64) << 20));
-        let ready: Vec<u32> = engine
-            .lock_meta()
-            .segments
-            .ready()
-            .iter()
-            .copied()
-            .collect();
+        let ready: Vec<u32> = engine.lock_log().segments.ready().iter().copied().collect();
         let data = noise(6, 8 << 20);
         engine.write(v, 0, &data).unwrap();
         let (head, left) = {
-            let m = engine.lock_meta();
-            (m.log.at().segment, m.segments.ready_len())
+            let m = engine.lock_log();
+            (m.head.at().segment, m.segments.ready_len())
         };
         assert!(
             ready.contains(&head),
@@ -1596,11 +1613,11 @@ mod tests {
         assert!(left < READY_SEGMENTS);
         // Idle discards leave prepared segments alone.
         while engine.discard_freed(64) > 0 {}
-        assert_eq!(engine.lock_meta().segments.ready_len(), left);
+        assert_eq!(engine.lock_log().segments.ready_len(), left);
         assert!(read_back(&engine, v, 0, 8 << 20) == data);
         let after_writes = backend.allocated_bytes();
         engine.shutdown().unwrap();
-        assert_eq!(engine.lock_meta().segments.ready_len(), 0);
+        assert_eq!(engine.lock_log().segments.ready_len(), 0);
         assert!(backend.allocated_bytes() + ((left as u64) << 20) <= after_writes);
     }
 
@@ -1626,7 +1643,7 @@ mod tests {
         engine.checkpoint().unwrap();
         engine.maintain().unwrap();
         let before = allocated();
-        assert!(engine.lock_meta().segments.any_undiscarded());
+        assert!(engine.lock_log().segments.any_undiscarded());
         engine.discard_while_idle();
         let after = allocated();
         assert!(after + (5 << 20) < before, "{before} -> {after}");

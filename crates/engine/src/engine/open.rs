@@ -102,7 +102,7 @@ impl Engine {
         // The first root: from now on the backend holds an engine.
         engine.checkpoint_locked()?;
         // A new log has allocated nothing it could give back.
-        engine.lock_meta().segments.nothing_to_discard();
+        engine.lock_log().segments.nothing_to_discard();
         Ok(engine)
     }
 
@@ -253,10 +253,15 @@ impl Engine {
                 Rank::State,
                 Meta {
                     state,
-                    log: LogHead::new(head),
                     counters,
                     checkpoint: CheckpointMarks::opened(checkpoint_seq, generation),
                     locality: Locality::new(LOCALITY_PAGES),
+                },
+            ),
+            log: RankedMutex::new(
+                Rank::Log,
+                Log {
+                    head: LogHead::new(head),
                     segments: FreeSegments::new(free),
                 },
             ),

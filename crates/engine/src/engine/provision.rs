@@ -91,7 +91,9 @@ impl Engine {
             .count() as u64;
         let held = self.anchor_reserve(m.state.anchored() + new);
         // One segment more for the log records themselves (Space::Metadata keeps one).
-        if m.segments.len() < gc_reserve(self.geometry.segment_count) as usize + held + 1 {
+        if self.lock_log().segments.len()
+            < gc_reserve(self.geometry.segment_count) as usize + held + 1
+        {
             return Err(EngineError::NoSpace);
         }
         Ok(())

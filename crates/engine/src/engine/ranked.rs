@@ -23,10 +23,11 @@ pub(crate) enum Rank {
     /// Tests: a hook the collector runs between its holds, which writes as hosts do.
     #[cfg(test)]
     TestHook,
-    /// The metadata state, and (until the log head has a lock of its own) the log head and
-    /// the segment lists.
+    /// The metadata state.
     State,
-    /// The segment being written ahead (the head takes it back under `State`).
+    /// The log's head and the free segments (every host write takes it after `State`).
+    Log,
+    /// The segment being written ahead (the head takes it back under `Log`).
     WriteAhead,
     /// Log ranges applied and not yet written.
     InFlight,

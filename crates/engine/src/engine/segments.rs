@@ -3,15 +3,15 @@
 
 use super::*;
 
-/// Bytes written ahead per call: the head, taking the segment back under `meta`, waits for
-/// at most one (its write and its write-back, about a millisecond here).
+/// Bytes written ahead per call: the head, taking the segment back under the log's lock,
+/// waits for at most one (its write and its write-back, about a millisecond here).
 const WRITE_AHEAD_PIECE: u64 = 256 << 10;
 
 impl Engine {
     /// Free segments beyond the collector's reserve and a margin of two for writers: how many
     /// may leave the free list for a while (to be allocated ahead, or punched).
-    fn spare_free_segments(&self, m: &Meta) -> usize {
-        m.segments
+    fn spare_free_segments(&self, l: &Log) -> usize {
+        l.segments
             .len()
             .saturating_sub(gc_reserve(self.geometry.segment_count) as usize + 2)
     }
@@ -35,12 +35,12 @@ impl Engine {
             return 0;
         }
         let (taken, appended) = {
-            let mut m = self.lock_meta();
+            let mut l = self.lock_log();
             // Never more than the writers' own margin over the collector's reserve.
-            let spare = self.spare_free_segments(&m);
+            let spare = self.spare_free_segments(&l);
             (
-                m.segments.start_preparing(READY_SEGMENTS, spare),
-                m.log.appended(),
+                l.segments.start_preparing(READY_SEGMENTS, spare),
+                l.head.appended(),
             )
         };
         let syncs = self.log_syncs.load(Ordering::Relaxed);
@@ -66,7 +66,7 @@ impl Engine {
     fn write_ready_segments_ahead(&self) {
         const AT_ONCE: usize = 4;
         while !self.stop.load(Ordering::Acquire) && !self.poisoned.load(Ordering::Acquire) {
-            let taken = self.lock_meta().segments.start_writing_ahead(AT_ONCE);
+            let taken = self.lock_log().segments.start_writing_ahead(AT_ONCE);
             if taken.is_empty() {
                 return;
             }
@@ -86,11 +86,11 @@ impl Engine {
     /// The preparer is done with `s` (see [`FreeSegments::finish_preparing`]): false when the
     /// head took it meanwhile or it could not be allocated.
     fn finish_preparing(&self, s: u32, allocated: bool, written: bool) -> bool {
-        let mut m = self.lock_meta();
+        let mut l = self.lock_log();
         // When allocating failed, the file system is full: the head allocates (and reports)
         // itself.
-        let kept = m.segments.finish_preparing(s, allocated, written);
-        m.check_segment_lists();
+        let kept = l.segments.finish_preparing(s, allocated, written);
+        l.check_segment_lists(None);
         kept && allocated
     }
 
@@ -110,11 +110,11 @@ impl Engine {
         let seg = self.geometry.segment_size as u64;
         let base = s as u64 * seg;
         {
-            // Marked under `meta`, and only while still being prepared: the head removes a
-            // segment from `preparing` and clears the mark under `meta` too, so either it
-            // sees the mark or this sees the segment gone, never neither.
-            let m = self.lock_meta();
-            if !m.segments.is_preparing(s) {
+            // Marked under the log's lock, and only while still being prepared: the head
+            // removes a segment from `preparing` and clears the mark under that lock too, so
+            // either it sees the mark or this sees the segment gone, never neither.
+            let l = self.lock_log();
+            if !l.segments.is_preparing(s) {
                 return true;
             }
             self.preparer.start_writing(s);
@@ -148,7 +148,7 @@ impl Engine {
 
     /// Segment `s` is no longer being prepared (the head took it, shutdown gave it back, or
     /// writing it ahead ended): no more of it is written ahead once this returns. The order
-    /// is `meta`, then this lock.
+    /// is the log's lock, then this one.
     pub(super) fn stop_writing_ahead(&self, s: u32) {
         self.preparer.stop_writing(s);
     }
@@ -163,28 +163,32 @@ impl Engine {
     /// punched). Maintenance calls this while hosts are idle; a writer that finds the file
     /// system full punches everything pending first; a clean shutdown punches the rest.
     pub(super) fn discard_freed(&self, max: usize) -> usize {
+        // Under `meta` too: the free list's length changes only under it, so a writer or a
+        // relocation that reads it twice in one hold of `meta` reads the same.
         let taken: Vec<u32> = {
-            let mut m = self.lock_meta();
+            let _m = self.lock_meta();
+            let mut l = self.lock_log();
             // Leave writers enough free segments meanwhile: on a nearly full array they
             // would otherwise report out of space while a hole is being punched.
-            let spare = self.spare_free_segments(&m);
-            let taken = m.segments.take_to_discard(max.min(spare));
+            let spare = self.spare_free_segments(&l);
+            let taken = l.segments.take_to_discard(max.min(spare));
             if taken.is_empty() {
                 return 0;
             }
             taken
         };
         self.punch(&taken);
-        let mut m = self.lock_meta();
-        m.segments.return_discarded(&taken);
-        m.check_segment_lists();
+        let m = self.lock_meta();
+        let mut l = self.lock_log();
+        l.segments.return_discarded(&taken);
+        l.check_segment_lists(Some(&m.state));
         taken.len()
     }
 
     /// Punch the holes of every free segment still holding file space, under the lock (so no
     /// writer can take one meanwhile): a full file system, or a clean shutdown.
-    pub(super) fn punch_all_pending(&self, m: &mut Meta) {
-        let pending = m.segments.take_all_to_discard();
+    pub(super) fn punch_all_pending(&self, l: &mut Log) {
+        let pending = l.segments.take_all_to_discard();
         self.punch(&pending);
     }
 

@@ -13,7 +13,7 @@ impl Engine {
         let m = self.lock_meta();
         let seg = self.geometry.segment_size as u64;
         let count = self.geometry.segment_count as u64;
-        let used_segments = count - m.segments.len() as u64;
+        let used_segments = count - self.lock_log().segments.len() as u64;
         let live = m.state.live_bytes();
         let physical = used_segments * seg;
         let capacity = (count - gc_reserve(self.geometry.segment_count) as u64) * seg;
