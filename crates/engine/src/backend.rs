@@ -16,7 +16,9 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Mutex;
 
+#[cfg(any(test, feature = "testing"))]
 mod mem;
+#[cfg(any(test, feature = "testing"))]
 pub use mem::MemBackend;
 
 pub trait Backend: Send + Sync {

@@ -15,16 +15,19 @@ pub mod backend;
 pub use sliver_clock as clock;
 pub mod engine;
 pub mod format;
+#[cfg(any(test, feature = "testing"))]
 mod fuzz_ops;
 mod le;
 pub mod legacy;
 pub mod meta;
 pub mod state;
-#[doc(hidden)]
+#[cfg(any(test, feature = "testing"))]
 pub mod test_data;
 pub mod volume;
 
-pub use backend::{holds_engine, Backend, FileBackend, MemBackend};
+pub use backend::{holds_engine, Backend, FileBackend};
+#[cfg(any(test, feature = "testing"))]
+pub use backend::MemBackend;
 pub use engine::{
     default_metadata_cache, ChunkState, Compression, Durable, Engine, EngineConfig, EngineError,
     EngineSpace, GcPriority, Recovery, Tuning, VolumeUsage, MIN_METADATA_CACHE, STATUS_SCAN_CHUNKS,
@@ -32,14 +35,14 @@ pub use engine::{
 pub use volume::EngineVolume;
 
 /// Fuzzing entry point: operation sequences against a model (`fuzz_ops.rs`).
-#[doc(hidden)]
+#[cfg(any(test, feature = "testing"))]
 pub use fuzz_ops::fuzz_ops;
 
 /// Fuzzing entry point: `data` describes records as `[kind u8][len u8][payload]...`; each is
 /// given a valid header and checksum (random bytes would never pass the CRC), decoded and
 /// applied to a small state until the first refusal. Nothing may panic, and the counts kept
 /// incrementally (per node, per chunk, live bytes) must equal a recount from the trees.
-#[doc(hidden)]
+#[cfg(any(test, feature = "testing"))]
 pub fn fuzz_log(data: &[u8]) {
     use format::{records, Record, RECORD_HEADER};
     use meta::map_tree::ANCHORED;
