@@ -7,6 +7,7 @@
 //! the same decisions.
 
 use crate::cdb::{self, Command};
+use crate::pr::ReservationAccess;
 use crate::tpc::CopyList;
 use crate::Sense;
 
@@ -69,6 +70,9 @@ pub struct Parsed {
     /// EXTENDED COPY(LID1)'s parameter list (`None` for every other command), read and checked
     /// as execution reports it.
     pub(crate) copy_list: Option<CopyList>,
+    /// How the reservations in force treat it (`None` for a CDB that does not parse: its
+    /// sense answers it before any reservation is looked at).
+    pub(crate) reservation_access: Option<ReservationAccess>,
 }
 
 /// Decide what `cdb` is, which moves `transfer_bytes` (the transport's expected data transfer
@@ -108,11 +112,16 @@ pub fn dispatch(cdb: &[u8], transfer_bytes: u64, data_out: &[u8]) -> Parsed {
         }
         _ => Placement::Blocking,
     };
+    let reservation_access = command
+        .as_ref()
+        .ok()
+        .map(|command| ReservationAccess::of(command, cdb));
     Parsed {
         survives_abort: matches!(command, Ok(Command::Sanitize { .. })),
         command,
         placement,
         copy_list,
+        reservation_access,
     }
 }
 
@@ -269,6 +278,114 @@ mod tests {
             truncated.command.map_err(|s| s.reason),
             Err(SenseReason::InvalidFieldInCdb)
         );
+    }
+
+    /// A CDB of `len` bytes with `op`, byte 1 `b1` and `byte` at `at`.
+    fn cdb_with(op: u8, b1: u8, len: usize, at: usize, byte: u8) -> Vec<u8> {
+        let mut c = cdb(op, b1, len);
+        c[at] = byte;
+        c
+    }
+
+    /// Every command of SPC-4's table of commands allowed in the presence of persistent
+    /// reservations and of SBC-3's additions, those SPC-2 RESERVE lets other nexuses send, and
+    /// one of each other kind, with what the reservations decide: whether it parses or not
+    /// (the device server does not implement all of them, and those still meet a reservation
+    /// before their INVALID COMMAND OPERATION CODE).
+    #[test]
+    fn reservation_access_follows_spc4_and_sbc3_tables() {
+        use crate::pr::{AccessClass::*, Spc2Access::*};
+        #[rustfmt::skip]
+        let table = [
+            ("INQUIRY", cdb(0x12, 0, 6), Always, Anyone),
+            ("REQUEST SENSE", cdb(0x03, 0, 6), Always, Anyone),
+            ("REPORT LUNS", cdb(0xa0, 0, 12), Always, Anyone),
+            ("LOG SENSE", cdb(0x4d, 0, 10), Always, Anyone),
+            ("RELEASE(6)", cdb(0x17, 0, 6), Always, Anyone),
+            ("RELEASE(10)", cdb(0x57, 0, 10), Always, Anyone),
+            ("TEST UNIT READY", cdb(0x00, 0, 6), Always, HolderOnly),
+            ("READ CAPACITY(10)", cdb(0x25, 0, 10), Always, HolderOnly),
+            ("READ CAPACITY(16)", cdb(0x9e, 0x10, 16), Always, HolderOnly),
+            ("RESERVE(6)", cdb(0x16, 0, 6), Always, HolderOnly),
+            ("RESERVE(10)", cdb(0x56, 0, 10), Always, HolderOnly),
+            ("ACCESS CONTROL IN", cdb(0x86, 0, 16), Always, HolderOnly),
+            ("ACCESS CONTROL OUT", cdb(0x87, 0, 16), Always, HolderOnly),
+            ("PERSISTENT RESERVE IN", cdb(0x5e, 0, 10), Always, Nobody),
+            ("PERSISTENT RESERVE OUT", cdb(0x5f, 0, 10), Always, Nobody),
+            ("PREVENT ALLOW MEDIUM REMOVAL, allow", cdb(0x1e, 0, 6), Always, Anyone),
+            ("PREVENT ALLOW MEDIUM REMOVAL, prevent", cdb_with(0x1e, 0, 6, 4, 1), Other, HolderOnly),
+            ("READ MEDIA SERIAL NUMBER", cdb(0xab, 0x01, 12), Always, Anyone),
+            ("SERVICE ACTION IN(12) 02h", cdb(0xab, 0x02, 12), Other, HolderOnly),
+            ("REPORT IDENTIFYING INFORMATION", cdb(0xa3, 0x05, 12), Always, HolderOnly),
+            ("REPORT TARGET PORT GROUPS", cdb(0xa3, 0x0a, 12), Always, Anyone),
+            ("REPORT ALIASES", cdb(0xa3, 0x0b, 12), Always, HolderOnly),
+            ("REPORT SUPPORTED OPERATION CODES", cdb(0xa3, 0x0c, 12), Read, Anyone),
+            ("REPORT SUPPORTED TMFS", cdb(0xa3, 0x0d, 12), Read, Anyone),
+            ("REPORT PRIORITY", cdb(0xa3, 0x0e, 12), Always, HolderOnly),
+            ("REPORT TIMESTAMP", cdb(0xa3, 0x0f, 12), Always, Anyone),
+            ("MANAGEMENT PROTOCOL IN", cdb(0xa3, 0x10, 12), Read, HolderOnly),
+            ("MAINTENANCE IN 06h", cdb(0xa3, 0x06, 12), Other, HolderOnly),
+            ("GET LBA STATUS", cdb(0x9e, 0x12, 16), Read, HolderOnly),
+            ("READ LONG(16)", cdb(0x9e, 0x11, 16), Read, HolderOnly),
+            ("REPORT REFERRALS", cdb(0x9e, 0x13, 16), Read, HolderOnly),
+            ("SERVICE ACTION IN(16) 14h", cdb(0x9e, 0x14, 16), Other, HolderOnly),
+            ("READ(6)", cdb(0x08, 0, 6), Read, HolderOnly),
+            ("READ(10)", cdb(0x28, 0, 10), Read, HolderOnly),
+            ("READ(12)", cdb(0xa8, 0, 12), Read, HolderOnly),
+            ("READ(16)", cdb(0x88, 0, 16), Read, HolderOnly),
+            ("VERIFY(10)", cdb(0x2f, 0, 10), Read, HolderOnly),
+            ("VERIFY(12)", cdb(0xaf, 0, 12), Read, HolderOnly),
+            ("VERIFY(16)", cdb(0x8f, 0, 16), Read, HolderOnly),
+            ("PRE-FETCH(10)", cdb(0x34, 0, 10), Read, HolderOnly),
+            ("PRE-FETCH(16)", cdb(0x90, 0, 16), Read, HolderOnly),
+            ("READ DEFECT DATA(10)", cdb(0x37, 0, 10), Read, HolderOnly),
+            ("READ DEFECT DATA(12)", cdb(0xb7, 0, 12), Read, HolderOnly),
+            ("READ LONG(10)", cdb(0x3e, 0, 10), Read, HolderOnly),
+            ("XDREAD(10)", cdb(0x52, 0, 10), Read, HolderOnly),
+            ("MODE SENSE(6)", cdb(0x1a, 0, 6), Read, HolderOnly),
+            ("MODE SENSE(10)", cdb(0x5a, 0, 10), Read, HolderOnly),
+            ("READ BUFFER", cdb(0x3c, 0, 10), Read, HolderOnly),
+            ("RECEIVE DIAGNOSTIC RESULTS", cdb(0x1c, 0, 6), Read, HolderOnly),
+            ("READ ATTRIBUTE", cdb(0x8c, 0, 16), Read, HolderOnly),
+            ("SECURITY PROTOCOL IN", cdb(0xa2, 0, 12), Read, HolderOnly),
+            ("READ(32)", cdb_with(0x7f, 0, 32, 9, 0x09), Read, HolderOnly),
+            ("VERIFY(32)", cdb_with(0x7f, 0, 32, 9, 0x0a), Read, HolderOnly),
+            ("WRITE(32)", cdb_with(0x7f, 0, 32, 9, 0x0b), Other, HolderOnly),
+            ("WRITE(6)", cdb(0x0a, 0, 6), Other, HolderOnly),
+            ("WRITE(10)", cdb(0x2a, 0, 10), Other, HolderOnly),
+            ("WRITE(12)", cdb(0xaa, 0, 12), Other, HolderOnly),
+            ("WRITE(16)", cdb(0x8a, 0, 16), Other, HolderOnly),
+            ("WRITE AND VERIFY(10)", cdb(0x2e, 0, 10), Other, HolderOnly),
+            ("WRITE AND VERIFY(12)", cdb(0xae, 0, 12), Other, HolderOnly),
+            ("WRITE AND VERIFY(16)", cdb(0x8e, 0, 16), Other, HolderOnly),
+            ("ORWRITE(16)", cdb(0x8b, 0, 16), Other, HolderOnly),
+            ("WRITE ATOMIC(16)", cdb(0x9c, 0, 16), Other, HolderOnly),
+            ("COMPARE AND WRITE", cdb(0x89, 0, 16), Other, HolderOnly),
+            ("WRITE SAME(10)", cdb(0x41, 0, 10), Other, HolderOnly),
+            ("WRITE SAME(16)", cdb(0x93, 0, 16), Other, HolderOnly),
+            ("UNMAP", cdb(0x42, 0, 10), Other, HolderOnly),
+            ("SYNCHRONIZE CACHE(10)", cdb(0x35, 0, 10), Other, HolderOnly),
+            ("SYNCHRONIZE CACHE(16)", cdb(0x91, 0, 16), Other, HolderOnly),
+            ("START STOP UNIT", cdb(0x1b, 0, 6), Other, HolderOnly),
+            ("MODE SELECT(6)", cdb(0x15, 0, 6), Other, HolderOnly),
+            ("MODE SELECT(10)", cdb(0x55, 0, 10), Other, HolderOnly),
+            ("SANITIZE", cdb(0x48, 0x01, 10), Other, HolderOnly),
+            ("EXTENDED COPY(LID1)", cdb(0x83, 0x00, 16), Other, HolderOnly),
+            ("POPULATE TOKEN", cdb(0x83, 0x10, 16), Other, HolderOnly),
+            ("WRITE USING TOKEN", cdb(0x83, 0x11, 16), Other, HolderOnly),
+            ("THIRD-PARTY COPY OUT 1Ch", cdb(0x83, 0x1c, 16), Other, HolderOnly),
+            ("RECEIVE COPY STATUS", cdb(0x84, 0x00, 16), Other, HolderOnly),
+            ("RECEIVE ROD TOKEN INFORMATION", cdb(0x84, 0x07, 16), Other, HolderOnly),
+            ("an unknown opcode", cdb(0xc5, 0, 16), Other, HolderOnly),
+        ];
+        for (name, cdb, persistent, spc2) in table {
+            let parsed = dispatch(&cdb, 0, &[]);
+            assert!(parsed.command.is_ok(), "{name} parses");
+            let expected = ReservationAccess { persistent, spc2 };
+            assert_eq!(parsed.reservation_access, Some(expected), "{name}");
+        }
+        // A CDB that does not parse is answered by its sense before any reservation.
+        assert_eq!(dispatch(&[0x28, 0], 0, &[]).reservation_access, None);
     }
 
     #[test]

@@ -10,7 +10,7 @@ use crate::dispatch::Parsed;
 use crate::lu::{LogicalUnit, LuConfig};
 use crate::outcome::{write_failure, Done, Failure, Outcome};
 use crate::stats::CommandClass;
-use crate::{sbc, spc, tpc, Nexus, Request, Response, Sense, SenseReason, Status};
+use crate::{sbc, spc, tpc, Nexus, Request, Response, SenseReason, Status};
 
 /// A command run up to the point where it may wait for its writes to be durable.
 struct Ran {
@@ -170,7 +170,7 @@ impl LogicalUnit {
             return None;
         }
         let started = std::time::Instant::now();
-        let outcome = match self.admit(req, &parsed.command) {
+        let outcome = match self.admit(req, parsed) {
             Err(answered) => answered,
             Ok(&Command::Read { range, .. }) => sbc::read_cached(self, range)?,
             Ok(_) => return None,
@@ -214,11 +214,7 @@ impl LogicalUnit {
     /// What every command goes through before it runs: the soft threshold's unit attention,
     /// a pending unit attention, a CDB that did not parse, a sanitize in progress, a
     /// reservation. `Err` carries the command's answer when one of them decides it.
-    fn admit<'p>(
-        &self,
-        req: &Request,
-        command: &'p Result<Command, Sense>,
-    ) -> Result<&'p Command, Outcome> {
+    fn admit<'p>(&self, req: &Request, parsed: &'p Parsed) -> Result<&'p Command, Outcome> {
         let opcode = req.cdb.first().copied().unwrap_or(0);
         // SPC-4 5.14: INQUIRY, REPORT LUNS and REQUEST SENSE neither report nor clear a
         // unit attention (REQUEST SENSE returns it as its data instead).
@@ -231,7 +227,10 @@ impl LogicalUnit {
         if let Some(reason) = pending {
             return Err(Err(reason.into()));
         }
-        let cmd = command.as_ref().map_err(|&sense| Err(sense.into()))?;
+        let cmd = parsed
+            .command
+            .as_ref()
+            .map_err(|&sense| Err(sense.into()))?;
         if self.sanitizing.load(std::sync::atomic::Ordering::Acquire) {
             match cmd {
                 Command::Inquiry { .. } | Command::ReportLuns { .. } => {}
@@ -245,14 +244,15 @@ impl LogicalUnit {
                 _ => return Err(Err(SenseReason::NotReadySanitizeInProgress.into())),
             }
         }
-        if self.reservations.check_access(req.nexus, req.cdb).is_err() {
+        let access = parsed.reservation_access;
+        if access.is_some_and(|access| self.reservations.admits(req.nexus, access).is_err()) {
             return Err(Err(Failure::Conflict));
         }
         Ok(cmd)
     }
 
     fn run(&self, req: &Request, parsed: &Parsed) -> Outcome {
-        let cmd = match self.admit(req, &parsed.command) {
+        let cmd = match self.admit(req, parsed) {
             Ok(cmd) => cmd,
             Err(answered) => return answered,
         };

@@ -1,10 +1,13 @@
 //! Which commands a reservation lets through: the SPC-4 / SBC-3 tables of commands allowed in
 //! the presence of persistent reservations, and the commands SPC-2 RESERVE lets other nexuses
-//! send.
+//! send. [`crate::dispatch`] decides it once per command, from the parsed command, and the
+//! reservation check reads that decision.
 
-use crate::cdb::opcode;
+use crate::cdb::{opcode, Command};
 
-// Opcodes and service actions the access tables need that the CDB parser does not name.
+// Opcodes and service actions of commands this device server does not implement but the
+// access tables name: they still meet a reservation before their INVALID COMMAND OPERATION
+// CODE, so whether they conflict depends on what SPC says they are.
 const PREVENT_ALLOW_MEDIUM_REMOVAL: u8 = 0x1e;
 const RECEIVE_DIAGNOSTIC_RESULTS: u8 = 0x1c;
 const READ_BUFFER: u8 = 0x3c;
@@ -30,7 +33,7 @@ const SA32_VERIFY: u16 = 0x000a;
 /// How a command fares in the presence of a persistent reservation held by another nexus
 /// (the SPC-4 and SBC-3 tables of commands allowed in the presence of persistent reservations).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum AccessClass {
+pub enum AccessClass {
     /// Allowed whatever the reservation.
     Always,
     /// Allowed under the Write Exclusive types; under the Exclusive Access types only for
@@ -41,98 +44,133 @@ pub(super) enum AccessClass {
     Other,
 }
 
-pub(super) fn access_class(cdb: &[u8]) -> AccessClass {
-    use opcode::*;
-    let op = cdb.first().copied().unwrap_or(0);
-    let service_action = cdb.get(1).map_or(0, |b| b & 0x1f);
-    match op {
-        INQUIRY
-        | REQUEST_SENSE
-        | REPORT_LUNS
-        | TEST_UNIT_READY
-        | LOG_SENSE
-        | READ_CAPACITY_10
-        | PERSISTENT_RESERVE_IN
-        | PERSISTENT_RESERVE_OUT
-        | ACCESS_CONTROL_IN
-        | ACCESS_CONTROL_OUT => AccessClass::Always,
-        // Their own methods apply SPC-4's compatible reservation handling.
-        RESERVE_6 | RESERVE_10 | RELEASE_6 | RELEASE_10 => AccessClass::Always,
-        PREVENT_ALLOW_MEDIUM_REMOVAL if prevent_field(cdb) == 0 => AccessClass::Always,
-        SERVICE_ACTION_IN_12 if service_action == SA_READ_MEDIA_SERIAL_NUMBER => {
-            AccessClass::Always
-        }
-        SERVICE_ACTION_IN_16 => match service_action {
-            SA_READ_CAPACITY_16 => AccessClass::Always,
-            SA_GET_LBA_STATUS | SA_READ_LONG_16 | SA_REPORT_REFERRALS => AccessClass::Read,
-            _ => AccessClass::Other,
-        },
-        MAINTENANCE_IN => match service_action {
-            SA_REPORT_IDENTIFYING_INFORMATION
-            | SA_REPORT_TARGET_PORT_GROUPS
-            | SA_REPORT_ALIASES
-            | SA_REPORT_PRIORITY
-            | SA_REPORT_TIMESTAMP => AccessClass::Always,
-            SA_REPORT_SUPPORTED_OPCODES | SA_REPORT_SUPPORTED_TMFS | SA_MANAGEMENT_PROTOCOL_IN => {
-                AccessClass::Read
+/// Who may send a command while an SPC-2 RESERVE is in force.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Spc2Access {
+    /// Only the holder's nexus.
+    HolderOnly,
+    /// Every nexus: the commands SPC-2 lets through, plus the MAINTENANCE IN reports that
+    /// multipath path checkers send on every path.
+    Anyone,
+    /// No nexus, the holder's included: PERSISTENT RESERVE IN and OUT.
+    Nobody,
+}
+
+/// What the reservations in force decide about one command: its row in the persistent
+/// reservation tables and under SPC-2 RESERVE.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ReservationAccess {
+    pub persistent: AccessClass,
+    pub spc2: Spc2Access,
+}
+
+impl ReservationAccess {
+    const fn new(persistent: AccessClass, spc2: Spc2Access) -> Self {
+        ReservationAccess { persistent, spc2 }
+    }
+
+    /// A command that reads the medium.
+    pub(crate) const READ: Self = Self::new(AccessClass::Read, Spc2Access::HolderOnly);
+    /// A command that writes the medium, or changes anything else.
+    pub(crate) const WRITE: Self = Self::new(AccessClass::Other, Spc2Access::HolderOnly);
+    /// Allowed under any persistent reservation, but only from the SPC-2 holder.
+    const ALWAYS_BUT_SPC2_HOLDER_ONLY: Self =
+        Self::new(AccessClass::Always, Spc2Access::HolderOnly);
+    /// Allowed under any reservation.
+    const ALWAYS: Self = Self::new(AccessClass::Always, Spc2Access::Anyone);
+
+    /// The access of `command`, parsed from `cdb`. The CDB is read only for
+    /// [`Command::Unsupported`]: see [`ReservationAccess::of_unimplemented`].
+    pub(crate) fn of(command: &Command, cdb: &[u8]) -> Self {
+        match command {
+            Command::PersistentReserveIn { .. } | Command::PersistentReserveOut { .. } => {
+                Self::new(AccessClass::Always, Spc2Access::Nobody)
             }
-            _ => AccessClass::Other,
-        },
-        READ_6
-        | READ_10
-        | READ_12
-        | READ_16
-        | VERIFY_10
-        | VERIFY_12
-        | VERIFY_16
-        | PRE_FETCH_10
-        | PRE_FETCH_16
-        | READ_DEFECT_DATA_10
-        | READ_DEFECT_DATA_12
-        | READ_LONG_10
-        | XDREAD_10
-        | MODE_SENSE_6
-        | MODE_SENSE_10
-        | READ_BUFFER
-        | RECEIVE_DIAGNOSTIC_RESULTS
-        | READ_ATTRIBUTE
-        | SECURITY_PROTOCOL_IN => AccessClass::Read,
-        VARIABLE_LENGTH => {
-            let sa32 = match (cdb.get(8), cdb.get(9)) {
-                (Some(&hi), Some(&lo)) => u16::from_be_bytes([hi, lo]),
-                _ => 0,
-            };
-            if sa32 == SA32_READ || sa32 == SA32_VERIFY {
-                AccessClass::Read
-            } else {
-                AccessClass::Other
+            Command::Inquiry { .. }
+            | Command::RequestSense { .. }
+            | Command::ReportLuns { .. }
+            | Command::LogSense { .. }
+            | Command::Release
+            | Command::ReportTargetPortGroups { .. } => Self::ALWAYS,
+            // RESERVE's own method applies SPC-4's compatible reservation handling.
+            Command::Reserve
+            | Command::TestUnitReady
+            | Command::ReadCapacity10
+            | Command::ReadCapacity16 { .. } => Self::ALWAYS_BUT_SPC2_HOLDER_ONLY,
+            Command::ReportSupportedOpcodes { .. } | Command::ReportSupportedTmfs { .. } => {
+                Self::new(AccessClass::Read, Spc2Access::Anyone)
             }
+            Command::Read { .. }
+            | Command::Verify { .. }
+            | Command::PreFetch { .. }
+            | Command::ReadDefectData { .. }
+            | Command::ModeSense { .. }
+            | Command::GetLbaStatus { .. } => Self::READ,
+            Command::Write { .. }
+            | Command::WriteAndVerify { .. }
+            | Command::OrWrite { .. }
+            | Command::WriteAtomic { .. }
+            | Command::CompareAndWrite { .. }
+            | Command::WriteSame { .. }
+            | Command::Unmap { .. }
+            | Command::SynchronizeCache { .. }
+            | Command::StartStopUnit(_)
+            | Command::ModeSelect { .. }
+            | Command::Sanitize { .. }
+            | Command::ExtendedCopy { .. }
+            | Command::ReceiveCopyResults { .. }
+            | Command::PopulateToken { .. }
+            | Command::WriteUsingToken { .. }
+            | Command::ReceiveRodTokenInformation { .. } => Self::WRITE,
+            Command::Unsupported { .. } => Self::of_unimplemented(cdb),
         }
-        _ => AccessClass::Other,
+    }
+
+    /// The access of a command this device server does not implement: the parser keeps only
+    /// its opcode, but the reservation check comes before its INVALID COMMAND OPERATION CODE,
+    /// so the tables' rows for such commands are looked up here, by opcode and service action.
+    fn of_unimplemented(cdb: &[u8]) -> Self {
+        use opcode::{MAINTENANCE_IN, SERVICE_ACTION_IN_16};
+        let op = cdb.first().copied().unwrap_or(0);
+        let service_action = cdb.get(1).map_or(0, |b| b & 0x1f);
+        match op {
+            ACCESS_CONTROL_IN | ACCESS_CONTROL_OUT => Self::ALWAYS_BUT_SPC2_HOLDER_ONLY,
+            PREVENT_ALLOW_MEDIUM_REMOVAL if prevent_field(cdb) == 0 => Self::ALWAYS,
+            SERVICE_ACTION_IN_12 if service_action == SA_READ_MEDIA_SERIAL_NUMBER => Self::ALWAYS,
+            SERVICE_ACTION_IN_16 => match service_action {
+                SA_READ_LONG_16 | SA_REPORT_REFERRALS => Self::READ,
+                _ => Self::WRITE,
+            },
+            MAINTENANCE_IN => match service_action {
+                SA_REPORT_TIMESTAMP => Self::ALWAYS,
+                SA_REPORT_IDENTIFYING_INFORMATION | SA_REPORT_ALIASES | SA_REPORT_PRIORITY => {
+                    Self::ALWAYS_BUT_SPC2_HOLDER_ONLY
+                }
+                SA_MANAGEMENT_PROTOCOL_IN => Self::READ,
+                _ => Self::WRITE,
+            },
+            READ_LONG_10
+            | XDREAD_10
+            | READ_BUFFER
+            | RECEIVE_DIAGNOSTIC_RESULTS
+            | READ_ATTRIBUTE
+            | SECURITY_PROTOCOL_IN => Self::READ,
+            VARIABLE_LENGTH => {
+                let sa32 = match (cdb.get(8), cdb.get(9)) {
+                    (Some(&hi), Some(&lo)) => u16::from_be_bytes([hi, lo]),
+                    _ => 0,
+                };
+                if sa32 == SA32_READ || sa32 == SA32_VERIFY {
+                    Self::READ
+                } else {
+                    Self::WRITE
+                }
+            }
+            _ => Self::WRITE,
+        }
     }
 }
 
 fn prevent_field(cdb: &[u8]) -> u8 {
     cdb.get(4).map_or(0, |b| b & 0x03)
-}
-
-/// Commands a nexus may send while another holds an SPC-2 reservation, plus
-/// the MAINTENANCE IN reports that multipath path checkers send on every path.
-pub(super) fn spc2_allows_non_holder(cdb: &[u8]) -> bool {
-    use opcode::*;
-    let op = cdb.first().copied().unwrap_or(0);
-    let service_action = cdb.get(1).map_or(0, |b| b & 0x1f);
-    match op {
-        INQUIRY | REQUEST_SENSE | REPORT_LUNS | LOG_SENSE | RELEASE_6 | RELEASE_10 => true,
-        PREVENT_ALLOW_MEDIUM_REMOVAL => prevent_field(cdb) == 0,
-        SERVICE_ACTION_IN_12 => service_action == SA_READ_MEDIA_SERIAL_NUMBER,
-        MAINTENANCE_IN => matches!(
-            service_action,
-            SA_REPORT_TARGET_PORT_GROUPS
-                | SA_REPORT_SUPPORTED_OPCODES
-                | SA_REPORT_SUPPORTED_TMFS
-                | SA_REPORT_TIMESTAMP
-        ),
-        _ => false,
-    }
 }

@@ -51,11 +51,9 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{RwLock, RwLockReadGuard, RwLockWriteGuard};
 
-use crate::cdb::opcode;
 use crate::param::ParamList;
 use crate::{Nexus, Sense, SenseReason};
 
-use access::{access_class, spc2_allows_non_holder, AccessClass};
 use aptpl::{load_aptpl_file, remove_durably, write_atomically};
 use prin::{
     PRIN_READ_FULL_STATUS, PRIN_READ_KEYS, PRIN_READ_RESERVATION, PRIN_REPORT_CAPABILITIES,
@@ -63,6 +61,7 @@ use prin::{
 use prout::ProutRequest;
 use state::PrState;
 
+pub(crate) use access::{AccessClass, ReservationAccess, Spc2Access};
 pub use model::{PendingUa, PrError, ProutEffects, MAX_REGISTRATIONS};
 
 #[derive(Debug, Default)]
@@ -123,28 +122,33 @@ impl Reservations {
         self.read().persistent.generation
     }
 
-    /// Whether `nexus` may run `cdb` given the reservations in force. `Err(())` means the
-    /// command ends with RESERVATION CONFLICT. RESERVE, RELEASE and PERSISTENT RESERVE OUT
-    /// pass here as far as persistent reservations go: their own methods decide.
+    /// Whether `nexus` may run `cdb` given the reservations in force, for a caller that did
+    /// not dispatch it: [`Reservations::admits`] with the access [`crate::dispatch()`] decides.
+    /// A CDB that does not parse passes: its sense answers it before any reservation.
+    #[cfg(test)]
+    pub(crate) fn check_access(&self, nexus: &Nexus, cdb: &[u8]) -> Result<(), ()> {
+        match crate::dispatch(cdb, 0, &[]).reservation_access {
+            Some(access) => self.admits(nexus, access),
+            None => Ok(()),
+        }
+    }
+
+    /// Whether `nexus` may run a command of `access` given the reservations in force.
+    /// `Err(())` means the command ends with RESERVATION CONFLICT. RESERVE, RELEASE and
+    /// PERSISTENT RESERVE OUT pass here as far as persistent reservations go: their own
+    /// methods decide.
     #[allow(clippy::result_unit_err)] // The API agreed with the LU: the only error is a conflict.
-    pub fn check_access(&self, nexus: &Nexus, cdb: &[u8]) -> Result<(), ()> {
+    pub(crate) fn admits(&self, nexus: &Nexus, access: ReservationAccess) -> Result<(), ()> {
         if !self.restricted.load(Ordering::Acquire) {
             return Ok(());
         }
-        let Some(&op) = cdb.first() else {
-            return Ok(()); // Not a command; the parser rejects it.
-        };
         let state = self.read();
         if let Some(holder) = &state.reserved_by {
-            // SPC-2: while RESERVE is in force every PERSISTENT RESERVE command
-            // conflicts, whoever sends it.
-            if op == opcode::PERSISTENT_RESERVE_IN || op == opcode::PERSISTENT_RESERVE_OUT {
-                return Err(());
-            }
-            if is_same_nexus(holder, nexus) || spc2_allows_non_holder(cdb) {
-                return Ok(());
-            }
-            return Err(());
+            return match access.spc2 {
+                Spc2Access::Anyone => Ok(()),
+                Spc2Access::HolderOnly if is_same_nexus(holder, nexus) => Ok(()),
+                Spc2Access::HolderOnly | Spc2Access::Nobody => Err(()),
+            };
         }
         let pr = &state.persistent;
         let Some(reservation) = &pr.reservation else {
@@ -155,7 +159,7 @@ impl Reservations {
         }
         let registered = pr.registration_of(nexus).is_some();
         let pr_type = reservation.pr_type;
-        let allowed = match access_class(cdb) {
+        let allowed = match access.persistent {
             AccessClass::Always => true,
             AccessClass::Read => {
                 !pr_type.exclusive_access() || (registered && pr_type.admits_registrants())

@@ -6,10 +6,10 @@ use std::sync::Arc;
 
 use sliver_volume::VolumeError;
 
-use crate::cdb::opcode;
 use crate::lu::LogicalUnit;
 use crate::outcome::Failure;
 use crate::param::fail_at;
+use crate::pr::ReservationAccess;
 use crate::{Nexus, SenseReason};
 
 /// COPY ABORTED, COPY TARGET DEVICE NOT REACHABLE: hosts fall back to copying themselves.
@@ -56,13 +56,12 @@ pub(crate) fn check_other_lu(
     let Target::Other(other) = target else {
         return Ok(());
     };
-    let mut cdb = [0u8; 16];
-    cdb[0] = if write {
-        opcode::WRITE_16
+    let access = if write {
+        ReservationAccess::WRITE
     } else {
-        opcode::READ_16
+        ReservationAccess::READ
     };
-    if other.reservations.check_access(nexus, &cdb).is_err()
+    if other.reservations.admits(nexus, access).is_err()
         || other.sanitizing.load(std::sync::atomic::Ordering::Acquire)
     {
         return Err(unreachable(at));
