@@ -365,7 +365,299 @@ pub fn parse(cdb: &[u8]) -> Result<Command, Sense> {
     if f.bit(len - 1, 2) {
         return Err(invalid_field(len as u16 - 1, Some(2)));
     }
-    let range = |lba: u64, blocks: u64| BlockRange { lba, blocks };
+    match op {
+        READ_6 | WRITE_6 | READ_10 | READ_12 | READ_16 | WRITE_10 | WRITE_12 | WRITE_16 => {
+            read_or_write(op, &f)
+        }
+        VERIFY_10 | VERIFY_12 | VERIFY_16 | WRITE_AND_VERIFY_10 | WRITE_AND_VERIFY_12
+        | WRITE_AND_VERIFY_16 => verify(op, &f),
+        WRITE_ATOMIC_16 | ORWRITE_16 | COMPARE_AND_WRITE | WRITE_SAME_10 | WRITE_SAME_16
+        | UNMAP => special_write(op, &f),
+        READ_CAPACITY_10 | SERVICE_ACTION_IN_16 | SYNCHRONIZE_CACHE_10 | SYNCHRONIZE_CACHE_16
+        | PRE_FETCH_10 | PRE_FETCH_16 | START_STOP_UNIT | READ_DEFECT_DATA_10
+        | READ_DEFECT_DATA_12 | SANITIZE => block_device(op, &f),
+        EXTENDED_COPY | RECEIVE_COPY_RESULTS => third_party_copy(op, &f),
+        MAINTENANCE_IN => maintenance_in(op, &f),
+        RESERVE_6
+        | RESERVE_10
+        | RELEASE_6
+        | RELEASE_10
+        | PERSISTENT_RESERVE_IN
+        | PERSISTENT_RESERVE_OUT => reservation(op, &f),
+        _ => primary(op, &f),
+    }
+}
+
+fn range(lba: u64, blocks: u64) -> BlockRange {
+    BlockRange { lba, blocks }
+}
+
+/// The LBA and TRANSFER LENGTH of a 10-, 12- or 16-byte READ/WRITE-family CDB of opcode `op`,
+/// where each of these sizes keeps them.
+fn block_range(op: u8, f: &Fields) -> BlockRange {
+    match cdb_length(op) {
+        Some(10) => range(f.u32(2) as u64, f.u16(7) as u64),
+        Some(12) => range(f.u32(2) as u64, f.u32(6) as u64),
+        _ => range(f.u64(2), f.u32(10) as u64),
+    }
+}
+
+/// READ and WRITE of every CDB size.
+fn read_or_write(op: u8, f: &Fields) -> Result<Command, Sense> {
+    if matches!(op, READ_6 | WRITE_6) {
+        // A TRANSFER LENGTH of 0 means 256 blocks for the 6-byte commands.
+        let blocks = match f.u8(4) {
+            0 => 256,
+            n => n as u64,
+        };
+        let range = range((f.u24(1) & 0x1f_ffff) as u64, blocks);
+        return Ok(if op == READ_6 {
+            Command::Read { range, fua: false }
+        } else {
+            Command::Write { range, fua: false }
+        });
+    }
+    no_protection(f)?;
+    let fua = f.bit(1, 3);
+    let range = block_range(op, f);
+    Ok(if matches!(op, READ_10 | READ_12 | READ_16) {
+        Command::Read { range, fua }
+    } else {
+        Command::Write { range, fua }
+    })
+}
+
+/// VERIFY and WRITE AND VERIFY.
+fn verify(op: u8, f: &Fields) -> Result<Command, Sense> {
+    no_protection(f)?;
+    let range = block_range(op, f);
+    if matches!(op, VERIFY_10 | VERIFY_12 | VERIFY_16) {
+        let byte_check = (f.u8(1) >> 1) & 3;
+        if byte_check == 2 {
+            return Err(invalid_field(1, Some(2)));
+        }
+        return Ok(Command::Verify { range, byte_check });
+    }
+    // BYTCHK 10b and 11b are reserved for WRITE AND VERIFY (SBC-4 5.47).
+    if f.bit(1, 2) {
+        return Err(invalid_field(1, Some(2)));
+    }
+    Ok(Command::WriteAndVerify { range })
+}
+
+/// The writes beyond WRITE: atomic, OR, compare-and-write and the VAAI and thin provisioning
+/// ones (WRITE SAME, UNMAP).
+fn special_write(op: u8, f: &Fields) -> Result<Command, Sense> {
+    if op == UNMAP {
+        return Ok(Command::Unmap {
+            anchor: f.bit(1, 0),
+            param_len: f.u16(7) as usize,
+        });
+    }
+    no_protection(f)?;
+    let cmd = match op {
+        WRITE_ATOMIC_16 => Command::WriteAtomic {
+            range: range(f.u64(2), f.u16(12) as u64),
+            fua: f.bit(1, 3),
+            boundary: f.u16(10),
+        },
+        ORWRITE_16 => Command::OrWrite {
+            range: range(f.u64(2), f.u32(10) as u64),
+            fua: f.bit(1, 3),
+        },
+        COMPARE_AND_WRITE => Command::CompareAndWrite {
+            range: range(f.u64(2), f.u8(13) as u64),
+            fua: f.bit(1, 3),
+        },
+        WRITE_SAME_10 | WRITE_SAME_16 => {
+            // PBDATA / LBDATA (bits 2, 1) are obsolete-ish and need protection info or
+            // per-block LBA stamping, which we do not do.
+            if f.u8(1) & 0x06 != 0 {
+                return Err(invalid_field(1, Some(2)));
+            }
+            Command::WriteSame {
+                range: block_range(op, f),
+                unmap: f.bit(1, 3),
+                anchor: f.bit(1, 4),
+                ndob: op == WRITE_SAME_16 && f.bit(1, 0),
+            }
+        }
+        _ => Command::Unsupported { opcode: op },
+    };
+    Ok(cmd)
+}
+
+/// The block device's commands that move no data of their own: capacity and LBA status,
+/// cache, start/stop, defect data and SANITIZE.
+fn block_device(op: u8, f: &Fields) -> Result<Command, Sense> {
+    let cmd = match op {
+        READ_CAPACITY_10 => {
+            // PMI = 0 with a non-zero LBA is invalid (SBC-3 5.16.1).
+            if !f.bit(8, 0) && f.u32(2) != 0 {
+                return Err(invalid_field(2, None));
+            }
+            Command::ReadCapacity10
+        }
+        SERVICE_ACTION_IN_16 => match f.u8(1) & 0x1f {
+            SA_READ_CAPACITY_16 => Command::ReadCapacity16 {
+                alloc_len: f.u32(10) as usize,
+            },
+            SA_GET_LBA_STATUS => Command::GetLbaStatus {
+                lba: f.u64(2),
+                alloc_len: f.u32(10) as usize,
+            },
+            _ => Command::Unsupported { opcode: op },
+        },
+        SYNCHRONIZE_CACHE_10 | SYNCHRONIZE_CACHE_16 => Command::SynchronizeCache {
+            range: block_range(op, f),
+        },
+        PRE_FETCH_10 | PRE_FETCH_16 => Command::PreFetch {
+            range: block_range(op, f),
+        },
+        START_STOP_UNIT => Command::StartStopUnit(StartStop {
+            immed: f.bit(1, 0),
+            power_condition: f.u8(4) >> 4,
+            load_eject: f.bit(4, 1),
+            start: f.bit(4, 0),
+        }),
+        READ_DEFECT_DATA_10 => Command::ReadDefectData {
+            ten: true,
+            format: f.u8(2) & 0x07,
+            alloc_len: f.u16(7) as usize,
+        },
+        READ_DEFECT_DATA_12 => Command::ReadDefectData {
+            ten: false,
+            format: f.u8(1) & 0x07,
+            alloc_len: f.u32(6) as usize,
+        },
+        SANITIZE => sanitize(f)?,
+        _ => Command::Unsupported { opcode: op },
+    };
+    Ok(cmd)
+}
+
+fn sanitize(f: &Fields) -> Result<Command, Sense> {
+    // Byte 1 bit 6 and bytes 2..=6 are reserved (SBC-3 5.30).
+    if f.u8(1) & 0x40 != 0 {
+        return Err(invalid_field(1, Some(6)));
+    }
+    if let Some(i) = (2..=6).find(|&i| f.u8(i) != 0) {
+        return Err(invalid_field(i as u16, None));
+    }
+    let action = match f.u8(1) & 0x1f {
+        SA_SANITIZE_OVERWRITE => SanitizeAction::Overwrite,
+        SA_SANITIZE_BLOCK_ERASE => SanitizeAction::BlockErase,
+        SA_SANITIZE_CRYPTO_ERASE => SanitizeAction::CryptoErase,
+        SA_SANITIZE_EXIT_FAILURE_MODE => SanitizeAction::ExitFailureMode,
+        _ => return Err(invalid_field(1, Some(4))),
+    };
+    Ok(Command::Sanitize {
+        action,
+        param_len: f.u16(7) as usize,
+    })
+}
+
+/// THIRD-PARTY COPY OUT (EXTENDED COPY and the token copy of VAAI's XCOPY and ODX) and
+/// RECEIVE COPY RESULTS, by service action.
+fn third_party_copy(op: u8, f: &Fields) -> Result<Command, Sense> {
+    let service_action = f.u8(1) & 0x1f;
+    let cmd = match (op, service_action) {
+        (EXTENDED_COPY, SA_EXTENDED_COPY_LID1) => Command::ExtendedCopy {
+            param_len: f.u32(10) as usize,
+        },
+        (EXTENDED_COPY, SA_POPULATE_TOKEN) => Command::PopulateToken {
+            list_id: f.u32(6),
+            param_len: f.u32(10) as usize,
+        },
+        (EXTENDED_COPY, SA_WRITE_USING_TOKEN) => Command::WriteUsingToken {
+            list_id: f.u32(6),
+            param_len: f.u32(10) as usize,
+        },
+        (RECEIVE_COPY_RESULTS, SA_RECEIVE_ROD_TOKEN_INFORMATION) => {
+            Command::ReceiveRodTokenInformation {
+                list_id: f.u32(2),
+                alloc_len: f.u32(10) as usize,
+            }
+        }
+        (RECEIVE_COPY_RESULTS, _) => {
+            let action = match service_action {
+                SA_COPY_STATUS => CopyResultsAction::CopyStatus,
+                SA_OPERATING_PARAMETERS => CopyResultsAction::OperatingParameters,
+                SA_FAILED_SEGMENT_DETAILS => CopyResultsAction::FailedSegmentDetails,
+                _ => return Ok(Command::Unsupported { opcode: op }),
+            };
+            Command::ReceiveCopyResults {
+                action,
+                list_id: f.u8(2),
+                alloc_len: f.u32(10) as usize,
+            }
+        }
+        _ => Command::Unsupported { opcode: op },
+    };
+    Ok(cmd)
+}
+
+/// MAINTENANCE IN, by service action: the reports of target port groups and of what the
+/// device server supports.
+fn maintenance_in(op: u8, f: &Fields) -> Result<Command, Sense> {
+    let cmd = match f.u8(1) & 0x1f {
+        SA_REPORT_TARGET_PORT_GROUPS => Command::ReportTargetPortGroups {
+            extended: f.u8(1) >> 5 == 1,
+            alloc_len: f.u32(6) as usize,
+        },
+        SA_REPORT_SUPPORTED_OPCODES => {
+            let requested_op = f.u8(3);
+            let requested_sa = f.u16(4);
+            let options = match f.u8(2) & 0x07 {
+                0 => RsocOptions::All,
+                1 => RsocOptions::Opcode(requested_op),
+                2 => RsocOptions::OpcodeServiceAction(requested_op, requested_sa),
+                3 => RsocOptions::OpcodeMaybeServiceAction(requested_op, requested_sa),
+                _ => return Err(invalid_field(2, Some(2))),
+            };
+            Command::ReportSupportedOpcodes {
+                rctd: f.bit(2, 7),
+                options,
+                alloc_len: f.u32(6) as usize,
+            }
+        }
+        SA_REPORT_SUPPORTED_TMFS => Command::ReportSupportedTmfs {
+            extended: f.bit(2, 7),
+            alloc_len: f.u32(6) as usize,
+        },
+        _ => Command::Unsupported { opcode: op },
+    };
+    Ok(cmd)
+}
+
+/// SPC-2 RESERVE and RELEASE, and PERSISTENT RESERVE IN and OUT.
+fn reservation(op: u8, f: &Fields) -> Result<Command, Sense> {
+    let cmd = match op {
+        RESERVE_6 | RESERVE_10 | RELEASE_6 | RELEASE_10 => {
+            // Third-party and extent reservations (obsolete) are not supported.
+            if f.u8(1) & 0x13 != 0 {
+                return Err(invalid_field(1, None));
+            }
+            if matches!(op, RESERVE_6 | RESERVE_10) {
+                Command::Reserve
+            } else {
+                Command::Release
+            }
+        }
+        PERSISTENT_RESERVE_IN => Command::PersistentReserveIn {
+            alloc_len: f.u16(7) as usize,
+        },
+        PERSISTENT_RESERVE_OUT => Command::PersistentReserveOut {
+            param_len: f.u32(5) as usize,
+        },
+        _ => Command::Unsupported { opcode: op },
+    };
+    Ok(cmd)
+}
+
+/// The primary commands every device type has (TEST UNIT READY, REQUEST SENSE, INQUIRY,
+/// REPORT LUNS, LOG SENSE, MODE SENSE and MODE SELECT), and any opcode we do not implement.
+fn primary(op: u8, f: &Fields) -> Result<Command, Sense> {
     let cmd = match op {
         TEST_UNIT_READY => Command::TestUnitReady,
         REQUEST_SENSE => Command::RequestSense {
@@ -386,194 +678,12 @@ pub fn parse(cdb: &[u8]) -> Result<Command, Sense> {
                 alloc_len: f.u16(3) as usize,
             }
         }
-        LOG_SENSE => {
-            // PPC (parameter pointer control) and SP (save parameters) are not supported.
-            if f.u8(1) & 0x03 != 0 {
-                return Err(invalid_field(
-                    1,
-                    Some((f.u8(1) & 0x03).trailing_zeros() as u8),
-                ));
-            }
-            if f.u16(5) != 0 {
-                return Err(invalid_field(5, None));
-            }
-            Command::LogSense {
-                page_control: f.u8(2) >> 6,
-                page: f.u8(2) & 0x3f,
-                subpage: f.u8(3),
-                alloc_len: f.u16(7) as usize,
-            }
-        }
+        LOG_SENSE => log_sense(f)?,
         REPORT_LUNS => Command::ReportLuns {
             select: f.u8(2),
             alloc_len: f.u32(6) as usize,
         },
-        READ_6 | WRITE_6 => {
-            // A TRANSFER LENGTH of 0 means 256 blocks for the 6-byte commands.
-            let blocks = match f.u8(4) {
-                0 => 256,
-                n => n as u64,
-            };
-            let r = range((f.u24(1) & 0x1f_ffff) as u64, blocks);
-            if op == READ_6 {
-                Command::Read {
-                    range: r,
-                    fua: false,
-                }
-            } else {
-                Command::Write {
-                    range: r,
-                    fua: false,
-                }
-            }
-        }
-        READ_10 | READ_12 | READ_16 | WRITE_10 | WRITE_12 | WRITE_16 => {
-            no_protection(&f)?;
-            let fua = f.bit(1, 3);
-            let r = match op {
-                READ_10 | WRITE_10 => range(f.u32(2) as u64, f.u16(7) as u64),
-                READ_12 | WRITE_12 => range(f.u32(2) as u64, f.u32(6) as u64),
-                _ => range(f.u64(2), f.u32(10) as u64),
-            };
-            if matches!(op, READ_10 | READ_12 | READ_16) {
-                Command::Read { range: r, fua }
-            } else {
-                Command::Write { range: r, fua }
-            }
-        }
-        VERIFY_10 | VERIFY_12 | VERIFY_16 => {
-            no_protection(&f)?;
-            let byte_check = (f.u8(1) >> 1) & 3;
-            if byte_check == 2 {
-                return Err(invalid_field(1, Some(2)));
-            }
-            let r = match op {
-                VERIFY_10 => range(f.u32(2) as u64, f.u16(7) as u64),
-                VERIFY_12 => range(f.u32(2) as u64, f.u32(6) as u64),
-                _ => range(f.u64(2), f.u32(10) as u64),
-            };
-            Command::Verify {
-                range: r,
-                byte_check,
-            }
-        }
-        WRITE_AND_VERIFY_10 | WRITE_AND_VERIFY_12 | WRITE_AND_VERIFY_16 => {
-            no_protection(&f)?;
-            // BYTCHK 10b and 11b are reserved for WRITE AND VERIFY (SBC-4 5.47).
-            if f.bit(1, 2) {
-                return Err(invalid_field(1, Some(2)));
-            }
-            let r = match op {
-                WRITE_AND_VERIFY_10 => range(f.u32(2) as u64, f.u16(7) as u64),
-                WRITE_AND_VERIFY_12 => range(f.u32(2) as u64, f.u32(6) as u64),
-                _ => range(f.u64(2), f.u32(10) as u64),
-            };
-            Command::WriteAndVerify { range: r }
-        }
-        WRITE_ATOMIC_16 => {
-            no_protection(&f)?;
-            Command::WriteAtomic {
-                range: range(f.u64(2), f.u16(12) as u64),
-                fua: f.bit(1, 3),
-                boundary: f.u16(10),
-            }
-        }
-        ORWRITE_16 => {
-            no_protection(&f)?;
-            Command::OrWrite {
-                range: range(f.u64(2), f.u32(10) as u64),
-                fua: f.bit(1, 3),
-            }
-        }
-        COMPARE_AND_WRITE => {
-            no_protection(&f)?;
-            Command::CompareAndWrite {
-                range: range(f.u64(2), f.u8(13) as u64),
-                fua: f.bit(1, 3),
-            }
-        }
-        WRITE_SAME_10 | WRITE_SAME_16 => {
-            no_protection(&f)?;
-            let ten = op == WRITE_SAME_10;
-            // PBDATA / LBDATA (bits 2, 1) are obsolete-ish and need protection info or
-            // per-block LBA stamping, which we do not do.
-            if f.u8(1) & 0x06 != 0 {
-                return Err(invalid_field(1, Some(2)));
-            }
-            let ndob = !ten && f.bit(1, 0);
-            let r = if ten {
-                range(f.u32(2) as u64, f.u16(7) as u64)
-            } else {
-                range(f.u64(2), f.u32(10) as u64)
-            };
-            Command::WriteSame {
-                range: r,
-                unmap: f.bit(1, 3),
-                anchor: f.bit(1, 4),
-                ndob,
-            }
-        }
-        UNMAP => Command::Unmap {
-            anchor: f.bit(1, 0),
-            param_len: f.u16(7) as usize,
-        },
-        READ_CAPACITY_10 => {
-            // PMI = 0 with a non-zero LBA is invalid (SBC-3 5.16.1).
-            if !f.bit(8, 0) && f.u32(2) != 0 {
-                return Err(invalid_field(2, None));
-            }
-            Command::ReadCapacity10
-        }
-        SERVICE_ACTION_IN_16 => match f.u8(1) & 0x1f {
-            SA_READ_CAPACITY_16 => Command::ReadCapacity16 {
-                alloc_len: f.u32(10) as usize,
-            },
-            SA_GET_LBA_STATUS => Command::GetLbaStatus {
-                lba: f.u64(2),
-                alloc_len: f.u32(10) as usize,
-            },
-            _ => Command::Unsupported { opcode: op },
-        },
-        SYNCHRONIZE_CACHE_10 => Command::SynchronizeCache {
-            range: range(f.u32(2) as u64, f.u16(7) as u64),
-        },
-        SYNCHRONIZE_CACHE_16 => Command::SynchronizeCache {
-            range: range(f.u64(2), f.u32(10) as u64),
-        },
-        PRE_FETCH_10 => Command::PreFetch {
-            range: range(f.u32(2) as u64, f.u16(7) as u64),
-        },
-        PRE_FETCH_16 => Command::PreFetch {
-            range: range(f.u64(2), f.u32(10) as u64),
-        },
-        START_STOP_UNIT => Command::StartStopUnit(StartStop {
-            immed: f.bit(1, 0),
-            power_condition: f.u8(4) >> 4,
-            load_eject: f.bit(4, 1),
-            start: f.bit(4, 0),
-        }),
-        MODE_SENSE_6 | MODE_SENSE_10 => {
-            let ten = op == MODE_SENSE_10;
-            let control = match f.u8(2) >> 6 {
-                0 => PageControl::Current,
-                1 => PageControl::Changeable,
-                2 => PageControl::Default,
-                _ => PageControl::Saved,
-            };
-            Command::ModeSense {
-                ten,
-                dbd: f.bit(1, 3),
-                llbaa: ten && f.bit(1, 4),
-                control,
-                page: f.u8(2) & 0x3f,
-                subpage: f.u8(3),
-                alloc_len: if ten {
-                    f.u16(7) as usize
-                } else {
-                    f.u8(4) as usize
-                },
-            }
-        }
+        MODE_SENSE_6 | MODE_SENSE_10 => mode_sense(op, f),
         MODE_SELECT_6 | MODE_SELECT_10 => {
             let ten = op == MODE_SELECT_10;
             Command::ModeSelect {
@@ -586,118 +696,51 @@ pub fn parse(cdb: &[u8]) -> Result<Command, Sense> {
                 },
             }
         }
-        READ_DEFECT_DATA_10 => Command::ReadDefectData {
-            ten: true,
-            format: f.u8(2) & 0x07,
-            alloc_len: f.u16(7) as usize,
-        },
-        READ_DEFECT_DATA_12 => Command::ReadDefectData {
-            ten: false,
-            format: f.u8(1) & 0x07,
-            alloc_len: f.u32(6) as usize,
-        },
-        SANITIZE => {
-            // Byte 1 bit 6 and bytes 2..=6 are reserved (SBC-3 5.30).
-            if f.u8(1) & 0x40 != 0 {
-                return Err(invalid_field(1, Some(6)));
-            }
-            if let Some(i) = (2..=6).find(|&i| f.u8(i) != 0) {
-                return Err(invalid_field(i as u16, None));
-            }
-            let action = match f.u8(1) & 0x1f {
-                SA_SANITIZE_OVERWRITE => SanitizeAction::Overwrite,
-                SA_SANITIZE_BLOCK_ERASE => SanitizeAction::BlockErase,
-                SA_SANITIZE_CRYPTO_ERASE => SanitizeAction::CryptoErase,
-                SA_SANITIZE_EXIT_FAILURE_MODE => SanitizeAction::ExitFailureMode,
-                _ => return Err(invalid_field(1, Some(4))),
-            };
-            Command::Sanitize {
-                action,
-                param_len: f.u16(7) as usize,
-            }
-        }
-        RESERVE_6 | RESERVE_10 => {
-            // Third-party and extent reservations (obsolete) are not supported.
-            if f.u8(1) & 0x13 != 0 {
-                return Err(invalid_field(1, None));
-            }
-            Command::Reserve
-        }
-        RELEASE_6 | RELEASE_10 => {
-            if f.u8(1) & 0x13 != 0 {
-                return Err(invalid_field(1, None));
-            }
-            Command::Release
-        }
-        PERSISTENT_RESERVE_IN => Command::PersistentReserveIn {
-            alloc_len: f.u16(7) as usize,
-        },
-        PERSISTENT_RESERVE_OUT => Command::PersistentReserveOut {
-            param_len: f.u32(5) as usize,
-        },
-        EXTENDED_COPY => match f.u8(1) & 0x1f {
-            SA_EXTENDED_COPY_LID1 => Command::ExtendedCopy {
-                param_len: f.u32(10) as usize,
-            },
-            SA_POPULATE_TOKEN => Command::PopulateToken {
-                list_id: f.u32(6),
-                param_len: f.u32(10) as usize,
-            },
-            SA_WRITE_USING_TOKEN => Command::WriteUsingToken {
-                list_id: f.u32(6),
-                param_len: f.u32(10) as usize,
-            },
-            _ => Command::Unsupported { opcode: op },
-        },
-        RECEIVE_COPY_RESULTS if f.u8(1) & 0x1f == SA_RECEIVE_ROD_TOKEN_INFORMATION => {
-            Command::ReceiveRodTokenInformation {
-                list_id: f.u32(2),
-                alloc_len: f.u32(10) as usize,
-            }
-        }
-        RECEIVE_COPY_RESULTS => {
-            let action = match f.u8(1) & 0x1f {
-                SA_COPY_STATUS => CopyResultsAction::CopyStatus,
-                SA_OPERATING_PARAMETERS => CopyResultsAction::OperatingParameters,
-                SA_FAILED_SEGMENT_DETAILS => CopyResultsAction::FailedSegmentDetails,
-                _ => return Ok(Command::Unsupported { opcode: op }),
-            };
-            Command::ReceiveCopyResults {
-                action,
-                list_id: f.u8(2),
-                alloc_len: f.u32(10) as usize,
-            }
-        }
-        MAINTENANCE_IN => match f.u8(1) & 0x1f {
-            SA_REPORT_TARGET_PORT_GROUPS => Command::ReportTargetPortGroups {
-                extended: f.u8(1) >> 5 == 1,
-                alloc_len: f.u32(6) as usize,
-            },
-            SA_REPORT_SUPPORTED_OPCODES => {
-                let requested_op = f.u8(3);
-                let requested_sa = f.u16(4);
-                let options = match f.u8(2) & 0x07 {
-                    0 => RsocOptions::All,
-                    1 => RsocOptions::Opcode(requested_op),
-                    2 => RsocOptions::OpcodeServiceAction(requested_op, requested_sa),
-                    3 => RsocOptions::OpcodeMaybeServiceAction(requested_op, requested_sa),
-                    _ => return Err(invalid_field(2, Some(2))),
-                };
-                Command::ReportSupportedOpcodes {
-                    rctd: f.bit(2, 7),
-                    options,
-                    alloc_len: f.u32(6) as usize,
-                }
-            }
-            SA_REPORT_SUPPORTED_TMFS => Command::ReportSupportedTmfs {
-                extended: f.bit(2, 7),
-                alloc_len: f.u32(6) as usize,
-            },
-            _ => Command::Unsupported { opcode: op },
-        },
         _ => Command::Unsupported { opcode: op },
     };
     Ok(cmd)
+}
+
+fn log_sense(f: &Fields) -> Result<Command, Sense> {
+    // PPC (parameter pointer control) and SP (save parameters) are not supported.
+    if f.u8(1) & 0x03 != 0 {
+        return Err(invalid_field(
+            1,
+            Some((f.u8(1) & 0x03).trailing_zeros() as u8),
+        ));
+    }
+    if f.u16(5) != 0 {
+        return Err(invalid_field(5, None));
+    }
+    Ok(Command::LogSense {
+        page_control: f.u8(2) >> 6,
+        page: f.u8(2) & 0x3f,
+        subpage: f.u8(3),
+        alloc_len: f.u16(7) as usize,
+    })
+}
+
+fn mode_sense(op: u8, f: &Fields) -> Command {
+    let ten = op == MODE_SENSE_10;
+    let control = match f.u8(2) >> 6 {
+        0 => PageControl::Current,
+        1 => PageControl::Changeable,
+        2 => PageControl::Default,
+        _ => PageControl::Saved,
+    };
+    Command::ModeSense {
+        ten,
+        dbd: f.bit(1, 3),
+        llbaa: ten && f.bit(1, 4),
+        control,
+        page: f.u8(2) & 0x3f,
+        subpage: f.u8(3),
+        alloc_len: if ten {
+            f.u16(7) as usize
+        } else {
+            f.u8(4) as usize
+        },
+    }
 }
 
 /// One command this device server implements, for REPORT SUPPORTED OPERATION CODES.

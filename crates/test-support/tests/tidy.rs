@@ -28,7 +28,6 @@ const LONG_FUNCTIONS: &[(&str, usize)] = &[
     ("engine/src/engine/gc.rs collect_one", 190),
     ("iscsi/src/login.rs step", 196),
     ("replica/src/restore.rs restore", 284),
-    ("scsi/src/cdb.rs parse", 351),
     ("server/src/connection/mod.rs drive", 219),
     ("server/src/metrics.rs render", 412),
     ("sliver/src/main.rs settings", 154),
