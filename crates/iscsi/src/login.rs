@@ -123,24 +123,7 @@ impl Login {
         settings: &TargetSettings,
         authority: &dyn Authority,
     ) -> Result<LoginOutcome, LoginStatus> {
-        if !self.started {
-            // Version 0x00 is the only one defined.
-            if req.version_min != 0 {
-                return Err(LoginStatus::UnsupportedVersion);
-            }
-            // We don't do multiple connections per session or connection recovery, so a login
-            // naming an existing session can never find one.
-            if req.tsih != 0 {
-                return Err(LoginStatus::SessionDoesNotExist);
-            }
-            self.isid = req.isid;
-            self.started = true;
-        } else if req.isid != self.isid || req.tsih != 0 {
-            return Err(LoginStatus::InitiatorError);
-        }
-        if req.transit && req.cont {
-            return Err(LoginStatus::InitiatorError);
-        }
+        self.check_header(req)?;
         if !self.reply_chunks.is_empty() {
             // The initiator fetches the rest of a continued reply with empty requests.
             if !data.is_empty() || req.cont {
@@ -184,6 +167,54 @@ impl Login {
         self.stage = csg;
 
         let discovery = self.session_type == SessionType::Discovery;
+        let (mut reply, auth_progressed) =
+            self.answer_keys(&pairs, csg, discovery, settings, authority)?;
+
+        let transition = self.transition(req, csg, auth_progressed)?;
+
+        self.declare(first, discovery, csg, settings, &mut reply);
+        self.sent_first_reply = true;
+
+        let encoded = text::encode(&reply);
+        self.reply_chunks = encoded.chunks(LOGIN_MAX_DATA).map(<[u8]>::to_vec).collect();
+        self.pending_transition = Some(transition);
+        self.next_reply_chunk(settings, authority)
+    }
+
+    /// The checks of a request's header against the login so far: the first one starts it
+    /// (its version and ISID), every later one must carry the same ISID.
+    fn check_header(&mut self, req: &LoginRequestHeader) -> Result<(), LoginStatus> {
+        if !self.started {
+            // Version 0x00 is the only one defined.
+            if req.version_min != 0 {
+                return Err(LoginStatus::UnsupportedVersion);
+            }
+            // We don't do multiple connections per session or connection recovery, so a login
+            // naming an existing session can never find one.
+            if req.tsih != 0 {
+                return Err(LoginStatus::SessionDoesNotExist);
+            }
+            self.isid = req.isid;
+            self.started = true;
+        } else if req.isid != self.isid || req.tsih != 0 {
+            return Err(LoginStatus::InitiatorError);
+        }
+        if req.transit && req.cont {
+            return Err(LoginStatus::InitiatorError);
+        }
+        Ok(())
+    }
+
+    /// Answers the keys of one complete request at stage `csg`: the reply's keys, and whether
+    /// authentication moved on.
+    fn answer_keys(
+        &mut self,
+        pairs: &[(String, String)],
+        csg: u8,
+        discovery: bool,
+        settings: &TargetSettings,
+        authority: &dyn Authority,
+    ) -> Result<(Vec<(String, String)>, bool), LoginStatus> {
         let batch_max_burst = pairs
             .iter()
             .find(|(k, _)| k == "MaxBurstLength")
@@ -191,7 +222,7 @@ impl Login {
         let mut reply: Vec<(String, String)> = Vec::new();
         let mut chap_keys = ChapKeys::default();
         let mut auth_progressed = false;
-        for (key, value) in &pairs {
+        for (key, value) in pairs {
             match key.as_str() {
                 "InitiatorName" | "TargetName" | "SessionType" => {
                     // Declared in the leading request; a repeat must not change anything.
@@ -257,7 +288,16 @@ impl Login {
             self.check_chap(&chap_keys, settings, authority, &mut reply)?;
             auth_progressed = true;
         }
+        Ok((reply, auth_progressed))
+    }
 
+    /// The stage change a request asks for with its T bit, as far as authentication allows.
+    fn transition(
+        &self,
+        req: &LoginRequestHeader,
+        csg: u8,
+        auth_progressed: bool,
+    ) -> Result<Transition, LoginStatus> {
         let mut transition = Transition {
             csg,
             transit: false,
@@ -283,9 +323,20 @@ impl Login {
                 transition.nsg = nsg;
             }
         }
+        Ok(transition)
+    }
 
-        // Declarations: the portal group tag (and alias) in the first response of a normal
-        // session; our MaxRecvDataSegmentLength once we are in the operational stage.
+    /// What we declare without being asked: the portal group tag (and alias) in the first
+    /// response of a normal session; our MaxRecvDataSegmentLength once we are in the
+    /// operational stage.
+    fn declare(
+        &mut self,
+        first: bool,
+        discovery: bool,
+        csg: u8,
+        settings: &TargetSettings,
+        reply: &mut Vec<(String, String)>,
+    ) {
         if first && !discovery {
             reply.push((
                 "TargetPortalGroupTag".into(),
@@ -305,12 +356,6 @@ impl Login {
             ));
             self.declared_mrdsl = true;
         }
-        self.sent_first_reply = true;
-
-        let encoded = text::encode(&reply);
-        self.reply_chunks = encoded.chunks(LOGIN_MAX_DATA).map(<[u8]>::to_vec).collect();
-        self.pending_transition = Some(transition);
-        self.next_reply_chunk(settings, authority)
     }
 
     /// Sends the next piece of our reply; the transition happens with the last piece.

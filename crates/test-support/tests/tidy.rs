@@ -26,7 +26,6 @@ const LONG_FILES: &[(&str, usize)] = &[
 const LONG_FUNCTIONS: &[(&str, usize)] = &[
     ("engine/src/engine/checkpointing.rs checkpoint_locked", 184),
     ("engine/src/engine/gc.rs collect_one", 190),
-    ("iscsi/src/login.rs step", 196),
     ("replica/src/restore.rs restore", 284),
     ("server/src/connection/mod.rs drive", 219),
     ("server/src/metrics.rs render", 412),
