@@ -316,6 +316,30 @@ fn space_json(e: &Engine) -> (serde_json::Value, f64) {
     )
 }
 
+/// The metadata lock's holds between two snapshots of [`Engine::lock_holds`] (cumulative counts
+/// per bucket, upper bounds in seconds): how many, and the buckets holding the median, the
+/// 99th percentile and the longest (buckets are at most 12.5 % wide).
+fn hold_percentiles(before: &[(f64, u64)], after: &[(f64, u64)]) -> serde_json::Value {
+    let grown: Vec<(f64, u64)> = after
+        .iter()
+        .zip(before)
+        .map(|(&(le, now), &(_, then))| (le, now.saturating_sub(then)))
+        .collect();
+    let total = grown.last().map_or(0, |&(_, n)| n);
+    if total == 0 {
+        return serde_json::json!({"count": 0});
+    }
+    let at = |q: f64| {
+        let le = grown
+            .iter()
+            .find(|&&(_, n)| n as f64 >= q * total as f64)
+            .map_or(f64::INFINITY, |&(le, _)| le);
+        // Over the last finite bucket: reported as null (JSON has no infinity).
+        le.is_finite().then_some(le * 1e6)
+    };
+    serde_json::json!({"count": total, "p50_us": at(0.5), "p99_us": at(0.99), "max_us": at(1.0)})
+}
+
 fn percentiles(lat: &mut [u64]) -> serde_json::Value {
     if lat.is_empty() {
         return serde_json::json!({"count": 0});
@@ -563,6 +587,7 @@ fn fill(args: &Args) {
     let to = args.to / WRITE * WRITE;
     let (mut space_before, _) = space_json(&engine);
     let fill_started = Instant::now();
+    let mut holds_before = engine.lock_holds();
     let mut reason = "reached";
     emit(
         serde_json::json!({"event": "writing", "from": pos, "to": to,
@@ -635,6 +660,8 @@ fn fill(args: &Args) {
         paused.store(false, Ordering::Release);
         let step_bytes = done_to - pos;
         let step_secs = write_secs + flush_secs;
+        // The step's holds, its flush and checkpoints included.
+        let holds_now = engine.lock_holds();
         emit(serde_json::json!({
             "event": "step",
             "unique_bytes": done_to,
@@ -657,7 +684,9 @@ fn fill(args: &Args) {
             "flush_error": flushed.err().map(|e| e.to_string()),
             "cache": cache_json(&engine),
             "longest_lock_hold_us": engine.longest_lock_hold_us(),
+            "lock_hold": hold_percentiles(&holds_before, &holds_now),
         }));
+        holds_before = holds_now;
         pos = done_to;
         space_before = space;
         if write_errors.load(Ordering::Relaxed) > 0 {

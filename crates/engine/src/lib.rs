@@ -25,9 +25,9 @@ pub mod state;
 pub mod test_data;
 pub mod volume;
 
-pub use backend::{holds_engine, Backend, FileBackend};
 #[cfg(any(test, feature = "testing"))]
 pub use backend::MemBackend;
+pub use backend::{holds_engine, Backend, FileBackend};
 pub use engine::{
     default_metadata_cache, ChunkState, Compression, Durable, Engine, EngineConfig, EngineError,
     EngineSpace, GcPriority, Recovery, Tuning, VolumeUsage, MIN_METADATA_CACHE, STATUS_SCAN_CHUNKS,
