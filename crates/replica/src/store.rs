@@ -18,7 +18,9 @@ use object_store::{
     BackoffConfig, ClientOptions, GetOptions, ObjectStore as _, PutMode, PutOptions, PutPayload,
     RetryConfig,
 };
+use std::collections::BTreeMap;
 use std::ops::Range;
+use std::sync::Mutex;
 #[cfg(feature = "s3")]
 use std::time::Duration;
 
@@ -359,6 +361,61 @@ impl ObjectStore for S3Store {
 
     fn describe(&self) -> String {
         self.describe.clone()
+    }
+}
+
+/// A store in memory, standing in for the S3 server in tests and the simulation: a map of
+/// names to bytes, with put-if-absent's semantics (the objects are public for tests that lose
+/// or damage them behind the array's back).
+#[derive(Default)]
+pub struct MemStore(pub Mutex<BTreeMap<String, Vec<u8>>>);
+
+impl ObjectStore for MemStore {
+    fn put_if_absent(&self, name: &str, bytes: Vec<u8>) -> Result<bool, StoreError> {
+        let mut m = self.0.lock().unwrap();
+        if m.contains_key(name) {
+            return Ok(false);
+        }
+        m.insert(name.to_string(), bytes);
+        Ok(true)
+    }
+    fn put(&self, name: &str, bytes: Vec<u8>) -> Result<(), StoreError> {
+        self.0.lock().unwrap().insert(name.to_string(), bytes);
+        Ok(())
+    }
+    fn get(&self, name: &str) -> Result<Vec<u8>, StoreError> {
+        self.0
+            .lock()
+            .unwrap()
+            .get(name)
+            .cloned()
+            .ok_or_else(|| StoreError::NotFound {
+                store: "memory".into(),
+                name: name.to_string(),
+            })
+    }
+    fn get_range(&self, name: &str, range: Range<u64>) -> Result<Vec<u8>, StoreError> {
+        let all = self.get(name)?;
+        let end = (range.end as usize).min(all.len());
+        Ok(all[(range.start as usize).min(end)..end].to_vec())
+    }
+    fn list(&self, folder: &str) -> Result<Vec<String>, StoreError> {
+        let prefix = format!("{folder}/");
+        Ok(self
+            .0
+            .lock()
+            .unwrap()
+            .keys()
+            .filter(|k| k.starts_with(&prefix))
+            .cloned()
+            .collect())
+    }
+    fn delete(&self, name: &str) -> Result<(), StoreError> {
+        self.0.lock().unwrap().remove(name);
+        Ok(())
+    }
+    fn describe(&self) -> String {
+        "memory".into()
     }
 }
 

@@ -8,12 +8,10 @@ use sliver_engine::{Backend, Engine, EngineConfig, FileBackend, Tuning};
 use sliver_replica::catalog::Point;
 use sliver_replica::restore::{Mode, Target};
 use sliver_replica::ship::{ShipConfig, ShipState, Shipper, ShippingBackend};
-use sliver_replica::store::{ObjectStore, StoreError};
-use std::collections::BTreeMap;
-use std::ops::Range;
+use sliver_replica::store::{MemStore, ObjectStore, StoreError};
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
-use std::sync::{mpsc, Arc, Mutex};
+use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
 use store_in_front::{Change, Created, InFront};
 
@@ -30,58 +28,6 @@ fn restore(
     target: &Target,
 ) -> Result<sliver_replica::restore::RestoreReport, sliver_replica::restore::RestoreError> {
     sliver_replica::restore::restore(store, dir, config, target, &Mode::Whole)
-}
-
-#[derive(Default)]
-struct MemStore(Mutex<BTreeMap<String, Vec<u8>>>);
-
-impl ObjectStore for MemStore {
-    fn put_if_absent(&self, name: &str, bytes: Vec<u8>) -> Result<bool, StoreError> {
-        let mut m = self.0.lock().unwrap();
-        if m.contains_key(name) {
-            return Ok(false);
-        }
-        m.insert(name.to_string(), bytes);
-        Ok(true)
-    }
-    fn put(&self, name: &str, bytes: Vec<u8>) -> Result<(), StoreError> {
-        self.0.lock().unwrap().insert(name.to_string(), bytes);
-        Ok(())
-    }
-    fn get(&self, name: &str) -> Result<Vec<u8>, StoreError> {
-        self.0
-            .lock()
-            .unwrap()
-            .get(name)
-            .cloned()
-            .ok_or_else(|| StoreError::NotFound {
-                store: "memory".into(),
-                name: name.to_string(),
-            })
-    }
-    fn get_range(&self, name: &str, range: Range<u64>) -> Result<Vec<u8>, StoreError> {
-        let all = self.get(name)?;
-        let end = (range.end as usize).min(all.len());
-        Ok(all[(range.start as usize).min(end)..end].to_vec())
-    }
-    fn list(&self, folder: &str) -> Result<Vec<String>, StoreError> {
-        let prefix = format!("{folder}/");
-        Ok(self
-            .0
-            .lock()
-            .unwrap()
-            .keys()
-            .filter(|k| k.starts_with(&prefix))
-            .cloned()
-            .collect())
-    }
-    fn delete(&self, name: &str) -> Result<(), StoreError> {
-        self.0.lock().unwrap().remove(name);
-        Ok(())
-    }
-    fn describe(&self) -> String {
-        "memory".into()
-    }
 }
 
 pub use sliver_test_support::data::unique as noise;

@@ -5,10 +5,15 @@
 //!
 //! - [`disk`]: the storage, a [`sliver_engine::MemBackend`] behind seeded faults;
 //! - [`model`]: what each block of each volume may read;
-//! - [`run`]: the driver, one seeded run.
+//! - [`run`]: the driver, one seeded run;
+//! - [`store`]: the object store, a [`store::MemStore`] behind seeded faults;
+//! - [`ship`]: shipping and restore through that store.
 
 pub mod disk;
 pub mod model;
 pub mod run;
+pub mod ship;
+pub mod store;
 
 pub use run::{run, Outcome};
+pub use ship::{run_shipping, ShipOutcome};

@@ -63,3 +63,42 @@ fn simulation_seeds() {
         );
     }
 }
+
+/// Shipping seeds in CI: each runs the shipper's threads and a restore per point (about a
+/// second each).
+const CI_SHIP_SEEDS: u64 = 4;
+const CI_SHIP_OPS: u64 = 120;
+
+/// Shipping and restore under store faults (`sliver_sim::ship`); `SLIVER_SIM_SHIP_SEED=<n>`
+/// runs seed `n` alone, `SLIVER_SIM_SHIP_SEEDS=<count>` runs `count` seeds.
+#[test]
+fn shipping_seeds() {
+    let seeds = match env("SLIVER_SIM_SHIP_SEED") {
+        Some(seed) => seed..seed + 1,
+        None => 0..env("SLIVER_SIM_SHIP_SEEDS").unwrap_or(CI_SHIP_SEEDS),
+    };
+    let scratch = tempfile::tempdir().unwrap();
+    let started = Instant::now();
+    let mut failures = Vec::new();
+    let mut total = sliver_sim::ShipOutcome::default();
+    for seed in seeds.clone() {
+        match sliver_sim::run_shipping(seed, CI_SHIP_OPS, scratch.path()) {
+            Ok(o) => total.add(&o),
+            Err(e) => {
+                eprintln!("{e}\nreplay: SLIVER_SIM_SHIP_SEED={seed} cargo test -p sliver-sim --test sim shipping\n");
+                failures.push(seed);
+            }
+        }
+    }
+    eprintln!(
+        "shipping simulation: {} seeds in {:.1} s, {} failed; {total:?}",
+        seeds.end - seeds.start,
+        started.elapsed().as_secs_f64(),
+        failures.len()
+    );
+    assert!(
+        failures.is_empty(),
+        "shipping seeds {failures:?} failed (messages above)"
+    );
+    assert!(total.points > 0 && total.restores > 0, "{total:?}");
+}
