@@ -28,6 +28,9 @@ pub struct Outcome {
     pub flushes: u64,
     /// Operations that answered an error (after an injected fault).
     pub errors: u64,
+    /// Of those, errors after which the engine went on unpoisoned (a failed read, a root
+    /// store that left the old root, no space), its reads then checked against the model.
+    pub carried_on: u64,
     /// Power failures (each recovered and verified), restarts of a poisoned engine among them.
     pub power_failures: u64,
     pub restarts: u64,
@@ -46,6 +49,7 @@ impl Outcome {
         self.acked += other.acked;
         self.flushes += other.flushes;
         self.errors += other.errors;
+        self.carried_on += other.carried_on;
         self.power_failures += other.power_failures;
         self.restarts += other.restarts;
         self.failed_opens += other.failed_opens;
@@ -304,6 +308,7 @@ impl Sim {
             return self.restart_poisoned();
         }
         // Not poisoned: the engine goes on, and what it reads now is what it holds.
+        self.out.carried_on += 1;
         if let Some((offset, len)) = range {
             self.adopt(vol, offset, len)?;
         }

@@ -113,12 +113,13 @@ pub fn run_shipping(seed: u64, ops: u64, scratch: &Path) -> Result<ShipOutcome, 
             88..=92 => store.lose_connection(Duration::from_secs(rng.gen_range(1..30))),
             _ => {
                 let name = format!("p{op}");
+                let before = store.injected();
                 match point(&shipper, &name, &clock) {
                     Ok(()) => {
                         points.push((name, model.clone()));
                         out.points += 1;
                     }
-                    Err(e) if store.injected() > 0 => {
+                    Err(e) if store.injected() > before => {
                         out.points_refused += 1;
                         let _ = e;
                     }
@@ -140,10 +141,12 @@ pub fn run_shipping(seed: u64, ops: u64, scratch: &Path) -> Result<ShipOutcome, 
         out.restores += 1;
         let target = Target::Point(name.clone());
         let shared: Arc<dyn ObjectStore> = store.clone();
+        let before = store.injected();
         let first = restore(&shared, &dir, None, &target, &Mode::Whole);
         let dir = match first {
             Ok(_) => dir,
-            Err(e) if store.injected() > 0 => {
+            // Only a fault injected during this restore explains its failure.
+            Err(e) if store.injected() > before => {
                 out.restores_failed += 1;
                 let _ = e;
                 store.set_rates(StoreRates::NONE);
