@@ -109,7 +109,11 @@ pub fn run_shipping(seed: u64, ops: u64, scratch: &Path) -> Result<ShipOutcome, 
                 model[at..at + len].copy_from_slice(&data);
                 out.writes += 1;
             }
-            80..=87 => engine.flush().map_err(|e| e.to_string())?,
+            80..=87 => {
+                if let Err(e) = engine.flush() {
+                    return fail(format!("flush: {e}"));
+                }
+            }
             88..=92 => store.lose_connection(Duration::from_secs(rng.gen_range(1..30))),
             _ => {
                 let name = format!("p{op}");
@@ -119,16 +123,15 @@ pub fn run_shipping(seed: u64, ops: u64, scratch: &Path) -> Result<ShipOutcome, 
                         points.push((name, model.clone()));
                         out.points += 1;
                     }
-                    Err(e) if store.injected() > before => {
-                        out.points_refused += 1;
-                        let _ = e;
-                    }
+                    Err(_) if store.injected() > before => out.points_refused += 1,
                     Err(e) => return fail(format!("point {name}: {e}")),
                 }
             }
         }
     }
-    engine.flush().map_err(|e| e.to_string())?;
+    if let Err(e) = engine.flush() {
+        return fail(format!("flush: {e}"));
+    }
     if let Err(e) = point(&shipper, "last", &clock) {
         return fail(format!("the last point: {e}"));
     }
@@ -146,9 +149,8 @@ pub fn run_shipping(seed: u64, ops: u64, scratch: &Path) -> Result<ShipOutcome, 
         let dir = match first {
             Ok(_) => dir,
             // Only a fault injected during this restore explains its failure.
-            Err(e) if store.injected() > before => {
+            Err(_) if store.injected() > before => {
                 out.restores_failed += 1;
-                let _ = e;
                 store.set_rates(StoreRates::NONE);
                 let again = scratch.join(format!("restore-{seed}-{i}-again"));
                 if let Err(e) = restore(&shared, &again, None, &target, &Mode::Whole) {
@@ -167,12 +169,16 @@ pub fn run_shipping(seed: u64, ops: u64, scratch: &Path) -> Result<ShipOutcome, 
     }
     out.injected = store.injected();
     store.set_rates(StoreRates::NONE);
-    let _ = engine.shutdown();
-    drop(engine);
-    let stopped = shipper.stop(Duration::from_secs(5));
-    if matches!(stopped.state, ShipState::Fenced(_) | ShipState::Broken(_)) {
-        return fail(format!("the shipper ended {:?}", stopped.state));
+    // Faults make the shipper wait and retry, never give up: fenced or broken is a bug.
+    let state = shipper.status().state;
+    if matches!(state, ShipState::Fenced(_) | ShipState::Broken(_)) {
+        return fail(format!("the shipper ended {state:?}"));
     }
+    if let Err(e) = engine.shutdown() {
+        return fail(format!("shutdown: {e}"));
+    }
+    drop(engine);
+    shipper.stop(Duration::from_secs(5));
     let _ = std::fs::remove_dir_all(&array);
     Ok(out)
 }
