@@ -53,14 +53,16 @@ fn simulation_seeds() {
         failures.is_empty(),
         "simulation seeds {failures:?} failed (messages above); replay one with SLIVER_SIM_SEED=<seed> SLIVER_SIM_STEPS={steps} cargo test -p sliver-sim --test sim"
     );
-    // Coverage guards: a run of this size that never lost power, never saw an error or never
-    // had a flush acknowledged has stopped testing what it is for.
+    // Coverage guards: a run of this size that never lost power, never saw an error, never
+    // went on after one (no space) or never had a flush acknowledged has stopped testing what
+    // it is for.
     if seeds.end - seeds.start >= CI_SEEDS && steps >= CI_STEPS {
         assert!(total.power_failures > seeds.end - seeds.start, "{total:?}");
         assert!(
             total.errors > 0 && total.restarts > 0 && total.flushes > 0,
             "{total:?}"
         );
+        assert!(total.carried_on > 0, "{total:?}");
     }
 }
 
