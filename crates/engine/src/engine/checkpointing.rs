@@ -117,6 +117,48 @@ impl Engine {
         Ok(())
     }
 
+    /// Name the pages a checkpoint of generation `generation` wrote: the journal pages at
+    /// `journal_locs`, the pages of `frozen` written whole at `whole_locs` (in their order), the
+    /// words `placed` in the journal pages; then release the pages that went as deltas. In
+    /// runs of [`INSTALL_RUN`], each its own hold of the lock (see `Pager::install`): one hold
+    /// for 32 Ki pages written whole took 26 ms. Returns the places pages moved away from.
+    fn install_in_runs(
+        &self,
+        frozen: &[FrozenPage],
+        whole_locs: &[PageLoc],
+        placed: Vec<(usize, Option<u64>, journal::Group)>,
+        journal_locs: &[(u64, PageLoc)],
+        generation: u64,
+    ) -> Vec<PageLoc> {
+        let mut retired = {
+            let mut m = self.lock_meta();
+            // From here the state in RAM names pages of this generation, whether or not its
+            // root is stored: a retry after a failure below must write under the next one, or
+            // a base and a word written by the two attempts would carry the same generation
+            // and open could not order them.
+            m.checkpoint.installed(generation);
+            m.state.pager_mut().install_pages(&[], &[], journal_locs)
+        };
+        let mut left = whole_locs;
+        for run in frozen.chunks(INSTALL_RUN) {
+            let whole = run.iter().filter(|p| p.delta.is_none()).count();
+            let (locs, rest) = left.split_at(whole);
+            left = rest;
+            let mut m = self.lock_meta();
+            retired.extend(m.state.pager_mut().install_pages(run, locs, &[]));
+        }
+        for run in placed.chunks(INSTALL_RUN) {
+            self.lock_meta()
+                .state
+                .pager_mut()
+                .install_words(run, journal_locs);
+        }
+        for run in frozen.chunks(INSTALL_RUN) {
+            self.lock_meta().state.pager_mut().release_deltas(run);
+        }
+        retired
+    }
+
     /// Freeze, write and name the changed metadata; caller holds `maintenance`.
     pub(super) fn checkpoint_locked(&self) -> Result<()> {
         let started = Instant::now();
@@ -189,30 +231,15 @@ impl Engine {
             .collect();
         let written = pages.len();
         drop(pages);
-        let placed = writer.into_placed();
         // The directories move to the new places, the words written become pending; the
         // directory pages that changed follow.
-        let mut retired = {
-            let mut m = self.lock_meta();
-            // From here the state in RAM names pages of this generation, whether or not its
-            // root is stored: a retry after a failure below must write under the next one, or
-            // a base and a word written by the two attempts would carry the same generation
-            // and open could not order them.
-            m.checkpoint.installed(root.generation);
-            m.state
-                .pager_mut()
-                .install_pages(&frozen, &locs, &journal_locs)
-        };
-        // Words and releases in runs, each its own hold of the lock (see `Pager::install`).
-        for run in placed.chunks(INSTALL_RUN) {
-            self.lock_meta()
-                .state
-                .pager_mut()
-                .install_words(run, &journal_locs);
-        }
-        for run in frozen.chunks(INSTALL_RUN) {
-            self.lock_meta().state.pager_mut().release_deltas(run);
-        }
+        let mut retired = self.install_in_runs(
+            &frozen,
+            &locs,
+            writer.into_placed(),
+            &journal_locs,
+            root.generation,
+        );
         let (dirs, changed) = {
             let mut m = self.lock_meta();
             let mut slots = self.slots.lock().unwrap();
