@@ -137,26 +137,9 @@ impl Engine {
         // stay claimed (`FreeSegments::claim`: every other appender leaves them), and the
         // claim is recomputed from the bytes left after every batch.
         let _claim = ClaimEnd(self);
-        let mut remaining = {
-            let mut m = self.lock_meta();
-            let mut needed = 0usize;
-            for (id, offset, _, _, data) in &candidates {
-                if live_at(&mut m, *id, victim, *offset)? {
-                    needed += RECORD_HEADER + CHUNK_PREFIX + data.len();
-                }
-            }
-            let total = if needed == 0 {
-                0
-            } else {
-                needed + (needed / batch_bytes + 1) * RECORD_HEADER
-            };
-            let fresh = total.div_ceil(per_segment);
-            let mut l = self.lock_log();
-            if fresh > l.segments.len() {
-                return Ok(None);
-            }
-            l.segments.set_claim(fresh);
-            total
+        let Some(mut remaining) = self.claim_for(&candidates, victim, batch_bytes, per_segment)?
+        else {
+            return Ok(None);
         };
         let mut i = 0;
         while i < candidates.len() {
@@ -175,7 +158,8 @@ impl Engine {
                 let mut size = RECORD_HEADER;
                 while i < candidates.len() && size < batch_bytes {
                     let (id, offset, ..) = &candidates[i];
-                    if live_at(&mut m, *id, victim, *offset)? {
+                    let live = live_at(&mut m, *id, victim, *offset);
+                    if live.map_err(|e| self.write_pending(&mut unwritten, e))? {
                         size += RECORD_HEADER + CHUNK_PREFIX + candidates[i].4.len();
                         take.push(i);
                     }
@@ -199,7 +183,9 @@ impl Engine {
                     break;
                 }
                 filling |= switches && free <= claim + 1;
-                let at = self.reserve(&mut m, size, Space::Collector)?;
+                let at = self
+                    .reserve(&mut m, size, Space::Collector)
+                    .map_err(|e| self.write_pending(&mut unwritten, e))?;
                 let mut buf = Vec::with_capacity(size);
                 let mut e = Encoder::new(&mut buf, at.seq);
                 let batch = e.begin_batch();
@@ -208,7 +194,10 @@ impl Engine {
                     e.chunk(*id, *codec, hash, data);
                 }
                 e.end_batch(batch);
-                unwritten.push(self.append_unwritten(&mut m, at, buf)?);
+                let appended = self
+                    .append_unwritten(&mut m, at, buf)
+                    .map_err(|e| self.write_pending(&mut unwritten, e))?;
+                unwritten.push(appended);
                 let moved = (size - RECORD_HEADER) as u64;
                 m.counters.gc_bytes += moved;
                 relocated += moved;
@@ -431,6 +420,50 @@ impl Engine {
 }
 
 impl Engine {
+    /// The bytes relocating the live ones of `candidates` (chunk records of `victim`) takes
+    /// in batches of `batch_bytes`, claimed as free segments of `per_segment` usable bytes
+    /// (see `FreeSegments::claim`); None when the free list cannot hold them.
+    fn claim_for(
+        &self,
+        candidates: &[Candidate],
+        victim: u32,
+        batch_bytes: usize,
+        per_segment: usize,
+    ) -> Result<Option<usize>> {
+        let mut m = self.lock_meta();
+        let mut needed = 0usize;
+        for (id, offset, _, _, data) in candidates {
+            if live_at(&mut m, *id, victim, *offset)? {
+                needed += RECORD_HEADER + CHUNK_PREFIX + data.len();
+            }
+        }
+        let total = if needed == 0 {
+            0
+        } else {
+            needed + (needed / batch_bytes + 1) * RECORD_HEADER
+        };
+        let fresh = total.div_ceil(per_segment);
+        let mut l = self.lock_log();
+        if fresh > l.segments.len() {
+            return Ok(None);
+        }
+        l.segments.set_claim(fresh);
+        Ok(Some(total))
+    }
+
+    /// A relocation failed with `error` after applying the batches `unwritten`: write them
+    /// (their records are applied and registered in flight: left unwritten, every flush and
+    /// every later write would wait for them for ever), then report `error`, or the write's
+    /// own failure, which poisons the engine.
+    fn write_pending(&self, unwritten: &mut Vec<Unwritten>, error: EngineError) -> EngineError {
+        for u in unwritten.drain(..) {
+            if let Err(e) = self.write_unwritten(u) {
+                return e;
+            }
+        }
+        error
+    }
+
     /// Note a failed read of `segment` (in its use `seq`) and return how long the collector
     /// leaves it.
     fn unreadable_again(&self, segment: u32, seq: u64) -> Duration {

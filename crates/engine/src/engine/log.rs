@@ -16,8 +16,8 @@ impl Engine {
             if l.head.unsynced_switches() as u64 >= MAX_UNSYNCED_SEGMENTS {
                 // The backstop of the bound a crash's sequence skip relies on (nothing has
                 // made this many segment switches durable: checkpoints and hosts normally do).
-                // The writes in flight below the head complete without `meta`, so waiting for
-                // them here is safe; then the whole log up to the head is durable.
+                // The writes in flight below the head complete without `meta` or `log`, so
+                // waiting for them here is safe; then the whole log up to the head is durable.
                 self.wait_written(l.head.appended())?;
                 if let Err(e) = self.backend.sync() {
                     return Err(self.poison(format!("fsync of the log failed: {e}")));

@@ -42,8 +42,8 @@ impl SegmentPreparer {
         &self.wakeup
     }
 
-    /// Segment `s` is being written ahead from now on (the caller holds the metadata lock
-    /// and saw it still preparing).
+    /// Segment `s` is being written ahead from now on (the caller holds the log's lock and
+    /// saw it still preparing).
     pub(super) fn start_writing(&self, s: u32) {
         *self.writing.lock().unwrap() = Some(s);
     }
