@@ -4,11 +4,16 @@
 //! a snapshot and prints it. Hand-written because the format is a few lines of text and a
 //! registry crate would only duplicate state we keep anyway.
 
-use crate::array::{Array, ArrayError};
-use sliver_scsi::{ClassStats, CommandClass, LATENCY_BOUNDS_US};
+use crate::array::{Array, ArrayError, ReplicationReport};
+use sliver_engine::meta::pager::PagerStats;
+use sliver_engine::EngineSpace;
+use sliver_replica::hydrate::HydrationStatus;
+use sliver_scsi::{ClassStats, CommandClass, StatsSnapshot, LATENCY_BOUNDS_US};
 use std::fmt::Write;
 
-/// Metric text for every volume and the array.
+/// Metric text for every volume and the array, in this order: each volume's commands,
+/// VAAI counters and space, the array's space, the engine's counters and metadata lock,
+/// then replication and hydration when the array has them.
 pub fn render(array: &Array) -> Result<String, ArrayError> {
     let mut out = Text::default();
     let mut volumes = Vec::new();
@@ -17,9 +22,42 @@ pub fn render(array: &Array) -> Result<String, ArrayError> {
             continue;
         };
         let space = unit.volume().space()?;
-        volumes.push((record.name, unit.stats(), space, unit.write_cache()));
+        volumes.push(VolumeRow {
+            name: record.name,
+            stats: unit.stats(),
+            space,
+            write_back: unit.write_cache(),
+        });
     }
+    volume_commands(&mut out, &volumes);
+    volume_vaai(&mut out, &volumes);
+    volume_space(&mut out, &volumes);
+    let space = array.engine_space();
+    let engine = array.engine();
+    let cache = engine.cache_stats();
+    array_space(&mut out, &space);
+    engine_counters(&mut out, &space, &cache);
+    metadata_lock(&mut out, engine);
+    if let Some(r) = array.replication() {
+        replication(&mut out, &r);
+    }
+    if let Some(h) = array.hydration() {
+        hydration(&mut out, &h);
+    }
+    Ok(out.0)
+}
 
+/// One volume's numbers, read once per scrape.
+struct VolumeRow {
+    name: String,
+    stats: StatsSnapshot,
+    space: sliver_volume::VolumeSpace,
+    /// Writes are answered before they are durable (WCE=1).
+    write_back: bool,
+}
+
+/// Commands, errors and bytes by command class, and the latency histogram, of each volume.
+fn volume_commands(out: &mut Text, volumes: &[VolumeRow]) {
     for (metric, help, pick) in [
         (
             "sliver_volume_commands_total",
@@ -38,7 +76,7 @@ pub fn render(array: &Array) -> Result<String, ArrayError> {
         ),
     ] {
         out.help(metric, "counter", help);
-        for (name, stats, _, _) in &volumes {
+        for VolumeRow { name, stats, .. } in volumes {
             for (class, s) in &stats.classes {
                 out.sample(
                     metric,
@@ -53,7 +91,7 @@ pub fn render(array: &Array) -> Result<String, ArrayError> {
         "histogram",
         "Time from command arrival at the SCSI device server to its completion.",
     );
-    for (name, stats, _, _) in &volumes {
+    for VolumeRow { name, stats, .. } in volumes {
         for class in CommandClass::ALL {
             let s = stats.class(class);
             let mut cumulative = 0u64;
@@ -81,13 +119,16 @@ pub fn render(array: &Array) -> Result<String, ArrayError> {
             );
         }
     }
+}
 
+/// The VAAI primitives and the bytes they affected, of each volume.
+fn volume_vaai(out: &mut Text, volumes: &[VolumeRow]) {
     out.help(
         "sliver_volume_vaai_total",
         "counter",
         "VAAI primitives by esxtop column: ats, ats_failed, clone_read, clone_write, clone_failed, zero, zero_failed, delete, delete_failed.",
     );
-    for (name, stats, _, _) in &volumes {
+    for VolumeRow { name, stats, .. } in volumes {
         let v = &stats.vaai;
         for (primitive, value) in [
             ("ats", v.ats),
@@ -125,11 +166,14 @@ pub fn render(array: &Array) -> Result<String, ArrayError> {
         ),
     ] {
         out.help(metric, "counter", help);
-        for (name, stats, _, _) in &volumes {
+        for VolumeRow { name, stats, .. } in volumes {
             out.sample(metric, &[("volume", name)], pick(&stats.vaai) as f64);
         }
     }
+}
 
+/// Space gauges and the write cache setting of each volume.
+fn volume_space(out: &mut Text, volumes: &[VolumeRow]) {
     for (metric, help, pick) in [
         (
             "sliver_volume_provisioned_bytes",
@@ -163,7 +207,7 @@ pub fn render(array: &Array) -> Result<String, ArrayError> {
         ),
     ] {
         out.help(metric, "gauge", help);
-        for (name, _, space, _) in &volumes {
+        for VolumeRow { name, space, .. } in volumes {
             out.sample(metric, &[("volume", name)], pick(space));
         }
     }
@@ -175,14 +219,17 @@ pub fn render(array: &Array) -> Result<String, ArrayError> {
         "gauge",
         "1 when the volume answers writes before they are durable (write-back, WCE=1), 0 when write-through.",
     );
-    for (name, _, _, write_back) in &volumes {
+    for VolumeRow {
+        name, write_back, ..
+    } in volumes
+    {
         let value = f64::from(u8::from(*write_back));
         out.sample("sliver_volume_write_back", &[("volume", name)], value);
     }
+}
 
-    let space = array.engine_space();
-    let engine = array.engine();
-    let cache = engine.cache_stats();
+/// The array's capacity, space use, reduction and the garbage collector's work.
+fn array_space(out: &mut Text, space: &EngineSpace) {
     for (metric, kind, help, value) in [
         (
             "sliver_array_capacity_bytes",
@@ -262,6 +309,16 @@ pub fn render(array: &Array) -> Result<String, ArrayError> {
             "Bytes the engine stored for hosts (after dedup and compression).",
             space.host_written_bytes as f64,
         ),
+    ] {
+        out.help(metric, kind, help);
+        out.sample(metric, &[], value);
+    }
+}
+
+/// The engine's data and metadata counters since the process started, and its metadata
+/// cache.
+fn engine_counters(out: &mut Text, space: &EngineSpace, cache: &PagerStats) {
+    for (metric, kind, help, value) in [
         (
             "sliver_engine_data_chunks_written_total",
             "counter",
@@ -326,97 +383,99 @@ pub fn render(array: &Array) -> Result<String, ArrayError> {
         out.help(metric, kind, help);
         out.sample(metric, &[], value);
     }
-    metadata_lock(&mut out, engine);
-    if let Some(r) = array.replication() {
-        let s = &r.status;
-        let lag = Some(s.lag.map_or(0.0, |t| t.as_secs_f64()));
-        for (metric, kind, help, value) in [
-            (
-                "sliver_replication_shipped_objects_total",
-                "counter",
-                "Stream objects created in the object store since the process started.",
-                Some(s.objects as f64),
-            ),
-            (
-                "sliver_replication_shipped_bytes_total",
-                "counter",
-                "Bytes of writes shipped to the object store since the process started.",
-                Some(s.bytes as f64),
-            ),
-            (
-                "sliver_replication_backlog_bytes",
-                "gauge",
-                "Bytes of writes waiting for the object store.",
-                Some(s.backlog_bytes as f64),
-            ),
-            (
-                "sliver_replication_lag_seconds",
-                "gauge",
-                "Age of the oldest write the object store does not hold yet (0 when it holds all).",
-                lag,
-            ),
-            (
-                "sliver_replication_resyncs_total",
-                "counter",
-                "Times the copy started over with a base because the backlog bound was passed.",
-                Some(s.resyncs as f64),
-            ),
-            (
-                "sliver_replication_retention_deleted_objects_total",
-                "counter",
-                "Objects retention deleted from the store since the process started (no restore point needed them).",
-                Some(s.deleted_objects as f64),
-            ),
-            (
-                "sliver_replication_newest_point_age_seconds",
-                "gauge",
-                "Age of the newest restore point (absent until one exists): alert when it passes the schedule.",
-                s.newest_point
-                    .as_ref()
-                    .map(|p| crate::array::now_ms().saturating_sub(p.time_ms) as f64 / 1e3),
-            ),
-            (
-                "sliver_replication_healthy",
-                "gauge",
-                "1 while the copy follows the array (a base or the stream), 0 when fenced or broken.",
-                Some(f64::from(u8::from(matches!(
-                    s.state,
-                    sliver_replica::ship::ShipState::Base | sliver_replica::ship::ShipState::Streaming
-                )))),
-            ),
-        ] {
-            if let Some(v) = value {
-                out.help(metric, kind, help);
-                out.sample(metric, &[], v);
-            }
-        }
-    }
-    if let Some(h) = array.hydration() {
-        for (metric, kind, help, value) in [
-            (
-                "sliver_hydration_bytes_left",
-                "gauge",
-                "Bytes of a restored array still only in the object store (0 once every byte is local).",
-                h.bytes_left,
-            ),
-            (
-                "sliver_hydration_fetched_bytes_total",
-                "counter",
-                "Bytes a restored array fetched from the object store since the process started.",
-                h.fetched_bytes,
-            ),
-            (
-                "sliver_hydration_on_demand_fetches_total",
-                "counter",
-                "Reads that waited for data to be fetched from the object store.",
-                h.on_demand_fetches,
-            ),
-        ] {
+}
+
+/// Shipping to the object store.
+fn replication(out: &mut Text, r: &ReplicationReport) {
+    let s = &r.status;
+    let lag = Some(s.lag.map_or(0.0, |t| t.as_secs_f64()));
+    for (metric, kind, help, value) in [
+        (
+            "sliver_replication_shipped_objects_total",
+            "counter",
+            "Stream objects created in the object store since the process started.",
+            Some(s.objects as f64),
+        ),
+        (
+            "sliver_replication_shipped_bytes_total",
+            "counter",
+            "Bytes of writes shipped to the object store since the process started.",
+            Some(s.bytes as f64),
+        ),
+        (
+            "sliver_replication_backlog_bytes",
+            "gauge",
+            "Bytes of writes waiting for the object store.",
+            Some(s.backlog_bytes as f64),
+        ),
+        (
+            "sliver_replication_lag_seconds",
+            "gauge",
+            "Age of the oldest write the object store does not hold yet (0 when it holds all).",
+            lag,
+        ),
+        (
+            "sliver_replication_resyncs_total",
+            "counter",
+            "Times the copy started over with a base because the backlog bound was passed.",
+            Some(s.resyncs as f64),
+        ),
+        (
+            "sliver_replication_retention_deleted_objects_total",
+            "counter",
+            "Objects retention deleted from the store since the process started (no restore point needed them).",
+            Some(s.deleted_objects as f64),
+        ),
+        (
+            "sliver_replication_newest_point_age_seconds",
+            "gauge",
+            "Age of the newest restore point (absent until one exists): alert when it passes the schedule.",
+            s.newest_point
+                .as_ref()
+                .map(|p| crate::array::now_ms().saturating_sub(p.time_ms) as f64 / 1e3),
+        ),
+        (
+            "sliver_replication_healthy",
+            "gauge",
+            "1 while the copy follows the array (a base or the stream), 0 when fenced or broken.",
+            Some(f64::from(u8::from(matches!(
+                s.state,
+                sliver_replica::ship::ShipState::Base | sliver_replica::ship::ShipState::Streaming
+            )))),
+        ),
+    ] {
+        if let Some(v) = value {
             out.help(metric, kind, help);
-            out.sample(metric, &[], value as f64);
+            out.sample(metric, &[], v);
         }
     }
-    Ok(out.0)
+}
+
+/// Fetching a restored array's data back from the object store.
+fn hydration(out: &mut Text, h: &HydrationStatus) {
+    for (metric, kind, help, value) in [
+        (
+            "sliver_hydration_bytes_left",
+            "gauge",
+            "Bytes of a restored array still only in the object store (0 once every byte is local).",
+            h.bytes_left,
+        ),
+        (
+            "sliver_hydration_fetched_bytes_total",
+            "counter",
+            "Bytes a restored array fetched from the object store since the process started.",
+            h.fetched_bytes,
+        ),
+        (
+            "sliver_hydration_on_demand_fetches_total",
+            "counter",
+            "Reads that waited for data to be fetched from the object store.",
+            h.on_demand_fetches,
+        ),
+    ] {
+        out.help(metric, kind, help);
+        out.sample(metric, &[], value as f64);
+    }
 }
 
 #[derive(Default)]

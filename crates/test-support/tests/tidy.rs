@@ -28,7 +28,6 @@ const LONG_FUNCTIONS: &[(&str, usize)] = &[
     ("engine/src/engine/gc.rs collect_one", 179),
     ("replica/src/restore.rs restore", 284),
     ("server/src/connection/mod.rs drive", 219),
-    ("server/src/metrics.rs render", 412),
     ("sliver/src/main.rs settings", 154),
     ("torture/src/io.rs build", 193),
     ("torture/src/load.rs run", 276),
