@@ -29,9 +29,10 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 use tokio::io::AsyncReadExt;
-use tokio::net::tcp::OwnedWriteHalf;
+use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::TcpStream;
 use tokio::sync::{mpsc, watch, Notify, OwnedSemaphorePermit, Semaphore};
+use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 /// Dead initiators are found with TCP keepalive, answered by the initiator's kernel. NOP-In
@@ -257,53 +258,15 @@ pub(crate) async fn drive(
     peer: SocketAddr,
     mut shutdown: watch::Receiver<bool>,
 ) {
-    let local = match stream.local_addr() {
-        Ok(a) => a,
-        Err(_) => return,
+    let Some(Opened {
+        shared,
+        mut reader,
+        kill,
+        timeouts,
+    }) = open(&server, stream, peer)
+    else {
+        return;
     };
-    let keepalive = socket2::TcpKeepalive::new()
-        .with_time(TCP_KEEPALIVE_IDLE)
-        .with_interval(TCP_KEEPALIVE_INTERVAL)
-        .with_retries(TCP_KEEPALIVE_RETRIES);
-    if let Err(e) = socket2::SockRef::from(&stream).set_tcp_keepalive(&keepalive) {
-        tracing::warn!(%peer, "cannot enable TCP keepalive: {e}");
-    }
-    let kill = Arc::new(Notify::new());
-    let authority = Arc::new(ConnectionAuthority {
-        server: server.clone(),
-        local,
-        peer,
-        chap: Default::default(),
-        kill: kill.clone(),
-    });
-    let conn = Connection::new(server.settings.clone(), authority);
-    let timeouts = server.timeouts();
-    let (mut reader, writer) = stream.into_split();
-    let session = Session {
-        server: server.clone(),
-        info: None,
-        nexus: None,
-        tasks: TaskSet::new(),
-        touched: HashMap::new(),
-        budget: Arc::new(Semaphore::new(EXECUTION_BUDGET_KIB as usize)),
-        close_after_output: false,
-        quick_running: 0,
-        ready: Vec::new(),
-        started: 0,
-        went_quiet: None,
-        lun_table: None,
-    };
-    let shared = Arc::new(Shared::new(session, conn, writer));
-    // Another nexus's task that a function of this session aborted has ended, on the thread
-    // that ran it: the loop answers the function (`send_output`). Only a wake-up here, so
-    // that no thread ever holds two connections' locks (two sessions resetting each other's
-    // units at once would deadlock).
-    let weak = Arc::downgrade(&shared);
-    shared.lock().session.tasks.wake_with(move || {
-        if let Some(shared) = weak.upgrade() {
-            shared.kick.notify_one();
-        }
-    });
     let (out_tx, out_rx) = mpsc::channel::<Output>(WRITE_QUEUE);
     let mut writer_task = tokio::spawn(write_output(shared.clone(), out_rx, timeouts.stall, peer));
     let mut writer_done = false;
@@ -337,21 +300,7 @@ pub(crate) async fn drive(
         }
         // A quiet connection whose initiator answered quickly last time looks at its socket
         // for a moment before sleeping (see `crate::poll`).
-        let quiet = {
-            let mut core = shared.lock();
-            let Core {
-                session: s, conn, ..
-            } = &mut *core;
-            if let Some((at, started)) = s.went_quiet.take() {
-                pacing.quiet_at(at, started);
-            }
-            (s.info.is_some()
-                && s.tasks.is_empty()
-                && !conn.has_output()
-                && !conn.is_closing()
-                && shared.queued.load(Ordering::Acquire) == 0)
-                .then_some(s.started)
-        };
+        let quiet = quiet_since(&shared, &mut pacing);
         shared
             .poll_soon
             .store(pacing.would_poll(), Ordering::Relaxed);
@@ -394,25 +343,9 @@ pub(crate) async fn drive(
             }
         }
         tokio::select! {
-            _ = &mut timer => match wait {
-                Wait::Login(_) => {
-                    tracing::warn!(%peer, "no login within {:?}, closing", timeouts.login);
-                    break;
-                }
-                Wait::Stalled(_) => {
-                    tracing::warn!(%peer, "initiator stalled for {:?} in the middle of a PDU or data transfer, closing",
-                        timeouts.stall);
-                    break;
-                }
-                Wait::Idle(_) => {
-                    tracing::warn!(%peer, "nothing from the initiator for {:?} (pings unanswered), closing",
-                        timeouts.idle);
-                    break;
-                }
-                Wait::Ping(_) => {
-                    last_ping = Instant::now();
-                    shared.lock().conn.ping();
-                }
+            _ = &mut timer => match deadline_passed(wait, &timeouts, peer, &shared) {
+                Some(pinged) => last_ping = pinged,
+                None => break,
             },
             read = reader.read(&mut buf) => {
                 let n = match read {
@@ -442,6 +375,134 @@ pub(crate) async fn drive(
             break;
         }
     }
+    close(&shared, out_tx, writer_task, writer_done).await;
+    tracing::debug!(%peer, "connection closed");
+}
+
+/// What [`open`] set up for a connection's loop.
+struct Opened {
+    shared: Arc<Shared>,
+    reader: OwnedReadHalf,
+    /// Notified when a new login reinstates this connection's session.
+    kill: Arc<Notify>,
+    timeouts: Timeouts,
+}
+
+/// Set up a new connection: TCP keepalive on its socket, its protocol core and session, and
+/// the wake-up of its loop by the end of another nexus's task it aborted. `None`: the
+/// socket is already gone.
+fn open(server: &Arc<Server>, stream: TcpStream, peer: SocketAddr) -> Option<Opened> {
+    let local = stream.local_addr().ok()?;
+    let keepalive = socket2::TcpKeepalive::new()
+        .with_time(TCP_KEEPALIVE_IDLE)
+        .with_interval(TCP_KEEPALIVE_INTERVAL)
+        .with_retries(TCP_KEEPALIVE_RETRIES);
+    if let Err(e) = socket2::SockRef::from(&stream).set_tcp_keepalive(&keepalive) {
+        tracing::warn!(%peer, "cannot enable TCP keepalive: {e}");
+    }
+    let kill = Arc::new(Notify::new());
+    let authority = Arc::new(ConnectionAuthority {
+        server: server.clone(),
+        local,
+        peer,
+        chap: Default::default(),
+        kill: kill.clone(),
+    });
+    let conn = Connection::new(server.settings.clone(), authority);
+    let timeouts = server.timeouts();
+    let (reader, writer) = stream.into_split();
+    let session = Session {
+        server: server.clone(),
+        info: None,
+        nexus: None,
+        tasks: TaskSet::new(),
+        touched: HashMap::new(),
+        budget: Arc::new(Semaphore::new(EXECUTION_BUDGET_KIB as usize)),
+        close_after_output: false,
+        quick_running: 0,
+        ready: Vec::new(),
+        started: 0,
+        went_quiet: None,
+        lun_table: None,
+    };
+    let shared = Arc::new(Shared::new(session, conn, writer));
+    // Another nexus's task that a function of this session aborted has ended, on the thread
+    // that ran it: the loop answers the function (`send_output`). Only a wake-up here, so
+    // that no thread ever holds two connections' locks (two sessions resetting each other's
+    // units at once would deadlock).
+    let weak = Arc::downgrade(&shared);
+    shared.lock().session.tasks.wake_with(move || {
+        if let Some(shared) = weak.upgrade() {
+            shared.kick.notify_one();
+        }
+    });
+    Some(Opened {
+        shared,
+        reader,
+        kill,
+        timeouts,
+    })
+}
+
+/// The commands started when a logged-in connection went quiet (nothing in flight, nothing
+/// to write, nothing queued for the writer), or `None` while it is not. `pacing` first learns
+/// when the connection went quiet if a completion saw that while the loop slept.
+fn quiet_since(shared: &Shared, pacing: &mut crate::poll::Pacing) -> Option<u64> {
+    let mut core = shared.lock();
+    let Core {
+        session: s, conn, ..
+    } = &mut *core;
+    if let Some((at, started)) = s.went_quiet.take() {
+        pacing.quiet_at(at, started);
+    }
+    (s.info.is_some()
+        && s.tasks.is_empty()
+        && !conn.has_output()
+        && !conn.is_closing()
+        && shared.queued.load(Ordering::Acquire) == 0)
+        .then_some(s.started)
+}
+
+/// Act on the deadline `wait` when it passes: ping a silent initiator, returning when, or
+/// say why the connection closes and return `None`.
+fn deadline_passed(
+    wait: Wait,
+    timeouts: &Timeouts,
+    peer: SocketAddr,
+    shared: &Shared,
+) -> Option<Instant> {
+    match wait {
+        Wait::Login(_) => {
+            tracing::warn!(%peer, "no login within {:?}, closing", timeouts.login);
+            None
+        }
+        Wait::Stalled(_) => {
+            tracing::warn!(%peer, "initiator stalled for {:?} in the middle of a PDU or data transfer, closing",
+                timeouts.stall);
+            None
+        }
+        Wait::Idle(_) => {
+            tracing::warn!(%peer, "nothing from the initiator for {:?} (pings unanswered), closing",
+                timeouts.idle);
+            None
+        }
+        Wait::Ping(_) => {
+            let pinged = Instant::now();
+            shared.lock().conn.ping();
+            Some(pinged)
+        }
+    }
+}
+
+/// End a connection whose loop has stopped: late completions are dropped from now on, the
+/// writer task (unless it is what failed, `writer_done`) writes what is left and finishes
+/// before the FIN, and the session ends.
+async fn close(
+    shared: &Shared,
+    out_tx: mpsc::Sender<Output>,
+    writer_task: JoinHandle<()>,
+    writer_done: bool,
+) {
     // Output left by a completion that the loop did not get to (a partial direct write
     // right before a timeout or a reinstatement) still goes out whole, before the FIN.
     let rest = {
@@ -457,7 +518,6 @@ pub(crate) async fn drive(
         let _ = writer_task.await;
     }
     shared.lock().session.end();
-    tracing::debug!(%peer, "connection closed");
 }
 
 /// Inputs in a row the loop may find by polling before it goes through its select.
