@@ -312,39 +312,7 @@ fn settings(args: ServeArgs) -> Result<Settings, String> {
         .clone()
         .or_else(|| file.replication.as_ref().and_then(|r| r.to.clone()));
     if let Some(url) = replicate_to {
-        let section = file.replication.as_ref();
-        let mut ship = sliver_replica::ship::ShipConfig::default();
-        if let Some(i) = section.and_then(|r| r.interval) {
-            ship.cut_interval = i;
-        }
-        if let Some(b) = section.and_then(|r| r.max_backlog) {
-            if b < sliver_replica::ship::MIN_BACKLOG {
-                return Err(format!(
-                    "[replication] max_backlog: at least {} MiB",
-                    sliver_replica::ship::MIN_BACKLOG >> 20
-                ));
-            }
-            ship.max_backlog = b;
-        }
-        if let Some(p) = section.and_then(|r| r.points_every) {
-            ship.points_every = p;
-        }
-        if let Some(k) = section.and_then(|r| r.keep_points) {
-            ship.keep_points = k;
-        }
-        options.replication = Some(sliver_server::array::ReplicationOptions {
-            s3: sliver_replica::store::S3Config {
-                url,
-                endpoint: args
-                    .s3_endpoint
-                    .clone()
-                    .or_else(|| section.and_then(|r| r.endpoint.clone())),
-                region: section.and_then(|r| r.region.clone()),
-                access_key_id: section.and_then(|r| r.access_key_id.clone()),
-                secret_access_key: file.s3_secret()?,
-            },
-            ship,
-        });
+        options.replication = Some(replication_options(url, &args, &file)?);
     }
     let portals = if !args.iscsi_listen.is_empty() {
         args.iscsi_listen
@@ -421,6 +389,48 @@ fn settings(args: ServeArgs) -> Result<Settings, String> {
         volumes: file.volumes,
         soft_threshold,
         gc_priority,
+    })
+}
+
+/// Shipping to the object store at `url`: the [replication] section's schedule, bounds and
+/// credentials, with the flags' endpoint over the section's.
+fn replication_options(
+    url: String,
+    args: &ServeArgs,
+    file: &Config,
+) -> Result<sliver_server::array::ReplicationOptions, String> {
+    let section = file.replication.as_ref();
+    let mut ship = sliver_replica::ship::ShipConfig::default();
+    if let Some(i) = section.and_then(|r| r.interval) {
+        ship.cut_interval = i;
+    }
+    if let Some(b) = section.and_then(|r| r.max_backlog) {
+        if b < sliver_replica::ship::MIN_BACKLOG {
+            return Err(format!(
+                "[replication] max_backlog: at least {} MiB",
+                sliver_replica::ship::MIN_BACKLOG >> 20
+            ));
+        }
+        ship.max_backlog = b;
+    }
+    if let Some(p) = section.and_then(|r| r.points_every) {
+        ship.points_every = p;
+    }
+    if let Some(k) = section.and_then(|r| r.keep_points) {
+        ship.keep_points = k;
+    }
+    Ok(sliver_server::array::ReplicationOptions {
+        s3: sliver_replica::store::S3Config {
+            url,
+            endpoint: args
+                .s3_endpoint
+                .clone()
+                .or_else(|| section.and_then(|r| r.endpoint.clone())),
+            region: section.and_then(|r| r.region.clone()),
+            access_key_id: section.and_then(|r| r.access_key_id.clone()),
+            secret_access_key: file.s3_secret()?,
+        },
+        ship,
     })
 }
 

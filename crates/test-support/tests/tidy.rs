@@ -27,7 +27,6 @@ const LONG_FUNCTIONS: &[(&str, usize)] = &[
     ("engine/src/engine/checkpointing.rs checkpoint_locked", 163),
     ("engine/src/engine/gc.rs collect_one", 179),
     ("replica/src/restore.rs restore", 284),
-    ("sliver/src/main.rs settings", 154),
     ("torture/src/io.rs build", 193),
     ("torture/src/load.rs run", 276),
     ("torture/src/verify.rs verify", 159),
