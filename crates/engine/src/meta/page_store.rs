@@ -94,8 +94,10 @@ pub struct MetaArea(pub std::sync::Arc<dyn crate::Backend>);
 
 /// A metadata area with nothing written in it: every read fails. For pagers whose pages never
 /// leave memory (unit tests, the log fuzzer), so nothing is ever read back.
+#[cfg(any(test, feature = "testing"))]
 pub(crate) struct NothingWritten;
 
+#[cfg(any(test, feature = "testing"))]
 impl PageSource for NothingWritten {
     fn read_slot(&self, _: u64, _: &mut PageBody) -> io::Result<()> {
         Err(io::Error::other("nothing written"))
