@@ -91,16 +91,7 @@ impl Engine {
         // Live bytes of a sealed segment only fall, so one found empty stays empty: nothing
         // to read or relocate (the common case after a large UNMAP or zeroing).
         let mut raw = vec![0u8; if empty { 0 } else { seg as usize }];
-        // Victims are older than the last checkpoint, which waited for the log writes in
-        // flight before it; a range still in flight here would be read as torn records.
-        let unwritten = self.inflight.in_segment(victim);
-        debug_assert!(
-            unwritten.is_empty(),
-            "victim {victim} has log writes in flight"
-        );
-        self.inflight
-            .wait_for(&unwritten, &self.poisoned)
-            .map_err(|_| self.poisoned_error())?;
+        self.wait_victim_written(victim)?;
         if !empty {
             if let Err(e) = self.backend.read_at(&mut raw, victim as u64 * seg) {
                 // The medium's failure, not the log's: writes go on. Hosts reading the
@@ -449,6 +440,21 @@ impl Engine {
         }
         l.segments.set_claim(fresh);
         Ok(Some(total))
+    }
+
+    /// Return once no log write in `victim` is in flight. Victims are older than the last
+    /// checkpoint, which waited for the log writes in flight before it; a range still in
+    /// flight here would be read as torn records.
+    fn wait_victim_written(&self, victim: u32) -> Result<()> {
+        let unwritten = self.inflight.in_segment(victim);
+        debug_assert!(
+            unwritten.is_empty(),
+            "victim {victim} has log writes in flight"
+        );
+        self.pay_owed()?;
+        self.inflight
+            .wait_for(&unwritten, &self.poisoned)
+            .map_err(|_| self.poisoned_error())
     }
 
     /// A relocation failed with `error` after applying the batches `unwritten`: write them

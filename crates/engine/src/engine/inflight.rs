@@ -15,9 +15,17 @@
 //! first record that does not decode, so it keeps a prefix of the log; no host was told those
 //! later writes were durable, because `flush` had not passed the hole.
 //!
+//! A segment switch's seal and start records are *owed* (RFC 0005 step 11): the switch
+//! registers them here with their bytes, under `meta` and `log`, and whoever next waits for a
+//! range in flight (or flushes) takes them and writes them first, outside every lock but this
+//! set's, so no wait can be for a write nobody will make. A host write that switched pays its
+//! own switch as it waits for the log before it; before this, both records were written under
+//! `meta` and `log`, and one such switch held `meta` for 76 ms (docs/benchmarks.md).
+//!
 //! Lock order: `meta`, then this set's mutex (registration happens under `meta`); nothing
 //! takes `meta` while holding it, and completing a write takes only this mutex, so a thread
-//! may wait here while holding `meta` without a deadlock.
+//! may wait here while holding `meta` without a deadlock. The owed writes' list is a leaf,
+//! taken alone.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -36,11 +44,25 @@ struct Range {
     len: u32,
 }
 
+/// A range registered in flight whose bytes no thread has started writing: a segment
+/// switch's seal or start record.
+#[derive(Debug)]
+pub(super) struct OwedWrite {
+    pub(super) position: u64,
+    pub(super) segment: u32,
+    pub(super) offset: u32,
+    pub(super) bytes: Vec<u8>,
+}
+
 pub(super) struct InFlight {
     ranges: RankedMutex<BTreeMap<u64, Range>>,
     /// Ranges registered (a read checks this before taking the mutex).
     count: AtomicUsize,
     done: Condvar,
+    /// Ranges registered whose writing is owed, oldest first.
+    owed: RankedMutex<Vec<OwedWrite>>,
+    /// Entries of `owed` (checked before taking its mutex on every wait).
+    owed_count: AtomicUsize,
 }
 
 impl Default for InFlight {
@@ -49,6 +71,8 @@ impl Default for InFlight {
             ranges: RankedMutex::new(Rank::InFlight, BTreeMap::new()),
             count: AtomicUsize::new(0),
             done: Condvar::new(),
+            owed: RankedMutex::new(Rank::Leaf, Vec::new()),
+            owed_count: AtomicUsize::new(0),
         }
     }
 }
@@ -81,6 +105,31 @@ impl InFlight {
             },
         );
         self.count.store(ranges.len(), Ordering::Release);
+    }
+
+    /// Register `write` in flight and owe it: the next [`InFlight::take_owed`] hands it to its
+    /// caller to write. Caller holds `meta` and `log`, as for [`InFlight::register`].
+    pub(super) fn owe(&self, write: OwedWrite) {
+        self.register(
+            write.position,
+            write.segment,
+            write.offset,
+            write.bytes.len() as u32,
+        );
+        let mut owed = self.owed.lock().unwrap();
+        owed.push(write);
+        self.owed_count.store(owed.len(), Ordering::Release);
+    }
+
+    /// The owed writes, oldest first, for the caller to write and complete (or to poison the
+    /// engine over): no other caller gets them.
+    pub(super) fn take_owed(&self) -> Vec<OwedWrite> {
+        if self.owed_count.load(Ordering::Acquire) == 0 {
+            return Vec::new();
+        }
+        let mut owed = self.owed.lock().unwrap();
+        self.owed_count.store(0, Ordering::Release);
+        std::mem::take(&mut *owed)
     }
 
     /// The range at `position` is written.
@@ -209,6 +258,44 @@ mod tests {
         assert!(f.holding([loc(3, 64)].into_iter()).is_empty());
         f.complete(200);
         f.complete(300);
+        assert_eq!(f.first(), None);
+    }
+
+    #[test]
+    fn owed_writes_are_in_flight_until_written_and_handed_out_once() {
+        let f = InFlight::default();
+        assert!(f.take_owed().is_empty());
+        f.register(10, 1, 0, 10);
+        f.owe(OwedWrite {
+            position: 20,
+            segment: 1,
+            offset: 10,
+            bytes: vec![7; 8],
+        });
+        f.owe(OwedWrite {
+            position: 28,
+            segment: 2,
+            offset: 0,
+            bytes: vec![9; 4],
+        });
+        assert_eq!(f.in_segment(1), vec![10, 20]);
+        assert_eq!(f.in_segment(2), vec![28]);
+        let owed = f.take_owed();
+        assert_eq!(
+            owed.iter()
+                .map(|w| (w.position, w.segment, w.offset, w.bytes.len()))
+                .collect::<Vec<_>>(),
+            vec![(20, 1, 10, 8), (28, 2, 0, 4)]
+        );
+        assert!(
+            f.take_owed().is_empty(),
+            "each owed write is handed out once"
+        );
+        assert_eq!(f.first(), Some(10), "taken is not written");
+        f.complete(10);
+        f.complete(20);
+        assert_eq!(f.first(), Some(28));
+        f.complete(28);
         assert_eq!(f.first(), None);
     }
 

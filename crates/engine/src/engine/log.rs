@@ -1,5 +1,6 @@
 //! The log: room at the head (switching segments), appends applied through `MetaState::apply`, group commit.
 
+use super::inflight::OwedWrite;
 use super::*;
 
 impl Engine {
@@ -88,12 +89,31 @@ impl Engine {
             Encoder::new(&mut seal, old.seq).seal(next, next_seq);
             let mut start = Vec::new();
             Encoder::new(&mut start, next_seq).segment_start(next_seq, next);
-            // On failure nothing changed: the head stays where it was (the next record
-            // overwrites a seal written there) and the segment goes back.
-            if let Err(e) = self
+            if self.backend.allocation_reserves() {
+                // Written outside the locks by whoever next waits for the log (see
+                // `inflight`): in flight until then, so no flush counts them durable and the
+                // collector leaves the old segment alone. Their failure poisons the engine.
+                let position = l.head.appended();
+                self.inflight.owe(OwedWrite {
+                    position,
+                    segment: old.segment,
+                    offset: old.offset,
+                    bytes: seal,
+                });
+                self.inflight.owe(OwedWrite {
+                    position: position + SEAL_LEN as u64,
+                    segment: next,
+                    offset: 0,
+                    bytes: start,
+                });
+            } else if let Err(e) = self
                 .write_log(old.segment, old.offset, &seal)
                 .and_then(|()| self.write_log(next, 0, &start))
             {
+                // Without reserved space a write can fail for want of it, which must be known
+                // before the records apply. On failure nothing changed: the head stays where
+                // it was (the next record overwrites a seal written there) and the segment
+                // goes back.
                 l.segments.put_back(next);
                 return Err(e);
             }
@@ -289,8 +309,25 @@ impl Engine {
         Ok(())
     }
 
+    /// Write the segment switches' records that no thread has written yet (see `inflight`):
+    /// every wait for ranges in flight does this first. A failure poisons the engine (the
+    /// switch is applied already).
+    pub(super) fn pay_owed(&self) -> Result<()> {
+        for owed in self.inflight.take_owed() {
+            let at = self.log_offset(owed.segment, owed.offset);
+            if let Err(e) = self.backend.write_at(&owed.bytes, at) {
+                return Err(self.poison(format!(
+                    "log write of a segment switch failed after it was applied: {e}"
+                )));
+            }
+            self.inflight.complete(owed.position);
+        }
+        Ok(())
+    }
+
     /// Wait until the log ranges in flight before `position` are written.
     pub(super) fn wait_written(&self, position: u64) -> Result<()> {
+        self.pay_owed()?;
         self.inflight
             .wait_below(position, &self.poisoned)
             .map_err(|_| self.poisoned_error())

@@ -1237,6 +1237,61 @@ mod tests {
         });
     }
 
+    /// A segment switch's seal and start records are written outside the locks (RFC 0005
+    /// step 11), by whoever next waits for the log: a command that switched segments has
+    /// them written before it returns, so nothing is still owed between commands, and a crash
+    /// of the process alone (every write issued survives, nothing synced) keeps every
+    /// command that returned, across the switches of host writes and of UNMAP records.
+    #[test]
+    fn segment_switches_are_written_before_the_command_that_made_them_returns() {
+        let (backend, engine) = mem_engine(64 << 20, 128 << 10, no_checkpoints());
+        let v = engine.create_volume(8 << 20).unwrap();
+        let chunk = engine.geometry.chunk_size as u64;
+        let mut model = vec![0u8; 8 << 20];
+        let mut switches = (0, 0);
+        let mut segment = engine.lock_log().head.at().segment;
+        for k in 0..1500u64 {
+            // Mostly small UNMAP records, which fill a segment in a few thousand, and now and
+            // then a write of 24 KiB.
+            if k % 40 == 0 {
+                let data = noise(500 + k, 24 << 10);
+                let at = (k * 7919 % 300) * chunk;
+                engine.write(v, at, &data).unwrap();
+                model[at as usize..at as usize + data.len()].copy_from_slice(&data);
+                let now = engine.lock_log().head.at().segment;
+                switches.0 += (now != segment) as u32;
+                segment = now;
+                assert!(
+                    engine.inflight.take_owed().is_empty(),
+                    "a write's segment switch still owed after it returned"
+                );
+            }
+            for u in 0..8 {
+                let at = ((k * 8 + u) * 104_729 % 2048) * chunk;
+                engine.unmap(v, at, chunk).unwrap();
+                model[at as usize..(at + chunk) as usize].fill(0);
+                let now = engine.lock_log().head.at().segment;
+                switches.1 += (now != segment) as u32;
+                segment = now;
+                assert!(
+                    engine.inflight.take_owed().is_empty(),
+                    "an UNMAP's segment switch still owed after it returned"
+                );
+            }
+        }
+        assert!(
+            switches.0 >= 2 && switches.1 >= 2,
+            "writes and UNMAP records both switched segments: {switches:?}"
+        );
+        let crashed = Arc::new(backend.crash(|_, n| vec![true; n]));
+        let reopened = Engine::open(crashed, gc_off(), false).unwrap();
+        let mut back = vec![0u8; model.len()];
+        reopened.read(v, 0, &mut back).unwrap();
+        assert!(back == model, "a command that returned was lost");
+        let problems = reopened.check(&mut |_, _| {});
+        assert!(problems.is_empty(), "{problems:?}");
+    }
+
     /// Writes in flight complete out of order: a crash with an earlier range unwritten and a
     /// later one written keeps the log before the hole only (no flush passed the hole, so no
     /// host was told either write was durable), and the array opens clean and writable.

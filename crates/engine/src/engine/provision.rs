@@ -182,6 +182,9 @@ impl Engine {
                     self.append_at(&mut m, at, &buf)?;
                     let pressure = CachePressure::of(m.state.pager());
                     drop(m);
+                    // A segment switch this record made is written before the command
+                    // returns, so a crash of the process alone keeps the record.
+                    self.pay_owed()?;
                     return self.relieve_cache(pressure);
                 }
                 // Short of space: what the collector can return may be enough.

@@ -141,6 +141,7 @@ impl Engine {
         let _pin = self.read_pins.pin();
         drop(m);
         if !unwritten.is_empty() {
+            self.pay_owed()?;
             self.inflight
                 .wait_for(&unwritten, &self.poisoned)
                 .map_err(|_| self.poisoned_error())?;
