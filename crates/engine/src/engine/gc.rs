@@ -406,6 +406,10 @@ impl Engine {
             self.append_at(&mut m, at, &buf)?;
             done += n as u64;
         }
+        // The records' segment switches are written before this returns (UNMAP and volume
+        // deletion release inline).
+        let end = self.lock_log().head.appended();
+        self.wait_written(end)?;
         Ok(done)
     }
 }

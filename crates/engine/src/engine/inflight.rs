@@ -16,11 +16,13 @@
 //! later writes were durable, because `flush` had not passed the hole.
 //!
 //! A segment switch's seal and start records are *owed* (RFC 0005 step 11): the switch
-//! registers them here with their bytes, under `meta` and `log`, and whoever next waits for a
-//! range in flight (or flushes) takes them and writes them first, outside every lock but this
-//! set's, so no wait can be for a write nobody will make. A host write that switched pays its
-//! own switch as it waits for the log before it; before this, both records were written under
-//! `meta` and `log`, and one such switch held `meta` for 76 ms (docs/benchmarks.md).
+//! registers them here with their bytes, under `meta` and `log`, and whoever next waits for
+//! the log below a position (or flushes, or the collector waiting out a victim) takes them and
+//! writes them first, so no such wait can be for a write nobody will make. A host write that
+//! switched pays its own switch as it waits for the log before it, with no lock held; before
+//! this, both records were written under `meta` and `log`, and one such switch held `meta` for
+//! 76 ms. Some payers hold `meta` (the writer's backstop sync, a relocation failing mid-hold),
+//! as do backends without fallocate, which still write both records under the lock.
 //!
 //! Lock order: `meta`, then this set's mutex (registration happens under `meta`); nothing
 //! takes `meta` while holding it, and completing a write takes only this mutex, so a thread

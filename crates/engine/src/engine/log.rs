@@ -90,7 +90,7 @@ impl Engine {
             let mut start = Vec::new();
             Encoder::new(&mut start, next_seq).segment_start(next_seq, next);
             if self.backend.allocation_reserves() {
-                // Written outside the locks by whoever next waits for the log (see
+                // Written by whoever next waits for the log, usually with no lock held (see
                 // `inflight`): in flight until then, so no flush counts them durable and the
                 // collector leaves the old segment alone. Their failure poisons the engine.
                 let position = l.head.appended();
@@ -309,9 +309,9 @@ impl Engine {
         Ok(())
     }
 
-    /// Write the segment switches' records that no thread has written yet (see `inflight`):
-    /// every wait for ranges in flight does this first. A failure poisons the engine (the
-    /// switch is applied already).
+    /// Write the segment switches' records that no thread has started writing (see
+    /// `inflight`): every wait for the log below a position does this first. A failure
+    /// poisons the engine (the switch is applied already).
     pub(super) fn pay_owed(&self) -> Result<()> {
         for owed in self.inflight.take_owed() {
             let at = self.log_offset(owed.segment, owed.offset);

@@ -1266,6 +1266,21 @@ mod tests {
                     "a write's segment switch still owed after it returned"
                 );
             }
+            if k % 40 == 20 {
+                // A whole leaf's range written, then unmapped: the UNMAP releases the leaf
+                // inline, in records of its own.
+                let (from, len) = (1024 * chunk, 512 * chunk);
+                engine
+                    .write(v, from, &vec![k as u8 | 1; len as usize])
+                    .unwrap();
+                engine.unmap(v, from, len).unwrap();
+                model[from as usize..(from + len) as usize].fill(0);
+                segment = engine.lock_log().head.at().segment;
+                assert!(
+                    engine.inflight.take_owed().is_empty(),
+                    "a release's segment switch still owed after the UNMAP returned"
+                );
+            }
             for u in 0..8 {
                 let at = ((k * 8 + u) * 104_729 % 2048) * chunk;
                 engine.unmap(v, at, chunk).unwrap();

@@ -180,11 +180,13 @@ impl Engine {
                     let mut buf = Vec::with_capacity(probe.len());
                     build(&mut Encoder::new(&mut buf, at.seq));
                     self.append_at(&mut m, at, &buf)?;
+                    let end = self.lock_log().head.appended();
                     let pressure = CachePressure::of(m.state.pager());
                     drop(m);
-                    // A segment switch this record made is written before the command
-                    // returns, so a crash of the process alone keeps the record.
-                    self.pay_owed()?;
+                    // Returns once the log before the record is written too (a segment
+                    // switch owed, a host write in flight), so a crash of the process alone
+                    // keeps every command that returned, as for host writes.
+                    self.wait_written(end)?;
                     return self.relieve_cache(pressure);
                 }
                 // Short of space: what the collector can return may be enough.
