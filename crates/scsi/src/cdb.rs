@@ -79,6 +79,20 @@ pub mod opcode {
     pub const SA_OPERATING_PARAMETERS: u8 = 0x03;
     pub const SA_FAILED_SEGMENT_DETAILS: u8 = 0x04;
     pub const SA_RECEIVE_ROD_TOKEN_INFORMATION: u8 = 0x07;
+    /// PERSISTENT RESERVE IN service actions.
+    pub const SA_PRIN_READ_KEYS: u8 = 0x00;
+    pub const SA_PRIN_READ_RESERVATION: u8 = 0x01;
+    pub const SA_PRIN_REPORT_CAPABILITIES: u8 = 0x02;
+    pub const SA_PRIN_READ_FULL_STATUS: u8 = 0x03;
+    /// PERSISTENT RESERVE OUT service actions.
+    pub const SA_PROUT_REGISTER: u8 = 0x00;
+    pub const SA_PROUT_RESERVE: u8 = 0x01;
+    pub const SA_PROUT_RELEASE: u8 = 0x02;
+    pub const SA_PROUT_CLEAR: u8 = 0x03;
+    pub const SA_PROUT_PREEMPT: u8 = 0x04;
+    pub const SA_PROUT_PREEMPT_AND_ABORT: u8 = 0x05;
+    pub const SA_PROUT_REGISTER_AND_IGNORE_EXISTING_KEY: u8 = 0x06;
+    pub const SA_PROUT_REGISTER_AND_MOVE: u8 = 0x07;
 }
 
 use opcode::*;
@@ -137,6 +151,45 @@ pub enum RsocOptions {
     OpcodeServiceAction(u8, u16),
     /// 011b: one opcode, with service action if it has them.
     OpcodeMaybeServiceAction(u8, u16),
+}
+
+/// PERSISTENT RESERVE IN service actions.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PrinAction {
+    ReadKeys,
+    ReadReservation,
+    ReportCapabilities,
+    ReadFullStatus,
+}
+
+/// PERSISTENT RESERVE OUT service actions.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ProutServiceAction {
+    Register,
+    Reserve,
+    Release,
+    Clear,
+    Preempt,
+    PreemptAndAbort,
+    RegisterAndIgnoreExistingKey,
+    RegisterAndMove,
+}
+
+/// A PERSISTENT RESERVE OUT CDB. A reserved service action is carried as the sense it is
+/// answered with, and SCOPE and TYPE as their codes: which of them must be valid depends on
+/// the service action, and the device server reports them only when the command runs (after
+/// the unit attention, sanitize and reservation checks) and, for SCOPE and TYPE, after the
+/// parameter list's length, as it always has.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ProutCdb {
+    /// SERVICE ACTION (bits 4-0 of byte 1), or INVALID FIELD IN CDB pointing at it.
+    pub action: Result<ProutServiceAction, Sense>,
+    /// SCOPE (bits 7-4 of byte 2): only LU_SCOPE (0) is defined.
+    pub scope: u8,
+    /// TYPE (bits 3-0 of byte 2).
+    pub type_code: u8,
+    /// PARAMETER LIST LENGTH.
+    pub param_len: usize,
 }
 
 /// One parsed CDB.
@@ -245,11 +298,12 @@ pub enum Command {
     Reserve,
     Release,
     PersistentReserveIn {
+        /// SERVICE ACTION, or for a reserved one INVALID FIELD IN CDB pointing at it, which
+        /// the command is answered with when it runs (after the reservation checks).
+        action: Result<PrinAction, Sense>,
         alloc_len: usize,
     },
-    PersistentReserveOut {
-        param_len: usize,
-    },
+    PersistentReserveOut(ProutCdb),
     /// EXTENDED COPY(LID1).
     ExtendedCopy {
         param_len: usize,
@@ -645,14 +699,46 @@ fn reservation(op: u8, f: &Fields) -> Result<Command, Sense> {
             }
         }
         PERSISTENT_RESERVE_IN => Command::PersistentReserveIn {
+            action: prin_action(f.u8(1) & 0x1f),
             alloc_len: f.u16(7) as usize,
         },
-        PERSISTENT_RESERVE_OUT => Command::PersistentReserveOut {
+        PERSISTENT_RESERVE_OUT => Command::PersistentReserveOut(ProutCdb {
+            action: prout_action(f.u8(1) & 0x1f),
+            scope: f.u8(2) >> 4,
+            type_code: f.u8(2) & 0x0f,
             param_len: f.u32(5) as usize,
-        },
+        }),
         _ => Command::Unsupported { opcode: op },
     };
     Ok(cmd)
+}
+
+/// A PERSISTENT RESERVE IN service action; a reserved one is an invalid SERVICE ACTION field.
+fn prin_action(service_action: u8) -> Result<PrinAction, Sense> {
+    Ok(match service_action {
+        SA_PRIN_READ_KEYS => PrinAction::ReadKeys,
+        SA_PRIN_READ_RESERVATION => PrinAction::ReadReservation,
+        SA_PRIN_REPORT_CAPABILITIES => PrinAction::ReportCapabilities,
+        SA_PRIN_READ_FULL_STATUS => PrinAction::ReadFullStatus,
+        _ => return Err(invalid_field(1, Some(4))),
+    })
+}
+
+/// A PERSISTENT RESERVE OUT service action; a reserved one is an invalid SERVICE ACTION field.
+fn prout_action(service_action: u8) -> Result<ProutServiceAction, Sense> {
+    Ok(match service_action {
+        SA_PROUT_REGISTER => ProutServiceAction::Register,
+        SA_PROUT_RESERVE => ProutServiceAction::Reserve,
+        SA_PROUT_RELEASE => ProutServiceAction::Release,
+        SA_PROUT_CLEAR => ProutServiceAction::Clear,
+        SA_PROUT_PREEMPT => ProutServiceAction::Preempt,
+        SA_PROUT_PREEMPT_AND_ABORT => ProutServiceAction::PreemptAndAbort,
+        SA_PROUT_REGISTER_AND_IGNORE_EXISTING_KEY => {
+            ProutServiceAction::RegisterAndIgnoreExistingKey
+        }
+        SA_PROUT_REGISTER_AND_MOVE => ProutServiceAction::RegisterAndMove,
+        _ => return Err(invalid_field(1, Some(4))),
+    })
 }
 
 /// The primary commands every device type has (TEST UNIT READY, REQUEST SENSE, INQUIRY,
@@ -932,6 +1018,105 @@ mod tests {
                 fua: false
             }
         );
+    }
+
+    /// A 10-byte CDB: `op`, bytes 1 and 2, and `len` in bytes 5-8 (PERSISTENT RESERVE OUT's
+    /// PARAMETER LIST LENGTH; PERSISTENT RESERVE IN's ALLOCATION LENGTH is bytes 7-8).
+    fn cdb10(op: u8, byte1: u8, byte2: u8, len: u32) -> [u8; 10] {
+        let mut c = [op, byte1, byte2, 0, 0, 0, 0, 0, 0, 0];
+        c[5..9].copy_from_slice(&len.to_be_bytes());
+        c
+    }
+
+    #[test]
+    fn persistent_reserve_in_decodes_service_action_and_allocation_length() {
+        let actions = [
+            (SA_PRIN_READ_KEYS, PrinAction::ReadKeys),
+            (SA_PRIN_READ_RESERVATION, PrinAction::ReadReservation),
+            (SA_PRIN_REPORT_CAPABILITIES, PrinAction::ReportCapabilities),
+            (SA_PRIN_READ_FULL_STATUS, PrinAction::ReadFullStatus),
+        ];
+        assert_eq!(actions.map(|(sa, _)| sa), [0, 1, 2, 3]);
+        for (sa, action) in actions {
+            // Bits 7-5 of byte 1 are not the service action's; bytes 2-6 are reserved.
+            let cdb = cdb10(PERSISTENT_RESERVE_IN, 0xe0 | sa, 0xff, 0xffff_1234);
+            assert_eq!(
+                parse(&cdb).unwrap(),
+                Command::PersistentReserveIn {
+                    action: Ok(action),
+                    alloc_len: 0x1234,
+                }
+            );
+        }
+        for sa in 4..0x20 {
+            let Ok(Command::PersistentReserveIn { action, .. }) =
+                parse(&cdb10(PERSISTENT_RESERVE_IN, sa, 0, 8))
+            else {
+                panic!("{sa:#x} parses");
+            };
+            assert_eq!(action, Err(Sense::invalid_cdb(1, Some(4))), "{sa:#x}");
+        }
+        cut_short_or_with_naca_is_the_cdbs_own_sense(PERSISTENT_RESERVE_IN);
+    }
+
+    /// A 10-byte CDB of `op` cut to 9 bytes, or with NACA set: INVALID FIELD IN CDB at once.
+    fn cut_short_or_with_naca_is_the_cdbs_own_sense(op: u8) {
+        let mut cdb = cdb10(op, 0, 0, 24);
+        assert_eq!(parse(&cdb[..9]), Err(Sense::invalid_cdb(0, None)), "short");
+        cdb[9] = 0x04;
+        assert_eq!(parse(&cdb), Err(Sense::invalid_cdb(9, Some(2))), "NACA");
+    }
+
+    #[test]
+    fn persistent_reserve_out_decodes_its_fields() {
+        use ProutServiceAction::*;
+        let actions = [
+            (SA_PROUT_REGISTER, Register),
+            (SA_PROUT_RESERVE, Reserve),
+            (SA_PROUT_RELEASE, Release),
+            (SA_PROUT_CLEAR, Clear),
+            (SA_PROUT_PREEMPT, Preempt),
+            (SA_PROUT_PREEMPT_AND_ABORT, PreemptAndAbort),
+            (
+                SA_PROUT_REGISTER_AND_IGNORE_EXISTING_KEY,
+                RegisterAndIgnoreExistingKey,
+            ),
+            (SA_PROUT_REGISTER_AND_MOVE, RegisterAndMove),
+        ];
+        assert_eq!(actions.map(|(sa, _)| sa), [0, 1, 2, 3, 4, 5, 6, 7]);
+        for (sa, action) in actions {
+            let cdb = cdb10(PERSISTENT_RESERVE_OUT, 0xe0 | sa, 0x13, 0x118);
+            let expected = ProutCdb {
+                action: Ok(action),
+                scope: 1,
+                type_code: 3,
+                param_len: 0x118,
+            };
+            assert_eq!(parse(&cdb), Ok(Command::PersistentReserveOut(expected)));
+        }
+        // Reserved service actions, and reserved scopes and types, still parse: each is
+        // reported when the command runs, the service action as this sense.
+        for sa in 8..0x20 {
+            let cdb = cdb10(PERSISTENT_RESERVE_OUT, sa, 0xf9, 24);
+            let expected = ProutCdb {
+                action: Err(Sense::invalid_cdb(1, Some(4))),
+                scope: 0xf,
+                type_code: 9,
+                param_len: 24,
+            };
+            let parsed = parse(&cdb);
+            assert_eq!(
+                parsed,
+                Ok(Command::PersistentReserveOut(expected)),
+                "{sa:#x}"
+            );
+        }
+        let longest = cdb10(PERSISTENT_RESERVE_OUT, 0, 0, u32::MAX);
+        let Ok(Command::PersistentReserveOut(prout)) = parse(&longest) else {
+            panic!("parses");
+        };
+        assert_eq!(prout.param_len, u32::MAX as usize);
+        cut_short_or_with_naca_is_the_cdbs_own_sense(PERSISTENT_RESERVE_OUT);
     }
 
     #[test]

@@ -73,6 +73,11 @@ pub struct Parsed {
     /// How the reservations in force treat it (`None` for a CDB that does not parse: its
     /// sense answers it before any reservation is looked at).
     pub(crate) reservation_access: Option<ReservationAccess>,
+    /// Whether it reports (and so clears) a pending unit attention. SPC-4 5.14: INQUIRY,
+    /// REPORT LUNS and REQUEST SENSE do not (REQUEST SENSE returns it as its data instead).
+    /// Decided by the opcode, so that one of them whose CDB does not parse leaves the unit
+    /// attention pending too and is answered with its own sense.
+    pub(crate) reports_unit_attention: bool,
 }
 
 /// Decide what `cdb` is, which moves `transfer_bytes` (the transport's expected data transfer
@@ -116,8 +121,13 @@ pub fn dispatch(cdb: &[u8], transfer_bytes: u64, data_out: &[u8]) -> Parsed {
         .as_ref()
         .ok()
         .map(|command| ReservationAccess::of(command, cdb));
+    let reports_unit_attention = !matches!(
+        cdb.first(),
+        Some(&(cdb::opcode::INQUIRY | cdb::opcode::REPORT_LUNS | cdb::opcode::REQUEST_SENSE))
+    );
     Parsed {
         survives_abort: matches!(command, Ok(Command::Sanitize { .. })),
+        reports_unit_attention,
         command,
         placement,
         copy_list,

@@ -5,7 +5,7 @@
 
 use std::sync::Arc;
 
-use crate::cdb::{self, Command};
+use crate::cdb::{Command, ProutCdb};
 use crate::dispatch::Parsed;
 use crate::lu::{LogicalUnit, LuConfig};
 use crate::outcome::{write_failure, Done, Failure, Outcome};
@@ -215,15 +215,8 @@ impl LogicalUnit {
     /// a pending unit attention, a CDB that did not parse, a sanitize in progress, a
     /// reservation. `Err` carries the command's answer when one of them decides it.
     fn admit<'p>(&self, req: &Request, parsed: &'p Parsed) -> Result<&'p Command, Outcome> {
-        let opcode = req.cdb.first().copied().unwrap_or(0);
-        // SPC-4 5.14: INQUIRY, REPORT LUNS and REQUEST SENSE neither report nor clear a
-        // unit attention (REQUEST SENSE returns it as its data instead).
-        let reports_ua = !matches!(
-            opcode,
-            cdb::opcode::INQUIRY | cdb::opcode::REPORT_LUNS | cdb::opcode::REQUEST_SENSE
-        );
         self.check_soft_threshold(req.nexus);
-        let pending = self.next_unit_attention(req.nexus, reports_ua);
+        let pending = self.next_unit_attention(req.nexus, parsed.reports_unit_attention);
         if let Some(reason) = pending {
             return Err(Err(reason.into()));
         }
@@ -340,7 +333,7 @@ impl LogicalUnit {
             Command::Unmap { param_len, .. }
             | Command::ModeSelect { param_len, .. }
             | Command::Sanitize { param_len, .. }
-            | Command::PersistentReserveOut { param_len }
+            | Command::PersistentReserveOut(ProutCdb { param_len, .. })
             | Command::ExtendedCopy { param_len }
             | Command::PopulateToken { param_len, .. }
             | Command::WriteUsingToken { param_len, .. } => param_len,

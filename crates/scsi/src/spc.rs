@@ -46,15 +46,15 @@ pub(crate) fn execute(lu: &LogicalUnit, req: &Request, cmd: &Command) -> Outcome
             lu.reservations.release(req.nexus)?;
             Ok(Done::good())
         }
-        Command::PersistentReserveIn { alloc_len } => {
-            let data = lu.reservations.persistent_reserve_in(req.nexus, req.cdb)?;
+        Command::PersistentReserveIn { action, alloc_len } => {
+            let data = lu.reservations.persistent_reserve_in(req.nexus, action)?;
             Ok(Done::data(truncated(data, alloc_len)))
         }
-        Command::PersistentReserveOut { param_len } => {
-            let params = data_out_prefix(req.data_out, param_len)?;
+        Command::PersistentReserveOut(ref prout) => {
+            let params = data_out_prefix(req.data_out, prout.param_len)?;
             let effects = lu
                 .reservations
-                .persistent_reserve_out(req.nexus, req.cdb, params)?;
+                .persistent_reserve_out(req.nexus, prout, params)?;
             // PREEMPT AND ABORT: the preempted nexuses' new commands already meet the
             // reservation; their running ones are aborted before the unit attentions are
             // queued (an aborted command that took one would hide it behind TASK ABORTED;

@@ -4,7 +4,9 @@ use std::sync::Arc;
 
 use sliver_volume::{FileVolume, Volume};
 
-use crate::test_kit::{file_volume, good, lu_config, nexus, sense_codes, TestVolume, BS};
+use crate::test_kit::{
+    execute_past_power_on, file_volume, good, lu_config, nexus, sense_codes, TestVolume, BS,
+};
 use crate::{LogicalUnit, Nexus, Request, Response, Status};
 
 const BLOCKS: u64 = 2048; // 1 MiB
@@ -1404,4 +1406,122 @@ fn extended_copy_runs_the_list_dispatch_read() {
     assert_eq!(sense_codes(&r), (0x6, 0x2a, 0x09));
     let r = run_parsed(&f.lu, &n, &short);
     assert_eq!(sense_codes(&r), (0x5, 0x0e, 0x03));
+}
+
+/// A PERSISTENT RESERVE OUT CDB: `service_action`, `scope_type` (byte 2) and a PARAMETER LIST
+/// LENGTH of `param_len`.
+fn prout_cdb(service_action: u8, scope_type: u8, param_len: u32) -> [u8; 10] {
+    let mut c = [0x5f, service_action, scope_type, 0, 0, 0, 0, 0, 0, 0];
+    c[5..9].copy_from_slice(&param_len.to_be_bytes());
+    c
+}
+
+/// The basic PERSISTENT RESERVE OUT parameter list: RESERVATION KEY and SERVICE ACTION
+/// RESERVATION KEY.
+fn prout_params(key: u64, service_action_key: u64) -> [u8; 24] {
+    let mut p = [0u8; 24];
+    p[0..8].copy_from_slice(&key.to_be_bytes());
+    p[8..16].copy_from_slice(&service_action_key.to_be_bytes());
+    p
+}
+
+/// The sense-key specific bytes of fixed-format sense: SKSV, C/D, BPV and BIT POINTER, then
+/// FIELD POINTER.
+fn field_pointer(r: &Response) -> [u8; 3] {
+    r.sense[15..18].try_into().unwrap()
+}
+
+/// INVALID FIELD IN CDB at `byte`, `bit`, as fixed-format sense's sense-key specific bytes.
+fn in_cdb(byte: u8, bit: u8) -> [u8; 3] {
+    [0x80 | 0x40 | 0x08 | bit, 0, byte]
+}
+
+#[test]
+fn malformed_persistent_reserve_cdbs_are_answered_as_before() {
+    let (f, n) = ready();
+    let basic = prout_params(0, 0);
+    let prout = |sa: u8, scope_type: u8, params: &[u8]| {
+        let len = params.len() as u32;
+        run(&f.lu, &n, &prout_cdb(sa, scope_type, len), params)
+    };
+    let prin = |sa: u8| run(&f.lu, &n, &[0x5e, sa, 0, 0, 0, 0, 0, 0x10, 0, 0], &[]);
+    // A reserved service action: the SERVICE ACTION field, bit 4 of byte 1, before the
+    // parameter list is looked at. Bits 7-5 of byte 1 are not part of it.
+    for sa in [0x08, 0x1f] {
+        for params in [&basic[..], &basic[..8]] {
+            let r = prout(sa, 0x01, params);
+            assert_eq!(sense_codes(&r), (0x5, 0x24, 0x00), "PROUT {sa:#x}");
+            assert_eq!(field_pointer(&r), in_cdb(1, 4));
+        }
+    }
+    for sa in [0x04, 0x1f] {
+        let r = prin(sa);
+        assert_eq!(sense_codes(&r), (0x5, 0x24, 0x00), "PRIN {sa:#x}");
+        assert_eq!(field_pointer(&r), in_cdb(1, 4));
+    }
+    let r = prin(0xe0);
+    good(&r);
+    assert_eq!(r.data_in.len(), 8, "READ KEYS of nobody");
+    // RESERVE and PREEMPT: the parameter list's length first, then SCOPE (bit 7 of byte 2),
+    // then TYPE (bit 3 of byte 2); reserved types are 0, 2, 4 and 9 and up.
+    for sa in [0x01, 0x04, 0x05] {
+        let r = prout(sa, 0x00, &basic[..23]);
+        assert_eq!(sense_codes(&r), (0x5, 0x1a, 0x00), "short list, sa {sa}");
+        let r = prout(sa, 0x10, &basic);
+        assert_eq!(sense_codes(&r), (0x5, 0x24, 0x00), "scope, sa {sa}");
+        assert_eq!(field_pointer(&r), in_cdb(2, 7));
+        let r = prout(sa, 0x12, &basic);
+        assert_eq!(field_pointer(&r), in_cdb(2, 7), "scope before type");
+        for type_code in [0x0, 0x2, 0x4, 0x9, 0xf] {
+            let r = prout(sa, type_code, &basic);
+            assert_eq!(sense_codes(&r), (0x5, 0x24, 0x00), "type {type_code}");
+            assert_eq!(field_pointer(&r), in_cdb(2, 3));
+        }
+    }
+    // REGISTER and CLEAR do not look at SCOPE and TYPE.
+    good(&prout(0x00, 0xff, &prout_params(0, 7)));
+    good(&prout(0x03, 0xff, &prout_params(7, 0)));
+    // A CDB cut short: the opcode's own length is not there.
+    let r = run(&f.lu, &n, &prout_cdb(0x00, 0, 24)[..9], &basic);
+    assert_eq!(sense_codes(&r), (0x5, 0x24, 0x00));
+    assert_eq!(field_pointer(&r), [0xc0, 0, 0]);
+    // Under an SPC-2 reservation PERSISTENT RESERVE IN and OUT conflict before their service
+    // action is looked at.
+    let other = nexus(2);
+    good(&execute_past_power_on(
+        &f.lu,
+        &request(&other, &[0x16, 0, 0, 0, 0, 0], &[]),
+    ));
+    assert_eq!(
+        prout(0x08, 0x01, &basic).status,
+        Status::ReservationConflict
+    );
+    assert_eq!(prin(0x04).status, Status::ReservationConflict);
+}
+
+#[test]
+fn reservations_and_unit_attentions_read_the_parsed_command() {
+    let (f, n) = ready();
+    let params = prout_params(0, 0x1234);
+    let register = crate::dispatch(&prout_cdb(0x00, 0, 24), 24, &params);
+    let lu = &f.lu;
+    let r = lu.execute_parsed(&request(&n, &[], &params), &register);
+    good(&r);
+    let read_keys = crate::dispatch(&[0x5e, 0x00, 0, 0, 0, 0, 0, 0, 0x10, 0], 0, &[]);
+    let r = run_parsed(lu, &n, &read_keys);
+    good(&r);
+    assert_eq!(&r.data_in[8..16], &0x1234u64.to_be_bytes());
+    // Neither INQUIRY nor REPORT LUNS reports a pending unit attention, even one whose CDB
+    // does not parse (CMDDT), which is answered with its own sense; TEST UNIT READY does.
+    lu.capacity_changed();
+    let inquiry = crate::dispatch(&[0x12, 0, 0, 0, 96, 0], 0, &[]);
+    good(&run_parsed(lu, &n, &inquiry));
+    let cmddt = crate::dispatch(&[0x12, 0x02, 0, 0, 96, 0], 0, &[]);
+    let r = run_parsed(lu, &n, &cmddt);
+    assert_eq!(sense_codes(&r), (0x5, 0x24, 0x00));
+    let report_luns = crate::dispatch(&[0xa0, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0], 0, &[]);
+    good(&run_parsed(lu, &n, &report_luns));
+    let tur = crate::dispatch(&[0; 6], 0, &[]);
+    assert_eq!(sense_codes(&run_parsed(lu, &n, &tur)), (0x6, 0x2a, 0x09));
+    good(&run_parsed(lu, &n, &tur));
 }

@@ -83,7 +83,7 @@ impl ReservationAccess {
     /// [`Command::Unsupported`]: see [`ReservationAccess::of_unimplemented`].
     pub(crate) fn of(command: &Command, cdb: &[u8]) -> Self {
         match command {
-            Command::PersistentReserveIn { .. } | Command::PersistentReserveOut { .. } => {
+            Command::PersistentReserveIn { .. } | Command::PersistentReserveOut(_) => {
                 Self::new(AccessClass::Always, Spc2Access::Nobody)
             }
             Command::Inquiry { .. }

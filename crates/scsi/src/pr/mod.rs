@@ -23,7 +23,8 @@
 //! - `model`: reservation types, initiators, registrants, registrations and the reservation,
 //!   and what a reservation command ends with ([`PrError`], [`PendingUa`]);
 //! - `state`: the persistent reservation state and its PERSISTENT RESERVE OUT transitions;
-//! - `prout`: parsing PERSISTENT RESERVE OUT and iSCSI TransportIDs;
+//! - `prout`: the PERSISTENT RESERVE OUT parameter list with the parsed CDB, and iSCSI
+//!   TransportIDs;
 //! - `prin`: the PERSISTENT RESERVE IN parameter data;
 //! - `access`: which commands a reservation lets through;
 //! - `aptpl`: the APTPL file.
@@ -51,13 +52,11 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{RwLock, RwLockReadGuard, RwLockWriteGuard};
 
+use crate::cdb::{PrinAction, ProutCdb};
 use crate::param::ParamList;
 use crate::{Nexus, Sense, SenseReason};
 
 use aptpl::{load_aptpl_file, remove_durably, write_atomically};
-use prin::{
-    PRIN_READ_FULL_STATUS, PRIN_READ_KEYS, PRIN_READ_RESERVATION, PRIN_REPORT_CAPABILITIES,
-};
 use prout::ProutRequest;
 use state::PrState;
 
@@ -173,33 +172,36 @@ impl Reservations {
         }
     }
 
-    /// PERSISTENT RESERVE IN: the complete parameter data (the caller truncates it to the
-    /// ALLOCATION LENGTH).
-    pub fn persistent_reserve_in(&self, _nexus: &Nexus, cdb: &[u8]) -> Result<Vec<u8>, PrError> {
-        let service_action = cdb.get(1).map_or(0, |b| b & 0x1f);
+    /// PERSISTENT RESERVE IN of service `action` (as parsed: a reserved one is its sense): the
+    /// complete parameter data (the caller truncates it to the ALLOCATION LENGTH).
+    pub fn persistent_reserve_in(
+        &self,
+        _nexus: &Nexus,
+        action: Result<PrinAction, Sense>,
+    ) -> Result<Vec<u8>, PrError> {
         let state = self.read();
         if state.reserved_by.is_some() {
             return Err(PrError::Conflict);
         }
         let pr = &state.persistent;
-        match service_action {
-            PRIN_READ_KEYS => Ok(pr.read_keys()),
-            PRIN_READ_RESERVATION => Ok(pr.read_reservation()),
-            PRIN_REPORT_CAPABILITIES => Ok(pr.report_capabilities(self.persist_path.is_some())),
-            PRIN_READ_FULL_STATUS => Ok(pr.read_full_status()),
-            _ => Err(PrError::Sense(
-                Sense::from(SenseReason::InvalidFieldInCdb).with_field_pointer(true, 1, Some(4)),
-            )),
+        match action {
+            Ok(PrinAction::ReadKeys) => Ok(pr.read_keys()),
+            Ok(PrinAction::ReadReservation) => Ok(pr.read_reservation()),
+            Ok(PrinAction::ReportCapabilities) => {
+                Ok(pr.report_capabilities(self.persist_path.is_some()))
+            }
+            Ok(PrinAction::ReadFullStatus) => Ok(pr.read_full_status()),
+            Err(sense) => Err(PrError::Sense(sense)),
         }
     }
 
-    /// PERSISTENT RESERVE OUT with its parameter list (exactly PARAMETER LIST LENGTH bytes).
-    /// Returns the unit attentions to establish for other initiator ports, and the nexuses
+    /// PERSISTENT RESERVE OUT, parsed into `cdb`, with its parameter list (exactly PARAMETER
+    /// LIST LENGTH bytes). Returns the unit attentions to establish for other initiator ports, and the nexuses
     /// whose tasks a PREEMPT AND ABORT aborts.
     pub fn persistent_reserve_out(
         &self,
         nexus: &Nexus,
-        cdb: &[u8],
+        cdb: &ProutCdb,
         params: &[u8],
     ) -> Result<ProutEffects, PrError> {
         let request =

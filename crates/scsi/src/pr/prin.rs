@@ -5,12 +5,6 @@ use super::model::SCOPE_LU;
 use super::prout::encode_transport_id;
 use super::state::PrState;
 
-/// PERSISTENT RESERVE IN service actions.
-pub(super) const PRIN_READ_KEYS: u8 = 0x00;
-pub(super) const PRIN_READ_RESERVATION: u8 = 0x01;
-pub(super) const PRIN_REPORT_CAPABILITIES: u8 = 0x02;
-pub(super) const PRIN_READ_FULL_STATUS: u8 = 0x03;
-
 /// Prefixes parameter data with PRGENERATION and ADDITIONAL LENGTH.
 fn with_header(generation: u32, body: Vec<u8>) -> Vec<u8> {
     let mut data = Vec::with_capacity(8 + body.len());

@@ -1,7 +1,8 @@
-//! PERSISTENT RESERVE OUT parsing: the CDB and parameter list validated into a
+//! PERSISTENT RESERVE OUT parsing: the parsed CDB and the parameter list validated into a
 //! [`ProutRequest`], and the iSCSI TransportIDs they carry (parsed, and encoded for READ FULL
 //! STATUS).
 
+use crate::cdb::{ProutCdb, ProutServiceAction};
 use crate::outcome::{invalid_cdb, Failure};
 use crate::param::{length_error, ParamList};
 use crate::SenseReason;
@@ -14,16 +15,6 @@ const MAX_ISCSI_NAME_LEN: usize = 223;
 
 /// TransportID protocol identifier for iSCSI (SPC-4).
 const PROTOCOL_ID_ISCSI: u8 = 0x5;
-
-/// PERSISTENT RESERVE OUT service actions.
-pub(super) const PROUT_REGISTER: u8 = 0x00;
-pub(super) const PROUT_RESERVE: u8 = 0x01;
-pub(super) const PROUT_RELEASE: u8 = 0x02;
-pub(super) const PROUT_CLEAR: u8 = 0x03;
-pub(super) const PROUT_PREEMPT: u8 = 0x04;
-pub(super) const PROUT_PREEMPT_AND_ABORT: u8 = 0x05;
-pub(super) const PROUT_REGISTER_AND_IGNORE_EXISTING_KEY: u8 = 0x06;
-pub(super) const PROUT_REGISTER_AND_MOVE: u8 = 0x07;
 
 /// Length of the basic PERSISTENT RESERVE OUT parameter list (and of the REGISTER AND MOVE
 /// header before its TransportID).
@@ -68,97 +59,55 @@ pub(super) enum ProutAction {
 }
 
 impl ProutRequest {
-    /// Validates the CDB and parameter list (SPC-4). `persist_capable`: APTPL=1 can be
-    /// honoured.
+    /// Validates the parsed CDB and the parameter list (SPC-4): a reserved service action
+    /// first, then the parameter list's length, then SCOPE and TYPE where the service action
+    /// uses them. `persist_capable`: APTPL=1 can be honoured.
     pub(super) fn parse(
-        cdb: &[u8],
+        cdb: &ProutCdb,
         params: ParamList,
         persist_capable: bool,
     ) -> Result<Self, Failure> {
-        let service_action = cdb.get(1).ok_or_else(|| invalid_cdb(1, Some(4)))? & 0x1f;
-        let scope_type = cdb.get(2).copied().unwrap_or(0);
-        let (scope, type_code) = (scope_type >> 4, scope_type & 0x0f);
-        if service_action > PROUT_REGISTER_AND_MOVE {
-            return Err(invalid_cdb(1, Some(4)));
-        }
+        let service_action = cdb.action?;
+        let (scope, type_code) = (cdb.scope, cdb.type_code);
         if params.len() < BASIC_PARAMETER_LIST_LEN {
             return Err(length_error());
         }
         let key = params.be64(0)?;
         let service_action_key = params.be64(8)?;
-
-        if service_action == PROUT_REGISTER_AND_MOVE {
-            let action = parse_register_and_move(params, persist_capable)?;
-            return Ok(ProutRequest {
-                key,
-                service_action_key,
-                action,
-            });
-        }
-
-        let flags = params.u8(20)?;
-        let spec_i_pt = flags & 0x08 != 0;
-        let all_target_ports = flags & 0x04 != 0;
-        let aptpl = flags & 0x01 != 0;
-        let is_register = service_action == PROUT_REGISTER;
-        if spec_i_pt && !is_register {
-            // SPEC_I_PT is defined for REGISTER only (SPC-4).
-            return Err(params.invalid(20, Some(3)));
-        }
-        if spec_i_pt {
-            // A TRANSPORTID PARAMETER DATA LENGTH and the TransportIDs follow.
-            let ids_len = params.be32(24)?;
-            let expected = usize::try_from(ids_len)
-                .ok()
-                .and_then(|n| n.checked_add(BASIC_PARAMETER_LIST_LEN + 4));
-            if expected != Some(params.len()) {
-                return Err(length_error());
+        // SCOPE, then TYPE, for the service actions that take them.
+        let valid_scope_and_type = || {
+            if scope != SCOPE_LU {
+                return Err(invalid_cdb(2, Some(7)));
             }
-        } else if params.len() != BASIC_PARAMETER_LIST_LEN {
-            return Err(length_error());
-        }
-
-        let valid_type = || PrType::from_code(type_code).ok_or_else(|| invalid_cdb(2, Some(3)));
-        let valid_scope = || {
-            if scope == SCOPE_LU {
-                Ok(())
-            } else {
-                Err(invalid_cdb(2, Some(7)))
-            }
+            PrType::from_code(type_code).ok_or_else(|| invalid_cdb(2, Some(3)))
         };
         let action = match service_action {
-            PROUT_REGISTER | PROUT_REGISTER_AND_IGNORE_EXISTING_KEY => {
-                if aptpl && !persist_capable {
-                    return Err(params.invalid(20, Some(0)));
-                }
-                let also_register = if spec_i_pt {
-                    let at = BASIC_PARAMETER_LIST_LEN + 4;
-                    let ids = params.sub(at, params.len() - at)?;
-                    Some(parse_transport_ids(ids)?)
-                } else {
-                    None
-                };
-                ProutAction::Register {
-                    ignore_existing_key: !is_register,
-                    also_register,
-                    all_target_ports,
-                    aptpl,
-                }
+            ProutServiceAction::RegisterAndMove => {
+                parse_register_and_move(params, persist_capable)?
             }
-            PROUT_RESERVE => {
-                valid_scope()?;
-                ProutAction::Reserve(valid_type()?)
+            ProutServiceAction::Register | ProutServiceAction::RegisterAndIgnoreExistingKey => {
+                let is_register = service_action == ProutServiceAction::Register;
+                parse_register(is_register, params, persist_capable)?
             }
-            PROUT_RELEASE => ProutAction::Release { scope, type_code },
-            PROUT_CLEAR => ProutAction::Clear,
-            PROUT_PREEMPT | PROUT_PREEMPT_AND_ABORT => {
-                valid_scope()?;
+            ProutServiceAction::Reserve => {
+                basic_flags(params, false)?;
+                ProutAction::Reserve(valid_scope_and_type()?)
+            }
+            ProutServiceAction::Release => {
+                basic_flags(params, false)?;
+                ProutAction::Release { scope, type_code }
+            }
+            ProutServiceAction::Clear => {
+                basic_flags(params, false)?;
+                ProutAction::Clear
+            }
+            ProutServiceAction::Preempt | ProutServiceAction::PreemptAndAbort => {
+                basic_flags(params, false)?;
                 ProutAction::Preempt {
-                    pr_type: valid_type()?,
-                    abort: service_action == PROUT_PREEMPT_AND_ABORT,
+                    pr_type: valid_scope_and_type()?,
+                    abort: service_action == ProutServiceAction::PreemptAndAbort,
                 }
             }
-            _ => return Err(invalid_cdb(1, Some(4))),
         };
         Ok(ProutRequest {
             key,
@@ -166,6 +115,69 @@ impl ProutRequest {
             action,
         })
     }
+}
+
+/// The flags byte of the basic parameter list: SPEC_I_PT, ALL_TG_PT and APTPL.
+struct BasicFlags {
+    spec_i_pt: bool,
+    all_target_ports: bool,
+    aptpl: bool,
+}
+
+/// The flags of a basic parameter list (every service action's but REGISTER AND MOVE's),
+/// checked with the list's length: SPEC_I_PT only for REGISTER (`is_register`), and then
+/// the TransportIDs' length, else exactly the basic list.
+fn basic_flags(params: ParamList, is_register: bool) -> Result<BasicFlags, Failure> {
+    let flags = params.u8(20)?;
+    let spec_i_pt = flags & 0x08 != 0;
+    if spec_i_pt && !is_register {
+        // SPEC_I_PT is defined for REGISTER only (SPC-4).
+        return Err(params.invalid(20, Some(3)));
+    }
+    if spec_i_pt {
+        // A TRANSPORTID PARAMETER DATA LENGTH and the TransportIDs follow.
+        let ids_len = params.be32(24)?;
+        let expected = usize::try_from(ids_len)
+            .ok()
+            .and_then(|n| n.checked_add(BASIC_PARAMETER_LIST_LEN + 4));
+        if expected != Some(params.len()) {
+            return Err(length_error());
+        }
+    } else if params.len() != BASIC_PARAMETER_LIST_LEN {
+        return Err(length_error());
+    }
+    Ok(BasicFlags {
+        spec_i_pt,
+        all_target_ports: flags & 0x04 != 0,
+        aptpl: flags & 0x01 != 0,
+    })
+}
+
+/// REGISTER (`is_register`) or REGISTER AND IGNORE EXISTING KEY: the basic parameter list,
+/// with SPEC_I_PT's TransportIDs.
+fn parse_register(
+    is_register: bool,
+    params: ParamList,
+    persist_capable: bool,
+) -> Result<ProutAction, Failure> {
+    // SPEC_I_PT is REGISTER's alone: REGISTER AND IGNORE EXISTING KEY with it is invalid.
+    let flags = basic_flags(params, is_register)?;
+    if flags.aptpl && !persist_capable {
+        return Err(params.invalid(20, Some(0)));
+    }
+    let also_register = if flags.spec_i_pt {
+        let at = BASIC_PARAMETER_LIST_LEN + 4;
+        let ids = params.sub(at, params.len() - at)?;
+        Some(parse_transport_ids(ids)?)
+    } else {
+        None
+    };
+    Ok(ProutAction::Register {
+        ignore_existing_key: !is_register,
+        also_register,
+        all_target_ports: flags.all_target_ports,
+        aptpl: flags.aptpl,
+    })
 }
 
 /// The REGISTER AND MOVE parameter list (SPC-4): the basic header with UNREG, APTPL

@@ -1,12 +1,19 @@
 use std::fs;
 
 use super::model::Initiator;
-use super::prout::{
-    encode_transport_id, parse_transport_id, parse_transport_ids, PROUT_CLEAR, PROUT_PREEMPT,
-    PROUT_PREEMPT_AND_ABORT, PROUT_REGISTER, PROUT_REGISTER_AND_IGNORE_EXISTING_KEY,
-    PROUT_REGISTER_AND_MOVE, PROUT_RELEASE, PROUT_RESERVE,
-};
+use super::prout::{encode_transport_id, parse_transport_id, parse_transport_ids};
 use super::*;
+use crate::cdb::opcode::{
+    SA_PRIN_READ_FULL_STATUS as PRIN_READ_FULL_STATUS, SA_PRIN_READ_KEYS as PRIN_READ_KEYS,
+    SA_PRIN_READ_RESERVATION as PRIN_READ_RESERVATION,
+    SA_PRIN_REPORT_CAPABILITIES as PRIN_REPORT_CAPABILITIES, SA_PROUT_CLEAR as PROUT_CLEAR,
+    SA_PROUT_PREEMPT as PROUT_PREEMPT, SA_PROUT_PREEMPT_AND_ABORT as PROUT_PREEMPT_AND_ABORT,
+    SA_PROUT_REGISTER as PROUT_REGISTER,
+    SA_PROUT_REGISTER_AND_IGNORE_EXISTING_KEY as PROUT_REGISTER_AND_IGNORE_EXISTING_KEY,
+    SA_PROUT_REGISTER_AND_MOVE as PROUT_REGISTER_AND_MOVE, SA_PROUT_RELEASE as PROUT_RELEASE,
+    SA_PROUT_RESERVE as PROUT_RESERVE,
+};
+use crate::cdb::{self, Command};
 use crate::param::ParamList;
 
 const WE: u8 = 1;
@@ -79,7 +86,24 @@ fn prout_effects(
     pr_type: u8,
     params: &[u8],
 ) -> Result<ProutEffects, PrError> {
-    r.persistent_reserve_out(n, &prout_cdb(service_action, pr_type, params.len()), params)
+    let cdb = parsed_prout(&prout_cdb(service_action, pr_type, params.len())).unwrap();
+    r.persistent_reserve_out(n, &cdb, params)
+}
+
+/// The PERSISTENT RESERVE OUT `cdb` parses into, if it parses into one.
+fn parsed_prout(cdb: &[u8]) -> Option<ProutCdb> {
+    match cdb::parse(cdb) {
+        Ok(Command::PersistentReserveOut(prout)) => Some(prout),
+        _ => None,
+    }
+}
+
+/// The service action of the PERSISTENT RESERVE IN `cdb` parses into, if it parses into one.
+fn parsed_prin(cdb: &[u8]) -> Option<Result<PrinAction, Sense>> {
+    match cdb::parse(cdb) {
+        Ok(Command::PersistentReserveIn { action, .. }) => Some(action),
+        _ => None,
+    }
 }
 
 fn register(r: &Reservations, n: &Nexus, key: u64, new_key: u64) -> Result<(), PrError> {
@@ -135,7 +159,8 @@ fn preempt(
 }
 
 fn prin(r: &Reservations, n: &Nexus, service_action: u8) -> Result<Vec<u8>, PrError> {
-    r.persistent_reserve_in(n, &[0x5e, service_action, 0, 0, 0, 0, 0, 0x40, 0, 0])
+    let action = parsed_prin(&[0x5e, service_action, 0, 0, 0, 0, 0, 0x40, 0, 0]).unwrap();
+    r.persistent_reserve_in(n, action)
 }
 
 /// (PRGENERATION, keys) from READ KEYS.
@@ -923,9 +948,10 @@ fn parameter_list_validation() {
         SenseReason::InvalidFieldInParameterList
     );
     assert_eq!(r.generation(), 0);
+    // A CDB cut short never reaches the reservations: it does not parse.
     assert_eq!(
-        sense_reason(r.persistent_reserve_out(&a, &[0x5f], &basic_params(0, 1, 0))),
-        SenseReason::InvalidFieldInCdb
+        cdb::parse(&[0x5f]).map_err(|sense| sense.reason),
+        Err(SenseReason::InvalidFieldInCdb)
     );
 }
 
@@ -1108,7 +1134,7 @@ fn transport_id_round_trip() {
 fn random_prout(r: &Reservations, sender: u8, sa: u8, pr_type: u8, params: &[u8]) {
     let n = on_port(nexus(sender % 3), u16::from(sender % 2) + 1);
     let cdb = prout_cdb(sa, pr_type, params.len());
-    let _ = r.persistent_reserve_out(&n, &cdb, params);
+    let _ = r.persistent_reserve_out(&n, &parsed_prout(&cdb).unwrap(), params);
     let _ = r.check_access(&n, &WRITE_10);
     let _ = r.check_access(&n, &cdb);
     for sa in 0..5 {
@@ -1156,8 +1182,17 @@ proptest::proptest! {
         params in proptest::collection::vec(proptest::num::u8::ANY, 0..200),
     ) {
         let r = Reservations::new(None);
-        let _ = r.persistent_reserve_out(&nexus(1), &cdb, &params);
-        let _ = r.persistent_reserve_in(&nexus(1), &cdb);
+        // The bytes as a PERSISTENT RESERVE OUT and IN CDB, where they parse as one.
+        let mut as_cdb = cdb.clone();
+        as_cdb.resize(10, 0);
+        as_cdb[0] = 0x5f;
+        if let Some(prout) = parsed_prout(&as_cdb) {
+            let _ = r.persistent_reserve_out(&nexus(1), &prout, &params);
+        }
+        as_cdb[0] = 0x5e;
+        if let Some(action) = parsed_prin(&as_cdb) {
+            let _ = r.persistent_reserve_in(&nexus(1), action);
+        }
         let _ = r.check_access(&nexus(2), &cdb);
         let _ = parse_transport_ids(ParamList::new(&params));
         assert_consistent(&r);
