@@ -486,3 +486,139 @@ impl Engine {
             .read_failed(segment, seq, now, retry, |i| m.state.segment(i).seq)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::test_data::{mem_engine, noise};
+    use std::sync::atomic::AtomicU64;
+    use std::sync::mpsc;
+
+    const BLOCK: u64 = 4096;
+
+    /// Unique host writes of one block each to `volume` from block `*next` on, made as the
+    /// write path makes them but never collecting, until `done`.
+    fn fill_until(engine: &Engine, volume: u32, next: &mut u64, done: impl Fn(&Engine) -> bool) {
+        while !done(engine) {
+            let block = noise(7_000_000 + *next, BLOCK as usize);
+            let prepared = engine.prepare(&block).into_owned();
+            let mut m = engine.lock_meta();
+            let unwritten = engine.commit(&mut m, volume, *next, &[&prepared]).unwrap();
+            drop(m);
+            engine.write_unwritten(unwritten).unwrap();
+            *next += 1;
+        }
+    }
+
+    /// A relocation whose chunk page cannot be read after it applied a batch in the same lock
+    /// hold writes that batch before it reports the error (da5130e). Before, the batch stayed
+    /// registered in flight and unwritten: every later write and flush waited for it for ever.
+    /// The victim starts with live chunks of chunk table page 1 and goes on with page 2's; the
+    /// head has room for one batch, so the first hold relocates one batch; the array is full,
+    /// so the second hold switches segments and fills the new one with batch after batch, and
+    /// page 2, dropped from the cache and damaged between the holds, fails the second hold's
+    /// second batch.
+    #[test]
+    fn a_relocation_failing_after_a_batch_in_its_hold_writes_that_batch() {
+        let seg = 128u32 << 10;
+        let tuning = Tuning {
+            gc: GcPriority::Off,
+            ..Tuning::default()
+        };
+        let (backend, engine) = mem_engine(16 << 20, seg, tuning);
+        let v = engine.create_volume(8 << 20).unwrap();
+        // Chunk ids are handed out in order: 24 blocks around the end of page 1's ids, the
+        // later ones made half dead so that their segment is the emptiest.
+        let page_2 = 2 * CHUNKS_PER_PAGE;
+        let window = page_2 - 14;
+        for start in (0..window).step_by(16) {
+            let n = (window - start).min(16);
+            let data = noise(start + 1, (n * BLOCK) as usize);
+            engine.write(v, start * BLOCK, &data).unwrap();
+        }
+        let mut model = noise(999, 24 * BLOCK as usize);
+        engine.write(v, window * BLOCK, &model).unwrap();
+        for b in (14..24).step_by(2) {
+            let data = noise(5000 + b, BLOCK as usize);
+            engine.write(v, (window + b) * BLOCK, &data).unwrap();
+            let at = (b * BLOCK) as usize;
+            model[at..at + BLOCK as usize].copy_from_slice(&data);
+        }
+        let victim =
+            {
+                let mut m = engine.lock_meta();
+                let place = |m: &mut Meta, id: u64| m.state.chunk(id).unwrap().unwrap();
+                let first_of_page_2 = place(&mut m, page_2);
+                // Page 1's last four chunks come before it in its segment: two batches.
+                let page_1: Vec<_> = (page_2 - 4..page_2).map(|id| place(&mut m, id)).collect();
+                assert!(page_1
+                    .iter()
+                    .all(|c| c.segment == first_of_page_2.segment
+                        && c.offset < first_of_page_2.offset));
+                first_of_page_2.segment
+            };
+        // The array full (free segments down to the reserve) and the victim older than the
+        // checkpoint; then the head left with room for one batch (8 KiB), not two.
+        let filler = engine.create_volume(64 << 20).unwrap();
+        let mut next = 0;
+        let reserve = gc_reserve(engine.geometry.segment_count) as usize;
+        fill_until(&engine, filler, &mut next, |e| {
+            e.lock_log().segments.len() <= reserve
+        });
+        engine.checkpoint().unwrap();
+        fill_until(&engine, filler, &mut next, |e| {
+            !e.lock_log().head.fits(13 << 10, seg as usize)
+        });
+        // Between the holds: page 2 dropped from the cache (clean since the checkpoint) and
+        // damaged on the medium; how much the first hold relocated.
+        let first_hold = Arc::new(AtomicU64::new(0));
+        let (hold, damaged) = (first_hold.clone(), backend.clone());
+        *engine.between_relocation_holds.lock().unwrap() = Some(Box::new(move |e: &Engine| {
+            let mut m = e.lock_meta();
+            if hold.swap(m.counters.gc_bytes, Ordering::Relaxed) != 0 {
+                return;
+            }
+            let pager = m.state.pager_mut();
+            let capacity = pager.capacity();
+            pager.set_capacity(1);
+            pager.set_capacity(capacity);
+            assert_eq!(pager.missing([(CHUNK_TABLE, 2)]).len(), 1, "page 2 dropped");
+            damaged.corrupt_meta(pager.loc(CHUNK_TABLE, 2).slot * 4096 + 100);
+        }));
+        let failed = {
+            let _maintenance = engine.maintenance.lock().unwrap();
+            engine.collect_one(0.9, false)
+        };
+        *engine.between_relocation_holds.lock().unwrap() = None;
+        let error = failed.unwrap_err().to_string();
+        assert!(error.contains("chunk table"), "{error}");
+        let (relocated, first) = (
+            engine.lock_meta().counters.gc_bytes,
+            first_hold.load(Ordering::Relaxed),
+        );
+        assert!(
+            first > 0 && relocated > first,
+            "the failing hold applied a batch: {first} then {relocated} bytes relocated"
+        );
+        assert!(engine.poisoned().is_none());
+        // A write and a flush complete (a hang guard, not a time limit: they took
+        // milliseconds, or never completed).
+        let engine = Arc::new(engine);
+        let (done, finished) = mpsc::channel();
+        let writer = engine.clone();
+        std::thread::spawn(move || {
+            let written = writer.write(v, 0, &noise(77, BLOCK as usize));
+            done.send(written.and_then(|()| writer.flush())).unwrap();
+        });
+        let outcome = finished.recv_timeout(Duration::from_secs(60));
+        assert!(matches!(outcome, Ok(Ok(()))), "{outcome:?}");
+        // Undamaged again, every chunk reads back where it is, in the victim or moved.
+        let slot = engine.lock_meta().state.pager().loc(CHUNK_TABLE, 2).slot;
+        backend.corrupt_meta(slot * 4096 + 100);
+        let mut back = vec![0u8; model.len()];
+        engine.read(v, window * BLOCK, &mut back).unwrap();
+        assert!(back == model, "the window reads back");
+        assert_eq!(engine.check(&mut |_, _| {}), Vec::<String>::new());
+        assert!(engine.lock_meta().state.segment(victim).live > 0);
+    }
+}
