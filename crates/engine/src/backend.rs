@@ -1,7 +1,9 @@
-//! The narrow storage interface under the engine: the log area addressed by byte offset, the
-//! metadata area (4 KiB page slots, see [`crate::meta::page_store`]), and one atomically
-//! replaced root blob naming the newest consistent set of metadata pages. The format 2
-//! checkpoint blob is still read, for the migration.
+//! The narrow storage interfaces under the engine, one trait each: the log area addressed by
+//! byte offset ([`LogDevice`]), the metadata area (4 KiB page slots, see
+//! [`crate::meta::page_store`]; [`MetaArea`]), and one atomically replaced root blob naming
+//! the newest consistent set of metadata pages ([`RootStore`]). The format 2 checkpoint blob
+//! is still read, for the migration ([`FormatTwoCheckpoint`]). [`Devices`] hands the four to
+//! the engine; a [`WriteTap`] sees every write, sync and discard they complete (`tap.rs`).
 //!
 //! [`FileBackend`] is what ships: (sparse) log files, a metadata file and a root file in the
 //! array's data directory. [`MemBackend`] is the test double that makes crash testing honest:
@@ -14,24 +16,29 @@ use std::os::unix::fs::FileExt;
 use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 #[cfg(any(test, feature = "testing"))]
 mod mem;
+mod tap;
 #[cfg(any(test, feature = "testing"))]
 pub use mem::MemBackend;
+pub use tap::{TappedLog, TappedMeta, TappedRoot, WriteTap};
 
-pub trait Backend: Send + Sync {
+/// The log area: bytes addressed by offset, written, synced, reserved and given back, and
+/// whether the storage has room for more. The engine holds one and reads and writes its
+/// segments through it.
+pub trait LogDevice: Send + Sync {
     /// Size of the log area in bytes.
     fn capacity(&self) -> u64;
     fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()>;
     /// Read `bufs` back to back from `offset` (a scatter read: one system call where the
-    /// backend can, so chunks land in the host's buffer without a copy). By default one read
+    /// device can, so chunks land in the host's buffer without a copy). By default one read
     /// into a buffer of their own and a copy.
     fn read_vectored_at(&self, bufs: &mut [&mut [u8]], offset: u64) -> io::Result<()> {
         read_then_scatter(bufs, |all| self.read_at(all, offset))
     }
-    /// [`Backend::read_vectored_at`] if it can be done without waiting for a device (the
+    /// [`LogDevice::read_vectored_at`] if it can be done without waiting for a device (the
     /// bytes are in the page cache): `Ok(true)` when `bufs` were filled, `Ok(false)` when the
     /// read would wait (`bufs` then hold nothing useful). Lets a read that costs a few
     /// microseconds run on the thread that received it, and one that waits for the disk go
@@ -39,25 +46,25 @@ pub trait Backend: Send + Sync {
     fn read_vectored_cached(&self, _bufs: &mut [&mut [u8]], _offset: u64) -> io::Result<bool> {
         Ok(false)
     }
-    /// Write; not durable until [`Backend::sync`] returns.
+    /// Write; not durable until [`LogDevice::sync`] returns.
     fn write_at(&self, data: &[u8], offset: u64) -> io::Result<()>;
     /// Make every completed write durable.
     fn sync(&self) -> io::Result<()>;
     /// Reserve space for a range about to be written, so running out of space shows up here
     /// (ENOSPC) and not in the middle of a record.
     fn allocate(&self, offset: u64, len: u64) -> io::Result<()>;
-    /// Whether a range [`Backend::allocate`] accepted can be written without running out of
-    /// space. False once the file system turned out to have no fallocate: space then shows up
-    /// as ENOSPC on write, which the engine must see before it applies a record, so it writes
-    /// under the metadata lock again.
+    /// Whether a range [`LogDevice::allocate`] accepted can be written without running out
+    /// of space. False once the file system turned out to have no fallocate: space then shows
+    /// up as ENOSPC on write, which the engine must see before it applies a record, so it
+    /// writes under the metadata lock again.
     fn allocation_reserves(&self) -> bool {
         true
     }
     /// Give a range's space back (its contents become undefined).
     fn discard(&self, offset: u64, len: u64) -> io::Result<()>;
-    /// Write a range [`Backend::allocate`] reserved once before it is used (its contents
+    /// Write a range [`LogDevice::allocate`] reserved once before it is used (its contents
     /// become undefined, as after a discard). The writes may still be under way when this
-    /// returns; the next [`Backend::sync`] waits for them and makes them durable. On a file
+    /// returns; the next [`LogDevice::sync`] waits for them and makes them durable. On a file
     /// system, blocks fallocate reserved are converted to written ones by their first write,
     /// and the sync after that write must record the conversion as well: an extent block and
     /// the inode, written one after the other after the data. A range written ahead (and
@@ -65,41 +72,93 @@ pub trait Backend: Send + Sync {
     fn write_ahead(&self, _offset: u64, _len: u64) -> io::Result<()> {
         Ok(())
     }
-    /// Make a range [`Backend::write_ahead`] wrote durable, with the file system's record of
-    /// the blocks it converted, without taking an error that the log's next
-    /// [`Backend::sync`] must report: write-back errors are reported once per file
+    /// Make a range [`LogDevice::write_ahead`] wrote durable, with the file system's record
+    /// of the blocks it converted, without taking an error that the log's next
+    /// [`LogDevice::sync`] must report: write-back errors are reported once per file
     /// description, and the failed page may be a host's write in the same file. By default
     /// nothing (nothing was written ahead).
     fn sync_written_ahead(&self, _offset: u64, _len: u64) -> io::Result<()> {
         Ok(())
     }
+    /// Whether the storage can take `len` more bytes of log and still hold `keep` bytes more
+    /// plus a new checkpoint. The engine asks before it takes space for new data, so that a
+    /// full file system keeps room for what frees space: metadata records, a checkpoint, the
+    /// collector. A device that cannot tell answers yes (allocation then decides).
+    fn has_room(&self, _len: u64, _keep: u64) -> bool {
+        true
+    }
+}
+
+/// The metadata area: 4 KiB page slots (see [`crate::meta::page_store`]) that checkpoints
+/// write and the page cache reads back.
+pub trait MetaArea: Send + Sync {
     /// Read the metadata area; bytes never written read as zeros.
     fn meta_read(&self, buf: &mut [u8], offset: u64) -> io::Result<()>;
-    /// Write the metadata area (it grows as needed); not durable until [`Backend::meta_sync`].
+    /// Write the metadata area (it grows as needed); not durable until
+    /// [`MetaArea::meta_sync`].
     fn meta_write(&self, data: &[u8], offset: u64) -> io::Result<()>;
     /// Make every completed metadata write durable.
     fn meta_sync(&self) -> io::Result<()>;
+    /// Bytes a metadata flush may add to the metadata area: [`LogDevice::has_room`] keeps
+    /// room for them (where the two share a file system).
+    fn reserve_meta(&self, _bytes: u64) {}
+}
+
+/// The root: one blob, replaced atomically, naming the newest consistent set of metadata
+/// pages.
+pub trait RootStore: Send + Sync {
     /// The last stored root, if any.
     fn load_root(&self) -> io::Result<Option<Vec<u8>>>;
     /// Replace the root atomically and durably: after a crash, either the old or the new one
     /// is found, complete.
     fn store_root(&self, bytes: &[u8]) -> io::Result<()>;
-    /// The format 2 checkpoint, if the backend still holds one (an array to migrate).
+}
+
+/// The format 2 checkpoint, read only by [`crate::Engine::open`] and the migration to
+/// format 3, which retires it.
+pub trait FormatTwoCheckpoint: Send + Sync {
+    /// The format 2 checkpoint, if the storage still holds one (an array to migrate).
     fn load_checkpoint(&self) -> io::Result<Option<Vec<u8>>>;
     /// Store a format 2 checkpoint (tests that build old arrays).
     fn store_checkpoint(&self, bytes: &[u8]) -> io::Result<()>;
     /// Keep the format 2 checkpoint under another name once a root has replaced it (the
     /// migration's last step: from then on the array opens as format 3).
     fn retire_checkpoint(&self) -> io::Result<()>;
-    /// Bytes a metadata flush may add to the metadata area: [`Backend::has_room`] keeps room
-    /// for them.
-    fn reserve_meta(&self, _bytes: u64) {}
-    /// Whether the storage can take `len` more bytes of log and still hold `keep` bytes more
-    /// plus a new checkpoint. The engine asks before it takes space for new data, so that a
-    /// full file system keeps room for what frees space: metadata records, a checkpoint, the
-    /// collector. A backend that cannot tell answers yes (allocation then decides).
-    fn has_room(&self, _len: u64, _keep: u64) -> bool {
-        true
+}
+
+/// What an engine is created or opened on: the log device, the metadata area and the root
+/// store, which it keeps, and the format 2 checkpoint, which only open and the migration read.
+/// Usually all four are one storage ([`Devices::of`], or `From` an `Arc` of it); a
+/// [`WriteTap`] wraps the first three ([`Devices::tapped`]).
+#[derive(Clone)]
+pub struct Devices {
+    pub log: Arc<dyn LogDevice>,
+    pub meta: Arc<dyn MetaArea>,
+    pub root: Arc<dyn RootStore>,
+    pub checkpoint: Arc<dyn FormatTwoCheckpoint>,
+}
+
+impl Devices {
+    /// The four parts of one storage.
+    pub fn of<S>(storage: Arc<S>) -> Devices
+    where
+        S: LogDevice + MetaArea + RootStore + FormatTwoCheckpoint + 'static,
+    {
+        Devices {
+            log: storage.clone(),
+            meta: storage.clone(),
+            root: storage.clone(),
+            checkpoint: storage,
+        }
+    }
+}
+
+impl<S> From<Arc<S>> for Devices
+where
+    S: LogDevice + MetaArea + RootStore + FormatTwoCheckpoint + 'static,
+{
+    fn from(storage: Arc<S>) -> Devices {
+        Devices::of(storage)
     }
 }
 
@@ -127,12 +186,12 @@ pub struct FileBackend {
     meta: File,
     capacity: u64,
     /// Size of the last checkpoint loaded or stored, or the bytes a metadata flush may add:
-    /// room [`Backend::has_room`] keeps.
+    /// room [`LogDevice::has_room`] keeps.
     checkpoint_len: AtomicU64,
     /// Bytes of the metadata file allocated so far (it grows by [`META_GROWTH`] steps, so a
     /// full file system shows as ENOSPC from fallocate, not in the middle of a page).
     meta_allocated: AtomicU64,
-    /// Set once fallocate answered EOPNOTSUPP (see [`Backend::allocation_reserves`]).
+    /// Set once fallocate answered EOPNOTSUPP (see [`LogDevice::allocation_reserves`]).
     no_fallocate: AtomicBool,
 }
 
@@ -164,7 +223,7 @@ struct LogFiles {
     files: Vec<File>,
     /// The same files opened again, for writing ahead: a file description of its own keeps
     /// its own cursor of write-back errors, so the sync after zeros written ahead
-    /// ([`Backend::sync_written_ahead`]) can never take an error that the log's next sync
+    /// ([`LogDevice::sync_written_ahead`]) can never take an error that the log's next sync
     /// must report.
     ahead: Vec<File>,
     /// Files written since their last sync: a sync waits for those only.
@@ -632,7 +691,7 @@ impl FileBackend {
     }
 }
 
-impl Backend for FileBackend {
+impl LogDevice for FileBackend {
     fn capacity(&self) -> u64 {
         self.capacity
     }
@@ -692,6 +751,18 @@ impl Backend for FileBackend {
         }
     }
 
+    fn has_room(&self, len: u64, keep: u64) -> bool {
+        match self.free_bytes() {
+            // The new checkpoint is written before the old one goes; leave room for growth.
+            Ok(free) => {
+                free >= len + keep + 2 * self.checkpoint_len.load(Ordering::Relaxed) + ROOM_SLACK
+            }
+            Err(_) => true,
+        }
+    }
+}
+
+impl MetaArea for FileBackend {
     fn meta_read(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
         let mut done = 0;
         while done < buf.len() {
@@ -728,6 +799,12 @@ impl Backend for FileBackend {
         self.meta.sync_data()
     }
 
+    fn reserve_meta(&self, bytes: u64) {
+        self.checkpoint_len.store(bytes, Ordering::Relaxed);
+    }
+}
+
+impl RootStore for FileBackend {
     fn load_root(&self) -> io::Result<Option<Vec<u8>>> {
         self.load_file(ROOT_FILE)
     }
@@ -735,7 +812,9 @@ impl Backend for FileBackend {
     fn store_root(&self, bytes: &[u8]) -> io::Result<()> {
         self.store_file(ROOT_FILE, bytes)
     }
+}
 
+impl FormatTwoCheckpoint for FileBackend {
     fn load_checkpoint(&self) -> io::Result<Option<Vec<u8>>> {
         let loaded = self.load_file(CHECKPOINT_FILE)?;
         if let Some(bytes) = &loaded {
@@ -760,20 +839,6 @@ impl Backend for FileBackend {
             other => other?,
         }
         sync_dir(&self.dir)
-    }
-
-    fn reserve_meta(&self, bytes: u64) {
-        self.checkpoint_len.store(bytes, Ordering::Relaxed);
-    }
-
-    fn has_room(&self, len: u64, keep: u64) -> bool {
-        match self.free_bytes() {
-            // The new checkpoint is written before the old one goes; leave room for growth.
-            Ok(free) => {
-                free >= len + keep + 2 * self.checkpoint_len.load(Ordering::Relaxed) + ROOM_SLACK
-            }
-            Err(_) => true,
-        }
     }
 }
 

@@ -7,7 +7,8 @@
 //! - [`state`]: metadata as a deterministic state machine (one `apply` for live and replay);
 //! - [`meta`]: the metadata's paged tables behind one bounded cache (RFC 0001);
 //! - [`format`]: the log's record format;
-//! - [`backend`]: the narrow storage interface (files, and a crash-simulating one for tests);
+//! - [`backend`]: the narrow storage interfaces (log device, metadata area, root store; files,
+//!   and a crash-simulating one for tests) and the write tap;
 //! - [`legacy`]: format 2, read to migrate arrays it wrote.
 
 pub mod backend;
@@ -27,7 +28,10 @@ pub mod volume;
 
 #[cfg(any(test, feature = "testing"))]
 pub use backend::MemBackend;
-pub use backend::{holds_engine, Backend, FileBackend};
+pub use backend::{
+    holds_engine, Devices, FileBackend, FormatTwoCheckpoint, LogDevice, MetaArea, RootStore,
+    TappedLog, TappedMeta, TappedRoot, WriteTap,
+};
 pub use engine::{
     default_metadata_cache, ChunkState, Compression, Durable, Engine, EngineConfig, EngineError,
     EngineSpace, GcPriority, Recovery, Tuning, VolumeUsage, MIN_METADATA_CACHE, STATUS_SCAN_CHUNKS,

@@ -15,7 +15,7 @@ use proptest::prelude::*;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use sliver_engine::test_data::{mem_engine, xorshift64};
-use sliver_engine::{Backend, Engine, EngineConfig, EngineError, MemBackend, Tuning};
+use sliver_engine::{Engine, EngineConfig, EngineError, LogDevice, MemBackend, Tuning};
 use std::cell::Cell;
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};

@@ -2,7 +2,7 @@
 
 use sliver_engine::test_data::noise;
 use sliver_engine::{
-    Backend, ChunkState, Compression, Engine, EngineConfig, EngineError, FileBackend, GcPriority,
+    ChunkState, Compression, Engine, EngineConfig, EngineError, FileBackend, GcPriority, LogDevice,
     MemBackend, Tuning, STATUS_SCAN_CHUNKS,
 };
 use std::sync::Arc;
@@ -548,13 +548,13 @@ fn maintenance_frees_dead_segments_in_one_pass() {
 #[test]
 fn file_backend_round_trip_with_real_fsync() {
     let dir = tempfile::tempdir().unwrap();
-    let backend: Arc<dyn Backend> = Arc::new(FileBackend::open(dir.path(), 64 << 20).unwrap());
+    let backend = Arc::new(FileBackend::open(dir.path(), 64 << 20).unwrap());
     let engine = Engine::create(backend, EngineConfig::default(), Tuning::default()).unwrap();
     let v = engine.create_volume(16 << 20).unwrap();
     engine.write(v, 4096, &text(1, 1 << 20)).unwrap();
     engine.flush().unwrap();
     drop(engine);
-    let backend: Arc<dyn Backend> = Arc::new(FileBackend::open(dir.path(), 64 << 20).unwrap());
+    let backend = Arc::new(FileBackend::open(dir.path(), 64 << 20).unwrap());
     let engine = Engine::open(backend, Tuning::default(), false).unwrap();
     let mut back = vec![0u8; 1 << 20];
     engine.read(v, 4096, &mut back).unwrap();
@@ -572,7 +572,7 @@ fn file_backend_round_trip_with_real_fsync() {
 #[test]
 fn a_log_in_several_files_works_like_one() {
     let dir = tempfile::tempdir().unwrap();
-    let open = |capacity| -> Arc<dyn Backend> {
+    let open = |capacity| -> Arc<FileBackend> {
         Arc::new(FileBackend::open_with_span(dir.path(), capacity, 1 << 20).unwrap())
     };
     let engine = Engine::create(open(12 << 20), config(), Tuning::default()).unwrap();
@@ -614,7 +614,7 @@ fn mixed_chunks(chunks: u64) -> Vec<u8> {
 }
 
 /// Flip a bit inside chunk `chunk` of `model` (one stored raw) where the log holds it.
-fn damage_chunk(backend: &dyn Backend, model: &[u8], chunk: usize) {
+fn damage_chunk(backend: &dyn LogDevice, model: &[u8], chunk: usize) {
     let needle = &model[chunk * 4096 + 1000..chunk * 4096 + 1064];
     let mut log = vec![0u8; 2 << 20];
     backend.read_at(&mut log, 0).unwrap();

@@ -27,7 +27,10 @@ mod common;
 
 use common::{Call, CrashPoints, CrashTap};
 use sliver_engine::test_data::{noise, xorshift64};
-use sliver_engine::{Backend, Engine, EngineConfig, FileBackend, MemBackend, Tuning};
+use sliver_engine::{
+    Engine, EngineConfig, FileBackend, FormatTwoCheckpoint, LogDevice, MemBackend, MetaArea,
+    RootStore, Tuning,
+};
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::atomic::{AtomicU32, Ordering};

@@ -1,14 +1,14 @@
 //! Hydration on demand (RFC 0003, "Hydration on demand"): a restored array serves before its
 //! data is local. A restore reads each stream object's table (`stream::table`), applies the
 //! small records and leaves, for every range of the log and metadata files whose bytes are
-//! still in the store, where they are: an [`Extents`] map. [`HydratingBackend`] serves the
-//! engine over the restored files and that map: a read of a range the map still names fetches
-//! the records around its bytes, checks them against the object's table, writes them to the
-//! file and drops them from the map; a write or a discard drops what it covers (its bytes are
-//! newer); background threads fetch the rest in file order, metadata first (four at once while
-//! no read waits for the store, one while reads do). The restore pins what it fetches from in
-//! the source's prefix (`catalog::Pin`) so that a source still shipping there does not delete
-//! it; the hydrating array renews the pin and deletes it when done.
+//! still in the store, where they are: an [`Extents`] map. [`HydratingBackend`] is the engine's
+//! log device and metadata area over the restored files and that map: a read of a range the map
+//! still names fetches the records around its bytes, checks them against the object's table,
+//! writes them to the file and drops them from the map; a write or a discard drops what it
+//! covers (its bytes are newer); background threads fetch the rest in file order, metadata
+//! first (four at once while no read waits for the store, one while reads do). The restore pins
+//! what it fetches from in the source's prefix (`catalog::Pin`) so that a source still shipping
+//! there does not delete it; the hydrating array renews the pin and deletes it when done.
 //!
 //! Crash safety. The map is written once, by the restore, before the root; from then on it
 //! only shrinks, and what leaves it is appended to a journal. A range leaves the map durably
@@ -37,7 +37,7 @@ use crate::object::{self, ObjectName};
 use crate::store::ObjectStore;
 use crate::stream;
 use sliver_clock::{Clock, SystemClock};
-use sliver_engine::{Backend, FileBackend};
+use sliver_engine::{Devices, FileBackend, LogDevice, MetaArea};
 use std::collections::BTreeMap;
 use std::fs::{File, OpenOptions};
 use std::io::{self, Write};
@@ -571,7 +571,8 @@ struct Shared {
     cursor: Mutex<(Area, u64)>,
 }
 
-/// The engine's backend while data is still in the store (see the module's description).
+/// The engine's log device and metadata area while data is still in the store (see the
+/// module's description; [`HydratingBackend::devices`]).
 pub struct HydratingBackend {
     shared: Arc<Shared>,
 }
@@ -660,6 +661,17 @@ impl HydratingBackend {
             cursor: Mutex::new((Area::Meta, 0)),
         });
         Ok(HydratingBackend { shared })
+    }
+
+    /// The engine's devices: the log and the metadata area through hydration, the root and
+    /// the format 2 checkpoint straight from the files (they are local once restored).
+    pub fn devices(self: &Arc<Self>) -> Devices {
+        Devices {
+            log: self.clone(),
+            meta: self.clone(),
+            root: self.shared.inner.clone(),
+            checkpoint: self.shared.inner.clone(),
+        }
     }
 
     pub fn handle(&self) -> HydrationHandle {
@@ -1221,7 +1233,7 @@ fn background(shared: &Shared, index: usize, threads: usize) {
     }
 }
 
-impl Backend for HydratingBackend {
+impl LogDevice for HydratingBackend {
     fn capacity(&self) -> u64 {
         self.shared.inner.capacity()
     }
@@ -1265,6 +1277,12 @@ impl Backend for HydratingBackend {
             .drop_range(Area::Log, offset, len, || inner.discard(offset, len))
     }
 
+    fn has_room(&self, len: u64, keep: u64) -> bool {
+        self.shared.inner.has_room(len, keep)
+    }
+}
+
+impl MetaArea for HydratingBackend {
     fn meta_read(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
         self.shared.ensure(Area::Meta, offset, buf.len() as u64)?;
         self.shared.inner.meta_read(buf, offset)
@@ -1282,32 +1300,8 @@ impl Backend for HydratingBackend {
         self.shared.sync_area(Area::Meta)
     }
 
-    fn load_root(&self) -> io::Result<Option<Vec<u8>>> {
-        self.shared.inner.load_root()
-    }
-
-    fn store_root(&self, bytes: &[u8]) -> io::Result<()> {
-        self.shared.inner.store_root(bytes)
-    }
-
-    fn load_checkpoint(&self) -> io::Result<Option<Vec<u8>>> {
-        self.shared.inner.load_checkpoint()
-    }
-
-    fn store_checkpoint(&self, bytes: &[u8]) -> io::Result<()> {
-        self.shared.inner.store_checkpoint(bytes)
-    }
-
-    fn retire_checkpoint(&self) -> io::Result<()> {
-        self.shared.inner.retire_checkpoint()
-    }
-
     fn reserve_meta(&self, bytes: u64) {
         self.shared.inner.reserve_meta(bytes)
-    }
-
-    fn has_room(&self, len: u64, keep: u64) -> bool {
-        self.shared.inner.has_room(len, keep)
     }
 }
 

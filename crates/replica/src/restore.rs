@@ -11,7 +11,7 @@ use crate::object::{self, Expected, Kind, ObjectName};
 use crate::store::{ObjectStore, StoreError};
 use crate::stream::{self, Record};
 use sliver_clock::{Clock, SystemClock};
-use sliver_engine::{Backend, FileBackend};
+use sliver_engine::{FileBackend, LogDevice, MetaArea, RootStore};
 use std::collections::BTreeMap;
 use std::io;
 use std::path::Path;

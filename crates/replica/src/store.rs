@@ -3,7 +3,7 @@
 //! implementation on `object_store`.
 //!
 //! Blocking, because its callers are the shipper's and the restorer's own threads and the
-//! engine's `Backend`, none of which is async; the S3 implementation runs its requests on a
+//! engine's devices (hydration), none of which is async; the S3 implementation runs its requests on a
 //! small tokio runtime of its own. Call it from plain threads (or `spawn_blocking`), never from
 //! inside an async task.
 

@@ -1,7 +1,7 @@
 //! The records inside a `stream/<n>` object (RFC 0003, "Revision: shipping the backend's
-//! writes"): what the engine wrote through its `Backend`, in completion order. Applying the
-//! records of objects `1..k` in order to empty files rebuilds a state a crash could have left on
-//! the local disk, which the engine's open recovers.
+//! writes"): what the engine's devices told [`crate::ship::ShipTap`] they wrote, in
+//! completion order. Applying the records of objects `1..k` in order to empty files rebuilds a
+//! state a crash could have left on the local disk, which the engine's open recovers.
 //!
 //! ```text
 //! area u8 | flags u8 | pad [2] | len u32 | offset u64 | bytes [len]   (no bytes for discard,

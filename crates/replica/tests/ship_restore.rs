@@ -4,10 +4,12 @@
 
 mod store_in_front;
 
-use sliver_engine::{Backend, Engine, EngineConfig, FileBackend, Tuning};
+use sliver_engine::{
+    Devices, Engine, EngineConfig, FileBackend, LogDevice, MetaArea, RootStore, Tuning,
+};
 use sliver_replica::catalog::Point;
 use sliver_replica::restore::{Mode, Target};
-use sliver_replica::ship::{ShipConfig, ShipState, Shipper, ShippingBackend};
+use sliver_replica::ship::{ShipConfig, ShipState, ShipTap, Shipper};
 use sliver_replica::store::{MemStore, ObjectStore, StoreError};
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
@@ -62,7 +64,7 @@ fn on_manual_clock() -> (Arc<sliver_engine::clock::ManualClock>, ShipConfig) {
     (clock, ship)
 }
 
-fn start<S: ObjectStore + 'static>(dir: &Path, store: &Arc<S>) -> (Arc<ShippingBackend>, Shipper) {
+fn start<S: ObjectStore + 'static>(dir: &Path, store: &Arc<S>) -> (Devices, Shipper) {
     start_with(dir, store, fast())
 }
 
@@ -70,10 +72,10 @@ fn start_with<S: ObjectStore + 'static>(
     dir: &Path,
     store: &Arc<S>,
     config: ShipConfig,
-) -> (Arc<ShippingBackend>, Shipper) {
+) -> (Devices, Shipper) {
     let fb = FileBackend::open(dir, CAPACITY).unwrap();
-    let (b, s) = ShippingBackend::start(dir, fb, store.clone(), config, None).unwrap();
-    (Arc::new(b), s)
+    let (tap, s) = ShipTap::start(dir, fb, store.clone(), config, None).unwrap();
+    (Arc::new(tap).devices(), s)
 }
 
 /// Wait for `what` (polled), failing after a minute with `show`'s description.
@@ -229,7 +231,7 @@ fn a_clean_stop_continues_the_stream_a_crash_takes_a_base_and_a_stranger_is_refu
     // Another array on the same prefix.
     let other = tempfile::tempdir().unwrap();
     let fb = FileBackend::open(other.path(), CAPACITY).unwrap();
-    let refused = ShippingBackend::start(other.path(), fb, store.clone(), fast(), None)
+    let refused = ShipTap::start(other.path(), fb, store.clone(), fast(), None)
         .err()
         .expect("a second array on the prefix");
     assert!(
@@ -252,7 +254,7 @@ fn a_restore_never_overwrites_an_array() {
     stop_cleanly(engine, shipper);
     let err = restore(&dynamic(&store), a.path(), None, &Target::Newest).unwrap_err();
     assert!(err.to_string().contains("already holds an array"), "{err}");
-    assert!(backend.capacity() >= CAPACITY);
+    assert!(backend.log.capacity() >= CAPACITY);
 }
 
 /// The rule that makes a base taken under writes exact: a base's bytes never cover a write
@@ -640,13 +642,13 @@ fn a_store_down_at_start_is_waited_for_and_the_copy_then_holds_every_write() {
     let store = Switchable::new(true);
     let fb = FileBackend::open(a.path(), CAPACITY).unwrap();
     let (backend, shipper) =
-        ShippingBackend::start_or_wait(a.path(), fb, store.clone(), fast(), None).unwrap();
+        ShipTap::start_or_wait(a.path(), fb, store.clone(), fast(), None).unwrap();
     let s = shipper.status();
     match &s.state {
         ShipState::Waiting(why) => assert!(why.contains("connection refused"), "{why}"),
         other => panic!("not waiting: {other:?}"),
     }
-    let engine = Engine::create(Arc::new(backend), config(), Tuning::default()).unwrap();
+    let engine = Engine::create(Arc::new(backend).devices(), config(), Tuning::default()).unwrap();
     let v = engine.create_volume(VOLUME).unwrap();
     let mut model = first_writes(&engine, v, 7, 32);
     assert!(matches!(shipper.status().state, ShipState::Waiting(_)));
@@ -1075,7 +1077,7 @@ fn an_array_restored_on_demand_serves_before_its_data_is_local() {
     assert!(report.pin_error.is_none());
     let backend = hydrating(&dir, &store);
     let handle = backend.handle();
-    let engine = Engine::open(backend.clone(), Tuning::default(), false).unwrap();
+    let engine = Engine::open(backend.devices(), Tuning::default(), false).unwrap();
     let before = handle.status();
     assert!(before.bytes_left > 0 && !before.done, "{before:?}");
     // A read of a range not yet fetched: the bytes come from the store.
@@ -1092,7 +1094,7 @@ fn an_array_restored_on_demand_serves_before_its_data_is_local() {
     drop(backend);
     let backend = hydrating(&dir, &store);
     let handle = backend.handle();
-    let engine = Engine::open(backend.clone(), Tuning::default(), false).unwrap();
+    let engine = Engine::open(backend.devices(), Tuning::default(), false).unwrap();
     let mut back = vec![0u8; VOLUME as usize];
     engine.read(v, 0, &mut back).unwrap();
     assert!(back == model, "a read after the crash differs");
@@ -1184,11 +1186,13 @@ mod hydration_model {
         unsynced: [Vec<(usize, usize)>; 2],
     }
 
-    /// The backend as a server opens it: hydrating while the state is there, else the files.
-    fn open(
-        dir: &Path,
-        store: &Arc<MemStore>,
-    ) -> (Arc<dyn Backend>, Option<Arc<HydratingBackend>>) {
+    /// The two areas hydration serves.
+    trait Areas: LogDevice + MetaArea {}
+    impl<T: LogDevice + MetaArea> Areas for T {}
+
+    /// The log and metadata as a server opens them: hydrating while the state is there, else
+    /// the files.
+    fn open(dir: &Path, store: &Arc<MemStore>) -> (Arc<dyn Areas>, Option<Arc<HydratingBackend>>) {
         let fb = FileBackend::open(dir, LOG as u64).unwrap();
         if hydrate::pending(dir).unwrap().is_none() {
             return (Arc::new(fb), None);
@@ -1281,7 +1285,7 @@ mod hydration_model {
         model
     }
 
-    fn check(b: &dyn Backend, model: &Model, log: bool, o: usize, l: usize) {
+    fn check(b: &dyn Areas, model: &Model, log: bool, o: usize, l: usize) {
         let area = usize::from(!log);
         let mut buf = vec![0u8; l];
         if log {

@@ -10,7 +10,7 @@
 mod engine_lu;
 
 use engine_lu::{cdb16, codes, good, run, tuning, Identity, Model, Modelled, MIB};
-use sliver_engine::{Backend, Engine, EngineConfig, MemBackend, Tuning};
+use sliver_engine::{Engine, EngineConfig, FormatTwoCheckpoint, LogDevice, MemBackend, Tuning};
 use sliver_initiator::sense::SenseKey;
 use sliver_initiator::{Error, Session, SessionOptions};
 use sliver_scsi::{LogicalUnit, Status};

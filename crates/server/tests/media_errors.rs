@@ -11,7 +11,7 @@
 mod engine_lu;
 
 use engine_lu::{cdb16, codes, good, tuning, Identity, Model, Modelled, CHUNK, MIB};
-use sliver_engine::{Backend, Engine, MemBackend};
+use sliver_engine::{Engine, LogDevice, MemBackend};
 use sliver_scsi::{LogicalUnit, Nexus, Response};
 use std::io;
 use std::sync::atomic::{AtomicBool, Ordering::SeqCst};

@@ -14,7 +14,7 @@ mod engine_lu;
 
 use engine_lu::{cdb16, codes, good, tuning, Identity, MIB};
 use sliver_engine::test_data::xorshift64;
-use sliver_engine::{Backend, Engine, MemBackend};
+use sliver_engine::{Engine, LogDevice, MemBackend};
 use sliver_scsi::{LogicalUnit, NoCopyTargets, Request, Response, Status, TaskAttr};
 use std::sync::mpsc;
 use std::sync::Arc;

@@ -7,7 +7,7 @@
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use sliver_clock::ManualClock;
-use sliver_engine::{Backend, MemBackend};
+use sliver_engine::{FormatTwoCheckpoint, LogDevice, MemBackend, MetaArea, RootStore};
 use std::io;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -266,59 +266,80 @@ pub fn crash_image(backend: &MemBackend, rng: &mut StdRng) -> MemBackend {
     })
 }
 
-impl Backend for SimDisk {
+impl LogDevice for SimDisk {
     fn capacity(&self) -> u64 {
         self.inner.capacity()
     }
+
     fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
         self.enter(Call::Read)?;
         self.inner.read_at(buf, offset)
     }
+
     fn write_at(&self, data: &[u8], offset: u64) -> io::Result<()> {
         self.write(|b| b.write_at(data, offset))
     }
+
     fn sync(&self) -> io::Result<()> {
         self.sync_with(MemBackend::sync)
     }
+
     fn allocate(&self, offset: u64, len: u64) -> io::Result<()> {
         self.enter(Call::Other)?;
         self.inner.allocate(offset, len)
     }
+
     fn write_ahead(&self, offset: u64, len: u64) -> io::Result<()> {
         self.write(|b| b.write_ahead(offset, len))
     }
+
     fn sync_written_ahead(&self, offset: u64, len: u64) -> io::Result<()> {
         self.sync_with(|b| b.sync_written_ahead(offset, len))
     }
+
     fn discard(&self, offset: u64, len: u64) -> io::Result<()> {
         self.enter(Call::Other)?;
         self.inner.discard(offset, len)
     }
+}
+
+impl MetaArea for SimDisk {
     fn meta_read(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
         self.enter(Call::Read)?;
         self.inner.meta_read(buf, offset)
     }
+
     fn meta_write(&self, data: &[u8], offset: u64) -> io::Result<()> {
         self.write(|b| b.meta_write(data, offset))
     }
+
     fn meta_sync(&self) -> io::Result<()> {
         self.sync_with(MemBackend::meta_sync)
     }
+}
+
+impl RootStore for SimDisk {
     fn load_root(&self) -> io::Result<Option<Vec<u8>>> {
         self.enter(Call::Read)?;
         self.inner.load_root()
     }
+
     fn store_root(&self, bytes: &[u8]) -> io::Result<()> {
         self.enter(Call::Root)?;
         self.inner.store_root(bytes)
     }
+}
+
+impl FormatTwoCheckpoint for SimDisk {
     fn load_checkpoint(&self) -> io::Result<Option<Vec<u8>>> {
         self.inner.load_checkpoint()
     }
+
     fn store_checkpoint(&self, bytes: &[u8]) -> io::Result<()> {
         self.enter(Call::Root)?;
         self.inner.store_checkpoint(bytes)
     }
+
     fn retire_checkpoint(&self) -> io::Result<()> {
         self.enter(Call::Root)?;
         self.inner.retire_checkpoint()

@@ -12,7 +12,7 @@ use rand::{Rng, SeedableRng};
 use sliver_clock::{Clock, ManualClock};
 use sliver_engine::meta::root::Root;
 use sliver_engine::test_data::{noise, text, xorshift64};
-use sliver_engine::{Backend, Engine, EngineConfig, EngineError, MemBackend, Tuning};
+use sliver_engine::{Engine, EngineConfig, EngineError, MemBackend, RootStore, Tuning};
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};

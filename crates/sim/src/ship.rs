@@ -1,4 +1,4 @@
-//! Shipping and restore under store faults: an engine on a [`ShippingBackend`] copies its
+//! Shipping and restore under store faults: an engine tapped by a [`ShipTap`] copies its
 //! writes to a [`FaultyStore`] that fails requests, loses answers, loses its connection for
 //! stretches of simulated time and reorders concurrent answers; restore points are taken at
 //! seeded moments, each then restored (through the faulty store) into a fresh directory. A
@@ -17,7 +17,7 @@ use sliver_clock::ManualClock;
 use sliver_engine::test_data::noise;
 use sliver_engine::{Engine, EngineConfig, FileBackend, Tuning};
 use sliver_replica::restore::{restore, Mode, Target};
-use sliver_replica::ship::{ShipConfig, ShipState, Shipper, ShippingBackend, MIN_BACKLOG};
+use sliver_replica::ship::{ShipConfig, ShipState, ShipTap, Shipper, MIN_BACKLOG};
 use sliver_replica::store::ObjectStore;
 use std::path::Path;
 use std::sync::Arc;
@@ -77,7 +77,7 @@ pub fn run_shipping(seed: u64, ops: u64, scratch: &Path) -> Result<ShipOutcome, 
         ..ShipConfig::default()
     };
     let shared: Arc<dyn ObjectStore> = store.clone();
-    let (backend, shipper) = match ShippingBackend::start(&array, fb, shared, config, None) {
+    let (tap, shipper) = match ShipTap::start(&array, fb, shared, config, None) {
         Ok(s) => s,
         Err(e) => return fail(format!("start: {e}")),
     };
@@ -86,7 +86,7 @@ pub fn run_shipping(seed: u64, ops: u64, scratch: &Path) -> Result<ShipOutcome, 
         chunk_size: 4096,
         segment_size: 1 << 20,
     };
-    let engine = match Engine::create(Arc::new(backend), engine_config, Tuning::default()) {
+    let engine = match Engine::create(Arc::new(tap).devices(), engine_config, Tuning::default()) {
         Ok(e) => e,
         Err(e) => return fail(format!("create: {e}")),
     };

@@ -2,7 +2,7 @@
 //! apart from the bytes made durable, and a simulated crash keeps an arbitrary, possibly torn,
 //! subset of what was not yet synced, in both areas; faults can be injected.
 
-use super::Backend;
+use super::{FormatTwoCheckpoint, LogDevice, MetaArea, RootStore};
 use std::io;
 use std::sync::Mutex;
 
@@ -38,7 +38,7 @@ struct MemInner {
     meta_limit: u64,
     fail_next_sync: bool,
     fail_next_root: bool,
-    /// Bytes [`Backend::write_ahead`] wrote so far.
+    /// Bytes [`LogDevice::write_ahead`] wrote so far.
     written_ahead: u64,
     fail_reads_at: Option<(u64, u64)>,
     /// Reads `fail_reads_at` failed so far.
@@ -176,7 +176,7 @@ impl MemBackend {
         }
     }
 
-    /// Bytes written ahead ([`Backend::write_ahead`]) so far.
+    /// Bytes written ahead ([`LogDevice::write_ahead`]) so far.
     pub fn written_ahead(&self) -> u64 {
         self.inner.lock().unwrap().written_ahead
     }
@@ -226,7 +226,7 @@ impl MemInner {
     }
 }
 
-impl Backend for MemBackend {
+impl LogDevice for MemBackend {
     fn capacity(&self) -> u64 {
         self.inner.lock().unwrap().areas[LOG].current.len() as u64
     }
@@ -280,7 +280,7 @@ impl Backend for MemBackend {
     }
 
     /// Syncs the log as a file description of its own would: an injected failure loses the
-    /// unsynced writes and is reported here, and again by the log's next [`Backend::sync`].
+    /// unsynced writes and is reported here, and again by the log's next [`LogDevice::sync`].
     fn sync_written_ahead(&self, _offset: u64, _len: u64) -> io::Result<()> {
         let mut m = self.inner.lock().unwrap();
         let failing = m.fail_next_sync;
@@ -304,7 +304,9 @@ impl Backend for MemBackend {
         }
         Ok(())
     }
+}
 
+impl MetaArea for MemBackend {
     fn meta_read(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
         let m = self.inner.lock().unwrap();
         let meta = &m.areas[META].current;
@@ -333,7 +335,9 @@ impl Backend for MemBackend {
     fn meta_sync(&self) -> io::Result<()> {
         self.inner.lock().unwrap().sync(META)
     }
+}
 
+impl RootStore for MemBackend {
     fn load_root(&self) -> io::Result<Option<Vec<u8>>> {
         Ok(self.inner.lock().unwrap().root.clone())
     }
@@ -346,7 +350,9 @@ impl Backend for MemBackend {
         m.root = Some(bytes.to_vec());
         Ok(())
     }
+}
 
+impl FormatTwoCheckpoint for MemBackend {
     fn load_checkpoint(&self) -> io::Result<Option<Vec<u8>>> {
         Ok(self.inner.lock().unwrap().checkpoint.clone())
     }

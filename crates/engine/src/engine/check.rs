@@ -215,7 +215,7 @@ impl Engine {
                 }
                 let mut raw = vec![0u8; c.len as usize];
                 let at = c.segment as u64 * self.geometry.segment_size as u64 + c.offset as u64;
-                if let Err(e) = self.backend.read_at(&mut raw, at) {
+                if let Err(e) = self.log_device.read_at(&mut raw, at) {
                     problems.push(format!("chunk {id}: read failed: {e}"));
                 } else {
                     match decode_chunk(&raw, seg.seq, id, &mut buf) {

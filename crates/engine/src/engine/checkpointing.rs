@@ -79,7 +79,7 @@ impl Engine {
             .zip(pages)
             .map(|(&slot, &(_, _, body))| (slot, body))
             .collect();
-        if let Err(e) = write_pages(&*self.backend, &mut batch) {
+        if let Err(e) = write_pages(&*self.meta_area, &mut batch) {
             self.slots.lock().unwrap().cancel(slots);
             return Err(if out_of_space(&e) {
                 EngineError::NoSpace
@@ -291,10 +291,10 @@ impl Engine {
         // A failed sync of the metadata file may have dropped pages the directories now
         // name, and a later root would name them: like a failed log sync, nothing can be
         // promised any more.
-        if let Err(e) = self.backend.meta_sync() {
+        if let Err(e) = self.meta_area.meta_sync() {
             return Err(self.poison(format!("fsync of the metadata file failed: {e}")));
         }
-        if let Err(e) = self.backend.store_root(&root.encode()) {
+        if let Err(e) = self.root_store.store_root(&root.encode()) {
             // The pages stay where the directories now say; the next root names them. The
             // previous root and the slots it names are untouched.
             let mut m = self.lock_meta();
@@ -309,7 +309,7 @@ impl Engine {
         }
         self.slots.lock().unwrap().root_durable();
         let mut m = self.lock_meta();
-        self.backend
+        self.meta_area
             .reserve_meta(meta_reserve(&m.state, self.tuning().metadata_cache));
         m.checkpoint
             .durable(root.head.seq, captured, root.generation);

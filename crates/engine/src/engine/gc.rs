@@ -93,7 +93,7 @@ impl Engine {
         let mut raw = vec![0u8; if empty { 0 } else { seg as usize }];
         self.wait_victim_written(victim)?;
         if !empty {
-            if let Err(e) = self.backend.read_at(&mut raw, victim as u64 * seg) {
+            if let Err(e) = self.log_device.read_at(&mut raw, victim as u64 * seg) {
                 // The medium's failure, not the log's: writes go on. Hosts reading the
                 // segment's chunks get medium errors until they rewrite them; once none is
                 // live the segment is freed without being read.

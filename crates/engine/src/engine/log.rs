@@ -20,7 +20,7 @@ impl Engine {
                 // The writes in flight below the head complete without `meta` or `log`, so
                 // waiting for them here is safe; then the whole log up to the head is durable.
                 self.wait_written(l.head.appended())?;
-                if let Err(e) = self.backend.sync() {
+                if let Err(e) = self.log_device.sync() {
                     return Err(self.poison(format!("fsync of the log failed: {e}")));
                 }
                 let all = l.head.appended();
@@ -65,7 +65,7 @@ impl Engine {
             let mut allocated = if taken.prepared {
                 Ok(())
             } else {
-                self.backend.allocate(base, seg as u64)
+                self.log_device.allocate(base, seg as u64)
             };
             if matches!(&allocated, Err(e) if e.raw_os_error() == Some(libc::ENOSPC))
                 && l.segments.any_undiscarded()
@@ -73,7 +73,7 @@ impl Engine {
                 // The file system is full but free segments still hold space: give it back
                 // now (the lock keeps them from being reused meanwhile) and try again.
                 self.punch_all_pending(&mut l);
-                allocated = self.backend.allocate(base, seg as u64);
+                allocated = self.log_device.allocate(base, seg as u64);
             }
             if let Err(e) = allocated {
                 l.segments.put_back(next);
@@ -89,7 +89,7 @@ impl Engine {
             Encoder::new(&mut seal, old.seq).seal(next, next_seq);
             let mut start = Vec::new();
             Encoder::new(&mut start, next_seq).segment_start(next_seq, next);
-            if self.backend.allocation_reserves() {
+            if self.log_device.allocation_reserves() {
                 // Written by whoever next waits for the log, usually with no lock held (see
                 // `inflight`): in flight until then, so no flush counts them durable and the
                 // collector leaves the old segment alone. Their failure poisons the engine.
@@ -138,7 +138,7 @@ impl Engine {
 
     pub(super) fn write_log(&self, segment: u32, offset: u32, bytes: &[u8]) -> Result<()> {
         let at = self.log_offset(segment, offset);
-        match self.backend.write_at(bytes, at) {
+        match self.log_device.write_at(bytes, at) {
             Ok(()) => Ok(()),
             Err(e) if out_of_space(&e) => self.clear_cut_short(at, bytes),
             Err(e) => Err(self.poison(format!("log write failed: {e}"))),
@@ -152,14 +152,14 @@ impl Engine {
     /// where a replay would apply them. Zero the prefix; NoSpace when that works.
     pub(super) fn clear_cut_short(&self, at: u64, bytes: &[u8]) -> Result<()> {
         let mut found = vec![0u8; bytes.len()];
-        if let Err(e) = self.backend.read_at(&mut found, at) {
+        if let Err(e) = self.log_device.read_at(&mut found, at) {
             return Err(self.poison(format!(
                 "cannot read back a log write cut short by a full file system: {e}"
             )));
         }
         let landed = found.iter().zip(bytes).take_while(|(a, b)| a == b).count();
         if landed > 0 {
-            if let Err(e) = self.backend.write_at(&vec![0u8; landed], at) {
+            if let Err(e) = self.log_device.write_at(&vec![0u8; landed], at) {
                 return Err(self.poison(format!(
                     "cannot clear a log write cut short by a full file system: {e}"
                 )));
@@ -173,14 +173,14 @@ impl Engine {
     /// whose space was not given back yet are punched first.
     pub(super) fn room_for_data(&self, l: &mut Log) -> bool {
         let seg = self.geometry.segment_size as u64;
-        if self.backend.has_room(seg, seg) {
+        if self.log_device.has_room(seg, seg) {
             return true;
         }
         if !l.segments.any_undiscarded() {
             return false;
         }
         self.punch_all_pending(l);
-        self.backend.has_room(seg, seg)
+        self.log_device.has_room(seg, seg)
     }
 
     /// Write `bytes` (records encoded for `at.seq`) at the reserved position and apply them,
@@ -202,7 +202,7 @@ impl Engine {
         at: Head,
         bytes: Vec<u8>,
     ) -> Result<Unwritten> {
-        if !self.backend.allocation_reserves() {
+        if !self.log_device.allocation_reserves() {
             // Without fallocate a write can still run out of space, which must be known
             // before the records are applied.
             self.append_at(m, at, &bytes)?;
@@ -243,7 +243,7 @@ impl Engine {
             return Ok(());
         };
         if let Err(e) = self
-            .backend
+            .log_device
             .write_at(&bytes, self.log_offset(segment, offset))
         {
             return Err(self.poison(format!(
@@ -315,7 +315,7 @@ impl Engine {
     pub(super) fn pay_owed(&self) -> Result<()> {
         for owed in self.inflight.take_owed() {
             let at = self.log_offset(owed.segment, owed.offset);
-            if let Err(e) = self.backend.write_at(&owed.bytes, at) {
+            if let Err(e) = self.log_device.write_at(&owed.bytes, at) {
                 return Err(self.poison(format!(
                     "log write of a segment switch failed after it was applied: {e}"
                 )));
@@ -366,7 +366,7 @@ impl Engine {
                     let appended = l.head.appended();
                     self.inflight.first().map_or(appended, |p| p.min(appended))
                 };
-                let result = self.backend.sync();
+                let result = self.log_device.sync();
                 self.log_syncs.fetch_add(1, Ordering::Relaxed);
                 if result.is_ok() {
                     // The segments opened before `upto` are durable with all the log before

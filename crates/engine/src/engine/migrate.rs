@@ -45,16 +45,13 @@ impl ReplayTarget for old::V2State {
 
 impl Engine {
     /// Open a format 2 array and, unless `read_only`, migrate it to format 3 for good.
-    pub(super) fn migrate(
-        backend: Arc<dyn Backend>,
-        tuning: Tuning,
-        read_only: bool,
-    ) -> Result<Self> {
+    pub(super) fn migrate(devices: Devices, tuning: Tuning, read_only: bool) -> Result<Self> {
         let started = Instant::now();
-        let bytes = backend
+        let checkpoint = devices.checkpoint.clone();
+        let bytes = checkpoint
             .load_checkpoint()?
             .ok_or_else(|| EngineError::Metadata("no format 2 checkpoint".into()))?;
-        let loaded = v2::decode(&bytes, backend.capacity())
+        let loaded = v2::decode(&bytes, devices.log.capacity())
             .map_err(|e| EngineError::Metadata(e.to_string()))?;
         drop(bytes);
         let geometry = loaded.geometry;
@@ -64,7 +61,7 @@ impl Engine {
         let mut counters = loaded.counters;
         let mut recovery = Recovery::default();
         let end = replay(
-            &*backend,
+            &*devices.log,
             &geometry,
             &mut state,
             &mut counters,
@@ -79,13 +76,13 @@ impl Engine {
                 "migrating the engine's metadata from format 2 to format 3"
             );
         }
-        let pager = new_pager(&backend, &tuning);
+        let pager = new_pager(&devices.meta, &tuning);
         let converted = convert(state, pager)?;
         // A format 2 array has no metadata pages; pages of a migration cut short are named by
         // no root and are free.
         let slots = Slots::from_used(used_slots(converted.pager()));
         let engine = Self::finish_open(
-            backend,
+            devices,
             geometry,
             converted,
             counters,
@@ -101,7 +98,7 @@ impl Engine {
             started,
         )?;
         if !read_only {
-            engine.backend.retire_checkpoint()?;
+            checkpoint.retire_checkpoint()?;
             tracing::info!(
                 seconds = started.elapsed().as_secs_f64(),
                 "engine metadata migrated to format 3"

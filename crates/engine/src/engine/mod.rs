@@ -49,7 +49,7 @@ mod write;
 use log::{out_of_space, Unwritten};
 use read::decode_chunk;
 
-use crate::backend::Backend;
+use crate::backend::{Devices, LogDevice, MetaArea, RootStore};
 use crate::format::{
     self, Codec, Encoder, Record, CHUNK_PREFIX, RECORD_HEADER, SEAL_LEN, SEGMENT_START_LEN,
 };
@@ -124,10 +124,10 @@ fn cache_pages(bytes: u64) -> usize {
     (pages as usize).max(1024)
 }
 
-/// The page cache `tuning` asks for, reading the metadata area of `backend`.
-fn new_pager(backend: &Arc<dyn Backend>, tuning: &Tuning) -> crate::meta::pager::Pager {
+/// The page cache `tuning` asks for, reading the metadata area `meta`.
+fn new_pager(meta: &Arc<dyn MetaArea>, tuning: &Tuning) -> crate::meta::pager::Pager {
     let mut pager = crate::meta::pager::Pager::new(
-        Arc::new(crate::meta::page_store::MetaArea(backend.clone())),
+        Arc::new(crate::meta::page_store::MetaPages(meta.clone())),
         cache_pages(tuning.metadata_cache),
     );
     if tuning.metadata_journal != 0 {
@@ -463,7 +463,12 @@ pub struct Recovery {
 }
 
 pub struct Engine {
-    backend: Arc<dyn Backend>,
+    /// Where the log's segments are written and read.
+    log_device: Arc<dyn LogDevice>,
+    /// Where checkpoints write metadata pages and the page cache reads them.
+    meta_area: Arc<dyn MetaArea>,
+    /// Where checkpoints store the root.
+    root_store: Arc<dyn RootStore>,
     geometry: Geometry,
     meta: RankedMutex<Meta>,
     /// The log's head and the free segments ([`Log`]).
@@ -939,7 +944,7 @@ mod tests {
     /// changed writes none.
     #[test]
     fn checkpoints_write_only_the_pages_that_changed() {
-        let (_, engine) = mem_engine(256 << 20, 1 << 20, gc_off());
+        let (backend, engine) = mem_engine(256 << 20, 1 << 20, gc_off());
         let v = engine.create_volume(64 << 20).unwrap();
         engine.write(v, 0, &noise(1, 20 << 20)).unwrap();
         engine.checkpoint().unwrap();
@@ -959,7 +964,6 @@ mod tests {
             small / 4096
         );
         // What was written is what a restart sees.
-        let backend = engine.backend.clone();
         drop(engine);
         let engine = Engine::open(backend, gc_off(), false).unwrap();
         assert!(read_back(&engine, v, 8 << 20, 4096) == noise(2, 4096));

@@ -38,21 +38,26 @@ impl ReplayTarget for MetaState {
 }
 
 impl Engine {
-    /// Format a new engine on an empty backend.
-    pub fn create(backend: Arc<dyn Backend>, config: EngineConfig, tuning: Tuning) -> Result<Self> {
+    /// Format a new engine on empty devices.
+    pub fn create(
+        devices: impl Into<Devices>,
+        config: EngineConfig,
+        tuning: Tuning,
+    ) -> Result<Self> {
+        let devices = devices.into();
         if let Some(problem) = config.size_problem() {
             return Err(EngineError::Invalid(problem));
         }
         let segment_count =
-            (backend.capacity() / config.segment_size as u64).min(u32::MAX as u64) as u32;
+            (devices.log.capacity() / config.segment_size as u64).min(u32::MAX as u64) as u32;
         if segment_count < 8 {
             return Err(EngineError::Invalid(format!(
                 "capacity {} bytes holds fewer than 8 segments of {} bytes",
-                backend.capacity(),
+                devices.log.capacity(),
                 config.segment_size
             )));
         }
-        if backend.load_root()?.is_some() || backend.load_checkpoint()?.is_some() {
+        if devices.root.load_root()?.is_some() || devices.checkpoint.load_checkpoint()?.is_some() {
             return Err(EngineError::Invalid(
                 "the backend already holds an engine".into(),
             ));
@@ -66,14 +71,14 @@ impl Engine {
             key,
         };
         super::budget::check(&geometry, &tuning)?;
-        let pager = new_pager(&backend, &tuning);
+        let pager = new_pager(&devices.meta, &tuning);
         let mut state = MetaState::new(config.chunk_size, segment_count, pager);
         // Segment 0, sequence 1, holds the first record.
-        backend.allocate(0, config.segment_size as u64)?;
+        devices.log.allocate(0, config.segment_size as u64)?;
         let mut buf = Vec::new();
         Encoder::new(&mut buf, 1).segment_start(1, 0);
-        backend.write_at(&buf, 0)?;
-        backend.sync()?;
+        devices.log.write_at(&buf, 0)?;
+        devices.log.sync()?;
         state
             .apply_start(0, 1)
             .map_err(|e| EngineError::Metadata(e.to_string()))?;
@@ -87,7 +92,7 @@ impl Engine {
             ..Default::default()
         };
         let engine = Self::assemble(
-            backend,
+            devices,
             geometry,
             state,
             head,
@@ -109,11 +114,12 @@ impl Engine {
     /// Open an existing engine: load the root, replay the log after it, repair a torn tail.
     /// With `read_only` nothing is written (for the offline checker). A format 2 array is
     /// migrated first (read-only: converted in memory only).
-    pub fn open(backend: Arc<dyn Backend>, tuning: Tuning, read_only: bool) -> Result<Self> {
+    pub fn open(devices: impl Into<Devices>, tuning: Tuning, read_only: bool) -> Result<Self> {
         let started = Instant::now();
-        let Some(bytes) = backend.load_root()? else {
-            if backend.load_checkpoint()?.is_some() {
-                return Self::migrate(backend, tuning, read_only);
+        let devices = devices.into();
+        let Some(bytes) = devices.root.load_root()? else {
+            if devices.checkpoint.load_checkpoint()?.is_some() {
+                return Self::migrate(devices, tuning, read_only);
             }
             return Err(EngineError::Metadata(
                 "no root and no checkpoint: not an engine".into(),
@@ -121,23 +127,23 @@ impl Engine {
         };
         let root = Root::decode(&bytes).map_err(|e| EngineError::Metadata(e.to_string()))?;
         let geometry = root.geometry;
-        if geometry.segment_count as u64 * geometry.segment_size as u64 > backend.capacity() {
+        if geometry.segment_count as u64 * geometry.segment_size as u64 > devices.log.capacity() {
             return Err(EngineError::Metadata(
                 "the log is smaller than the root says".into(),
             ));
         }
         super::budget::check(&geometry, &tuning)?;
-        if !read_only && backend.load_checkpoint()?.is_some() {
+        if !read_only && devices.checkpoint.load_checkpoint()?.is_some() {
             // A migration that wrote its root but was stopped before setting the format 2
             // checkpoint aside: the root is the array now.
-            backend.retire_checkpoint()?;
+            devices.checkpoint.retire_checkpoint()?;
         }
-        let mut state = load_state(&backend, &root, &tuning)?;
+        let mut state = load_state(&devices.meta, &root, &tuning)?;
         let slots = Slots::from_used(used_slots(state.pager()));
         let mut counters = root.counters;
         let mut recovery = Recovery::default();
         let end = replay(
-            &*backend,
+            &*devices.log,
             &geometry,
             &mut state,
             &mut counters,
@@ -146,7 +152,7 @@ impl Engine {
         )?;
         state.reset_chunk_allocation();
         Self::finish_open(
-            backend,
+            devices,
             geometry,
             state,
             counters,
@@ -173,7 +179,7 @@ impl Engine {
     /// start serving.
     #[allow(clippy::too_many_arguments)]
     pub(super) fn finish_open(
-        backend: Arc<dyn Backend>,
+        devices: Devices,
         geometry: Geometry,
         mut state: MetaState,
         counters: Counters,
@@ -195,10 +201,17 @@ impl Engine {
             LogEnd::AfterSeal(h) => h,
         };
         if !read_only {
-            head = repair_tail(&*backend, &geometry, &mut state, end, from, unsynced_bound)?;
+            head = repair_tail(
+                &*devices.log,
+                &geometry,
+                &mut state,
+                end,
+                from,
+                unsynced_bound,
+            )?;
         }
         let engine = Self::assemble(
-            backend,
+            devices,
             geometry,
             state,
             head,
@@ -224,7 +237,7 @@ impl Engine {
 
     #[allow(clippy::too_many_arguments)]
     pub(super) fn assemble(
-        backend: Arc<dyn Backend>,
+        devices: Devices,
         geometry: Geometry,
         state: MetaState,
         head: Head,
@@ -242,12 +255,16 @@ impl Engine {
             .collect();
         // A crash can leave freed segments' space allocated: all wait to be given back when
         // idle (adjacent segments go in one call).
-        backend.reserve_meta(super::checkpointing::meta_reserve(
-            &state,
-            tuning.metadata_cache,
-        ));
+        devices
+            .meta
+            .reserve_meta(super::checkpointing::meta_reserve(
+                &state,
+                tuning.metadata_cache,
+            ));
         Engine {
-            backend,
+            log_device: devices.log,
+            meta_area: devices.meta,
+            root_store: devices.root,
             geometry,
             meta: RankedMutex::new(
                 Rank::State,
@@ -304,9 +321,9 @@ impl Engine {
 
 /// The state a root names: directories read from the directory pages it lists, the tables
 /// kept whole in RAM loaded, everything else left on disk until it is needed.
-fn load_state(backend: &Arc<dyn Backend>, root: &Root, tuning: &Tuning) -> Result<MetaState> {
+fn load_state(meta: &Arc<dyn MetaArea>, root: &Root, tuning: &Tuning) -> Result<MetaState> {
     let g = &root.geometry;
-    let mut pager = new_pager(backend, tuning);
+    let mut pager = new_pager(meta, tuning);
     pager
         .load_directories(&root.tables, root.version)
         .map_err(|e| EngineError::Metadata(e.to_string()))?;
@@ -356,7 +373,7 @@ pub(super) enum LogEnd {
 }
 
 pub(super) fn replay(
-    backend: &dyn Backend,
+    log: &dyn LogDevice,
     geometry: &Geometry,
     state: &mut dyn ReplayTarget,
     counters: &mut Counters,
@@ -368,7 +385,7 @@ pub(super) fn replay(
     let mut buf = vec![0u8; seg as usize];
     loop {
         let base = head.segment as u64 * seg;
-        backend.read_at(&mut buf, base)?;
+        log.read_at(&mut buf, base)?;
         let mut pos = head.offset as usize;
         loop {
             let decoded = format::decode(&buf[pos..], head.seq);
@@ -410,7 +427,7 @@ pub(super) fn replay(
                         return Err(EngineError::Metadata("seal points outside the log".into()));
                     }
                     let mut start = vec![0u8; SEGMENT_START_LEN];
-                    backend.read_at(&mut start, next_segment as u64 * seg)?;
+                    log.read_at(&mut start, next_segment as u64 * seg)?;
                     match format::decode(&start, next_seq) {
                         Ok((started @ Record::SegmentStart { seq, segment }, _))
                             if seq == next_seq && segment == next_segment =>
@@ -492,7 +509,7 @@ pub(super) fn replay(
 /// itself when nothing after the checkpoint was found (a clean restart). So repeated restarts
 /// of a full array do not run out of segments.
 pub(super) fn repair_tail(
-    backend: &dyn Backend,
+    log: &dyn LogDevice,
     geometry: &Geometry,
     state: &mut MetaState,
     end: LogEnd,
@@ -531,7 +548,7 @@ pub(super) fn repair_tail(
     candidates.extend(reusable_head.map(|h| h.segment));
     let mut segment = None;
     for i in candidates {
-        match backend.allocate(i as u64 * seg, seg) {
+        match log.allocate(i as u64 * seg, seg) {
             Ok(()) => {
                 segment = Some(i);
                 break;
@@ -547,15 +564,15 @@ pub(super) fn repair_tail(
         // and go on appending there, with the same sequence number.
         let h = torn.ok_or(EngineError::NoSpace)?;
         let from = h.segment as u64 * seg + h.offset as u64;
-        backend.write_at(&vec![0u8; (seg - h.offset as u64) as usize], from)?;
-        backend.sync()?;
+        log.write_at(&vec![0u8; (seg - h.offset as u64) as usize], from)?;
+        log.sync()?;
         state.resume_torn(h.segment, h.seq, h.offset);
         return Ok(h);
     };
     if let Some(h) = torn.filter(|h| h.segment != segment) {
         let mut seal = Vec::new();
         Encoder::new(&mut seal, h.seq).seal(segment, seq);
-        backend.write_at(&seal, h.segment as u64 * seg + h.offset as u64)?;
+        log.write_at(&seal, h.segment as u64 * seg + h.offset as u64)?;
         let at = Loc {
             segment: h.segment,
             offset: h.offset,
@@ -567,8 +584,8 @@ pub(super) fn repair_tail(
     // No record anywhere carries the new sequence number: the segment needs no wiping.
     let mut start = Vec::new();
     Encoder::new(&mut start, seq).segment_start(seq, segment);
-    backend.write_at(&start, segment as u64 * seg)?;
-    backend.sync()?;
+    log.write_at(&start, segment as u64 * seg)?;
+    log.sync()?;
     state
         .apply_start(segment, seq)
         .map_err(|e| EngineError::Metadata(e.to_string()))?;

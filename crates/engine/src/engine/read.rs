@@ -243,8 +243,11 @@ impl Engine {
                 }
             }
             let read = match mode {
-                ReadMode::MayWait => self.backend.read_vectored_at(&mut bufs, at).map(|()| true),
-                ReadMode::CachedOnly => self.backend.read_vectored_cached(&mut bufs, at),
+                ReadMode::MayWait => self
+                    .log_device
+                    .read_vectored_at(&mut bufs, at)
+                    .map(|()| true),
+                ReadMode::CachedOnly => self.log_device.read_vectored_cached(&mut bufs, at),
             };
             if !read.map_err(|e| format!("read failed: {e}"))? {
                 return Ok(false);

@@ -8,7 +8,7 @@ use super::ranked::{Rank, RankedGuard, RankedMutex};
 use super::wakeup::Wakeup;
 
 /// Syncs covering less log than this on average make the segments prepared next written
-/// ahead ([`crate::Backend::write_ahead`]). A sync of an append into fallocated blocks also
+/// ahead ([`crate::LogDevice::write_ahead`]). A sync of an append into fallocated blocks also
 /// writes the file system's record of their conversion, an extent block and the inode, one
 /// after the other after the data; on this machine's ext4 that doubled a small sync's time
 /// (4 KiB write-through random writes at QD 32: 1.1k syncs/s at 14 writes each, 2.0k with

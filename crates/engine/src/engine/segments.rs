@@ -31,7 +31,7 @@ impl Engine {
         // or nearly full one the head allocates as it goes, and a full file system is
         // reported by the write that needs the space (27/07), not by this thread.
         let ready_bytes = READY_SEGMENTS as u64 * seg;
-        if !self.backend.has_room(ready_bytes, ready_bytes) {
+        if !self.log_device.has_room(ready_bytes, ready_bytes) {
             return 0;
         }
         let (taken, appended) = {
@@ -48,7 +48,7 @@ impl Engine {
         // One at a time, each ready as soon as it is: the head need not wait for the round.
         let mut ready = 0;
         for (s, mut written) in taken {
-            let mut ok = self.backend.allocate(s as u64 * seg, seg).is_ok();
+            let mut ok = self.log_device.allocate(s as u64 * seg, seg).is_ok();
             if ok && ahead && !written {
                 ok = self.write_segment_ahead(s);
                 written = ok;
@@ -95,7 +95,7 @@ impl Engine {
     }
 
     /// Write free segment `s` ahead, piece by piece, unless the head takes it meanwhile (or
-    /// shutdown does), then sync it ([`Backend::sync_written_ahead`], which leaves any error
+    /// shutdown does), then sync it ([`LogDevice::sync_written_ahead`], which leaves any error
     /// it meets to be reported by the log's next sync too). False when the backend failed
     /// (the head then allocates the segment itself; a failed sync poisons the engine, as
     /// every failed sync of the log does: the kernel may have dropped the log's unwritten
@@ -127,7 +127,7 @@ impl Engine {
                 // Taken: what was written ahead lies behind the head's records.
                 return true;
             };
-            if let Err(e) = self.backend.write_ahead(base + at, len) {
+            if let Err(e) = self.log_device.write_ahead(base + at, len) {
                 tracing::warn!("could not write segment {s} ahead: {e}");
                 written = false;
                 break;
@@ -139,7 +139,7 @@ impl Engine {
         if !written {
             return false;
         }
-        if let Err(e) = self.backend.sync_written_ahead(base, seg) {
+        if let Err(e) = self.log_device.sync_written_ahead(base, seg) {
             self.poison(format!("fsync of the log failed: {e}"));
             return false;
         }
@@ -202,7 +202,7 @@ impl Engine {
                 j += 1;
             }
             let (first, count) = (segments[i] as u64, (j - i) as u64);
-            if let Err(e) = self.backend.discard(first * seg, count * seg) {
+            if let Err(e) = self.log_device.discard(first * seg, count * seg) {
                 tracing::warn!(
                     "could not give back the space of segments {first}..{}: {e}",
                     first + count

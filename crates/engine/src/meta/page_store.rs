@@ -89,8 +89,8 @@ pub trait PageSource: Send + Sync {
     }
 }
 
-/// The metadata area of a [`crate::Backend`].
-pub struct MetaArea(pub std::sync::Arc<dyn crate::Backend>);
+/// The pages of a [`crate::MetaArea`].
+pub struct MetaPages(pub std::sync::Arc<dyn crate::MetaArea>);
 
 /// A metadata area with nothing written in it: every read fails. For pagers whose pages never
 /// leave memory (unit tests, the log fuzzer), so nothing is ever read back.
@@ -104,7 +104,7 @@ impl PageSource for NothingWritten {
     }
 }
 
-impl PageSource for MetaArea {
+impl PageSource for MetaPages {
     fn read_slot(&self, slot: u64, buf: &mut PageBody) -> io::Result<()> {
         let offset = slot
             .checked_mul(PAGE_BYTES as u64)
@@ -295,7 +295,7 @@ impl Slots {
 }
 
 /// Write `pages` (slot, body) to the metadata area, runs of adjacent slots in one write each.
-pub fn write_pages(backend: &dyn crate::Backend, pages: &mut [(u64, &PageBody)]) -> io::Result<()> {
+pub fn write_pages(meta: &dyn crate::MetaArea, pages: &mut [(u64, &PageBody)]) -> io::Result<()> {
     pages.sort_by_key(|p| p.0);
     let mut i = 0;
     let mut buf = Vec::new();
@@ -308,7 +308,7 @@ pub fn write_pages(backend: &dyn crate::Backend, pages: &mut [(u64, &PageBody)])
         for (_, body) in &pages[i..j] {
             buf.extend_from_slice(&body[..]);
         }
-        backend.meta_write(&buf, pages[i].0 * PAGE_BYTES as u64)?;
+        meta.meta_write(&buf, pages[i].0 * PAGE_BYTES as u64)?;
         i = j;
     }
     Ok(())

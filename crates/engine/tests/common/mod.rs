@@ -4,7 +4,7 @@
 // Each test binary compiles this module and uses only part of it.
 #![allow(dead_code)]
 
-use sliver_engine::{Backend, MemBackend, Tuning};
+use sliver_engine::{FormatTwoCheckpoint, LogDevice, MemBackend, MetaArea, RootStore, Tuning};
 use std::io;
 
 /// The tuning of the randomized tests: checkpoints only when the test asks (or the collector
@@ -70,50 +70,69 @@ impl<P: CrashPoints> CrashTap<P> {
     }
 }
 
-impl<P: CrashPoints> Backend for CrashTap<P> {
+impl<P: CrashPoints> LogDevice for CrashTap<P> {
     fn capacity(&self) -> u64 {
         self.inner.capacity()
     }
+
     fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
         self.inner.read_at(buf, offset)
     }
+
     fn write_at(&self, data: &[u8], offset: u64) -> io::Result<()> {
         self.crash_points(Call::Write, Sides::After, |b| b.write_at(data, offset))
     }
+
     fn sync(&self) -> io::Result<()> {
         self.crash_points(Call::Sync, Sides::Before, MemBackend::sync)
     }
+
     fn allocate(&self, offset: u64, len: u64) -> io::Result<()> {
         self.inner.allocate(offset, len)
     }
+
     fn discard(&self, offset: u64, len: u64) -> io::Result<()> {
         self.crash_points(Call::Discard, Sides::After, |b| b.discard(offset, len))
     }
+}
+
+impl<P: CrashPoints> MetaArea for CrashTap<P> {
     fn meta_read(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
         self.inner.meta_read(buf, offset)
     }
+
     fn meta_write(&self, data: &[u8], offset: u64) -> io::Result<()> {
         self.crash_points(Call::MetaWrite, Sides::After, |b| {
             b.meta_write(data, offset)
         })
     }
+
     fn meta_sync(&self) -> io::Result<()> {
         self.crash_points(Call::MetaSync, Sides::Before, MemBackend::meta_sync)
     }
+}
+
+impl<P: CrashPoints> RootStore for CrashTap<P> {
     fn load_root(&self) -> io::Result<Option<Vec<u8>>> {
         self.inner.load_root()
     }
+
     fn store_root(&self, bytes: &[u8]) -> io::Result<()> {
         self.crash_points(Call::StoreRoot, Sides::Both, |b| b.store_root(bytes))
     }
+}
+
+impl<P: CrashPoints> FormatTwoCheckpoint for CrashTap<P> {
     fn load_checkpoint(&self) -> io::Result<Option<Vec<u8>>> {
         self.inner.load_checkpoint()
     }
+
     fn store_checkpoint(&self, bytes: &[u8]) -> io::Result<()> {
         self.crash_points(Call::StoreCheckpoint, Sides::Both, |b| {
             b.store_checkpoint(bytes)
         })
     }
+
     fn retire_checkpoint(&self) -> io::Result<()> {
         self.crash_points(
             Call::RetireCheckpoint,

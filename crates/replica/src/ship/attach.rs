@@ -1,4 +1,4 @@
-//! Starting a shipper: the backend prepared before the engine opens, then attached to the
+//! Starting a shipper: the tap prepared before the engine opens, then attached to the
 //! store (continue the stream or take a base), retried with backoff while the store is away.
 
 use super::local::{self, LocalError, LocalState};
@@ -6,38 +6,38 @@ use super::local_error;
 use super::retain::retain_loop;
 use super::send::ship_loop;
 use super::{
-    Batch, CatalogState, Queue, Shared, ShipConfig, ShipError, ShipState, ShipStatus, Shipper,
-    ShippingBackend,
+    Batch, CatalogState, Queue, Shared, ShipConfig, ShipError, ShipState, ShipStatus, ShipTap,
+    Shipper,
 };
 use crate::catalog;
 use crate::object;
 use crate::store::ObjectStore;
-use sliver_engine::{Backend, FileBackend};
+use sliver_engine::{FileBackend, LogDevice};
 use std::collections::VecDeque;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
-impl ShippingBackend {
+impl ShipTap {
     /// Start shipping the array in `dir` (its `FileBackend` opened, the engine not yet) to
     /// `store`: continue the stream after a clean stop, take a base otherwise. Refuses a prefix
     /// that holds another array's pool, and fails when the store cannot be read.
     /// `array_config` is the server's configuration as saved now, for the base (later saves
-    /// go through [`ShippingBackend::record_config`]).
+    /// go through [`ShipTap::record_config`]).
     pub fn start(
         dir: &Path,
         inner: FileBackend,
         store: Arc<dyn ObjectStore>,
         config: ShipConfig,
         array_config: Option<Vec<u8>>,
-    ) -> Result<(ShippingBackend, Shipper), ShipError> {
+    ) -> Result<(ShipTap, Shipper), ShipError> {
         let (backend, shipper, local) = prepare(dir, inner, store, config, array_config)?;
         attach(&shipper.shared, dir, local.ours, local.clean, false)?;
         Ok((backend, shipper))
     }
 
-    /// As [`ShippingBackend::start`], with the store probed first, but a store that cannot be
+    /// As [`ShipTap::start`], with the store probed first, but a store that cannot be
     /// reached (down, hung, refusing the credentials) does not stop the array: the first
     /// attempt is waited for at most [`ATTACH_WAIT`]; after that the shipper waits for the
     /// store, saying why in its status, tries again with backoff, and once it answers takes a
@@ -50,7 +50,7 @@ impl ShippingBackend {
         store: Arc<dyn ObjectStore>,
         config: ShipConfig,
         array_config: Option<Vec<u8>>,
-    ) -> Result<(ShippingBackend, Shipper), ShipError> {
+    ) -> Result<(ShipTap, Shipper), ShipError> {
         let (backend, shipper, local) = prepare(dir, inner, store, config, array_config)?;
         let (first_tx, first_rx) = mpsc::sync_channel(1);
         let shared = shipper.shared.clone();
@@ -139,7 +139,7 @@ pub(super) fn attach_loop(
     }
 }
 
-/// The backend and the shipper, not yet attached to the store (nothing is recorded until
+/// The tap and the shipper, not yet attached to the store (nothing is recorded until
 /// [`attach`] has run).
 pub(super) fn prepare(
     dir: &Path,
@@ -147,7 +147,7 @@ pub(super) fn prepare(
     store: Arc<dyn ObjectStore>,
     config: ShipConfig,
     array_config: Option<Vec<u8>>,
-) -> Result<(ShippingBackend, Shipper, LocalState), ShipError> {
+) -> Result<(ShipTap, Shipper, LocalState), ShipError> {
     let local = local::take(dir).map_err(|e| match e {
         LocalError::Io(e) => local_error(dir)(e),
         LocalError::DamagedPool(path) => {
@@ -209,7 +209,7 @@ pub(super) fn prepare(
         me: me.clone(),
     });
     Ok((
-        ShippingBackend {
+        ShipTap {
             inner,
             shared: shared.clone(),
         },

@@ -2,7 +2,7 @@
 
 use super::{Mark, Shared, ShipState};
 use crate::stream::Record;
-use sliver_engine::Backend;
+use sliver_engine::{LogDevice, MetaArea, RootStore};
 use std::io;
 use std::sync::atomic::Ordering;
 

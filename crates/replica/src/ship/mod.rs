@@ -1,8 +1,8 @@
 //! Continuous off-site copy (RFC 0003, "Revision: shipping the backend's writes"): a
-//! [`ShippingBackend`] wraps the array's `FileBackend`, copies every write the engine completes
-//! into the current batch, cuts batches at syncs, roots, 8 MiB and a timer, and a shipper
-//! thread creates them in the store as `stream/<n>`, consecutively and one at a time, with
-//! put-if-absent. Hosts never wait for the store: past the backlog bound the writes waiting are
+//! [`ShipTap`] is told of every write the engine's devices (the array's `FileBackend`)
+//! complete, copies it into the current batch and cuts batches at syncs, roots, 8 MiB and a
+//! timer, and a shipper thread creates them in the store as `stream/<n>`, consecutively and
+//! one at a time, with put-if-absent. Hosts never wait for the store: past the backlog bound the writes waiting are
 //! dropped and the copy starts over online with a base.
 //!
 //! Whether a start continues the stream or takes a base is decided from two small files in the
@@ -241,8 +241,9 @@ struct Shared {
     me: std::sync::Weak<Shared>,
 }
 
-/// The array's backend, with every completed write copied to the stream.
-pub struct ShippingBackend {
+/// The engine's [`sliver_engine::WriteTap`]: every write its devices complete copied to the
+/// stream ([`ShipTap::devices`]).
+pub struct ShipTap {
     inner: Arc<FileBackend>,
     shared: Arc<Shared>,
 }

@@ -1,11 +1,11 @@
 //! Recording: every write the engine completes copied into the current batch, batches cut
 //! at syncs, roots, their size and a timer, the copy started over with a base past the
-//! backlog bound, and the backend the engine sees.
+//! backlog bound, and the tap the engine's devices tell of their writes ([`ShipTap`]).
 
 use super::base::read_base;
-use super::{Batch, Cut, Mark, Shared, ShipState, ShippingBackend, BATCH_BYTES, SYNC_CUT_AGE};
+use super::{Batch, Cut, Mark, Shared, ShipState, ShipTap, BATCH_BYTES, SYNC_CUT_AGE};
 use crate::stream::Record;
-use sliver_engine::Backend;
+use sliver_engine::{Devices, FileBackend, WriteTap};
 use std::io;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -212,7 +212,17 @@ impl Shared {
     }
 }
 
-impl ShippingBackend {
+impl ShipTap {
+    /// The array's files, which the engine's devices are (see [`ShipTap::devices`]).
+    pub fn files(&self) -> &Arc<FileBackend> {
+        &self.inner
+    }
+
+    /// The engine's devices: the array's files, with every write they complete recorded here.
+    pub fn devices(self: &Arc<Self>) -> Devices {
+        Devices::of(self.inner.clone()).tapped(self.clone())
+    }
+
     /// The server saved its configuration (after the engine change it names): into the
     /// stream, as a cut of its own.
     pub fn record_config(&self, bytes: &[u8]) {
@@ -222,61 +232,20 @@ impl ShippingBackend {
     }
 }
 
-impl Backend for ShippingBackend {
-    fn capacity(&self) -> u64 {
-        self.inner.capacity()
-    }
-
-    fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
-        self.inner.read_at(buf, offset)
-    }
-
-    fn read_vectored_at(&self, bufs: &mut [&mut [u8]], offset: u64) -> io::Result<()> {
-        self.inner.read_vectored_at(bufs, offset)
-    }
-
-    fn read_vectored_cached(&self, bufs: &mut [&mut [u8]], offset: u64) -> io::Result<bool> {
-        self.inner.read_vectored_cached(bufs, offset)
-    }
-
-    fn write_at(&self, data: &[u8], offset: u64) -> io::Result<()> {
-        self.inner.write_at(data, offset)?;
+/// What the stream records of the engine's writes. Not recorded: a segment's zeros written
+/// ahead and their sync (the range is free, its contents undefined, and the records later
+/// written there are recorded as any others), allocations, and the format 2 checkpoint (an
+/// array that ships is migrated before it opens).
+impl WriteTap for ShipTap {
+    fn log_written(&self, offset: u64, bytes: &[u8]) {
         self.shared.record(Record::Log {
             offset,
-            bytes: data,
+            bytes,
             base: false,
         });
-        Ok(())
     }
 
-    fn sync(&self) -> io::Result<()> {
-        self.inner.sync()?;
-        self.shared.cut_at_sync();
-        Ok(())
-    }
-
-    fn allocate(&self, offset: u64, len: u64) -> io::Result<()> {
-        self.inner.allocate(offset, len)
-    }
-
-    fn allocation_reserves(&self) -> bool {
-        self.inner.allocation_reserves()
-    }
-
-    /// Not shipped: the range is free, its contents undefined, and the records later written
-    /// there are shipped as any others.
-    fn write_ahead(&self, offset: u64, len: u64) -> io::Result<()> {
-        self.inner.write_ahead(offset, len)
-    }
-
-    /// Nothing to ship: the zeros are not shipped, and no record became durable that the
-    /// log's next sync does not cover again.
-    fn sync_written_ahead(&self, offset: u64, len: u64) -> io::Result<()> {
-        self.inner.sync_written_ahead(offset, len)
-    }
-
-    fn discard(&self, offset: u64, len: u64) -> io::Result<()> {
-        self.inner.discard(offset, len)?;
+    fn log_discarded(&self, offset: u64, len: u64) {
         // Split below the record's 4 GiB length.
         let mut at = offset;
         while at < offset + len {
@@ -284,61 +253,139 @@ impl Backend for ShippingBackend {
             self.shared.record(Record::Discard { offset: at, len: n });
             at += n;
         }
+    }
+
+    /// Never fails: hosts never wait for the store.
+    fn log_synced(&self) -> io::Result<()> {
+        self.shared.cut_at_sync();
         Ok(())
     }
 
-    fn meta_read(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
-        self.inner.meta_read(buf, offset)
-    }
-
-    fn meta_write(&self, data: &[u8], offset: u64) -> io::Result<()> {
-        self.inner.meta_write(data, offset)?;
+    fn meta_written(&self, offset: u64, bytes: &[u8]) {
         self.shared.record(Record::Meta {
             offset,
-            bytes: data,
+            bytes,
             base: false,
         });
-        Ok(())
     }
 
-    fn meta_sync(&self) -> io::Result<()> {
-        self.inner.meta_sync()?;
+    fn meta_synced(&self) {
         self.shared.cut();
-        Ok(())
     }
 
-    fn load_root(&self) -> io::Result<Option<Vec<u8>>> {
-        self.inner.load_root()
-    }
-
-    fn store_root(&self, bytes: &[u8]) -> io::Result<()> {
-        self.inner.store_root(bytes)?;
+    fn root_stored(&self, bytes: &[u8]) {
         self.shared.record(Record::Root { bytes, base: false });
         self.shared.cut();
-        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::attach::prepare;
+    use super::super::ShipConfig;
+    use super::*;
+    use crate::store::{MemStore, ObjectStore};
+    use sliver_engine::{Engine, EngineConfig, Tuning};
+    use std::sync::Mutex;
+
+    /// A second tap beside the shipper's: what it is told, encoded as the shipper records it.
+    #[derive(Default)]
+    struct Second(Mutex<Vec<u8>>);
+
+    impl Second {
+        fn push(&self, rec: Record<'_>) {
+            let mut body = self.0.lock().unwrap();
+            rec.in_pieces(|piece| piece.encode(&mut body));
+        }
     }
 
-    fn load_checkpoint(&self) -> io::Result<Option<Vec<u8>>> {
-        self.inner.load_checkpoint()
+    impl WriteTap for Second {
+        fn log_written(&self, offset: u64, bytes: &[u8]) {
+            self.push(Record::Log {
+                offset,
+                bytes,
+                base: false,
+            });
+        }
+        fn log_discarded(&self, offset: u64, len: u64) {
+            self.push(Record::Discard { offset, len });
+        }
+        fn log_synced(&self) -> io::Result<()> {
+            Ok(())
+        }
+        fn meta_written(&self, offset: u64, bytes: &[u8]) {
+            self.push(Record::Meta {
+                offset,
+                bytes,
+                base: false,
+            });
+        }
+        fn meta_synced(&self) {}
+        fn root_stored(&self, bytes: &[u8]) {
+            self.push(Record::Root { bytes, base: false });
+        }
     }
 
-    fn store_checkpoint(&self, _bytes: &[u8]) -> io::Result<()> {
-        // Format 2 checkpoints are only written by tests that build old arrays; an array
-        // that ships is migrated before it opens.
-        Err(io::Error::other(
-            "format 2 checkpoints are not written to a shipping array",
-        ))
-    }
-
-    fn retire_checkpoint(&self) -> io::Result<()> {
-        self.inner.retire_checkpoint()
-    }
-
-    fn reserve_meta(&self, bytes: u64) {
-        self.inner.reserve_meta(bytes)
-    }
-
-    fn has_room(&self, len: u64, keep: u64) -> bool {
-        self.inner.has_room(len, keep)
+    /// A second tap on the engine's devices is told exactly the bytes the shipper records, in
+    /// the same order: the log's and the metadata's writes, the log's discards and the roots
+    /// (RFC 0005, "Test plan").
+    #[test]
+    fn a_second_tap_sees_the_bytes_the_shipper_records() {
+        let dir = tempfile::tempdir().unwrap();
+        let files = FileBackend::open(dir.path(), 16 << 20).unwrap();
+        let store: Arc<dyn ObjectStore> = Arc::new(MemStore::default());
+        let (tap, _shipper, _) =
+            prepare(dir.path(), files, store, ShipConfig::default(), None).unwrap();
+        // Recording as once attached, with no shipper thread: the cut batches stay queued.
+        tap.shared.off.store(false, Ordering::Release);
+        let tap = Arc::new(tap);
+        let second = Arc::new(Second::default());
+        let config = EngineConfig {
+            chunk_size: 4096,
+            segment_size: 1 << 20,
+        };
+        let engine = Engine::create(
+            tap.devices().tapped(second.clone()),
+            config,
+            Tuning::default(),
+        )
+        .unwrap();
+        let v = engine.create_volume(8 << 20).unwrap();
+        for k in 0..40u64 {
+            let data = sliver_test_support::data::unique(k, 64 << 10);
+            engine.write(v, (k % 24) * (64 << 10), &data).unwrap();
+            if k % 10 == 9 {
+                engine.flush().unwrap();
+            }
+        }
+        engine.checkpoint().unwrap();
+        engine.delete_volume(v).unwrap();
+        engine.collect_garbage(1.0).unwrap();
+        engine.checkpoint().unwrap();
+        engine.shutdown().unwrap();
+        drop(engine);
+        let mut shipped = Vec::new();
+        for cut in &tap.shared.queue.lock().unwrap().bodies {
+            shipped.extend_from_slice(&cut.body);
+        }
+        shipped.extend_from_slice(&tap.shared.batch.lock().unwrap().body);
+        let told = second.0.lock().unwrap();
+        let kinds = |body: &[u8]| {
+            let mut n = [0usize; 4];
+            for r in crate::stream::records(body, 0) {
+                match r.unwrap() {
+                    Record::Log { .. } => n[0] += 1,
+                    Record::Meta { .. } => n[1] += 1,
+                    Record::Root { .. } => n[2] += 1,
+                    Record::Discard { .. } => n[3] += 1,
+                    other => panic!("not a write: {other:?}"),
+                }
+            }
+            n
+        };
+        let n = kinds(&shipped);
+        assert!(n.iter().all(|&k| k > 0), "every kind recorded: {n:?}");
+        assert_eq!(kinds(&told), n);
+        assert!(*told == shipped, "the second tap saw other bytes");
     }
 }

@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
-use sliver_replica::ship::ShippingBackend;
+use sliver_replica::ship::ShipTap;
 
 use super::{ArrayConfig, ArrayError, Result, Settings, VolumeRecord, CONFIG_FILE};
 use crate::events::EventLog;
@@ -20,15 +20,11 @@ pub(super) struct ConfigStore {
     /// changed: sessions keep their LUN table until it moves.
     generation: AtomicU64,
     /// The off-site copy that records every saved configuration.
-    mirror: Option<Arc<ShippingBackend>>,
+    mirror: Option<Arc<ShipTap>>,
 }
 
 impl ConfigStore {
-    pub(super) fn new(
-        dir: &Path,
-        config: ArrayConfig,
-        mirror: Option<Arc<ShippingBackend>>,
-    ) -> Self {
+    pub(super) fn new(dir: &Path, config: ArrayConfig, mirror: Option<Arc<ShipTap>>) -> Self {
         ConfigStore {
             dir: dir.to_path_buf(),
             current: RwLock::new(config),

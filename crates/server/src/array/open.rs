@@ -7,7 +7,7 @@ use std::fs;
 use std::path::Path;
 use std::sync::{Arc, Mutex, RwLock};
 
-use sliver_engine::{Backend, Engine, FileBackend};
+use sliver_engine::{Devices, Engine, FileBackend};
 
 use super::config_store::ConfigStore;
 use super::error::engine_error;
@@ -116,7 +116,7 @@ impl Array {
         let config = Arc::new(ConfigStore::new(
             dir,
             config,
-            replication.as_ref().map(|r| r.backend.clone()),
+            replication.as_ref().map(|r| r.tap.clone()),
         ));
         let events = Arc::new(Mutex::new(events));
         let array = Array {
@@ -188,17 +188,17 @@ fn open_engine(
             "--hydrate-rate ignored: the array holds every byte locally (nothing to fetch)"
         );
     }
-    let (backend, replication): (Arc<dyn Backend>, _) = match &options.replication {
-        None => (Arc::new(files), None),
+    let (devices, replication): (Devices, _) = match &options.replication {
+        None => (Arc::new(files).into(), None),
         Some(r) => {
-            let (backend, replication) = start_shipping(dir, files, r, options, array_config)?;
-            (backend, Some(replication))
+            let (devices, replication) = start_shipping(dir, files, r, options, array_config)?;
+            (devices, Some(replication))
         }
     };
     let engine = if exists {
-        Engine::open(backend, options.tuning, false)
+        Engine::open(devices, options.tuning, false)
     } else {
-        Engine::create(backend, options.engine, options.tuning)
+        Engine::create(devices, options.engine, options.tuning)
     }
     .map_err(engine_error)?;
     log_recovery(&engine);

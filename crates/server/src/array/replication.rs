@@ -5,7 +5,7 @@
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 
-use sliver_engine::{Backend, Engine, FileBackend};
+use sliver_engine::{Devices, Engine, FileBackend, FormatTwoCheckpoint, RootStore};
 
 use super::error::engine_error;
 use super::open::log_recovery;
@@ -20,7 +20,7 @@ pub struct ReplicationOptions {
 
 /// A running off-site copy.
 pub(super) struct Replication {
-    pub(super) backend: Arc<sliver_replica::ship::ShippingBackend>,
+    pub(super) tap: Arc<sliver_replica::ship::ShipTap>,
     pub(super) shipper: Mutex<Option<sliver_replica::ship::Shipper>>,
     target: String,
 }
@@ -115,15 +115,15 @@ impl Array {
 }
 
 /// Start the off-site copy of the engine in `dir`: the store is connected, an array still in
-/// format 2 migrated, and the engine's writes go through the returned backend, which ships
-/// them. `array_config` is the configuration as saved now, for the copy's base.
+/// format 2 migrated, and the engine's writes go through the returned devices, whose tap
+/// ships them. `array_config` is the configuration as saved now, for the copy's base.
 pub(super) fn start_shipping(
     dir: &Path,
     files: FileBackend,
     r: &ReplicationOptions,
     options: &ArrayOptions,
     array_config: Vec<u8>,
-) -> Result<(Arc<dyn Backend>, Replication)> {
+) -> Result<(Devices, Replication)> {
     use sliver_replica::{ship, store};
     let replication = |m: String| ArrayError::Config {
         path: dir.to_path_buf(),
@@ -134,14 +134,14 @@ pub(super) fn start_shipping(
     let files = migrate_unshipped(dir, files, options)?;
     // The store is probed first; one that cannot be reached does not keep the array from
     // serving (the copy waits for it and says so).
-    let (b, shipper) =
-        ship::ShippingBackend::start_or_wait(dir, files, s3, r.ship.clone(), Some(array_config))
+    let (tap, shipper) =
+        ship::ShipTap::start_or_wait(dir, files, s3, r.ship.clone(), Some(array_config))
             .map_err(|e| replication(e.to_string()))?;
-    let b = Arc::new(b);
+    let tap = Arc::new(tap);
     Ok((
-        b.clone() as Arc<dyn Backend>,
+        tap.devices(),
         Replication {
-            backend: b,
+            tap,
             shipper: Mutex::new(Some(shipper)),
             target: r.s3.url.clone(),
         },
@@ -188,12 +188,7 @@ pub(super) fn open_hydrating(
         size_text(left),
         source.url
     );
-    let engine = Engine::open(
-        backend.clone() as Arc<dyn sliver_engine::Backend>,
-        options.tuning,
-        false,
-    )
-    .map_err(engine_error)?;
+    let engine = Engine::open(backend.devices(), options.tuning, false).map_err(engine_error)?;
     log_recovery(&engine);
     let hydrator = backend.start();
     Ok((
@@ -207,7 +202,7 @@ pub(super) fn open_hydrating(
 }
 
 /// An array still in format 2 keeps its metadata in a checkpoint file that the copy does not
-/// ship (the shipping backend copies format 4's metadata, root and log): it is migrated first,
+/// ship (the shipper copies format 4's metadata, root and log): it is migrated first,
 /// opened and shut down without shipping, so the copy's base holds format 4's files and no
 /// prefix of the stream depends on the old checkpoint. Other arrays are returned as they are.
 fn migrate_unshipped(
@@ -240,10 +235,10 @@ mod tests {
 
     /// A format 2 array (the committed fixture of the engine's tests) is migrated before its
     /// copy starts: afterwards its files are format 4's (a root, no checkpoint), which the
-    /// shipping backend copies whole; a format 4 array is left as it is.
+    /// shipper copies whole; a format 4 array is left as it is.
     #[test]
     fn a_format_2_array_is_migrated_before_it_is_shipped() {
-        use sliver_engine::Backend;
+        use sliver_engine::{FormatTwoCheckpoint, RootStore};
         let dir = tempfile::tempdir().unwrap();
         let fixture = Path::new(env!("CARGO_MANIFEST_DIR"))
             .join("../engine/tests/fixtures/engine-v2-d8313b3.tar.gz");

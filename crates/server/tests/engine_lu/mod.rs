@@ -2,15 +2,17 @@
 //! what the storage-fault tests (`enospc`, `media_errors`) share.
 
 use sliver_engine::{
-    Backend, Compression, Engine, EngineConfig, EngineVolume, GcPriority, MemBackend, Tuning,
+    Compression, Devices, Engine, EngineConfig, EngineVolume, FormatTwoCheckpoint, GcPriority,
+    LogDevice, MemBackend, MetaArea, RootStore, Tuning,
 };
 use sliver_scsi::{LogicalUnit, LuConfig, Nexus, Request, Response, Status, TaskAttr};
 use std::io;
 use std::sync::Arc;
 
 /// What a test models of the storage under the engine. Each method stands in for the
-/// [`Backend`] method of the same name, in front of the memory `mem` that holds the data; by
-/// default it passes the call on unchanged (as [`Backend`]'s own default, where it has one).
+/// device method of the same name ([`LogDevice`], [`FormatTwoCheckpoint`]), in front of the
+/// memory `mem` that holds the data; by default it passes the call on unchanged (as the
+/// trait's own default, where it has one).
 pub trait Model: Send + Sync {
     fn write_at(&self, mem: &MemBackend, data: &[u8], offset: u64) -> io::Result<()> {
         mem.write_at(data, offset)
@@ -38,49 +40,69 @@ pub struct Modelled<M> {
     pub model: M,
 }
 
-impl<M: Model> Backend for Modelled<M> {
+impl<M: Model> LogDevice for Modelled<M> {
     fn capacity(&self) -> u64 {
         self.mem.capacity()
     }
+
     fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
         self.mem.read_at(buf, offset)
     }
+
     fn write_at(&self, data: &[u8], offset: u64) -> io::Result<()> {
         self.model.write_at(&self.mem, data, offset)
     }
+
     fn sync(&self) -> io::Result<()> {
         self.model.sync(&self.mem)
     }
+
     fn allocate(&self, offset: u64, len: u64) -> io::Result<()> {
         self.model.allocate(&self.mem, offset, len)
     }
+
     fn allocation_reserves(&self) -> bool {
         self.model.allocation_reserves()
     }
+
     fn discard(&self, offset: u64, len: u64) -> io::Result<()> {
         self.model.discard(&self.mem, offset, len)
     }
+}
+
+impl<M: Model> MetaArea for Modelled<M> {
     fn meta_read(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
         self.mem.meta_read(buf, offset)
     }
+
     fn meta_write(&self, data: &[u8], offset: u64) -> io::Result<()> {
         self.mem.meta_write(data, offset)
     }
+
     fn meta_sync(&self) -> io::Result<()> {
         self.mem.meta_sync()
     }
+}
+
+impl<M: Model> RootStore for Modelled<M> {
     fn load_root(&self) -> io::Result<Option<Vec<u8>>> {
         self.mem.load_root()
     }
+
     fn store_root(&self, bytes: &[u8]) -> io::Result<()> {
         self.mem.store_root(bytes)
     }
+}
+
+impl<M: Model> FormatTwoCheckpoint for Modelled<M> {
     fn retire_checkpoint(&self) -> io::Result<()> {
         self.mem.retire_checkpoint()
     }
+
     fn load_checkpoint(&self) -> io::Result<Option<Vec<u8>>> {
         self.mem.load_checkpoint()
     }
+
     fn store_checkpoint(&self, bytes: &[u8]) -> io::Result<()> {
         self.model.store_checkpoint(&self.mem, bytes)
     }
@@ -101,7 +123,7 @@ pub fn tuning() -> Tuning {
 }
 
 /// A new engine of 4 KiB chunks and 1 MiB segments on `backend`, with [`tuning`].
-pub fn create_engine(backend: Arc<dyn Backend>) -> Arc<Engine> {
+pub fn create_engine(backend: impl Into<Devices>) -> Arc<Engine> {
     let config = EngineConfig {
         chunk_size: CHUNK as u32,
         segment_size: MIB as u32,
