@@ -3,7 +3,8 @@
 //! [`crate::meta::page_store`]; [`MetaArea`]), and one atomically replaced root blob naming
 //! the newest consistent set of metadata pages ([`RootStore`]). The format 2 checkpoint blob
 //! is still read, for the migration ([`FormatTwoCheckpoint`]). [`Devices`] hands the four to
-//! the engine; a [`WriteTap`] sees every write, sync and discard they complete (`tap.rs`).
+//! the engine; a [`WriteTap`] sees the writes, syncs and discards that change the array's
+//! contents once they complete (`tap.rs` lists what it is not told).
 //!
 //! [`FileBackend`] is what ships: (sparse) log files, a metadata file and a root file in the
 //! array's data directory. [`MemBackend`] is the test double that makes crash testing honest:

@@ -14,8 +14,10 @@ use super::{Devices, LogDevice, MetaArea, RootStore};
 use std::io;
 use std::sync::Arc;
 
-/// Told of every write, discard and sync the engine's devices complete, in the order they
-/// completed, after they did.
+/// Told of every write, discard and sync the engine's devices complete, after they did, in
+/// the order the wrappers' calls return: under concurrent writers a sync may be told before a
+/// write that finished before it, but never before a write the engine counts durable by that
+/// sync (a flush counts only writes whose call had returned when the sync began).
 pub trait WriteTap: Send + Sync {
     /// `bytes` were written to the log at `offset`.
     fn log_written(&self, offset: u64, bytes: &[u8]);
@@ -70,7 +72,10 @@ impl<L: LogDevice + ?Sized> LogDevice for TappedLog<L> {
 
     fn sync(&self) -> io::Result<()> {
         self.inner.sync()?;
-        self.tap.log_synced()
+        // Said apart from the device's own failure: the engine's poison message names it.
+        self.tap
+            .log_synced()
+            .map_err(|e| io::Error::new(e.kind(), format!("the write tap failed the sync: {e}")))
     }
 
     fn allocate(&self, offset: u64, len: u64) -> io::Result<()> {

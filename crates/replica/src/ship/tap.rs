@@ -5,7 +5,7 @@
 use super::base::read_base;
 use super::{Batch, Cut, Mark, Shared, ShipState, ShipTap, BATCH_BYTES, SYNC_CUT_AGE};
 use crate::stream::Record;
-use sliver_engine::{Devices, FileBackend, WriteTap};
+use sliver_engine::{Devices, WriteTap};
 use std::io;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -213,11 +213,6 @@ impl Shared {
 }
 
 impl ShipTap {
-    /// The array's files, which the engine's devices are (see [`ShipTap::devices`]).
-    pub fn files(&self) -> &Arc<FileBackend> {
-        &self.inner
-    }
-
     /// The engine's devices: the array's files, with every write they complete recorded here.
     pub fn devices(self: &Arc<Self>) -> Devices {
         Devices::of(self.inner.clone()).tapped(self.clone())
@@ -285,7 +280,7 @@ mod tests {
     use super::super::ShipConfig;
     use super::*;
     use crate::store::{MemStore, ObjectStore};
-    use sliver_engine::{Engine, EngineConfig, Tuning};
+    use sliver_engine::{Engine, EngineConfig, FileBackend, Tuning};
     use std::sync::Mutex;
 
     /// A second tap beside the shipper's: what it is told, encoded as the shipper records it.
