@@ -185,8 +185,8 @@ impl Engine {
 
     /// Write `bytes` (records encoded for `at.seq`) at the reserved position and apply them,
     /// all under the lock (metadata records, relocations, copies: see [`Unwritten`] for host
-    /// writes).
-    pub(super) fn append_at(&self, m: &mut Meta, at: Head, bytes: &[u8]) -> Result<()> {
+    /// writes). Returns the log position after them, for [`Engine::wait_written`].
+    pub(super) fn append_at(&self, m: &mut Meta, at: Head, bytes: &[u8]) -> Result<u64> {
         self.validate_append(m, at, bytes)?;
         self.write_log(at.segment, at.offset, bytes)?;
         self.apply_append(m, at, bytes)
@@ -279,9 +279,14 @@ impl Engine {
     }
 
     /// Move the head past `bytes` (written already) and apply their records.
-    fn apply_append(&self, m: &mut Meta, at: Head, bytes: &[u8]) -> Result<()> {
-        self.lock_log().head.advance(bytes.len());
-        self.apply_records(m, at, bytes)
+    fn apply_append(&self, m: &mut Meta, at: Head, bytes: &[u8]) -> Result<u64> {
+        let end = {
+            let mut l = self.lock_log();
+            l.head.advance(bytes.len());
+            l.head.appended()
+        };
+        self.apply_records(m, at, bytes)?;
+        Ok(end)
     }
 
     /// Apply the records of `bytes`, appended at `at` (the head has moved past them).

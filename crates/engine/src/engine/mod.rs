@@ -1254,6 +1254,18 @@ mod tests {
         let mut model = vec![0u8; 8 << 20];
         let mut switches = (0, 0);
         let mut segment = engine.lock_log().head.at().segment;
+        // After each command: nothing owed any more, and whether the head left `segment`
+        // (which then names the head's new one).
+        let after = |segment: &mut u32, command: &str| -> u32 {
+            assert!(
+                engine.inflight.take_owed().is_empty(),
+                "{command}'s segment switch still owed after it returned"
+            );
+            let now = engine.lock_log().head.at().segment;
+            let switched = now != *segment;
+            *segment = now;
+            switched as u32
+        };
         for k in 0..1500u64 {
             // Mostly small UNMAP records, which fill a segment in a few thousand, and now and
             // then a write of 24 KiB.
@@ -1262,13 +1274,7 @@ mod tests {
                 let at = (k * 7919 % 300) * chunk;
                 engine.write(v, at, &data).unwrap();
                 model[at as usize..at as usize + data.len()].copy_from_slice(&data);
-                let now = engine.lock_log().head.at().segment;
-                switches.0 += (now != segment) as u32;
-                segment = now;
-                assert!(
-                    engine.inflight.take_owed().is_empty(),
-                    "a write's segment switch still owed after it returned"
-                );
+                switches.0 += after(&mut segment, "a write");
             }
             if k % 40 == 20 {
                 // A whole leaf's range written, then unmapped: the UNMAP releases the leaf
@@ -1279,23 +1285,13 @@ mod tests {
                     .unwrap();
                 engine.unmap(v, from, len).unwrap();
                 model[from as usize..(from + len) as usize].fill(0);
-                segment = engine.lock_log().head.at().segment;
-                assert!(
-                    engine.inflight.take_owed().is_empty(),
-                    "a release's segment switch still owed after the UNMAP returned"
-                );
+                after(&mut segment, "an UNMAP releasing a leaf");
             }
             for u in 0..8 {
                 let at = ((k * 8 + u) * 104_729 % 2048) * chunk;
                 engine.unmap(v, at, chunk).unwrap();
                 model[at as usize..(at + chunk) as usize].fill(0);
-                let now = engine.lock_log().head.at().segment;
-                switches.1 += (now != segment) as u32;
-                segment = now;
-                assert!(
-                    engine.inflight.take_owed().is_empty(),
-                    "an UNMAP's segment switch still owed after it returned"
-                );
+                switches.1 += after(&mut segment, "an UNMAP");
             }
         }
         assert!(

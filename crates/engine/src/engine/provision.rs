@@ -179,8 +179,7 @@ impl Engine {
                 Ok(at) => {
                     let mut buf = Vec::with_capacity(probe.len());
                     build(&mut Encoder::new(&mut buf, at.seq));
-                    self.append_at(&mut m, at, &buf)?;
-                    let end = self.lock_log().head.appended();
+                    let end = self.append_at(&mut m, at, &buf)?;
                     let pressure = CachePressure::of(m.state.pager());
                     drop(m);
                     // Returns once the log before the record is written too (a segment
